@@ -1,0 +1,224 @@
+//! The key codec (rule K6).
+//!
+//! Every key is one table byte followed by components. A string component
+//! is escaped and terminated: `0x00` becomes `0x00 0xFF` and the component
+//! ends with `0x00 0x01`. No escaped byte sequence contains the terminator,
+//! so the encoding is injective (two different component lists never share
+//! bytes) and preserves order (byte order of keys is the lexicographic order
+//! of their components). Integers are fixed-width big-endian.
+
+use crate::error::{Result, StateError};
+
+/// Table bytes: each table is a key prefix in one ordered keyspace.
+pub(crate) mod table {
+    /// Store-wide values: format version, next seq, commit counter, secret.
+    pub const META: u8 = 0x01;
+    /// (tenant, run_id) → RunRecord.
+    pub const RUN: u8 = 0x10;
+    /// (tenant, seq) → run_id.
+    pub const RUN_BY_SEQ: u8 = 0x11;
+    /// (tenant, state, seq) → run_id.
+    pub const RUN_BY_STATE: u8 = 0x12;
+    /// (tenant, session, seq) → run_id.
+    pub const RUN_BY_SESSION: u8 = 0x13;
+    /// (tenant, session_id) → SessionRecord.
+    pub const SESSION: u8 = 0x20;
+    /// (ns, id) → epoch.
+    pub const EPOCH: u8 = 0x30;
+    /// (ns, id, tray_ns, tray_id) → Tray.
+    pub const TRAY: u8 = 0x31;
+    /// (ns, id, tray_ns, tray_id) → (env, hostname), while marked.
+    pub const MARKED: u8 = 0x32;
+    /// (env, ns, id, tray_ns, tray_id) → (env, hostname), while marked.
+    pub const MARKED_BY_ENV: u8 = 0x33;
+    /// (ns, id) → due_at.
+    pub const ALARM: u8 = 0x40;
+    /// (due_at, ns, id) → ().
+    pub const ALARM_BY_DUE: u8 = 0x41;
+}
+
+/// Meta keys (table META, then one byte).
+pub(crate) mod meta {
+    pub const FORMAT: &[u8] = &[super::table::META, b'f'];
+    pub const NEXT_SEQ: &[u8] = &[super::table::META, b's'];
+    pub const COMMITS: &[u8] = &[super::table::META, b'c'];
+    pub const SECRET: &[u8] = &[super::table::META, b'k'];
+}
+
+const ESC: u8 = 0x00;
+const ESCAPED_NUL: u8 = 0xFF;
+const TERMINATOR: u8 = 0x01;
+
+/// Builds a key component by component.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyBuf(Vec<u8>);
+
+impl KeyBuf {
+    pub(crate) fn table(table: u8) -> Self {
+        let mut v = Vec::with_capacity(64);
+        v.push(table);
+        KeyBuf(v)
+    }
+    pub(crate) fn str(mut self, s: &str) -> Self {
+        for &b in s.as_bytes() {
+            if b == ESC {
+                self.0.extend_from_slice(&[ESC, ESCAPED_NUL]);
+            } else {
+                self.0.push(b);
+            }
+        }
+        self.0.extend_from_slice(&[ESC, TERMINATOR]);
+        self
+    }
+    pub(crate) fn u64(mut self, n: u64) -> Self {
+        self.0.extend_from_slice(&n.to_be_bytes());
+        self
+    }
+    pub(crate) fn u8(mut self, n: u8) -> Self {
+        self.0.push(n);
+        self
+    }
+    pub(crate) fn done(self) -> Vec<u8> {
+        self.0
+    }
+}
+
+/// Reads a key back, component by component.
+#[derive(Debug)]
+pub(crate) struct KeyReader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> KeyReader<'a> {
+    /// Starts after checking the table byte.
+    pub(crate) fn new(key: &'a [u8], table: u8) -> Result<Self> {
+        match key.split_first() {
+            Some((&t, rest)) if t == table => Ok(KeyReader { rest }),
+            _ => Err(StateError::corrupt(format!(
+                "key of table {table:#04x} expected"
+            ))),
+        }
+    }
+    pub(crate) fn str(&mut self) -> Result<String> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        loop {
+            match self.rest.get(i) {
+                None => return Err(StateError::corrupt("key component not terminated")),
+                Some(&ESC) => match self.rest.get(i + 1) {
+                    Some(&ESCAPED_NUL) => {
+                        out.push(0);
+                        i += 2;
+                    }
+                    Some(&TERMINATOR) => {
+                        self.rest = &self.rest[i + 2..];
+                        return String::from_utf8(out)
+                            .map_err(|_| StateError::corrupt("key component is not UTF-8"));
+                    }
+                    _ => return Err(StateError::corrupt("bad escape in key")),
+                },
+                Some(&b) => {
+                    out.push(b);
+                    i += 1;
+                }
+            }
+        }
+    }
+    pub(crate) fn u64(&mut self) -> Result<u64> {
+        if self.rest.len() < 8 {
+            return Err(StateError::corrupt("key integer truncated"));
+        }
+        let (n, rest) = self.rest.split_at(8);
+        self.rest = rest;
+        Ok(u64::from_be_bytes(n.try_into().expect("split_at(8) gives 8 bytes")))
+    }
+    pub(crate) fn u8(&mut self) -> Result<u8> {
+        let (&n, rest) = self
+            .rest
+            .split_first()
+            .ok_or_else(|| StateError::corrupt("key byte truncated"))?;
+        self.rest = rest;
+        Ok(n)
+    }
+    /// Checks that the whole key was read.
+    pub(crate) fn end(self) -> Result<()> {
+        if self.rest.is_empty() {
+            Ok(())
+        } else {
+            Err(StateError::corrupt("trailing bytes in key"))
+        }
+    }
+}
+
+/// The smallest key strictly greater than every key that starts with
+/// `prefix`, or `None` when there is none (all bytes 0xFF).
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xFF {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every key of ours starts with a table byte below 0xFF.
+    vec![0xFF; 1]
+}
+
+/// The smallest key strictly greater than `key`.
+pub(crate) fn successor(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.extend_from_slice(key);
+    k.push(0);
+    k
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two(a: &str, b: &str) -> Vec<u8> {
+        KeyBuf::table(table::RUN).str(a).str(b).done()
+    }
+
+    #[test]
+    fn separators_and_nuls_never_collide() {
+        assert_ne!(two("a", "b/c"), two("a/b", "c"));
+        assert_ne!(two("a\0", "b"), two("a", "\0b"));
+        assert_ne!(two("a\0\u{1}", ""), two("a", ""));
+    }
+
+    #[test]
+    fn order_is_component_order() {
+        assert!(two("a", "z") < two("ab", ""));
+        assert!(two("a", "b") < two("a", "c"));
+        assert!(two("a\0", "") > two("a", "zzzz"));
+    }
+
+    #[test]
+    fn round_trip() {
+        let k = KeyBuf::table(table::TRAY).str("n\0s").str("").u64(7).u8(3).done();
+        let mut r = KeyReader::new(&k, table::TRAY).unwrap();
+        assert_eq!(r.str().unwrap(), "n\0s");
+        assert_eq!(r.str().unwrap(), "");
+        assert_eq!(r.u64().unwrap(), 7);
+        assert_eq!(r.u8().unwrap(), 3);
+        r.end().unwrap();
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for bad in [&[][..], &[table::RUN], &[table::RUN, 0], &[table::RUN, 0, 7], &[table::RUN, b'a']] {
+            if let Ok(mut r) = KeyReader::new(bad, table::RUN) {
+                assert!(r.str().is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn prefix_end_bounds_prefix() {
+        let p = KeyBuf::table(table::RUN).str("t").done();
+        let end = prefix_end(&p);
+        assert!(two("t", "\u{10FFFF}") < end);
+        assert!(two("t\0", "") >= end || two("t\0", "") < p);
+    }
+}

@@ -1,0 +1,101 @@
+//! The fjall engine: one keyspace of one fjall database.
+
+use std::path::Path;
+
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+
+use super::{Engine, Write};
+use crate::error::{Result, StateError};
+
+/// How a batch reaches the disk.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SyncMode {
+    /// fdatasync before the batch is visible.
+    Data,
+    /// Written to the OS, not synced.
+    Buffer,
+}
+
+/// fjall behind the engine trait.
+pub(crate) struct FjallEngine {
+    db: Database,
+    ks: Keyspace,
+    mode: SyncMode,
+}
+
+impl std::fmt::Debug for FjallEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FjallEngine").field("mode", &self.mode).finish()
+    }
+}
+
+/// Maps an engine error to ours: I/O is `Unavailable` (retryable after a
+/// reopen), anything about the files' contents is `Corrupt`.
+pub(crate) fn map_err(e: fjall::Error) -> StateError {
+    match e {
+        fjall::Error::Io(io) => StateError::unavailable(format!("engine I/O failed: {io}"), Some(io)),
+        fjall::Error::Poisoned => StateError::unavailable("engine refuses writes after a failed sync; reopen the store", None),
+        fjall::Error::Locked => StateError::unavailable("engine directory is locked", None),
+        other => StateError::corrupt(format!("engine: {other:?}")),
+    }
+}
+
+impl FjallEngine {
+    pub(crate) fn open(dir: &Path, mode: SyncMode) -> Result<Self> {
+        let db = Database::builder(dir)
+            // We sync per batch ourselves; fjall must not also sync in the
+            // background on its own schedule.
+            .manual_journal_persist(true)
+            .cache_size(32 * 1024 * 1024)
+            .open()
+            .map_err(map_err)?;
+        let ks = db
+            .keyspace("agentstate", KeyspaceCreateOptions::default)
+            .map_err(map_err)?;
+        Ok(FjallEngine { db, ks, mode })
+    }
+
+}
+
+impl Engine for FjallEngine {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.ks.get(key).map_err(map_err)?.map(|v| v.to_vec()))
+    }
+
+    fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for guard in self.ks.range(start..end).take(limit) {
+            let (k, v) = guard.into_inner().map_err(map_err)?;
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn commit(&self, batch: Vec<Write>) -> Result<()> {
+        let mode = match self.mode {
+            SyncMode::Data => PersistMode::SyncData,
+            SyncMode::Buffer => PersistMode::Buffer,
+        };
+        // fjall journals and persists the batch before it publishes the
+        // batch's sequence number, so no reader sees it before the sync.
+        let mut b = self.db.batch().durability(Some(mode));
+        for (k, v) in batch {
+            match v {
+                Some(v) => b.insert(&self.ks, k, v),
+                None => b.remove(&self.ks, k),
+            }
+        }
+        b.commit().map_err(map_err)
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.db.persist(PersistMode::SyncAll).map_err(map_err)
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.db.disk_space().unwrap_or(0)
+    }
+}

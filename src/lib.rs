@@ -1,0 +1,72 @@
+//! # agentstate
+//!
+//! Durable state for AI-agent runtimes: runs, sessions and the trays of
+//! pinned workers, kept so that a crashed or stale worker can never silently
+//! overwrite, double-spend or lose another worker's work.
+//!
+//! - Every write states the version it read ([`StateError::Conflict`] when
+//!   it moved); spend accumulates through commuting patches
+//!   ([`StateStore::patch_run`]).
+//! - Every tray operation carries the caller's epoch, and a stale holder gets
+//!   [`StateError::FenceLost`] with nothing changed.
+//! - Tool-call arguments are scrubbed of secrets on every write.
+//!
+//! Two backends share one implementation of these rules: [`MemoryStore`]
+//! (in the process, for tests) and [`FileStore`] (one directory on disk, the
+//! embedded default; an `Ok` means the write was synced).
+//!
+//! ```
+//! use agentstate::{MemoryStore, RunKey, RunRecord, StateDelta, StateStore};
+//! let store = MemoryStore::new();
+//! let run = store.put_run(RunRecord::new(RunKey::new("acme", "run_1"), "planner"))?;
+//! assert_eq!(run.version, 1);
+//! let run = store.patch_run(&run.key, StateDelta { cost_micros: 1_200, ..Default::default() })?;
+//! assert_eq!((run.version, run.cost_micros), (2, 1_200));
+//! # Ok::<(), agentstate::StateError>(())
+//! ```
+//!
+//! ## Feature flags
+//! - `cli` (default): the `agentstate` command-line tool.
+//! - `async`: [`AsyncStore`], a tokio wrapper that runs blocking work on
+//!   `spawn_blocking`.
+//!
+//! ## Durability
+//! See [`Durability`] and the README's "Durability" section.
+
+// Every public item is documented; the docs are part of the contract.
+#![warn(missing_docs)]
+// Operating errors are handled, never unwrapped, outside tests.
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+
+mod api;
+mod clock;
+mod codec;
+pub mod conformance;
+mod cursor;
+mod engine;
+mod error;
+pub mod limits;
+mod record;
+mod scrub;
+mod store;
+pub(crate) mod sync;
+mod tray;
+
+#[cfg(feature = "async")]
+mod async_store;
+
+pub use api::{StateStore, TrayStore};
+#[cfg(feature = "async")]
+pub use async_store::AsyncStore;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use cursor::Cursor;
+pub use error::{Missing, PersistenceReason, Result, StateError};
+pub use record::{
+    Approval, Millis, Page, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,
+    StateQuery, ToolCall, Usage,
+};
+pub use scrub::{REDACTED, Scrubber};
+pub use store::{
+    Durability, Entry, FileStore, MemoryStore, Options, Store, StoreStats, TenantStats, VerifyReport,
+};
+pub use tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};

@@ -1,0 +1,236 @@
+//! Group commit: the one path every write takes.
+//!
+//! A caller queues a job, then takes the commit lock. Whoever holds the lock
+//! is the leader: it drains the queue, runs each job against the engine plus
+//! the writes of the jobs before it in the group, applies the whole group as
+//! one atomic batch with one sync, and only then answers every caller. A
+//! caller that gets the lock and finds its answer already there was served
+//! by an earlier leader and leaves. While a leader syncs, the next group
+//! gathers in the queue, so N writers share syncs (rule D2).
+//!
+//! Invariant: while a caller holds the commit lock, its job is either
+//! answered or still in the queue — never lost, never answered twice.
+//! Invariant: a job's `Ok` is delivered only after its group's batch was
+//! committed; a job whose own checks fail contributes no writes.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use crate::engine::{Engine, Write};
+use crate::error::{Result, StateError};
+use crate::limits::GROUP_JOBS_MAX;
+use crate::sync::{Arc, Mutex};
+
+/// Pending writes keyed by engine key; `None` deletes.
+pub(crate) type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// Store-wide counters owned by the commit lock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Counters {
+    /// The next run `seq` to hand out.
+    pub(crate) next_seq: u64,
+    /// Groups committed so far (the high-water mark's unit).
+    pub(crate) commits: u64,
+}
+
+/// A job's view of the store: engine, then group, then its own writes.
+pub(crate) struct Txn<'a> {
+    engine: &'a dyn Engine,
+    group: &'a Overlay,
+    writes: Overlay,
+    /// The next `seq`; a job that creates a run takes it and bumps it.
+    pub(crate) next_seq: u64,
+}
+
+impl<'a> Txn<'a> {
+    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if let Some(v) = self.writes.get(key) {
+            return Ok(v.clone());
+        }
+        if let Some(v) = self.group.get(key) {
+            return Ok(v.clone());
+        }
+        self.engine.get(key)
+    }
+
+    pub(crate) fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.writes.insert(key, Some(value));
+    }
+
+    pub(crate) fn delete(&mut self, key: Vec<u8>) {
+        self.writes.insert(key, None);
+    }
+
+    /// Up to `limit` live pairs with `start <= key < end`, as this job sees
+    /// them.
+    pub(crate) fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let range = (Bound::Included(start), Bound::Excluded(end));
+        // Each pending entry hides at most one engine entry, so asking the
+        // engine for that many more is always enough.
+        let mut pending: BTreeMap<&[u8], Option<&Vec<u8>>> = BTreeMap::new();
+        for layer in [self.group, &self.writes] {
+            for (k, v) in layer.range::<[u8], _>(range) {
+                pending.insert(k.as_slice(), v.as_ref());
+            }
+        }
+        let base = self.engine.scan(start, end, limit.saturating_add(pending.len()))?;
+        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = base.into_iter().collect();
+        for (k, v) in pending {
+            match v {
+                Some(v) => merged.insert(k.to_vec(), v.clone()),
+                None => merged.remove(k),
+            };
+        }
+        Ok(merged.into_iter().take(limit).collect())
+    }
+}
+
+/// A queued request: runs inside a group, answers after the commit.
+trait Job: Send {
+    /// Runs the request; returns its writes when it succeeded.
+    fn run(&mut self, txn: &mut Txn<'_>) -> bool;
+    /// Delivers the answer; `failed` is the group's commit error, if any.
+    fn finish(self: Box<Self>, failed: Option<&dyn Fn() -> StateError>);
+}
+
+type Slot<T> = Arc<Mutex<Option<Result<T>>>>;
+
+struct TypedJob<T, F> {
+    f: Option<F>,
+    out: Option<Result<T>>,
+    slot: Slot<T>,
+}
+
+impl<T, F> Job for TypedJob<T, F>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut Txn<'_>) -> Result<T> + Send + 'static,
+{
+    fn run(&mut self, txn: &mut Txn<'_>) -> bool {
+        let f = self.f.take().expect("a job runs once");
+        let out = f(txn);
+        let ok = out.is_ok();
+        self.out = Some(out);
+        ok
+    }
+
+    fn finish(self: Box<Self>, failed: Option<&dyn Fn() -> StateError>) {
+        let out = match (self.out, failed) {
+            (Some(Ok(_)), Some(err)) => Err(err()),
+            (Some(out), _) => out,
+            // Never ran: its group failed before it (the store is poisoned).
+            (None, Some(err)) => Err(err()),
+            (None, None) => Err(StateError::unavailable("request was not run", None)),
+        };
+        *self.slot.lock() = Some(out);
+    }
+}
+
+/// What the leader does with a group's batch.
+pub(crate) trait Sink: Send + Sync {
+    /// Commits the batch (atomic, durable); called only for non-empty groups.
+    fn commit(&self, batch: Vec<Write>, counters: Counters) -> Result<()>;
+    /// The error every caller gets once the store refuses writes.
+    fn refused(&self) -> Option<StateError>;
+    /// The engine jobs read through.
+    fn engine(&self) -> &dyn Engine;
+}
+
+/// The commit queue and lock.
+pub(crate) struct Committer {
+    queue: Mutex<Vec<Box<dyn Job>>>,
+    lock: Mutex<Counters>,
+}
+
+impl Committer {
+    pub(crate) fn new(counters: Counters) -> Self {
+        Committer {
+            queue: Mutex::new(Vec::new()),
+            lock: Mutex::new(counters),
+        }
+    }
+
+    pub(crate) fn counters(&self) -> Counters {
+        *self.lock.lock()
+    }
+
+    /// Runs `f` in a group and returns its answer once the group committed.
+    pub(crate) fn submit<T, F>(&self, sink: &dyn Sink, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Txn<'_>) -> Result<T> + Send + 'static,
+    {
+        let slot: Slot<T> = Arc::new(Mutex::new(None));
+        self.queue.lock().push(Box::new(TypedJob {
+            f: Some(f),
+            out: None,
+            slot: slot.clone(),
+        }));
+        loop {
+            let mut counters = self.lock.lock();
+            if let Some(answer) = slot.lock().take() {
+                return answer;
+            }
+            // Our job is still queued (see the invariant): lead a group.
+            let group: Vec<Box<dyn Job>> = {
+                let mut q = self.queue.lock();
+                let n = q.len().min(GROUP_JOBS_MAX);
+                q.drain(..n).collect()
+            };
+            Self::run_group(sink, &mut counters, group);
+            drop(counters);
+        }
+    }
+
+    fn run_group(sink: &dyn Sink, counters: &mut Counters, group: Vec<Box<dyn Job>>) {
+        if let Some(err) = sink.refused() {
+            let msg = err.to_string();
+            let make = move || StateError::unavailable(msg.clone(), None);
+            for job in group {
+                job.finish(Some(&make));
+            }
+            return;
+        }
+        let mut overlay = Overlay::new();
+        let mut next_seq = counters.next_seq;
+        let mut jobs = group;
+        for job in jobs.iter_mut() {
+            let mut txn = Txn {
+                engine: sink.engine(),
+                group: &overlay,
+                writes: Overlay::new(),
+                next_seq,
+            };
+            if job.run(&mut txn) {
+                next_seq = txn.next_seq;
+                let writes = txn.writes;
+                overlay.extend(writes);
+            }
+        }
+        if overlay.is_empty() {
+            for job in jobs {
+                job.finish(None);
+            }
+            return;
+        }
+        let next = Counters {
+            next_seq,
+            commits: counters.commits + 1,
+        };
+        match sink.commit(overlay.into_iter().collect(), next) {
+            Ok(()) => {
+                *counters = next;
+                for job in jobs {
+                    job.finish(None);
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                let make = move || StateError::unavailable(msg.clone(), None);
+                for job in jobs {
+                    job.finish(Some(&make));
+                }
+            }
+        }
+    }
+}

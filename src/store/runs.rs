@@ -1,0 +1,272 @@
+//! Runs: versioned puts, commuting patches, listings (rules R, L, X).
+
+use crate::api::StateStore;
+use crate::codec::cursor::Listing;
+use crate::codec::key::{KeyBuf, prefix_end, table};
+use crate::codec::value;
+use crate::error::{Missing, Result, StateError};
+use crate::limits::PENDING_TOOL_CALLS_MAX;
+use crate::record::{
+    Millis, Page, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateQuery,
+};
+
+use super::commit::Txn;
+use super::{Store, check_id, check_size};
+
+pub(crate) fn run_key(k: &RunKey) -> Vec<u8> {
+    KeyBuf::table(table::RUN).str(&k.tenant).str(&k.run_id).done()
+}
+pub(crate) fn by_seq_key(tenant: &str, seq: u64) -> Vec<u8> {
+    KeyBuf::table(table::RUN_BY_SEQ).str(tenant).u64(seq).done()
+}
+pub(crate) fn by_state_key(tenant: &str, state: RunState, seq: u64) -> Vec<u8> {
+    KeyBuf::table(table::RUN_BY_STATE).str(tenant).u8(state.tag()).u64(seq).done()
+}
+pub(crate) fn by_session_key(tenant: &str, session: &str, seq: u64) -> Vec<u8> {
+    KeyBuf::table(table::RUN_BY_SESSION).str(tenant).str(session).u64(seq).done()
+}
+pub(crate) fn session_key(k: &SessionKey) -> Vec<u8> {
+    KeyBuf::table(table::SESSION).str(&k.tenant).str(&k.session_id).done()
+}
+
+pub(crate) fn check_run_key(k: &RunKey) -> Result<()> {
+    check_id("tenant", &k.tenant)?;
+    check_id("run_id", &k.run_id)
+}
+
+/// Reads and checks a stored run.
+pub(crate) fn read_run(txn: &Txn<'_>, key: &RunKey) -> Result<Option<RunRecord>> {
+    txn.get(&run_key(key))?.map(|v| decode_run(&v, key)).transpose()
+}
+
+pub(crate) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
+    let r: RunRecord = value::decode(bytes, "run")?;
+    if &r.key != key {
+        return Err(StateError::corrupt(format!("run stored under {}/{} names another key", key.tenant, key.run_id)));
+    }
+    Ok(r)
+}
+
+/// Writes a run and the index entries it needs; `old` is what was stored.
+pub(crate) fn write_run(txn: &mut Txn<'_>, old: Option<&RunRecord>, new: &RunRecord, max: usize) -> Result<()> {
+    let bytes = value::encode(new);
+    check_size("run record", bytes.len(), max)?;
+    debug_assert!(decode_run(&bytes, &new.key).is_ok_and(|r| &r == new));
+    let id = value::encode(&new.key.run_id);
+    let t = &new.key.tenant;
+    match old {
+        None => {
+            txn.put(by_seq_key(t, new.seq), id.clone());
+            if let Some(s) = &new.session_id {
+                txn.put(by_session_key(t, s, new.seq), id.clone());
+            }
+            txn.put(by_state_key(t, new.state, new.seq), id);
+        }
+        Some(old) if old.state != new.state => {
+            txn.delete(by_state_key(t, old.state, old.seq));
+            txn.put(by_state_key(t, new.state, new.seq), id);
+        }
+        Some(_) => {}
+    }
+    txn.put(run_key(&new.key), bytes);
+    Ok(())
+}
+
+/// Deletes a run and its index entries.
+pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) {
+    let t = &old.key.tenant;
+    txn.delete(run_key(&old.key));
+    txn.delete(by_seq_key(t, old.seq));
+    txn.delete(by_state_key(t, old.state, old.seq));
+    if let Some(s) = &old.session_id {
+        txn.delete(by_session_key(t, s, old.seq));
+    }
+}
+
+fn check_record(r: &RunRecord) -> Result<()> {
+    check_run_key(&r.key)?;
+    check_id("agent_name", &r.agent_name)?;
+    if let Some(s) = &r.session_id {
+        check_id("session_id", s)?;
+    }
+    if r.pending_tool_calls.len() > PENDING_TOOL_CALLS_MAX {
+        return Err(StateError::invalid(format!(
+            "pending_tool_calls: at most {PENDING_TOOL_CALLS_MAX}, got {}",
+            r.pending_tool_calls.len()
+        )));
+    }
+    Ok(())
+}
+
+/// R6: the accumulating fields a put may not move.
+fn moved_amount(stored: &RunRecord, new: &RunRecord) -> Option<&'static str> {
+    if stored.usage != new.usage {
+        Some("usage")
+    } else if stored.cost_micros != new.cost_micros {
+        Some("cost_micros")
+    } else if stored.iterations != new.iterations {
+        Some("iterations")
+    } else if stored.messages_read != new.messages_read {
+        Some("messages_read")
+    } else {
+        None
+    }
+}
+
+fn add(field: &str, a: u64, b: u64) -> Result<u64> {
+    a.checked_add(b)
+        .ok_or_else(|| StateError::invalid(format!("{field}: adding {b} to {a} overflows u64")))
+}
+
+impl Store {
+    fn list_binding(q: &StateQuery) -> Vec<u8> {
+        let mut b = KeyBuf::table(Listing::Runs as u8).str(&q.tenant);
+        b = match q.state {
+            Some(s) => b.u8(1).u8(s.tag()),
+            None => b.u8(0),
+        };
+        for opt in [&q.session, &q.agent] {
+            b = match opt {
+                Some(s) => b.u8(1).str(s),
+                None => b.u8(0),
+            };
+        }
+        b = match q.updated_before {
+            Some(t) => b.u8(1).u64(t),
+            None => b.u8(0),
+        };
+        b.done()
+    }
+
+    /// Reads the run an index entry points at, if it still matches.
+    fn indexed_run(&self, q: &StateQuery, seq: u64, id_bytes: &[u8]) -> Result<Option<RunRecord>> {
+        let run_id: String = value::decode(id_bytes, "run index entry")?;
+        let key = RunKey::new(q.tenant.clone(), run_id);
+        let Some(bytes) = self.engine.get(&run_key(&key))? else {
+            // Deleted between the index read and this one.
+            return Ok(None);
+        };
+        let r = decode_run(&bytes, &key)?;
+        let matches = r.seq == seq
+            && q.state.is_none_or(|s| s == r.state)
+            && q.session.as_ref().is_none_or(|s| r.session_id.as_ref() == Some(s))
+            && q.agent.as_ref().is_none_or(|a| &r.agent_name == a)
+            && q.updated_before.is_none_or(|t: Millis| r.updated_at < t);
+        Ok(matches.then_some(r))
+    }
+}
+
+impl StateStore for Store {
+    fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
+        check_record(&record)?;
+        let record = self.opts.scrubber.scrub_run(&record);
+        let now = self.now();
+        let max = self.opts.record_bytes_max;
+        self.submit(move |txn| {
+            let stored = read_run(txn, &record.key)?;
+            let stored = match (record.version, stored) {
+                (0, Some(s)) => return Err(StateError::Conflict { expected: 0, actual: s.version }),
+                (0, None) => {
+                    if let Some(s) = &record.session_id {
+                        let sk = SessionKey::new(record.key.tenant.clone(), s.clone());
+                        if txn.get(&session_key(&sk))?.is_none() {
+                            return Err(StateError::NotFound(Missing::Session(sk)));
+                        }
+                    }
+                    let seq = txn.next_seq;
+                    txn.next_seq += 1;
+                    let new = RunRecord { version: 1, seq, created_at: now, updated_at: now, ..record };
+                    write_run(txn, None, &new, max)?;
+                    return Ok(new);
+                }
+                (n, None) => return Err(StateError::Conflict { expected: n, actual: 0 }),
+                (n, Some(s)) if s.version != n => {
+                    return Err(StateError::Conflict { expected: n, actual: s.version });
+                }
+                (_, Some(s)) => s,
+            };
+            if let Some(field) = moved_amount(&stored, &record) {
+                return Err(StateError::invalid(format!(
+                    "{field}: put_run cannot change an accumulating amount; use patch_run"
+                )));
+            }
+            if stored.session_id != record.session_id {
+                return Err(StateError::invalid("session_id: fixed at create"));
+            }
+            let new = RunRecord {
+                version: stored.version + 1,
+                seq: stored.seq,
+                created_at: stored.created_at,
+                updated_at: now,
+                ..record
+            };
+            write_run(txn, Some(&stored), &new, max)?;
+            Ok(new)
+        })
+    }
+
+    fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
+        check_run_key(key)?;
+        self.engine.get(&run_key(key))?.map(|v| decode_run(&v, key)).transpose()
+    }
+
+    fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
+        check_run_key(key)?;
+        let key = key.clone();
+        let now = self.now();
+        let max = self.opts.record_bytes_max;
+        self.submit(move |txn| {
+            let Some(old) = read_run(txn, &key)? else {
+                return Err(StateError::NotFound(Missing::Run(key)));
+            };
+            let mut new = old.clone();
+            new.usage.input_tokens = add("usage.input_tokens", old.usage.input_tokens, delta.usage.input_tokens)?;
+            new.usage.output_tokens = add("usage.output_tokens", old.usage.output_tokens, delta.usage.output_tokens)?;
+            new.cost_micros = add("cost_micros", old.cost_micros, delta.cost_micros)?;
+            new.iterations = add("iterations", old.iterations, delta.iterations)?;
+            new.messages_read = add("messages_read", old.messages_read, delta.messages_read)?;
+            new.version = old.version + 1;
+            new.updated_at = now;
+            write_run(txn, Some(&old), &new, max)?;
+            Ok(new)
+        })
+    }
+
+    fn list_runs(&self, q: &StateQuery) -> Result<Page<RunRecord>> {
+        check_id("tenant", &q.tenant)?;
+        if let Some(s) = &q.session {
+            check_id("session", s)?;
+        }
+        if let Some(a) = &q.agent {
+            check_id("agent", a)?;
+        }
+        // The narrowest index that answers the query: a reaper's
+        // state query never walks finished runs (L5).
+        let (table_byte, prefix) = match (&q.session, q.state) {
+            (Some(s), _) => (table::RUN_BY_SESSION, KeyBuf::table(table::RUN_BY_SESSION).str(&q.tenant).str(s).done()),
+            (None, Some(st)) => (table::RUN_BY_STATE, KeyBuf::table(table::RUN_BY_STATE).str(&q.tenant).u8(st.tag()).done()),
+            (None, None) => (table::RUN_BY_SEQ, KeyBuf::table(table::RUN_BY_SEQ).str(&q.tenant).done()),
+        };
+        debug_assert_eq!(prefix[0], table_byte);
+        let binding = Self::list_binding(q);
+        let end = prefix_end(&prefix);
+        let plen = prefix.len();
+        self.scan_page(Listing::Runs, &binding, &prefix, &end, q.cursor.as_ref(), q.limit, |k, v| {
+            let seq_bytes = k.get(plen..plen + 8).ok_or_else(|| StateError::corrupt("run index key truncated"))?;
+            let seq = u64::from_be_bytes(seq_bytes.try_into().expect("8 bytes"));
+            self.indexed_run(q, seq, v)
+        })
+    }
+
+    fn put_session(&self, record: SessionRecord) -> Result<SessionRecord> {
+        self.put_session_impl(record)
+    }
+
+    fn get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+        self.get_session_impl(key)
+    }
+
+    fn delete_session(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
+        self.delete_session_impl(key, cascade)
+    }
+}

@@ -1,0 +1,91 @@
+//! Sessions: versioned like runs; deletes that never orphan a live run
+//! (rules S1–S4).
+
+use crate::codec::key::{KeyBuf, prefix_end, table};
+use crate::codec::value;
+use crate::error::{Missing, Result, StateError};
+use crate::record::{RunKey, SessionKey, SessionRecord};
+
+use super::runs::{delete_run, read_run, session_key};
+use super::{Store, check_id, check_size};
+
+fn check_session_key(k: &SessionKey) -> Result<()> {
+    check_id("tenant", &k.tenant)?;
+    check_id("session_id", &k.session_id)
+}
+
+fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRecord> {
+    let s: SessionRecord = value::decode(bytes, "session")?;
+    if &s.key != key {
+        return Err(StateError::corrupt("session stored under another key"));
+    }
+    Ok(s)
+}
+
+impl Store {
+    pub(super) fn put_session_impl(&self, record: SessionRecord) -> Result<SessionRecord> {
+        check_session_key(&record.key)?;
+        let now = self.now();
+        let max = self.opts.record_bytes_max;
+        self.submit(move |txn| {
+            let k = session_key(&record.key);
+            let stored = txn.get(&k)?.map(|v| decode_session(&v, &record.key)).transpose()?;
+            let new = match (record.version, stored) {
+                (0, Some(s)) => return Err(StateError::Conflict { expected: 0, actual: s.version }),
+                (0, None) => SessionRecord { version: 1, created_at: now, updated_at: now, ..record },
+                (n, None) => return Err(StateError::Conflict { expected: n, actual: 0 }),
+                (n, Some(s)) if s.version != n => {
+                    return Err(StateError::Conflict { expected: n, actual: s.version });
+                }
+                (_, Some(s)) => SessionRecord {
+                    version: s.version + 1,
+                    created_at: s.created_at,
+                    updated_at: now,
+                    ..record
+                },
+            };
+            let bytes = value::encode(&new);
+            check_size("session record", bytes.len(), max)?;
+            txn.put(k, bytes);
+            Ok(new)
+        })
+    }
+
+    pub(super) fn get_session_impl(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+        check_session_key(key)?;
+        self.engine.get(&session_key(key))?.map(|v| decode_session(&v, key)).transpose()
+    }
+
+    pub(super) fn delete_session_impl(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
+        check_session_key(key)?;
+        let key = key.clone();
+        self.submit(move |txn| {
+            let k = session_key(&key);
+            if txn.get(&k)?.is_none() {
+                return Err(StateError::NotFound(Missing::Session(key)));
+            }
+            let prefix = KeyBuf::table(table::RUN_BY_SESSION).str(&key.tenant).str(&key.session_id).done();
+            let entries = txn.scan(&prefix, &prefix_end(&prefix), usize::MAX)?;
+            let mut runs = Vec::with_capacity(entries.len());
+            for (_, v) in entries {
+                let run_id: String = value::decode(&v, "run index entry")?;
+                let rk = RunKey::new(key.tenant.clone(), run_id);
+                let r = read_run(txn, &rk)?.ok_or_else(|| StateError::corrupt(format!("session index names missing run {}", rk.run_id)))?;
+                runs.push(r);
+            }
+            if !cascade {
+                let live: Vec<RunKey> = runs.iter().filter(|r| !r.state.is_finished()).map(|r| r.key.clone()).collect();
+                if !live.is_empty() {
+                    return Err(StateError::InUse { runs: live });
+                }
+                txn.delete(k);
+                return Ok(Vec::new());
+            }
+            for r in &runs {
+                delete_run(txn, r);
+            }
+            txn.delete(k);
+            Ok(runs.into_iter().map(|r| r.key).collect())
+        })
+    }
+}

@@ -1,0 +1,308 @@
+//! Trays, epochs and alarms (rules T1–T6, A1–A3).
+//!
+//! Every operation that names an instance runs its fence check inside the
+//! same commit-path job as its reads and writes, so the check and the write
+//! are one atomic step (T6).
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::TrayStore;
+use crate::codec::cursor::Listing;
+use crate::codec::key::{KeyBuf, KeyReader, prefix_end, table};
+use crate::codec::value;
+use crate::cursor::Cursor;
+use crate::error::{Result, StateError};
+use crate::limits::BATCH_OPS_MAX;
+use crate::record::{Millis, Page};
+use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+
+use super::commit::Txn;
+use super::{Store, check_id, check_limit, check_size};
+
+/// Who to wake for a marked tray: the value of both marked indexes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Waker {
+    env: String,
+    hostname: String,
+}
+
+pub(crate) fn epoch_key(i: &InstanceKey) -> Vec<u8> {
+    KeyBuf::table(table::EPOCH).str(&i.ns).str(&i.id).done()
+}
+pub(crate) fn tray_key(k: &TrayKey) -> Vec<u8> {
+    KeyBuf::table(table::TRAY).str(&k.ns).str(&k.id).str(&k.tray_ns).str(&k.tray_id).done()
+}
+fn instance_trays(i: &InstanceKey) -> Vec<u8> {
+    KeyBuf::table(table::TRAY).str(&i.ns).str(&i.id).done()
+}
+pub(crate) fn marked_key(k: &TrayKey) -> Vec<u8> {
+    KeyBuf::table(table::MARKED).str(&k.ns).str(&k.id).str(&k.tray_ns).str(&k.tray_id).done()
+}
+pub(crate) fn marked_env_key(env: &str, k: &TrayKey) -> Vec<u8> {
+    KeyBuf::table(table::MARKED_BY_ENV).str(env).str(&k.ns).str(&k.id).str(&k.tray_ns).str(&k.tray_id).done()
+}
+pub(crate) fn alarm_key(i: &InstanceKey) -> Vec<u8> {
+    KeyBuf::table(table::ALARM).str(&i.ns).str(&i.id).done()
+}
+pub(crate) fn alarm_due_key(due: Millis, i: &InstanceKey) -> Vec<u8> {
+    KeyBuf::table(table::ALARM_BY_DUE).u64(due).str(&i.ns).str(&i.id).done()
+}
+
+/// Reads a tray key back from the trailing four components of `r`.
+pub(crate) fn read_tray_key(r: &mut KeyReader<'_>) -> Result<TrayKey> {
+    Ok(TrayKey { ns: r.str()?, id: r.str()?, tray_ns: r.str()?, tray_id: r.str()? })
+}
+
+fn check_instance(i: &InstanceKey) -> Result<()> {
+    check_id("ns", &i.ns)?;
+    check_id("id", &i.id)
+}
+
+fn check_tray_key(k: &TrayKey) -> Result<()> {
+    check_id("ns", &k.ns)?;
+    check_id("id", &k.id)?;
+    check_id("tray_ns", &k.tray_ns)?;
+    check_id("tray_id", &k.tray_id)
+}
+
+fn check_tray(t: &Tray, max: usize) -> Result<()> {
+    check_size("tray doc", t.doc.len(), max)?;
+    for (what, s) in [("env", &t.env), ("hostname", &t.hostname)] {
+        if s.len() > crate::limits::ID_BYTES_MAX {
+            return Err(StateError::invalid(format!("{what}: at most {} bytes", crate::limits::ID_BYTES_MAX)));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn read_epoch(txn: &Txn<'_>, i: &InstanceKey) -> Result<u64> {
+    txn.get(&epoch_key(i))?.map(|v| value::decode(&v, "epoch")).transpose().map(|e| e.unwrap_or(0))
+}
+
+/// T2: below the stored epoch is `FenceLost`; above it advances it.
+fn fence(txn: &mut Txn<'_>, i: &InstanceKey, epoch: u64) -> Result<()> {
+    let stored = read_epoch(txn, i)?;
+    if epoch < stored {
+        return Err(StateError::FenceLost { caller: epoch, stored });
+    }
+    if epoch > stored {
+        txn.put(epoch_key(i), value::encode(&epoch));
+    }
+    Ok(())
+}
+
+fn read_tray(txn: &Txn<'_>, k: &TrayKey) -> Result<Option<Tray>> {
+    txn.get(&tray_key(k))?.map(|v| value::decode(&v, "tray")).transpose()
+}
+
+/// Writes (`Some`) or deletes (`None`) a tray with its marked indexes.
+fn set_tray(txn: &mut Txn<'_>, k: &TrayKey, new: Option<&Tray>) -> Result<bool> {
+    let old = read_tray(txn, k)?;
+    if let Some(old) = old.as_ref().filter(|t| t.marked) {
+        txn.delete(marked_key(k));
+        txn.delete(marked_env_key(&old.env, k));
+    }
+    match new {
+        Some(t) => {
+            if t.marked {
+                let w = value::encode(&Waker { env: t.env.clone(), hostname: t.hostname.clone() });
+                txn.put(marked_key(k), w.clone());
+                txn.put(marked_env_key(&t.env, k), w);
+            }
+            txn.put(tray_key(k), value::encode(t));
+        }
+        None => txn.delete(tray_key(k)),
+    }
+    Ok(old.is_some())
+}
+
+impl TrayStore for Store {
+    fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
+        check_tray_key(key)?;
+        let key = key.clone();
+        self.submit(move |txn| {
+            fence(txn, &key.instance(), epoch)?;
+            read_tray(txn, &key)
+        })
+    }
+
+    fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
+        check_tray_key(key)?;
+        check_tray(&tray, self.opts.record_bytes_max)?;
+        let key = key.clone();
+        self.submit(move |txn| {
+            fence(txn, &key.instance(), epoch)?;
+            set_tray(txn, &key, Some(&tray)).map(|_| ())
+        })
+    }
+
+    fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
+        check_tray_key(key)?;
+        let key = key.clone();
+        self.submit(move |txn| {
+            fence(txn, &key.instance(), epoch)?;
+            set_tray(txn, &key, None)
+        })
+    }
+
+    fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
+        check_instance(instance)?;
+        if ops.len() > BATCH_OPS_MAX {
+            return Err(StateError::invalid(format!("batch: at most {BATCH_OPS_MAX} ops, got {}", ops.len())));
+        }
+        let mut total = 0usize;
+        for op in &ops {
+            let (tray_ns, tray_id) = match op {
+                TrayOp::Put { tray_ns, tray_id, tray } => {
+                    check_tray(tray, self.opts.record_bytes_max)?;
+                    total += tray.doc.len();
+                    (tray_ns, tray_id)
+                }
+                TrayOp::Delete { tray_ns, tray_id } => (tray_ns, tray_id),
+            };
+            check_id("tray_ns", tray_ns)?;
+            check_id("tray_id", tray_id)?;
+        }
+        // A whole batch is one engine write; bound it like a record times
+        // the batch limit's share, so one call cannot stall the store.
+        check_size("tray batch docs", total, self.opts.record_bytes_max.saturating_mul(64))?;
+        let instance = instance.clone();
+        self.submit(move |txn| {
+            fence(txn, &instance, epoch)?;
+            for op in ops {
+                match op {
+                    TrayOp::Put { tray_ns, tray_id, tray } => {
+                        set_tray(txn, &instance.tray(tray_ns, tray_id), Some(&tray))?;
+                    }
+                    TrayOp::Delete { tray_ns, tray_id } => {
+                        set_tray(txn, &instance.tray(tray_ns, tray_id), None)?;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
+        check_instance(instance)?;
+        let instance = instance.clone();
+        self.submit(move |txn| {
+            // T4: an older placement's release is a no-op, not an error.
+            if epoch < read_epoch(txn, &instance)? {
+                return Ok(());
+            }
+            fence(txn, &instance, epoch)?;
+            let prefix = instance_trays(&instance);
+            for (k, v) in txn.scan(&prefix, &prefix_end(&prefix), usize::MAX)? {
+                let mut tray: Tray = value::decode(&v, "tray")?;
+                if tray.marked {
+                    let mut r = KeyReader::new(&k, table::TRAY)?;
+                    let key = read_tray_key(&mut r)?;
+                    tray.marked = false;
+                    set_tray(txn, &key, Some(&tray))?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn list_trays(&self, instance: &InstanceKey, epoch: u64, limit: usize, cursor: Option<&Cursor>) -> Result<Page<(TrayKey, Tray)>> {
+        check_instance(instance)?;
+        check_limit(limit)?;
+        // The fence check (which may advance the epoch) goes through the
+        // commit path; the page is then read like every other listing.
+        let inst = instance.clone();
+        self.submit(move |txn| fence(txn, &inst, epoch))?;
+        let prefix = instance_trays(instance);
+        self.scan_page(Listing::Trays, &prefix, &prefix, &prefix_end(&prefix), cursor, limit, |k, v| {
+            let mut r = KeyReader::new(k, table::TRAY)?;
+            let key = read_tray_key(&mut r)?;
+            r.end()?;
+            Ok(Some((key, value::decode(v, "tray")?)))
+        })
+    }
+
+    fn marked_trays(&self, env: Option<&str>, limit: usize, cursor: Option<&Cursor>) -> Result<Page<MarkedTray>> {
+        if let Some(e) = env {
+            check_id("env", e)?;
+        }
+        let (prefix, table_byte) = match env {
+            Some(e) => (KeyBuf::table(table::MARKED_BY_ENV).str(e).done(), table::MARKED_BY_ENV),
+            None => (KeyBuf::table(table::MARKED).done(), table::MARKED),
+        };
+        self.scan_page(Listing::Marked, &prefix, &prefix, &prefix_end(&prefix), cursor, limit, |k, v| {
+            let mut r = KeyReader::new(k, table_byte)?;
+            if table_byte == table::MARKED_BY_ENV {
+                r.str()?;
+            }
+            let key = read_tray_key(&mut r)?;
+            r.end()?;
+            let w: Waker = value::decode(v, "marked index entry")?;
+            Ok(Some(MarkedTray { key, env: w.env, hostname: w.hostname }))
+        })
+    }
+
+    fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
+        check_instance(instance)?;
+        self.engine.get(&epoch_key(instance))?.map(|v| value::decode(&v, "epoch")).transpose().map(|e| e.unwrap_or(0))
+    }
+
+    fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
+        check_instance(instance)?;
+        let instance = instance.clone();
+        self.submit(move |txn| {
+            fence(txn, &instance, epoch)?;
+            let k = alarm_key(&instance);
+            if let Some(old) = txn.get(&k)? {
+                let old: Millis = value::decode(&old, "alarm")?;
+                txn.delete(alarm_due_key(old, &instance));
+            }
+            txn.put(k, value::encode(&due_at));
+            txn.put(alarm_due_key(due_at, &instance), value::encode(&()));
+            Ok(())
+        })
+    }
+
+    fn due_alarms(&self, now: Millis, limit: usize, cursor: Option<&Cursor>) -> Result<Page<Alarm>> {
+        let lo = KeyBuf::table(table::ALARM_BY_DUE).done();
+        let hi = match now.checked_add(1) {
+            Some(n) => KeyBuf::table(table::ALARM_BY_DUE).u64(n).done(),
+            None => prefix_end(&lo),
+        };
+        self.scan_page(Listing::Alarms, &lo, &lo, &hi, cursor, limit, |k, _| {
+            let mut r = KeyReader::new(k, table::ALARM_BY_DUE)?;
+            let due_at = r.u64()?;
+            let instance = InstanceKey { ns: r.str()?, id: r.str()? };
+            r.end()?;
+            Ok(Some(Alarm { instance, due_at }))
+        })
+    }
+
+    fn ack_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<bool> {
+        check_instance(instance)?;
+        let instance = instance.clone();
+        self.submit(move |txn| {
+            fence(txn, &instance, epoch)?;
+            let k = alarm_key(&instance);
+            let Some(stored) = txn.get(&k)? else { return Ok(false) };
+            let stored: Millis = value::decode(&stored, "alarm")?;
+            // A3: an ack for a replaced alarm removes nothing.
+            if stored != due_at {
+                return Ok(false);
+            }
+            txn.delete(k);
+            txn.delete(alarm_due_key(due_at, &instance));
+            Ok(true)
+        })
+    }
+}
+
+/// Writes an imported tray and its marked indexes (the key is free).
+pub(crate) fn import_tray(txn: &mut Txn<'_>, k: &TrayKey, t: &Tray) {
+    if t.marked {
+        let w = value::encode(&Waker { env: t.env.clone(), hostname: t.hostname.clone() });
+        txn.put(marked_key(k), w.clone());
+        txn.put(marked_env_key(&t.env, k), w);
+    }
+    txn.put(tray_key(k), value::encode(t));
+}
