@@ -172,6 +172,12 @@ fn lock(path: &Path) -> Result<File> {
 
 /// Opens the store at `path`, creating it when absent or an empty directory.
 pub(super) fn open(path: &Path, opts: Options) -> Result<Store> {
+    if path.exists() && !path.is_dir() {
+        return Err(StateError::invalid(format!(
+            "{} is a file, not an agentstate store directory; pick a new path",
+            path.display()
+        )));
+    }
     let is_empty_dir = fs::read_dir(path).map(|mut d| d.next().is_none()).unwrap_or(false);
     if !path.exists() || is_empty_dir {
         sweep_stale_creations(path);
