@@ -70,3 +70,9 @@ pub use store::{
     Durability, Entry, FileStore, MemoryStore, Options, Store, StoreStats, TenantStats, VerifyReport,
 };
 pub use tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+
+// The README's examples run as doctests, so the README cannot drift from
+// the code.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
