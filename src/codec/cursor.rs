@@ -27,6 +27,7 @@ pub(crate) enum Listing {
     Marked = 3,
     Alarms = 4,
     Export = 5,
+    Sessions = 6,
 }
 
 fn mac(secret: &[u8; 16], listing: Listing, binding: &[u8], position: &[u8]) -> u64 {
@@ -55,7 +56,7 @@ pub(crate) fn encode(secret: &[u8; 16], listing: Listing, binding: &[u8], positi
 pub(crate) fn decode(secret: &[u8; 16], listing: Listing, binding: &[u8], cursor: &Cursor) -> Result<Vec<u8>> {
     let invalid = || StateError::invalid("cursor: not issued by this listing (other tenant, filters or store, or altered)");
     let text = cursor.as_str().as_bytes();
-    if text.len() % 2 != 0 || text.len() < 2 * (MAC_BYTES + 1) || text.len() > 2 * (POSITION_BYTES_MAX + MAC_BYTES) {
+    if !text.len().is_multiple_of(2) || text.len() < 2 * (MAC_BYTES + 1) || text.len() > 2 * (POSITION_BYTES_MAX + MAC_BYTES) {
         return Err(invalid());
     }
     let mut bytes = Vec::with_capacity(text.len() / 2);

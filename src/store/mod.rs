@@ -4,6 +4,7 @@ mod commit;
 mod file;
 mod runs;
 mod sessions;
+mod sessions_list;
 mod transfer;
 mod trays;
 mod verify;
@@ -334,6 +335,9 @@ impl Store {
     /// the engine: `accept` turns an entry into an item or skips it. Reads
     /// one matching entry past the page to know whether the walk ends here
     /// (L3), and costs O(limit + skipped entries) (L5).
+    // Every listing states all of these; a struct for them would only be
+    // built to be taken apart here.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn scan_page<T>(
         &self,
         listing: Listing,

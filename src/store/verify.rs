@@ -104,11 +104,17 @@ impl Store {
             rep.runs += 1;
             let key = match KeyReader::new(k, table::RUN).and_then(|mut r| Ok(RunKey::new(r.str()?, r.str()?))) {
                 Ok(key) => key,
-                Err(e) => return Ok(p(format!("run key undecodable: {e}"))),
+                Err(e) => {
+                    p(format!("run key undecodable: {e}"));
+                    return Ok(());
+                }
             };
             let r = match decode_run(v, &key) {
                 Ok(r) => r,
-                Err(e) => return Ok(p(format!("run {}/{}: {e}", key.tenant, key.run_id))),
+                Err(e) => {
+                    p(format!("run {}/{}: {e}", key.tenant, key.run_id));
+                    return Ok(());
+                }
             };
             if r.seq == 0 || r.seq >= next_seq {
                 p(format!("run {}/{}: seq {} outside 1..{next_seq}", key.tenant, key.run_id, r.seq));
