@@ -1,0 +1,312 @@
+//! The async wrapper (rules W1–W3).
+//!
+//! [`AsyncStore`] mirrors every method of [`StateStore`], [`TrayStore`] and
+//! the store's own inherent API as an `async fn`. Each one clones its
+//! arguments, hands the synchronous call to [`tokio::task::spawn_blocking`]
+//! and awaits the answer. It holds no logic of its own: every rule is the
+//! synchronous store's.
+//!
+//! Invariant: no store call runs on an executor thread (W2); the wrapper
+//! decides nothing, it only moves calls to the blocking pool (W1).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::api::{StateStore, TrayStore};
+use crate::cursor::Cursor;
+use crate::error::{Result, StateError};
+use crate::record::{
+    Millis, Page, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery,
+};
+use crate::store::{Entry, Options, Store, StoreStats, VerifyReport};
+use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+
+/// A [`Store`] for async code: every call runs on tokio's blocking pool.
+///
+/// Cheap to clone (an `Arc`); clones share one store. The methods have the
+/// same names, arguments and results as the synchronous ones, so the store's
+/// docs and rules apply unchanged.
+///
+/// # Cancellation (W3)
+///
+/// Dropping a returned future before it completes does **not** cancel the
+/// call: once the call has been handed to the blocking pool it runs to
+/// completion, and every write is one atomic group. A dropped future's
+/// write may therefore still land — whole, never in part — and its answer
+/// is discarded. If you need to know whether it landed, read the record
+/// back (a versioned write tells you by its version). A call the runtime
+/// never started (the runtime was shutting down) writes nothing and fails
+/// with a retryable `Persistence { reason: Unavailable }`.
+///
+/// # Panics
+///
+/// A panic inside the store call (a bug, never an operating error) is
+/// resumed in the awaiting task, exactly as the synchronous call would have
+/// panicked in its caller. It is not turned into a [`StateError`], because
+/// no variant could say truthfully whether the call's write landed.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> agentstate::Result<()> {
+/// use agentstate::{AsyncStore, RunKey, RunRecord, StateDelta};
+/// let store = AsyncStore::memory();
+/// let run = store.put_run(RunRecord::new(RunKey::new("acme", "run_1"), "planner")).await?;
+/// let run = store.patch_run(&run.key, StateDelta { iterations: 1, ..Default::default() }).await?;
+/// assert_eq!((run.version, run.iterations), (2, 1));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct AsyncStore {
+    inner: Arc<Store>,
+}
+
+impl From<Store> for AsyncStore {
+    fn from(store: Store) -> Self {
+        AsyncStore::new(store)
+    }
+}
+
+impl From<Arc<Store>> for AsyncStore {
+    fn from(store: Arc<Store>) -> Self {
+        AsyncStore { inner: store }
+    }
+}
+
+impl AsyncStore {
+    /// Wraps a store.
+    pub fn new(store: Store) -> Self {
+        AsyncStore { inner: Arc::new(store) }
+    }
+
+    /// An empty in-memory store ([`Store::new`]); creating one does no I/O.
+    pub fn memory() -> Self {
+        AsyncStore::new(Store::new())
+    }
+
+    /// Opens (creating if needed) the file store at `path` ([`Store::open`]).
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path: PathBuf = path.as_ref().to_path_buf();
+        blocking(move || Store::open(path)).await.map(AsyncStore::new)
+    }
+
+    /// Opens the file store at `path` with options ([`Store::open_with`]).
+    pub async fn open_with(path: impl AsRef<Path>, opts: Options) -> Result<Self> {
+        let path: PathBuf = path.as_ref().to_path_buf();
+        blocking(move || Store::open_with(path, opts)).await.map(AsyncStore::new)
+    }
+
+    /// The synchronous store underneath, for code that is already on a
+    /// blocking thread.
+    pub fn sync_store(&self) -> &Arc<Store> {
+        &self.inner
+    }
+
+    /// The directory of a file store; `None` in memory. Reads no file.
+    pub fn path(&self) -> Option<&Path> {
+        self.inner.path()
+    }
+
+    /// Runs `f` on the blocking pool with the store.
+    async fn run<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Store) -> Result<T> + Send + 'static,
+    {
+        let store = Arc::clone(&self.inner);
+        blocking(move || f(&store)).await
+    }
+
+    // --- StateStore ---------------------------------------------------
+
+    /// [`StateStore::put_run`].
+    pub async fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
+        self.run(move |s| s.put_run(record)).await
+    }
+
+    /// [`StateStore::get_run`].
+    pub async fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
+        let key = key.clone();
+        self.run(move |s| s.get_run(&key)).await
+    }
+
+    /// [`StateStore::patch_run`].
+    pub async fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
+        let key = key.clone();
+        self.run(move |s| s.patch_run(&key, delta)).await
+    }
+
+    /// [`StateStore::list_runs`].
+    pub async fn list_runs(&self, query: &StateQuery) -> Result<Page<RunRecord>> {
+        let query = query.clone();
+        self.run(move |s| s.list_runs(&query)).await
+    }
+
+    /// [`StateStore::put_session`].
+    pub async fn put_session(&self, record: SessionRecord) -> Result<SessionRecord> {
+        self.run(move |s| s.put_session(record)).await
+    }
+
+    /// [`StateStore::get_session`].
+    pub async fn get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+        let key = key.clone();
+        self.run(move |s| s.get_session(&key)).await
+    }
+
+    /// [`StateStore::delete_session`].
+    pub async fn delete_session(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
+        let key = key.clone();
+        self.run(move |s| s.delete_session(&key, cascade)).await
+    }
+
+    /// [`Store::list_sessions`].
+    pub async fn list_sessions(
+        &self,
+        tenant: &str,
+        limit: usize,
+        cursor: Option<&Cursor>,
+    ) -> Result<Page<SessionRecord>> {
+        let tenant = tenant.to_owned();
+        let cursor = cursor.cloned();
+        self.run(move |s| s.list_sessions(&tenant, limit, cursor.as_ref())).await
+    }
+
+    // --- TrayStore ----------------------------------------------------
+
+    /// [`TrayStore::read_tray`].
+    pub async fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
+        let key = key.clone();
+        self.run(move |s| s.read_tray(&key, epoch)).await
+    }
+
+    /// [`TrayStore::write_tray`].
+    pub async fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
+        let key = key.clone();
+        self.run(move |s| s.write_tray(&key, epoch, tray)).await
+    }
+
+    /// [`TrayStore::delete_tray`].
+    pub async fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
+        let key = key.clone();
+        self.run(move |s| s.delete_tray(&key, epoch)).await
+    }
+
+    /// [`TrayStore::apply_batch`].
+    pub async fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
+        let instance = instance.clone();
+        self.run(move |s| s.apply_batch(&instance, epoch, ops)).await
+    }
+
+    /// [`TrayStore::release`].
+    pub async fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
+        let instance = instance.clone();
+        self.run(move |s| s.release(&instance, epoch)).await
+    }
+
+    /// [`TrayStore::list_trays`].
+    pub async fn list_trays(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        limit: usize,
+        cursor: Option<&Cursor>,
+    ) -> Result<Page<(TrayKey, Tray)>> {
+        let instance = instance.clone();
+        let cursor = cursor.cloned();
+        self.run(move |s| s.list_trays(&instance, epoch, limit, cursor.as_ref())).await
+    }
+
+    /// [`TrayStore::marked_trays`].
+    pub async fn marked_trays(
+        &self,
+        env: Option<&str>,
+        limit: usize,
+        cursor: Option<&Cursor>,
+    ) -> Result<Page<MarkedTray>> {
+        let env = env.map(str::to_owned);
+        let cursor = cursor.cloned();
+        self.run(move |s| s.marked_trays(env.as_deref(), limit, cursor.as_ref())).await
+    }
+
+    /// [`TrayStore::epoch`].
+    pub async fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
+        let instance = instance.clone();
+        self.run(move |s| s.epoch(&instance)).await
+    }
+
+    /// [`TrayStore::set_alarm`].
+    pub async fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
+        let instance = instance.clone();
+        self.run(move |s| s.set_alarm(&instance, epoch, due_at)).await
+    }
+
+    /// [`TrayStore::due_alarms`].
+    pub async fn due_alarms(&self, now: Millis, limit: usize, cursor: Option<&Cursor>) -> Result<Page<Alarm>> {
+        let cursor = cursor.cloned();
+        self.run(move |s| s.due_alarms(now, limit, cursor.as_ref())).await
+    }
+
+    /// [`TrayStore::ack_alarm`].
+    pub async fn ack_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<bool> {
+        let instance = instance.clone();
+        self.run(move |s| s.ack_alarm(&instance, epoch, due_at)).await
+    }
+
+    // --- whole-store operations -----------------------------------------
+
+    /// [`Store::verify`].
+    pub async fn verify(&self) -> Result<VerifyReport> {
+        self.run(|s| s.verify()).await
+    }
+
+    /// [`Store::stats`].
+    pub async fn stats(&self) -> Result<StoreStats> {
+        self.run(|s| s.stats()).await
+    }
+
+    /// [`Store::prune`].
+    pub async fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
+        let tenant = tenant.to_owned();
+        self.run(move |s| s.prune(&tenant, finished_before)).await
+    }
+
+    /// [`Store::export_page`].
+    pub async fn export_page(&self, limit: usize, cursor: Option<&Cursor>) -> Result<Page<Entry>> {
+        let cursor = cursor.cloned();
+        self.run(move |s| s.export_page(limit, cursor.as_ref())).await
+    }
+
+    /// [`Store::import`].
+    pub async fn import(&self, entries: Vec<Entry>) -> Result<()> {
+        self.run(move |s| s.import(entries)).await
+    }
+
+    /// [`Store::is_empty`].
+    pub async fn is_empty(&self) -> Result<bool> {
+        self.run(|s| s.is_empty()).await
+    }
+
+    /// [`Store::commits`]. Async because it waits for the commit lock,
+    /// which a group holds while it syncs.
+    pub async fn commits(&self) -> Result<u64> {
+        self.run(|s| Ok(s.commits())).await
+    }
+}
+
+/// Runs `f` on tokio's blocking pool and returns its answer; a panic in `f`
+/// is resumed here (see the type's docs).
+async fn blocking<T, F>(f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(answer) => answer,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Only a task that never started is cancelled: nothing ran.
+        Err(_) => Err(StateError::unavailable(
+            "the async runtime shut down before the store call started; nothing was written",
+            None,
+        )),
+    }
+}
