@@ -1,1 +1,11 @@
-fn main(){}
+//! `agentstate`: the operator's tool for an agentstate file store, and the
+//! demo. See `agentstate --help`.
+
+// Operating errors are reported, never unwrapped.
+#![warn(clippy::unwrap_used)]
+
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}
