@@ -221,4 +221,84 @@ mod tests {
         assert!(two("t", "\u{10FFFF}") < end);
         assert!(two("t\0", "") >= end || two("t\0", "") < p);
     }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Ids that stress the escaping: separators, NUL, the terminator
+        /// byte 0x01, U+00FF, other non-ASCII, plus any string at all.
+        fn id() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "[ab/:\\x00\\x01\u{7f}\u{e9}\u{ff}\u{4e2d}\u{10ffff}]{0,6}",
+                any::<String>(),
+            ]
+        }
+
+        fn encode(parts: &[String]) -> Vec<u8> {
+            parts.iter().fold(KeyBuf::table(table::RUN), |b, s| b.str(s)).done()
+        }
+
+        fn decode(key: &[u8], n: usize) -> Vec<String> {
+            let mut r = KeyReader::new(key, table::RUN).unwrap();
+            let parts = (0..n).map(|_| r.str().unwrap()).collect();
+            r.end().unwrap();
+            parts
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(1000))]
+
+            /// K6: distinct component lists (of any lengths) never share
+            /// bytes, and each key reads back to exactly its components.
+            #[test]
+            fn prop_key_is_injective_and_round_trips(
+                a in prop::collection::vec(id(), 1..4),
+                b in prop::collection::vec(id(), 1..4),
+            ) {
+                let (ka, kb) = (encode(&a), encode(&b));
+                prop_assert_eq!(a == b, ka == kb);
+                prop_assert_eq!(decode(&ka, a.len()), a);
+                prop_assert_eq!(decode(&kb, b.len()), b);
+            }
+
+            /// Byte order of keys is the lexicographic order of their
+            /// component lists (strings by bytes, a prefix list first), so
+            /// a range scan over a prefix is exactly that prefix's keys.
+            #[test]
+            fn prop_key_order_is_component_order(
+                a in prop::collection::vec(id(), 1..4),
+                b in prop::collection::vec(id(), 1..4),
+            ) {
+                prop_assert_eq!(encode(&a).cmp(&encode(&b)), a.cmp(&b));
+            }
+
+            /// Strings then a fixed-width integer (the index keys' shape)
+            /// keep order and injectivity too, and every key of a prefix
+            /// sorts below `prefix_end`.
+            #[test]
+            fn prop_key_with_seq_orders_and_bounds(
+                a in (id(), any::<u64>()),
+                b in (id(), any::<u64>()),
+            ) {
+                let k = |(s, n): &(String, u64)| KeyBuf::table(table::RUN_BY_SEQ).str(s).u64(*n).done();
+                let (ka, kb) = (k(&a), k(&b));
+                prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+                let prefix = KeyBuf::table(table::RUN_BY_SEQ).str(&a.0).done();
+                prop_assert!(ka.starts_with(&prefix) && ka < prefix_end(&prefix));
+                prop_assert_eq!(kb.starts_with(&prefix), a.0 == b.0);
+            }
+
+            /// Garbage never panics the reader.
+            #[test]
+            fn prop_key_reader_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..40)) {
+                if let Ok(mut r) = KeyReader::new(&bytes, table::RUN) {
+                    while r.str().is_ok() {}
+                    let _ = r.u64();
+                    let _ = r.u8();
+                    let _ = r.end();
+                }
+            }
+        }
+    }
 }
