@@ -1,1 +1,5 @@
 
+#[cfg(feature = "async")]
+mod async_store;
+#[cfg(feature = "cli")]
+mod cli;

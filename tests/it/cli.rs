@@ -1,0 +1,687 @@
+//! The `agentstate` binary, run for real on real stores in temp dirs, and
+//! `Store::prune`'s own rules.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write as _;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Barrier};
+
+use agentstate::{
+    Approval, Entry, InstanceKey, ManualClock, Options, RunKey, RunRecord, RunState, SessionKey, SessionRecord,
+    StateDelta, StateError, StateQuery, StateStore, Store, ToolCall, Tray, TrayStore,
+};
+
+/// 2023-11-14T22:13:20Z: when the fixture's first records were written.
+const T0: u64 = 1_700_000_000_000;
+const HOUR: u64 = 3_600_000;
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn output(o: Output) -> Run {
+    Run {
+        code: o.status.code().expect("the binary exited (no signal)"),
+        stdout: String::from_utf8(o.stdout).expect("stdout is UTF-8"),
+        stderr: String::from_utf8(o.stderr).expect("stderr is UTF-8"),
+    }
+}
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_agentstate"));
+    c.env_remove("AGENTSTATE_DB");
+    c
+}
+
+/// Runs the binary with `args`.
+fn cli(args: &[&str]) -> Run {
+    output(bin().args(args).output().expect("the binary runs"))
+}
+
+/// Runs the binary with `args` and `stdin`.
+fn cli_stdin(args: &[&str], stdin: &[u8]) -> Run {
+    let mut child = bin()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    child.stdin.take().expect("piped").write_all(stdin).expect("stdin written");
+    output(child.wait_with_output().expect("the binary ends"))
+}
+
+/// Runs the binary and expects exit 0.
+fn ok(args: &[&str]) -> String {
+    let r = cli(args);
+    assert_eq!(r.code, 0, "{args:?} failed: {}", r.stderr);
+    r.stdout
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().expect("temp paths are UTF-8")
+}
+
+/// Table rows after the header.
+fn rows(stdout: &str) -> Vec<&str> {
+    stdout.lines().skip(1).filter(|l| !l.is_empty()).collect()
+}
+
+fn json_lines<T: serde::de::DeserializeOwned>(stdout: &str) -> Vec<T> {
+    stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect()
+}
+
+fn clock_opts(clock: &Arc<ManualClock>) -> Options {
+    Options::new().clock(clock.clone())
+}
+
+fn tool_call(id: &str) -> ToolCall {
+    ToolCall { id: id.into(), name: "search".into(), arguments: r#"{"q":"lisbon"}"#.into() }
+}
+
+fn tray(doc: &[u8], marked: bool, env: &str) -> Tray {
+    Tray { marked, doc: doc.to_vec(), env: env.into(), hostname: "host-1".into() }
+}
+
+/// A store with a bit of everything:
+/// - acme: sessions s1 (3 runs) and s2 (none); runs r1 running (s1, a
+///   pending tool call, spend), r2 completed (s1), r3 awaiting approval
+///   (s1), all at T0; r4 failed (coder) and r5 pending at T0 + 1h.
+/// - beta: b1 running, b2 completed.
+/// - chat/room-1 at epoch 3: state/main marked (prod), state/aux unmarked
+///   with a binary doc; chat/room-2 at epoch 1: one tray marked (staging).
+/// - alarms: chat/room-1 at T0 + 10 min, chat/room-2 at T0 + 2 h.
+fn fixture(path: &Path) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = Store::open_with(path, clock_opts(&clock)).expect("open");
+    let mut s1 = SessionRecord::new(SessionKey::new("acme", "s1"));
+    s1.metadata.insert("title".into(), "trip".into());
+    s.put_session(s1).unwrap();
+    s.put_session(SessionRecord::new(SessionKey::new("acme", "s2"))).unwrap();
+    let mut r1 = RunRecord::new(RunKey::new("acme", "r1"), "planner").with_session("s1");
+    r1.state = RunState::Running;
+    r1.pending_tool_calls.push(tool_call("c1"));
+    let r1 = s.put_run(r1).unwrap();
+    s.patch_run(&r1.key, StateDelta { cost_micros: 2_500, messages_read: 4, iterations: 2, ..Default::default() })
+        .unwrap();
+    let mut r2 = RunRecord::new(RunKey::new("acme", "r2"), "planner").with_session("s1");
+    r2.state = RunState::Completed;
+    s.put_run(r2).unwrap();
+    let mut r3 = RunRecord::new(RunKey::new("acme", "r3"), "coder").with_session("s1");
+    r3.state = RunState::AwaitingApproval;
+    r3.approval = Some(Approval { id: "ap1".into(), prompt: "deploy?".into() });
+    s.put_run(r3).unwrap();
+    clock.advance(HOUR);
+    let mut r4 = RunRecord::new(RunKey::new("acme", "r4"), "coder");
+    r4.state = RunState::Failed;
+    s.put_run(r4).unwrap();
+    s.put_run(RunRecord::new(RunKey::new("acme", "r5"), "planner")).unwrap();
+    let mut b1 = RunRecord::new(RunKey::new("beta", "b1"), "planner");
+    b1.state = RunState::Running;
+    s.put_run(b1).unwrap();
+    let mut b2 = RunRecord::new(RunKey::new("beta", "b2"), "planner");
+    b2.state = RunState::Completed;
+    s.put_run(b2).unwrap();
+    let room1 = InstanceKey::new("chat", "room-1");
+    s.write_tray(&room1.tray("state", "main"), 3, tray(b"hello", true, "prod")).unwrap();
+    s.write_tray(&room1.tray("state", "aux"), 3, tray(&[0, 159, 146, 150], false, "prod")).unwrap();
+    let room2 = InstanceKey::new("chat", "room-2");
+    s.write_tray(&room2.tray("state", "main"), 1, tray(b"{}", true, "staging")).unwrap();
+    s.set_alarm(&room1, 3, T0 + 10 * 60_000).unwrap();
+    s.set_alarm(&room2, 1, T0 + 2 * HOUR).unwrap();
+}
+
+fn fixture_dir() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    fixture(&db);
+    (dir, db)
+}
+
+#[test]
+fn cli_demo_shows_each_promise_and_leaves_a_sound_store() {
+    // Without --db: a temporary store, removed at the end.
+    let r = cli(&["demo"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    for needle in [
+        "Conflict { expected: 0, actual: 1 }",
+        "Conflict { expected: 1, actual: 2 }",
+        "FenceLost { caller: 1, stored: 2 }",
+        "cost 1 = 1,000,000 micros (expected 1,000,000)",
+        "due now: chat/room-42",
+        "each exactly once",
+        "refused: InUse",
+        "with cascade",
+        "no problems",
+        "conflicts resolved",
+    ] {
+        assert!(r.stdout.contains(needle), "demo output lacks {needle:?}:\n{}", r.stdout);
+    }
+    let first = r.stdout.lines().next().unwrap();
+    let temp = first.rsplit(' ').next().unwrap();
+    assert!(!Path::new(temp).exists(), "the demo's temporary store {temp} was left behind");
+
+    // With --db: the store is kept, sound, and a second demo refuses it.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("demo");
+    let r = cli(&["demo", "--db", p(&db)]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(ok(&["verify", "--db", p(&db)]).contains("ok: no problems found"));
+    let r = cli(&["demo", "--db", p(&db)]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("is not empty"), "{}", r.stderr);
+}
+
+#[test]
+fn cli_runs_list_filters_pages_and_json() {
+    let (_dir, db) = fixture_dir();
+    let db = p(&db);
+    let all = ok(&["runs", "list", "--db", db, "--tenant", "acme"]);
+    assert!(all.starts_with("TENANT"), "{all}");
+    let ids: Vec<&str> = rows(&all).iter().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
+    assert_eq!(ids, ["r1", "r2", "r3", "r4", "r5"], "seq order");
+
+    let count = |args: &[&str]| rows(&ok(args)).len();
+    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--state", "running"]), 1);
+    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--session", "s1"]), 3);
+    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--agent", "coder"]), 2);
+    // r1..r3 were last written at T0 (ms), r4 and r5 an hour later.
+    let cut = (T0 + 1).to_string();
+    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--updated-before", &cut]), 3);
+    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--updated-before", "2023-11-14T22:30:00Z"]), 3);
+    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--updated-before", "10m"]), 5);
+    // Every tenant, tenant by tenant.
+    assert_eq!(count(&["runs", "list", "--db", db]), 7);
+
+    // JSON: one stored record per line.
+    let json: Vec<RunRecord> = json_lines(&ok(&["runs", "list", "--db", db, "--tenant", "acme", "--json"]));
+    assert_eq!(json.len(), 5);
+    assert_eq!(json[0].cost_micros, 2_500);
+    assert_eq!(json[0].pending_tool_calls, vec![tool_call("c1")]);
+
+    // Paging: a page, then the cursor it hands out, or --all.
+    let r = cli(&["runs", "list", "--db", db, "--tenant", "acme", "--limit", "2", "--json"]);
+    assert_eq!(r.code, 0);
+    let page1: Vec<RunRecord> = json_lines(&r.stdout);
+    assert_eq!(page1.len(), 2);
+    let cursor = r.stderr.split("--cursor ").nth(1).and_then(|s| s.split_whitespace().next()).expect(&r.stderr);
+    let page2: Vec<RunRecord> =
+        json_lines(&ok(&["runs", "list", "--db", db, "--tenant", "acme", "--limit", "2", "--json", "--cursor", cursor]));
+    assert_eq!(page2.iter().map(|r| r.key.run_id.as_str()).collect::<Vec<_>>(), ["r3", "r4"]);
+    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--limit", "2", "--all"]), 5);
+    assert_eq!(count(&["runs", "list", "--db", db, "--limit", "3", "--all"]), 7);
+    assert_eq!(count(&["runs", "list", "--db", db, "--limit", "3"]), 3);
+    // A cursor of another listing is refused, never another tenant's data.
+    let r = cli(&["runs", "list", "--db", db, "--tenant", "beta", "--cursor", cursor]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.starts_with("error: invalid input: cursor"), "{}", r.stderr);
+}
+
+#[test]
+fn cli_runs_show_text_json_and_missing() {
+    let (_dir, db) = fixture_dir();
+    let db = p(&db);
+    let text = ok(&["runs", "show", "--db", db, "--tenant", "acme", "r1"]);
+    for needle in ["acme/r1", "running", "planner", "s1", "messages read  4", "0.0025", "c1  search", "mid tool call"] {
+        assert!(text.contains(needle), "lacks {needle:?}:\n{text}");
+    }
+    let approval = ok(&["runs", "show", "--db", db, "--tenant", "acme", "r3"]);
+    assert!(approval.contains("ap1: deploy?"), "{approval}");
+    let json: Vec<RunRecord> = json_lines(&ok(&["runs", "show", "--db", db, "--tenant", "acme", "r1", "--json"]));
+    assert_eq!((json[0].key.run_id.as_str(), json[0].version), ("r1", 2));
+    let r = cli(&["runs", "show", "--db", db, "--tenant", "acme", "nope"]);
+    assert_eq!(r.code, 1);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(r.stderr.starts_with("error: no run acme/nope"), "{}", r.stderr);
+}
+
+#[test]
+fn cli_sessions_list_show_and_delete() {
+    let (_dir, db) = fixture_dir();
+    let db_s = p(&db);
+    let list = ok(&["sessions", "list", "--db", db_s, "--tenant", "acme"]);
+    let ids: Vec<&str> = rows(&list).iter().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
+    assert_eq!(ids, ["s1", "s2"]);
+    assert!(list.contains("title=trip"), "{list}");
+    let json: Vec<SessionRecord> = json_lines(&ok(&["sessions", "list", "--db", db_s, "--tenant", "acme", "--json"]));
+    assert_eq!(json[0].metadata.get("title").map(String::as_str), Some("trip"));
+    let r = cli(&["sessions", "list", "--db", db_s, "--tenant", "acme", "--limit", "1"]);
+    assert_eq!((r.code, rows(&r.stdout).len()), (0, 1));
+    assert!(r.stderr.contains("--cursor"), "{}", r.stderr);
+    assert_eq!(rows(&ok(&["sessions", "list", "--db", db_s, "--tenant", "beta"])).len(), 0);
+
+    let show = ok(&["sessions", "show", "--db", db_s, "--tenant", "acme", "s1"]);
+    assert!(show.contains("runs      3 (2 unfinished)"), "{show}");
+    for run in ["r1", "r2", "r3"] {
+        assert!(show.contains(run), "{show}");
+    }
+    let v: Vec<serde_json::Value> = json_lines(&ok(&["sessions", "show", "--db", db_s, "--tenant", "acme", "s1", "--json"]));
+    assert_eq!(v[0]["runs"].as_array().map(Vec::len), Some(3));
+
+    // Refused while r1 and r3 are unfinished: exit 1, one line, the way out.
+    let r = cli(&["sessions", "delete", "--db", db_s, "--tenant", "acme", "s1"]);
+    assert_eq!(r.code, 1);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(r.stderr.contains("2 unfinished run(s): r1, r3") && r.stderr.contains("--cascade"), "{}", r.stderr);
+    assert!(ok(&["sessions", "delete", "--db", db_s, "--tenant", "acme", "s2"]).contains("deleted session acme/s2"));
+    let out = ok(&["sessions", "delete", "--db", db_s, "--tenant", "acme", "s1", "--cascade"]);
+    assert!(out.contains("and its 3 run(s): r1, r2, r3"), "{out}");
+    assert_eq!(cli(&["sessions", "delete", "--db", db_s, "--tenant", "acme", "s1"]).code, 1);
+    assert_eq!(cli(&["sessions", "show", "--db", db_s, "--tenant", "acme", "s1"]).code, 1);
+
+    let s = Store::open(&db).unwrap();
+    assert!(s.get_session(&SessionKey::new("acme", "s1")).unwrap().is_none());
+    for run in ["r1", "r2", "r3"] {
+        assert!(s.get_run(&RunKey::new("acme", run)).unwrap().is_none());
+    }
+    assert!(s.get_run(&RunKey::new("acme", "r4")).unwrap().is_some());
+    assert!(s.verify().unwrap().is_ok());
+}
+
+#[test]
+fn cli_trays_and_alarms() {
+    let (_dir, db) = fixture_dir();
+    let db_s = p(&db);
+    // Without --epoch: read at the stored epoch, never fencing the holder out.
+    let list = ok(&["trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1"]);
+    assert_eq!(rows(&list).len(), 2, "{list}");
+    assert!(list.contains("hello") && list.contains("(binary)"), "{list}");
+    let json: Vec<serde_json::Value> = json_lines(&ok(&["trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1", "--json"]));
+    assert_eq!(json[0]["tray_id"], "aux");
+    assert_eq!(json[0]["doc_hex"], "009f9296");
+    assert_eq!(json[1]["doc"], "hello");
+    assert_eq!(json[1]["marked"], true);
+    // An older epoch is fenced: exit 1 and the epoch to use.
+    let r = cli(&["trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1", "--epoch", "2"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("FenceLost") || r.stderr.contains("fence lost"), "{}", r.stderr);
+    assert!(r.stderr.contains("--epoch 3"), "{}", r.stderr);
+    // A newer one takes the instance over, and says so.
+    let r = cli(&["trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1", "--epoch", "5"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("now at epoch 5 (was 3)"), "{}", r.stderr);
+
+    let marked = ok(&["trays", "marked", "--db", db_s]);
+    assert_eq!(rows(&marked).len(), 2, "{marked}");
+    let staging = ok(&["trays", "marked", "--db", db_s, "--env", "staging", "--json"]);
+    let staging: Vec<serde_json::Value> = json_lines(&staging);
+    assert_eq!(staging.len(), 1);
+    assert_eq!(staging[0]["id"], "room-2");
+
+    assert_eq!(rows(&ok(&["alarms", "due", "--db", db_s, "--now", &T0.to_string()])).len(), 0);
+    let due = ok(&["alarms", "due", "--db", db_s, "--now", "2023-11-14T23:00:00Z"]);
+    assert_eq!(rows(&due).len(), 1, "{due}");
+    assert!(due.contains("room-1") && due.contains("2023-11-14T22:23:20Z") && due.contains("36m 40s"), "{due}");
+    let all: Vec<serde_json::Value> = json_lines(&ok(&["alarms", "due", "--db", db_s, "--json"]));
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[1]["due_at"], T0 + 2 * HOUR);
+
+    let s = Store::open(&db).unwrap();
+    assert_eq!(s.epoch(&InstanceKey::new("chat", "room-1")).unwrap(), 5);
+    assert_eq!(s.epoch(&InstanceKey::new("chat", "room-2")).unwrap(), 1);
+}
+
+#[test]
+fn cli_stats_and_verify() {
+    let (_dir, db) = fixture_dir();
+    let db = p(&db);
+    let text = ok(&["stats", "--db", db]);
+    for needle in ["acme", "beta", "runs      7", "sessions  2", "trays     3 (2 marked)", "alarms    2", "disk"] {
+        assert!(text.contains(needle), "lacks {needle:?}:\n{text}");
+    }
+    let v: Vec<serde_json::Value> = json_lines(&ok(&["stats", "--db", db, "--json"]));
+    assert_eq!(v[0]["tenants"]["acme"]["runs"]["running"], 1);
+    assert_eq!(v[0]["tenants"]["acme"]["sessions"], 2);
+    assert_eq!(v[0]["tenants"]["beta"]["runs"]["completed"], 1);
+    assert_eq!(v[0]["marked_trays"], 2);
+    assert!(v[0]["disk_bytes"].as_u64().unwrap() > 0);
+
+    let r = cli(&["verify", "--db", db]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("checked 7 runs, 2 sessions, 3 trays, 2 alarms"), "{}", r.stdout);
+    let v: Vec<serde_json::Value> = json_lines(&ok(&["verify", "--db", db, "--json"]));
+    assert_eq!(v[0]["ok"], true);
+}
+
+#[test]
+fn cli_verify_exits_1_on_an_inconsistent_store() {
+    // Two runs with one seq can only come from a crafted import; verify
+    // must catch it.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    let mut a = RunRecord::new(RunKey::new("acme", "a"), "planner");
+    (a.version, a.seq) = (1, 7);
+    let mut b = a.clone();
+    b.key.run_id = "b".into();
+    let mut text = String::from("{\"agentstate_export\":1}\n");
+    for e in [Entry::Run(a), Entry::Run(b)] {
+        text.push_str(&serde_json::to_string(&e).unwrap());
+        text.push('\n');
+    }
+    let r = cli_stdin(&["import", "--db", p(&db)], text.as_bytes());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = cli(&["verify", "--db", p(&db)]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(r.stdout.contains("problem: ") && r.stdout.contains("seq 7 used twice"), "{}", r.stdout);
+    assert_eq!(r.stderr.lines().count(), 1);
+    assert!(r.stderr.starts_with("error: verify found"), "{}", r.stderr);
+}
+
+/// Every entry of a store, via the library.
+fn entries(db: &Path) -> Vec<Entry> {
+    let s = Store::open(db).unwrap();
+    let mut out = Vec::new();
+    let mut cursor = None;
+    loop {
+        let (items, next) = s.export_page(3, cursor.as_ref()).unwrap().into_parts();
+        out.extend(items);
+        match next {
+            Some(c) => cursor = Some(c),
+            None => return out,
+        }
+    }
+}
+
+#[test]
+fn cli_export_import_round_trip_is_byte_identical() {
+    let (dir, db) = fixture_dir();
+    let (f1, f2) = (dir.path().join("one.jsonl"), dir.path().join("two.jsonl"));
+    let (db2, db3) = (dir.path().join("db2"), dir.path().join("db3"));
+    let r = cli(&["export", "--db", p(&db), "--out", p(&f1)]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let one = std::fs::read(&f1).unwrap();
+    let text = String::from_utf8(one.clone()).unwrap();
+    assert!(text.starts_with("{\"agentstate_export\":1}\n"), "{text}");
+    // 7 runs, 2 sessions, 2 epochs, 3 trays, 2 alarms.
+    assert_eq!(text.lines().count(), 1 + 7 + 2 + 2 + 3 + 2, "{text}");
+    assert!(text.ends_with('\n'));
+    // Stdout gives the same bytes as --out.
+    assert_eq!(ok(&["export", "--db", p(&db)]).as_bytes(), one.as_slice());
+
+    assert!(ok(&["import", "--db", p(&db2), "--in", p(&f1)]).contains("imported 16 entries"));
+    let r = cli(&["export", "--db", p(&db2), "--out", p(&f2)]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(std::fs::read(&f2).unwrap(), one, "export -> import -> export changed bytes");
+    // From stdin, too.
+    let r = cli_stdin(&["import", "--db", p(&db3)], &one);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(ok(&["export", "--db", p(&db3)]).as_bytes(), one.as_slice());
+
+    // Record by record, and through the ordinary API.
+    let (a, b) = (entries(&db), entries(&db2));
+    assert_eq!(a.len(), 16);
+    assert_eq!(a, b);
+    {
+        let (s1, s2) = (Store::open(&db).unwrap(), Store::open(&db2).unwrap());
+        for (t, id) in [("acme", "r1"), ("acme", "r3"), ("beta", "b2")] {
+            let k = RunKey::new(t, id);
+            assert_eq!(s1.get_run(&k).unwrap(), s2.get_run(&k).unwrap());
+        }
+        let room1 = InstanceKey::new("chat", "room-1");
+        assert_eq!(s2.epoch(&room1).unwrap(), 3);
+        let marked = s2.marked_trays(None, 10, None).unwrap();
+        assert_eq!(marked.items().len(), 2, "the sweeper's index was rebuilt");
+        let due = s2.due_alarms(u64::MAX, 10, None).unwrap();
+        assert_eq!(due.items().len(), 2);
+        assert_eq!(s2.list_runs(&StateQuery::new("acme").state(RunState::Running)).unwrap().items().len(), 1);
+        assert!(s2.verify().unwrap().is_ok());
+        // A new run after an import takes a seq after every imported one.
+        let fresh = s2.put_run(RunRecord::new(RunKey::new("acme", "r9"), "planner")).unwrap();
+        assert!(fresh.seq > s1.get_run(&RunKey::new("beta", "b2")).unwrap().unwrap().seq);
+    }
+
+    // A non-empty store is refused, with exit 2 and nothing written.
+    let r = cli(&["import", "--db", p(&db2), "--in", p(&f1)]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("is not empty"), "{}", r.stderr);
+    // Not an export, or a newer format: exit 2, nothing imported.
+    let db4 = dir.path().join("db4");
+    let r = cli_stdin(&["import", "--db", p(&db4)], b"{\"kind\":\"run\"}\n");
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("not an agentstate export"), "{}", r.stderr);
+    let r = cli_stdin(&["import", "--db", p(&db4)], b"{\"agentstate_export\":2}\n");
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("format 2"), "{}", r.stderr);
+    let r = cli_stdin(&["import", "--db", p(&db4)], b"{\"agentstate_export\":1}\n{\"kind\":\"nope\"}\n");
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("line 2") && r.stderr.contains("nothing was imported"), "{}", r.stderr);
+    assert!(entries(&db4).is_empty());
+}
+
+#[test]
+fn cli_import_batches_a_larger_export() {
+    // More entries than one import batch (1000), through stdin.
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = String::from("{\"agentstate_export\":1}\n");
+    for i in 0..2_345u64 {
+        let mut r = RunRecord::new(RunKey::new("bulk", format!("run-{i:05}")), "planner");
+        (r.version, r.seq, r.created_at, r.updated_at) = (1, i + 1, T0, T0);
+        text.push_str(&serde_json::to_string(&Entry::Run(r)).unwrap());
+        text.push('\n');
+    }
+    let db = dir.path().join("db");
+    let r = cli_stdin(&["import", "--db", p(&db)], text.as_bytes());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("imported 2,345 entries"), "{}", r.stdout);
+    assert_eq!(ok(&["export", "--db", p(&db)]), text);
+}
+
+#[test]
+fn cli_prune_never_touches_unfinished_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    {
+        // Old runs of every state, written at T0...
+        let clock = Arc::new(ManualClock::new(T0));
+        let s = Store::open_with(&db, clock_opts(&clock)).unwrap();
+        for st in RunState::ALL {
+            let mut r = RunRecord::new(RunKey::new("acme", format!("old-{}", st.as_str())), "planner");
+            r.state = st;
+            s.put_run(r).unwrap();
+        }
+        let mut other = RunRecord::new(RunKey::new("beta", "old-completed"), "planner");
+        other.state = RunState::Completed;
+        s.put_run(other).unwrap();
+    }
+    {
+        // ...and finished runs written just now.
+        let s = Store::open(&db).unwrap();
+        for st in [RunState::Completed, RunState::Failed] {
+            let mut r = RunRecord::new(RunKey::new("acme", format!("new-{}", st.as_str())), "planner");
+            r.state = st;
+            s.put_run(r).unwrap();
+        }
+    }
+    let db_s = p(&db);
+    let dry = ok(&["prune", "--db", db_s, "--tenant", "acme", "--finished-before", "1h", "--dry-run"]);
+    assert!(dry.contains("would prune 3 finished run(s) of acme"), "{dry}");
+    let out = ok(&["prune", "--db", db_s, "--tenant", "acme", "--finished-before", "1h"]);
+    assert!(out.contains("pruned 3 finished run(s) of acme"), "{out}");
+    assert!(ok(&["prune", "--db", db_s, "--tenant", "acme", "--finished-before", "1h"]).contains("pruned 0"));
+
+    let s = Store::open(&db).unwrap();
+    for st in RunState::ALL {
+        let there = s.get_run(&RunKey::new("acme", format!("old-{}", st.as_str()))).unwrap().is_some();
+        assert_eq!(there, !st.is_finished(), "old {} run", st.as_str());
+    }
+    for name in ["new-completed", "new-failed"] {
+        assert!(s.get_run(&RunKey::new("acme", name)).unwrap().is_some(), "a recent finished run was pruned");
+    }
+    assert!(s.get_run(&RunKey::new("beta", "old-completed")).unwrap().is_some(), "another tenant was pruned");
+    assert!(s.verify().unwrap().is_ok());
+}
+
+#[test]
+fn prune_deletes_old_finished_runs_while_a_listing_walks() {
+    const RUNS: usize = 900;
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = Store::with_options(clock_opts(&clock));
+    // Old runs cycle through every state; every tenth finished one is
+    // revived (moved back to running) while the prune runs.
+    let mut old = Vec::new();
+    for i in 0..RUNS {
+        let mut r = RunRecord::new(RunKey::new("acme", format!("old-{i:04}")), "planner");
+        r.state = RunState::ALL[i % RunState::ALL.len()];
+        old.push(s.put_run(r).unwrap());
+    }
+    clock.set(T0 + 2 * HOUR);
+    for i in 0..50 {
+        let mut r = RunRecord::new(RunKey::new("acme", format!("new-{i:03}")), "planner");
+        r.state = RunState::Completed;
+        s.put_run(r).unwrap();
+    }
+    let mut other = RunRecord::new(RunKey::new("beta", "old"), "planner");
+    other.state = RunState::Completed;
+    s.put_run(other).unwrap();
+    let revive: Vec<RunRecord> = old.iter().filter(|r| r.state.is_finished()).step_by(10).cloned().collect();
+
+    let start = Barrier::new(3);
+    let (pruned, walked, revived) = std::thread::scope(|scope| {
+        let pruner = scope.spawn(|| {
+            start.wait();
+            s.prune("acme", T0 + HOUR).unwrap()
+        });
+        let walker = scope.spawn(|| {
+            start.wait();
+            let mut seen = Vec::new();
+            let mut q = StateQuery::new("acme").limit(7);
+            loop {
+                let (items, next) = s.list_runs(&q).unwrap().into_parts();
+                seen.extend(items.into_iter().map(|r| r.key.run_id));
+                match next {
+                    Some(c) => q = q.cursor(Some(c)),
+                    None => return seen,
+                }
+            }
+        });
+        let reviver = scope.spawn(|| {
+            start.wait();
+            revive
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    r.state = RunState::Running;
+                    (r.key.clone(), s.put_run(r))
+                })
+                .collect::<Vec<_>>()
+        });
+        (pruner.join().unwrap(), walker.join().unwrap(), reviver.join().unwrap())
+    });
+
+    // The walk saw every run that lived through it exactly once.
+    let seen: HashSet<&str> = walked.iter().map(String::as_str).collect();
+    assert_eq!(seen.len(), walked.len(), "the walk saw a run twice");
+    for r in old.iter().filter(|r| !r.state.is_finished()) {
+        assert!(seen.contains(r.key.run_id.as_str()), "the walk missed unfinished {}", r.key.run_id);
+    }
+    for i in 0..50 {
+        assert!(seen.contains(format!("new-{i:03}").as_str()));
+    }
+
+    // A revived run either lost the race (pruned first: Conflict, actual 0)
+    // or won it and was kept, running.
+    let mut revived_ok = HashSet::new();
+    for (k, res) in &revived {
+        match res {
+            Ok(r) => {
+                assert_eq!(s.get_run(k).unwrap().map(|r| r.state), Some(RunState::Running), "{}", r.key.run_id);
+                revived_ok.insert(k.run_id.clone());
+            }
+            Err(StateError::Conflict { expected: 1, actual: 0 }) => assert!(s.get_run(k).unwrap().is_none()),
+            Err(e) => panic!("reviving {}: {e}", k.run_id),
+        }
+    }
+    let finished_old = old.iter().filter(|r| r.state.is_finished()).count() as u64;
+    assert_eq!(pruned, finished_old - revived_ok.len() as u64);
+    for r in &old {
+        let there = s.get_run(&r.key).unwrap().is_some();
+        let want = !r.state.is_finished() || revived_ok.contains(&r.key.run_id);
+        assert_eq!(there, want, "{} ({})", r.key.run_id, r.state.as_str());
+    }
+    let left = s.list_runs(&StateQuery::new("acme").limit(1000)).unwrap();
+    let by_state: BTreeMap<RunState, usize> = left.items().iter().fold(BTreeMap::new(), |mut m, r| {
+        *m.entry(r.state).or_default() += 1;
+        m
+    });
+    assert_eq!(by_state.get(&RunState::Completed), Some(&50), "recent finished runs kept: {by_state:?}");
+    assert!(s.get_run(&RunKey::new("beta", "old")).unwrap().is_some());
+    assert!(s.verify().unwrap().is_ok());
+    // Nothing left to prune; bad input is Invalid.
+    assert_eq!(s.prune("acme", T0 + HOUR).unwrap(), 0);
+    assert!(matches!(s.prune("", T0), Err(StateError::Invalid { .. })));
+}
+
+#[test]
+fn cli_a_store_held_by_another_process_exits_2() {
+    let (_dir, db) = fixture_dir();
+    let _held = Store::open(&db).unwrap();
+    let r = cli(&["stats", "--db", p(&db)]);
+    assert_eq!(r.code, 2);
+    assert_eq!(
+        r.stderr,
+        format!(
+            "error: store {} is already open in another process (close the other agentstate or worker using it)\n",
+            db.display()
+        )
+    );
+    assert_eq!(r.stdout, "");
+}
+
+#[test]
+fn cli_bad_usage_exits_2() {
+    let (_dir, db) = fixture_dir();
+    let db = p(&db);
+    let cases: &[&[&str]] = &[
+        &[],
+        &["frobnicate"],
+        &["runs"],
+        &["runs", "list", "--tenant", "acme"],
+        &["runs", "list", "--db", db, "--state", "sleeping"],
+        &["runs", "list", "--db", db, "--limit", "0"],
+        &["runs", "list", "--db", db, "--limit", "1001"],
+        &["runs", "list", "--db", db, "--all", "--cursor", "00"],
+        &["runs", "list", "--db", db, "--cursor", "00"],
+        &["runs", "list", "--db", db, "--updated-before", "yesterday"],
+        &["runs", "show", "--db", db, "r1"],
+        &["prune", "--db", db, "--tenant", "acme"],
+        &["prune", "--db", db, "--tenant", "acme", "--finished-before", "2026-02-30"],
+        &["alarms", "due", "--db", db, "--now", "soon"],
+        &["trays", "list", "--db", db, "--ns", "chat"],
+        &["runs", "list", "--db", "/nonexistent/agentstate-store"],
+        &["export", "--db", db, "--out", "/nonexistent/dir/out.jsonl"],
+        &["import", "--db", db, "--in", "/nonexistent/in.jsonl"],
+    ];
+    for args in cases {
+        let r = cli(args);
+        assert_eq!(r.code, 2, "{args:?} exited {}: {}", r.code, r.stderr);
+        assert!(r.stderr.starts_with("error:") || r.stderr.contains("Usage:"), "{args:?}: {}", r.stderr);
+    }
+    let r = cli(&["runs", "list", "--tenant", "acme"]);
+    assert_eq!(r.stderr, "error: no store given: pass --db PATH or set AGENTSTATE_DB\n");
+    let r = cli(&["runs", "list", "--db", "/nonexistent/agentstate-store"]);
+    assert!(r.stderr.contains("no store at /nonexistent/agentstate-store"), "{}", r.stderr);
+    assert!(!Path::new("/nonexistent/agentstate-store").exists());
+    // Help is not an error.
+    assert!(ok(&["--help"]).contains("demo"));
+    assert!(ok(&["runs", "list", "--help"]).contains("--updated-before"));
+}
+
+#[test]
+fn cli_db_goes_before_or_after_the_subcommand_or_in_the_env() {
+    let (_dir, db) = fixture_dir();
+    let db = p(&db);
+    let after = ok(&["runs", "list", "--tenant", "acme", "--db", db]);
+    assert_eq!(rows(&after).len(), 5);
+    assert_eq!(ok(&["--db", db, "runs", "list", "--tenant", "acme"]), after);
+    assert_eq!(ok(&["runs", "--db", db, "list", "--tenant", "acme"]), after);
+    let env = output(bin().env("AGENTSTATE_DB", db).args(["runs", "list", "--tenant", "acme"]).output().unwrap());
+    assert_eq!((env.code, env.stdout.as_str()), (0, after.as_str()), "{}", env.stderr);
+    // The flag wins over the env.
+    let other = output(
+        bin().env("AGENTSTATE_DB", "/nonexistent/agentstate-store").args(["stats", "--db", db]).output().unwrap(),
+    );
+    assert_eq!(other.code, 0, "{}", other.stderr);
+}
