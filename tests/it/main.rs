@@ -3,3 +3,4 @@
 mod async_store;
 #[cfg(feature = "cli")]
 mod cli;
+mod stress;
