@@ -92,6 +92,8 @@ async fn first_life(store: AsyncStore, key: &RunKey) -> agentstate::Result<()> {
     let approval = run.approval.as_ref().map(|a| a.id.as_str()).unwrap_or("-");
     println!("[life 1] waiting on approval {approval} with book_flight pending (version {})", run.version);
     println!("[life 1] *crash*: the process dies here; every handle is dropped");
+    // No graceful close: the store is simply dropped, as a dying process
+    // would leave it. Everything acknowledged above is already on disk.
     drop(store);
     Ok(())
 }
@@ -153,5 +155,7 @@ async fn main() -> agentstate::Result<()> {
     second_life(store.clone(), &key).await?;
     let report = store.verify().await?;
     println!("verify: {} runs, {} sessions, problems: {}", report.runs, report.sessions, report.problems.len());
+    // A graceful end closes the store on the blocking pool (unlike the crash).
+    store.close().await?;
     Ok(())
 }

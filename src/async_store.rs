@@ -38,6 +38,13 @@ use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 /// never started (the runtime was shutting down) writes nothing and fails
 /// with a retryable `Persistence { reason: Unavailable }`.
 ///
+/// # Closing
+///
+/// The store closes when its last handle is dropped; closing a file store
+/// writes its high-water mark (a small synced file write) on the thread
+/// that drops it. In async code, end with [`AsyncStore::close`], which does
+/// that on the blocking pool too.
+///
 /// # Panics
 ///
 /// A panic inside the store call (a bug, never an operating error) is
@@ -105,6 +112,15 @@ impl AsyncStore {
     /// The directory of a file store; `None` in memory. Reads no file.
     pub fn path(&self) -> Option<&Path> {
         self.inner.path()
+    }
+
+    /// Drops this handle on the blocking pool; when it was the last one,
+    /// the store is closed (and its directory free to open again) when this
+    /// returns, and the answer is `true`. With other handles alive it only
+    /// drops this one and answers `false`.
+    pub async fn close(self) -> Result<bool> {
+        let store = self.inner;
+        blocking(move || Ok(Arc::try_unwrap(store).map(drop).is_ok())).await
     }
 
     /// Runs `f` on the blocking pool with the store.

@@ -22,31 +22,43 @@ pub struct RunFilter {
 }
 
 /// Walks a paged listing: `fetch(cursor)` returns one page. Stops after the
-/// first page unless `--all`; tells on stderr how to go on when it stops
-/// early. Hands each page's items to `each`.
+/// first page unless `--all`, and then returns the cursor to go on from.
+/// Hands each page's items to `each`.
 fn walk<T>(
     page: &PageArgs,
     what: &str,
     mut fetch: impl FnMut(Option<&Cursor>) -> agentstate::Result<agentstate::Page<T>>,
     mut each: impl FnMut(Vec<T>) -> Result<(), CliError>,
-) -> Result<(), CliError> {
+) -> Result<Option<Cursor>, CliError> {
     let mut cursor = page.cursor.clone().map(Cursor::from_text);
     let mut progress = Progress::new(what);
-    loop {
+    let rest = loop {
         let (items, next) = fetch(cursor.as_ref())?.into_parts();
         progress.inc(items.len() as u64);
         each(items)?;
         match next {
             Some(c) if page.all => cursor = Some(c),
-            Some(c) => {
-                progress.finish();
-                eprintln!("more {what}: add --cursor {c} for the next page, or --all");
-                return Ok(());
-            }
-            None => break,
+            other => break other,
+        }
+    };
+    progress.finish();
+    Ok(rest)
+}
+
+/// Prints the table (unless JSON went out line by line), then, on stderr
+/// and after the listing, how to get the next page.
+fn finish(table: &Table, what: &str, json: bool, rest: Option<Cursor>, out: &mut dyn Write) -> Result<(), CliError> {
+    if !json {
+        if table.is_empty() {
+            writeln!(out, "no {what}")?;
+        } else {
+            table.print(out)?;
         }
     }
-    progress.finish();
+    if let Some(c) = rest {
+        out.flush()?;
+        eprintln!("more {what}: add --cursor {c} for the next page, or --all");
+    }
     Ok(())
 }
 
@@ -103,20 +115,22 @@ pub fn runs_list(store: &Store, f: RunFilter, page: &PageArgs, out: &mut dyn Wri
         q.agent = f.agent.clone();
         q.updated_before = f.updated_before;
         if f.tenant.is_some() {
-            walk(
+            let rest = walk(
                 page,
                 "runs",
                 |c| store.list_runs(&q.clone().cursor(c.cloned())),
                 |items| emit_runs(&items, page.json, &mut table, out),
             )?;
-            continue;
+            return finish(&table, "runs", page.json, rest, out);
         }
         // Every tenant: `--limit` caps the whole listing unless `--all`.
         let mut cursor = None;
         loop {
             if !page.all && shown >= limit {
+                finish(&table, "runs", page.json, None, out)?;
+                out.flush()?;
                 eprintln!("more runs: narrow with --tenant, or add --all");
-                return finish_table(&table, page.json, out);
+                return Ok(());
             }
             let want = if page.all { limit } else { limit - shown };
             let (items, next) = store.list_runs(&q.clone().limit(want).cursor(cursor))?.into_parts();
@@ -128,7 +142,7 @@ pub fn runs_list(store: &Store, f: RunFilter, page: &PageArgs, out: &mut dyn Wri
             }
         }
     }
-    finish_table(&table, page.json, out)
+    finish(&table, "runs", page.json, None, out)
 }
 
 fn emit_runs(items: &[RunRecord], json: bool, table: &mut Table, out: &mut dyn Write) -> Result<(), CliError> {
@@ -138,13 +152,6 @@ fn emit_runs(items: &[RunRecord], json: bool, table: &mut Table, out: &mut dyn W
         } else {
             run_row(table, r);
         }
-    }
-    Ok(())
-}
-
-fn finish_table(table: &Table, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
-    if !json {
-        table.print(out)?;
     }
     Ok(())
 }
@@ -205,7 +212,7 @@ fn metadata(s: &SessionRecord) -> String {
 /// `sessions list`.
 pub fn sessions_list(store: &Store, tenant: &str, page: &PageArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let mut table = session_table();
-    walk(
+    let rest = walk(
         page,
         "sessions",
         |c| store.list_sessions(tenant, usize::from(page.limit), c),
@@ -227,7 +234,7 @@ pub fn sessions_list(store: &Store, tenant: &str, page: &PageArgs, out: &mut dyn
             Ok(())
         },
     )?;
-    finish_table(&table, page.json, out)
+    finish(&table, "sessions", page.json, rest, out)
 }
 
 /// Every run of a session, walking the session index.
@@ -360,7 +367,7 @@ pub fn trays_list(
         ("BYTES", Align::Right),
         ("DOC", Align::Left),
     ]);
-    walk(
+    let rest = walk(
         page,
         "trays",
         |c| store.list_trays(&instance, epoch, usize::from(page.limit), c),
@@ -383,7 +390,7 @@ pub fn trays_list(
             Ok(())
         },
     )?;
-    finish_table(&table, page.json, out)
+    finish(&table, "trays", page.json, rest, out)
 }
 
 /// `trays marked`.
@@ -396,7 +403,7 @@ pub fn trays_marked(store: &Store, env: Option<&str>, page: &PageArgs, out: &mut
         ("ENV", Align::Left),
         ("HOST", Align::Left),
     ]);
-    walk(
+    let rest = walk(
         page,
         "marked trays",
         |c| store.marked_trays(env, usize::from(page.limit), c),
@@ -417,13 +424,13 @@ pub fn trays_marked(store: &Store, env: Option<&str>, page: &PageArgs, out: &mut
             Ok(())
         },
     )?;
-    finish_table(&table, page.json, out)
+    finish(&table, "marked trays", page.json, rest, out)
 }
 
 /// `alarms due`.
 pub fn alarms_due(store: &Store, now: Millis, page: &PageArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let mut table = Table::new(&[("NS", Align::Left), ("ID", Align::Left), ("DUE_AT", Align::Left), ("OVERDUE", Align::Right)]);
-    walk(
+    let rest = walk(
         page,
         "due alarms",
         |c| store.due_alarms(now, usize::from(page.limit), c),
@@ -443,7 +450,7 @@ pub fn alarms_due(store: &Store, now: Millis, page: &PageArgs, out: &mut dyn Wri
             Ok(())
         },
     )?;
-    finish_table(&table, page.json, out)
+    finish(&table, "due alarms", page.json, rest, out)
 }
 
 /// `stats`.

@@ -31,6 +31,9 @@ const RUNS_DURING: usize = 20;
 const PAGE: usize = 16;
 const RUNS_PER_PAGE: usize = 5;
 
+/// A listing walk: each page's size, and each run seen with its seq.
+type Walked = (Vec<usize>, Vec<(String, u64)>);
+
 /// The store plus what the demo counts.
 struct Demo {
     store: Store,
@@ -361,7 +364,7 @@ fn alarms(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
 /// Many instances mark trays; the sweeper pages through them.
 fn sweeper(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     section(out, "sweeper: marked trays of every instance, page by page")?;
-    let env_of = |i: usize| if i % 4 == 0 { "staging" } else { "prod" };
+    let env_of = |i: usize| if i.is_multiple_of(4) { "staging" } else { "prod" };
     thread::scope(|scope| -> agentstate::Result<()> {
         let workers: Vec<_> = (0..4)
             .map(|w| {
@@ -374,7 +377,7 @@ fn sweeper(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
                             tray_id: "0".into(),
                             tray: tray(&format!("{ns} of w-{i:03}"), marked, env_of(i), &host),
                         };
-                        let ops = vec![put("inbox", true), put("outbox", i % 2 == 0), put("state", false)];
+                        let ops = vec![put("inbox", true), put("outbox", i.is_multiple_of(2)), put("state", false)];
                         d.w(|s| s.apply_batch(&instance, 1, ops))?;
                     }
                     Ok(())
@@ -385,7 +388,7 @@ fn sweeper(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     })?;
     // Plus chat/room-42's tray from the fencing section.
     let marked_all = INSTANCES + INSTANCES / 2 + 1;
-    let marked_staging = (0..INSTANCES).filter(|i| i % 4 == 0).map(|i| if i % 2 == 0 { 2 } else { 1 }).sum::<usize>();
+    let marked_staging = (0..INSTANCES).filter(|i| i.is_multiple_of(4)).map(|i| if i.is_multiple_of(2) { 2 } else { 1 }).sum::<usize>();
     writeln!(
         out,
         "  {INSTANCES} instances each wrote 3 trays in one atomic batch, 1 or 2 of them marked (envs prod and staging)"
@@ -462,7 +465,7 @@ fn listing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     let (go_tx, go_rx) = std::sync::mpsc::channel::<usize>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<agentstate::Result<()>>();
     let earlier: Vec<String> = before.keys().cloned().collect();
-    let (pages, seen) = thread::scope(|scope| -> agentstate::Result<(Vec<usize>, Vec<(String, u64)>)> {
+    let (pages, seen) = thread::scope(|scope| -> agentstate::Result<Walked> {
         let earlier = &earlier;
         scope.spawn(move || {
             let mut created = 0;

@@ -87,7 +87,7 @@ pub fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -129,7 +129,7 @@ impl Progress {
     /// A counter of `what` (e.g. "entries exported").
     pub fn new(what: &str) -> Self {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
-        let style = ProgressStyle::with_template("{spinner} {human_pos} {msg} ({per_sec}, {elapsed})")
+        let style = ProgressStyle::with_template("{spinner} {human_pos} {msg} ({elapsed})")
             .unwrap_or_else(|_| ProgressStyle::default_spinner());
         bar.set_style(style);
         bar.set_message(what.to_string());

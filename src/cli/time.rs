@@ -2,7 +2,7 @@
 //!
 //! A TIME is one of:
 //! - `now`;
-//! - unix milliseconds: `1795953600000`;
+//! - unix milliseconds: `1796040000000`;
 //! - a duration ago: `45s`, `10m`, `2h`, `3d`, `1w`, `500ms`, or several
 //!   together (`1h30m`);
 //! - an RFC 3339-ish date and time: `2026-11-30T12:00:00Z`,
@@ -29,7 +29,7 @@ pub fn parse_time(s: &str) -> Result<Millis, String> {
 /// Parses a TIME, reading durations as "that long before `now`".
 pub fn parse_time_at(s: &str, now: Millis) -> Result<Millis, String> {
     let s = s.trim();
-    let expected = "expected `now`, unix millis (1795953600000), a duration ago (45s, 10m, 2h, 3d) or a date and time (2026-11-30T12:00:00Z)";
+    let expected = "expected `now`, unix millis (1796040000000), a duration ago (45s, 10m, 2h, 3d) or a date and time (2026-11-30T12:00:00Z)";
     if s.is_empty() {
         return Err(format!("empty time; {expected}"));
     }
@@ -211,7 +211,7 @@ pub fn format_span(ms: u64) -> String {
 mod tests {
     use super::*;
 
-    const NOW: Millis = 1_795_953_600_000; // 2026-11-30T12:00:00Z
+    const NOW: Millis = 1_796_040_000_000; // 2026-11-30T12:00:00Z
 
     #[test]
     fn parses_every_form() {
@@ -226,7 +226,7 @@ mod tests {
         assert_eq!(parse_time_at("2026-11-30", 0), Ok(NOW - 12 * 3_600_000));
         assert_eq!(parse_time_at("1970-01-01T00:00:00Z", 0), Ok(0));
         assert_eq!(parse_time_at("2024-02-29", 0), Ok(1_709_164_800_000));
-        assert_eq!(parse_time_at("1795953600000", 0), Ok(NOW));
+        assert_eq!(parse_time_at("1796040000000", 0), Ok(NOW));
         assert_eq!(parse_time_at("now", NOW), Ok(NOW));
         assert_eq!(parse_time_at("45s", NOW), Ok(NOW - 45_000));
         assert_eq!(parse_time_at("10m", NOW), Ok(NOW - 600_000));

@@ -38,7 +38,7 @@ async fn w1_every_method_answers_like_the_sync_store() {
         other => panic!("{other:?}"),
     }
     match store.delete_session(&sk, false).await {
-        Err(StateError::InUse { runs }) => assert_eq!(runs, [key.clone()]),
+        Err(StateError::InUse { runs }) => assert_eq!(runs, vec![key.clone()]),
         other => panic!("{other:?}"),
     }
 
@@ -299,7 +299,8 @@ async fn w2_a_held_store_fails_to_open_and_the_wrapper_shares_one_handle() {
     let clone = store.clone();
     clone.put_run(RunRecord::new(RunKey::new("a", "r"), "x")).await.unwrap();
     assert_eq!(store.path(), Some(path.as_path()));
-    drop((store, clone));
+    assert!(!clone.close().await.unwrap(), "another handle is alive");
+    assert!(store.close().await.unwrap(), "the last handle closes the store");
     let reopened = AsyncStore::from(Store::open(&path).unwrap());
     assert!(reopened.get_run(&RunKey::new("a", "r")).await.unwrap().is_some());
     let copy = AsyncStore::from(Arc::new(MemoryStore::new()));
