@@ -2,6 +2,8 @@
 
 mod commit;
 mod file;
+#[cfg(all(test, loom))]
+mod loom_models;
 mod runs;
 mod sessions;
 mod sessions_list;
