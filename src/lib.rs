@@ -41,6 +41,7 @@
 mod api;
 mod clock;
 mod codec;
+#[cfg(feature = "conformance")]
 pub mod conformance;
 mod cursor;
 mod engine;

@@ -1,4 +1,5 @@
 
+#[cfg(feature = "conformance")] mod conformance;
 #[cfg(feature = "async")]
 mod async_store;
 #[cfg(feature = "cli")]
