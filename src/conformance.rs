@@ -67,6 +67,10 @@
 //! time), so a store shared between checks, test processes or machines
 //! works, and nothing assumes the store is otherwise empty.
 
+// The example above shows a backend's `#[test]` functions; in the doctest
+// they only compile, which is all it needs to show.
+#![allow(clippy::test_attr_in_doctest)]
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Display;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -92,8 +96,11 @@ impl<T: StateStore + TrayStore + ?Sized> ConformanceStore for T {}
 /// instances and envs, and never assumes the store is otherwise empty.
 pub type Factory<'a> = &'a dyn Fn(Arc<ManualClock>) -> Arc<dyn ConformanceStore>;
 
+/// One rule check: panics, naming the rule, when the store breaks it.
+pub type Check = for<'a> fn(Factory<'a>);
+
 /// Every rule check, by rule id, in spec order (R, S, L, X, E, T, A, K).
-pub const RULES: &[(&str, fn(Factory<'_>))] = &[
+pub const RULES: &[(&str, Check)] = &[
     ("r1", r1_run_key_names_every_read_and_write),
     ("r2", r2_put_run_versions_and_conflicts),
     ("r3", r3_racing_writers_exactly_one_wins),
@@ -2003,6 +2010,9 @@ pub fn x4_scrubbing_idempotent_no_secret_persists(make: Factory<'_>) {
     let c = open(make);
     let s = &*c.store;
     let p = planted();
+    // The default rules are what X4 names; `default()` stays right whatever
+    // fields the scrubber grows.
+    #[allow(clippy::default_constructed_unit_structs)]
     let scrubber = Scrubber::default();
     let inputs: Vec<String> = vec![
         p.args.clone(),
@@ -2453,7 +2463,8 @@ pub fn t2_epoch_fences_every_tray_operation(make: Factory<'_>) {
     assert_eq!(epoch_of(s, &i), 0, "T2: a read at the stored epoch keeps it");
 
     // Each operation at a higher epoch advances it.
-    let steps: Vec<(&str, u64, Box<dyn Fn(u64) -> Result<()> + '_>)> = vec![
+    type Step<'a> = (&'static str, u64, Box<dyn Fn(u64) -> Result<()> + 'a>);
+    let steps: Vec<Step<'_>> = vec![
         ("write_tray", 3, Box::new(|e| s.write_tray(&k, e, tray(true, "w", &env)))),
         ("write_tray at the same epoch", 3, Box::new(|e| s.write_tray(&k, e, tray(true, "w3", &env)))),
         ("read_tray", 5, Box::new(|e| s.read_tray(&k, e).map(|_| ()))),

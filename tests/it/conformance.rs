@@ -108,13 +108,31 @@ mod file {
     /// A fresh file store in its own directory under the target's temp dir.
     fn factory(clock: Arc<ManualClock>) -> Arc<dyn ConformanceStore> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join("conformance")
-            .join(format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        static SWEEP: std::sync::Once = std::sync::Once::new();
+        let root = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("conformance");
+        // The stores are left behind (the suite holds no handle to close);
+        // each run sweeps those of processes that are gone, so they do not
+        // pile up.
+        SWEEP.call_once(|| sweep_dead(&root));
+        let dir = root.join(format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
         // A directory left by an earlier process with the same pid.
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.parent().expect("has a parent")).expect("create the temp dir");
+        std::fs::create_dir_all(&root).expect("create the temp dir");
         Arc::new(agentstate::FileStore::open_with(&dir, agentstate::Options::new().clock(clock)).expect("open"))
+    }
+
+    /// Removes the store directories (`<pid>-<n>`) of processes that no
+    /// longer run. Where `/proc` is missing, nothing is removed.
+    fn sweep_dead(root: &std::path::Path) {
+        let proc = std::path::Path::new("/proc");
+        let (Ok(entries), true) = (std::fs::read_dir(root), proc.is_dir()) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name.split('-').next().filter(|p| p.parse::<u32>().is_ok()) else { continue };
+            if pid != std::process::id().to_string() && !proc.join(pid).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
     }
 
     for_each_rule!(rule_tests);
