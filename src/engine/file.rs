@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
 
 use super::{Engine, Write};
 use crate::error::{Result, StateError};
@@ -59,7 +59,11 @@ impl FjallEngine {
 
 impl Engine for FjallEngine {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.ks.get(key).map_err(map_err)?.map(|v| v.to_vec()))
+        // Reads go through a snapshot, which sees only published batches:
+        // `Keyspace::get` reads at the newest sequence number and can see
+        // half of a batch that is being applied to the memtable.
+        let snap = self.db.snapshot();
+        Ok(snap.get(&self.ks, key).map_err(map_err)?.map(|v| v.to_vec()))
     }
 
     fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
@@ -67,7 +71,8 @@ impl Engine for FjallEngine {
             return Ok(Vec::new());
         }
         let mut out = Vec::new();
-        for guard in self.ks.range(start..end).take(limit) {
+        let snap = self.db.snapshot();
+        for guard in snap.range(&self.ks, start..end).take(limit) {
             let (k, v) = guard.into_inner().map_err(map_err)?;
             out.push((k.to_vec(), v.to_vec()));
         }
