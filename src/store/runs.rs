@@ -83,7 +83,7 @@ pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) {
     }
 }
 
-fn check_record(r: &RunRecord) -> Result<()> {
+pub(crate) fn check_record(r: &RunRecord) -> Result<()> {
     check_run_key(&r.key)?;
     check_id("agent_name", &r.agent_name)?;
     if let Some(s) = &r.session_id {

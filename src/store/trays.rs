@@ -53,26 +53,24 @@ pub(crate) fn read_tray_key(r: &mut KeyReader<'_>) -> Result<TrayKey> {
     Ok(TrayKey { ns: r.str()?, id: r.str()?, tray_ns: r.str()?, tray_id: r.str()? })
 }
 
-fn check_instance(i: &InstanceKey) -> Result<()> {
+pub(crate) fn check_instance(i: &InstanceKey) -> Result<()> {
     check_id("ns", &i.ns)?;
     check_id("id", &i.id)
 }
 
-fn check_tray_key(k: &TrayKey) -> Result<()> {
+pub(crate) fn check_tray_key(k: &TrayKey) -> Result<()> {
     check_id("ns", &k.ns)?;
     check_id("id", &k.id)?;
     check_id("tray_ns", &k.tray_ns)?;
     check_id("tray_id", &k.tray_id)
 }
 
-fn check_tray(t: &Tray, max: usize) -> Result<()> {
+/// A tray names the worker that wrote it, so a sweeper knows whom to wake:
+/// `env` and `hostname` are ids (K1), and the doc is bounded (K2).
+pub(crate) fn check_tray(t: &Tray, max: usize) -> Result<()> {
     check_size("tray doc", t.doc.len(), max)?;
-    for (what, s) in [("env", &t.env), ("hostname", &t.hostname)] {
-        if s.len() > crate::limits::ID_BYTES_MAX {
-            return Err(StateError::invalid(format!("{what}: at most {} bytes", crate::limits::ID_BYTES_MAX)));
-        }
-    }
-    Ok(())
+    check_id("env", &t.env)?;
+    check_id("hostname", &t.hostname)
 }
 
 pub(crate) fn read_epoch(txn: &Txn<'_>, i: &InstanceKey) -> Result<u64> {

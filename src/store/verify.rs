@@ -119,7 +119,9 @@ impl Store {
             if r.seq == 0 || r.seq >= next_seq {
                 p(format!("run {}/{}: seq {} outside 1..{next_seq}", key.tenant, key.run_id, r.seq));
             }
-            if !seqs.insert(r.seq) {
+            // Listings order a tenant's runs by seq: it must be unique
+            // within the tenant.
+            if !seqs.insert((key.tenant.clone(), r.seq)) {
                 p(format!("run {}/{}: seq {} used twice", key.tenant, key.run_id, r.seq));
             }
             let id = value::encode(&r.key.run_id);
