@@ -27,8 +27,10 @@
 //!
 //! ## Feature flags
 //! - `cli` (default): the `agentstate` command-line tool.
-//! - `async`: [`AsyncStore`], a tokio wrapper that runs blocking work on
+//! - `async`: `AsyncStore`, a tokio wrapper that runs blocking work on
 //!   `spawn_blocking`.
+//! - `conformance`: `agentstate::conformance`, the public conformance suite
+//!   a third-party backend runs against itself.
 //!
 //! ## Durability
 //! See [`Durability`] and the README's "Durability" section.
@@ -45,6 +47,8 @@ mod codec;
 pub mod conformance;
 mod cursor;
 mod engine;
+#[doc(hidden)]
+pub mod fuzz_api;
 mod error;
 pub mod limits;
 mod record;
