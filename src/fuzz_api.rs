@@ -1,0 +1,80 @@
+//! Thin entry points into the private codecs, for the fuzz targets in
+//! `fuzz/` and the tests that replay their findings. Not part of the API:
+//! it may change in any release.
+
+use crate::codec::cursor::{self, Listing};
+use crate::codec::key::{KeyBuf, KeyReader, table};
+use crate::codec::value;
+use crate::cursor::Cursor;
+use crate::error::Result;
+use crate::record::{RunRecord, SessionRecord};
+use crate::tray::Tray;
+
+/// Decodes a stored run value (format byte, postcard body, checksum).
+pub fn decode_run(bytes: &[u8]) -> Result<RunRecord> {
+    value::decode(bytes, "run")
+}
+
+/// Encodes a run as the store writes it.
+pub fn encode_run(run: &RunRecord) -> Vec<u8> {
+    value::encode(run)
+}
+
+/// Decodes a stored session value.
+pub fn decode_session(bytes: &[u8]) -> Result<SessionRecord> {
+    value::decode(bytes, "session")
+}
+
+/// Encodes a session as the store writes it.
+pub fn encode_session(session: &SessionRecord) -> Vec<u8> {
+    value::encode(session)
+}
+
+/// Decodes a stored tray value.
+pub fn decode_tray(bytes: &[u8]) -> Result<Tray> {
+    value::decode(bytes, "tray")
+}
+
+/// Encodes a tray as the store writes it.
+pub fn encode_tray(tray: &Tray) -> Vec<u8> {
+    value::encode(tray)
+}
+
+/// The key of string components (in the run table), as the store builds
+/// its keys.
+pub fn encode_key(components: &[&str]) -> Vec<u8> {
+    components.iter().fold(KeyBuf::table(table::RUN), |b, c| b.str(c)).done()
+}
+
+/// Reads a key of the run table back into exactly `n` string components.
+pub fn decode_key(key: &[u8], n: usize) -> Result<Vec<String>> {
+    let mut r = KeyReader::new(key, table::RUN)?;
+    let parts = (0..n).map(|_| r.str()).collect::<Result<Vec<_>>>()?;
+    r.end()?;
+    Ok(parts)
+}
+
+/// Reads as many string components as `key` holds (stopping at the first
+/// that does not decode), then whether the whole key was consumed.
+pub fn decode_key_greedy(key: &[u8]) -> (Vec<String>, bool) {
+    let Ok(mut r) = KeyReader::new(key, table::RUN) else { return (Vec::new(), false) };
+    let mut parts = Vec::new();
+    while let Ok(s) = r.str() {
+        parts.push(s);
+    }
+    (parts, r.end().is_ok())
+}
+
+/// The secret the cursor helpers below sign with.
+pub const CURSOR_SECRET: [u8; 16] = *b"fuzz-cursor-key!";
+
+/// A runs-listing cursor for `binding` that ends at `position`, an engine
+/// key (never empty).
+pub fn encode_cursor(binding: &[u8], position: &[u8]) -> Cursor {
+    cursor::encode(&CURSOR_SECRET, Listing::Runs, binding, position)
+}
+
+/// Checks a runs-listing cursor against `binding`; its position when valid.
+pub fn decode_cursor(binding: &[u8], cursor: &Cursor) -> Result<Vec<u8>> {
+    cursor::decode(&CURSOR_SECRET, Listing::Runs, binding, cursor)
+}
