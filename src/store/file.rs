@@ -75,6 +75,10 @@ fn read_hwm(dir: &Path) -> Result<u64> {
     match fs::read_to_string(&path) {
         Ok(s) => s.trim().parse().map_err(|_| StateError::corrupt(format!("{} does not hold a number", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        // Not UTF-8: damaged, like any other non-number (D5).
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            Err(StateError::corrupt(format!("{} does not hold a number", path.display())))
+        }
         Err(e) => Err(io_err("reading", &path, e)),
     }
 }
@@ -85,6 +89,9 @@ fn check_marker(path: &Path) -> Result<()> {
     let text = fs::read_to_string(&marker).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             StateError::invalid(format!("{} is not an agentstate store (no {MARKER} file); pick an empty or new path", path.display()))
+        } else if e.kind() == std::io::ErrorKind::InvalidData {
+            // Not UTF-8: damaged, not unavailable (D5).
+            StateError::corrupt(format!("{} is damaged", marker.display()))
         } else {
             io_err("reading", &marker, e)
         }
