@@ -42,13 +42,33 @@ pub(crate) fn map_err(e: fjall::Error) -> StateError {
 
 impl FjallEngine {
     pub(crate) fn open(dir: &Path, mode: SyncMode) -> Result<Self> {
-        let db = Database::builder(dir)
-            // We sync per batch ourselves; fjall must not also sync in the
-            // background on its own schedule.
-            .manual_journal_persist(true)
-            .cache_size(32 * 1024 * 1024)
-            .open()
-            .map_err(map_err)?;
+        // fjall 3.1 checks some on-disk lengths of its journal with
+        // `debug_assert!` (journal/entry.rs), so a damaged journal panics a
+        // debug build while it recovers. A panic here is damage, not a bug
+        // of the caller: say so (D5). Nothing of the half-opened database
+        // outlives the unwinding.
+        let opened = std::panic::catch_unwind(|| {
+            Database::builder(dir)
+                // We sync per batch ourselves; fjall must not also sync in
+                // the background on its own schedule.
+                .manual_journal_persist(true)
+                .cache_size(32 * 1024 * 1024)
+                .open()
+        });
+        let db = match opened {
+            Ok(db) => db.map_err(map_err)?,
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("no message");
+                return Err(StateError::corrupt(format!(
+                    "engine panicked while recovering {}: {why}",
+                    dir.display()
+                )));
+            }
+        };
         let ks = db
             .keyspace("agentstate", KeyspaceCreateOptions::default)
             .map_err(map_err)?;
