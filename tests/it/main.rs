@@ -5,3 +5,4 @@ mod async_store;
 #[cfg(feature = "cli")]
 mod cli;
 mod stress;
+mod fuzz_regressions;
