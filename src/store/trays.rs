@@ -207,11 +207,16 @@ impl TrayStore for Store {
     fn list_trays(&self, instance: &InstanceKey, epoch: u64, limit: usize, cursor: Option<&Cursor>) -> Result<Page<(TrayKey, Tray)>> {
         check_instance(instance)?;
         check_limit(limit)?;
+        let prefix = instance_trays(instance);
+        // E6: a cursor of another listing fails before the fence below can
+        // advance the epoch, so the failed call changes nothing.
+        if let Some(c) = cursor {
+            crate::codec::cursor::decode(&self.secret, Listing::Trays, &prefix, c)?;
+        }
         // The fence check (which may advance the epoch) goes through the
         // commit path; the page is then read like every other listing.
         let inst = instance.clone();
         self.submit(move |txn| fence(txn, &inst, epoch))?;
-        let prefix = instance_trays(instance);
         self.scan_page(Listing::Trays, &prefix, &prefix, &prefix_end(&prefix), cursor, limit, |k, v| {
             let mut r = KeyReader::new(k, table::TRAY)?;
             let key = read_tray_key(&mut r)?;
