@@ -722,7 +722,8 @@ impl Harness<'_> {
                 let e = m.pick_epoch(inst, epoch);
                 let t = make_tray(marked, env, doc);
                 let got = show(s.write_tray(&tray_of(inst, tray), e, t.clone()));
-                let want = m.fence(inst, e).map(|()| {
+                // A tray names its worker: env and hostname are ids (K1).
+                let want = if env.is_empty() { Err("Invalid".to_string()) } else { m.fence(inst, e) }.map(|()| {
                     m.epochs.insert(inst, e);
                     m.set_tray(inst, tray, Some(t));
                     format!("{:?}", ())
@@ -760,7 +761,8 @@ impl Harness<'_> {
                     })
                     .collect();
                 let got = show(s.apply_batch(&instance(inst), e, store_ops));
-                let want = m.fence(inst, e).map(|()| {
+                let bad_env = ops.iter().any(|(_, put)| put.is_some_and(|(_, env, _)| env.is_empty()));
+                let want = if bad_env { Err("Invalid".to_string()) } else { m.fence(inst, e) }.map(|()| {
                     m.epochs.insert(inst, e);
                     for (t, put) in &ops {
                         m.set_tray(inst, *t, put.map(|(marked, env, d)| make_tray(marked, env, vec![d])));
@@ -903,15 +905,19 @@ impl Harness<'_> {
 }
 
 /// Runs one fuzz input: ops decoded from `data`, against a fresh file
-/// store under `dir` and the model, compared after every step.
-pub fn run_in(data: &[u8], dir: &Path) {
+/// store at `path` (created there, or copied from `template` — an empty
+/// store made earlier, which spares the fuzzer a creation per input) and
+/// the model, compared after every step.
+pub fn run_at(data: &[u8], path: &Path, template: Option<&Path>) {
     let mut inp = Input::new(data);
     let clock = Arc::new(ManualClock::new(1_000));
     let opts = Options::new().clock(clock.clone()).durability(Durability::Buffered);
-    let path = dir.join("store");
-    let store = Store::open_with(&path, opts.clone()).expect("open a new file store");
+    if let Some(t) = template {
+        copy_dir(t, path).expect("copy the template store");
+    }
+    let store = Store::open_with(path, opts.clone()).expect("open a new file store");
     let mut h = Harness {
-        path: &path,
+        path,
         opts,
         clock,
         store: Some(store),
@@ -930,8 +936,28 @@ pub fn run_in(data: &[u8], dir: &Path) {
     assert!(report.is_ok(), "verify found {:?}\nops:\n  {}", report.problems, h.log.join("\n  "));
 }
 
-/// Runs one fuzz input in a temporary directory.
+/// Makes an empty file store at `path` to copy with [`run_at`].
+pub fn make_template(path: &Path) {
+    let opts = Options::new().durability(Durability::Buffered);
+    drop(Store::open_with(path, opts).expect("create the template store"));
+}
+
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let dest = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_dir(&e.path(), &dest)?;
+        } else {
+            std::fs::copy(e.path(), dest)?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs one fuzz input in a temporary directory, creating the store.
 pub fn run(data: &[u8]) {
     let dir = tempfile::tempdir().expect("temp dir");
-    run_in(data, dir.path());
+    run_at(data, &dir.path().join("store"), None);
 }
