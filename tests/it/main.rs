@@ -5,4 +5,5 @@ mod async_store;
 #[cfg(feature = "cli")]
 mod cli;
 mod stress;
+mod durability;
 mod fuzz_regressions;
