@@ -452,8 +452,10 @@ impl<'a> Worker<'a> {
             session = Some(s);
         }
         let mut op = self.op("create run");
-        op.effects
-            .insert(run_name(&key), Some(Obj::Run(rec.clone().with_version(1))));
+        op.effects.insert(
+            run_name(&key),
+            Some(Obj::Run(rec.scrubbed().with_version(1))),
+        );
         emit_op("try", &op);
         match self.store.put_run(rec) {
             Ok(r) => {
@@ -497,7 +499,8 @@ impl<'a> Worker<'a> {
 
     fn put(&mut self, r: RunRecord, what: &str) -> Option<RunRecord> {
         let next = self.mutate(&r);
-        let mut pred = next.clone();
+        // The store keeps what its scrubber makes of the record (X1).
+        let mut pred = next.scrubbed();
         pred.version = r.version + 1;
         pred.updated_at = 0;
         let mut op = self.op(what);
