@@ -54,15 +54,22 @@ pub fn decode_key(key: &[u8], n: usize) -> Result<Vec<String>> {
     Ok(parts)
 }
 
-/// Reads as many string components as `key` holds (stopping at the first
-/// that does not decode), then whether the whole key was consumed.
+/// Reads string components until `key` ends or one fails to decode; the
+/// components read, and whether the whole key decoded without error.
 pub fn decode_key_greedy(key: &[u8]) -> (Vec<String>, bool) {
     let Ok(mut r) = KeyReader::new(key, table::RUN) else { return (Vec::new(), false) };
     let mut parts = Vec::new();
-    while let Ok(s) = r.str() {
-        parts.push(s);
+    loop {
+        match r.str() {
+            Ok(s) => parts.push(s),
+            // The reader is not to be used after an error (it may have
+            // stepped past the bad component): the key did not decode.
+            Err(_) => return (parts, false),
+        }
+        if r.at_end() {
+            return (parts, true);
+        }
     }
-    (parts, r.end().is_ok())
 }
 
 /// The secret the cursor helpers below sign with.

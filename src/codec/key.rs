@@ -140,6 +140,10 @@ impl<'a> KeyReader<'a> {
         self.rest = rest;
         Ok(n)
     }
+    /// True when every byte of the key was read.
+    pub(crate) fn at_end(&self) -> bool {
+        self.rest.is_empty()
+    }
     /// Checks that the whole key was read.
     pub(crate) fn end(self) -> Result<()> {
         if self.rest.is_empty() {

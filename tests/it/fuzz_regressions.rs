@@ -64,3 +64,10 @@ fn fuzz_codec_seeded_inputs() {
         check::codec::run(&seeded(seed, 1 + (seed as usize * 7) % 300));
     }
 }
+
+#[test]
+fn fuzz_scrub_seeded_inputs() {
+    for seed in 1..=300u64 {
+        check::scrub::run(&seeded(seed, 1 + (seed as usize * 13) % 400));
+    }
+}
