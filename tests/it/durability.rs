@@ -240,6 +240,7 @@ fn d3_a_second_open_fails_at_once_naming_the_path() {
     let (ms, named) = rest.split_once(' ').unwrap();
     let ms: u64 = ms.parse().unwrap();
     assert!(ms < 1000, "the child waited {ms} ms for Locked");
+    eprintln!("d3: another process got Locked after {ms} ms");
     assert_eq!(Path::new(named), path, "Locked must name the store's path");
 
     // This process: at once, also through another spelling of the path.
