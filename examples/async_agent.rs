@@ -9,8 +9,8 @@
 //! Run it with `cargo run --example async_agent --features async`.
 
 use agentstate::{
-    Approval, AsyncStore, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError, ToolCall,
-    Usage,
+    Approval, AsyncStore, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,
+    StateError, ToolCall, Usage,
 };
 
 /// The conversation the agent works through; `messages_read` indexes it.
@@ -26,7 +26,10 @@ const MESSAGES: [&str; 6] = [
 /// What one model call costs, as a patch (amounts only move through patches).
 fn spend(messages: u64) -> StateDelta {
     StateDelta {
-        usage: Usage { input_tokens: 1_200, output_tokens: 180 },
+        usage: Usage {
+            input_tokens: 1_200,
+            output_tokens: 180,
+        },
         cost_micros: 4_150,
         iterations: 1,
         messages_read: messages,
@@ -34,15 +37,28 @@ fn spend(messages: u64) -> StateDelta {
 }
 
 fn call(id: &str, name: &str, arguments: &str) -> ToolCall {
-    ToolCall { id: id.into(), name: name.into(), arguments: arguments.into() }
+    ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: arguments.into(),
+    }
 }
 
 /// Re-reads the run, applies `change`, and writes it back at the version it
 /// read; on a `Conflict` (another writer moved the run) it reads again and
 /// decides again.
-async fn update(store: &AsyncStore, key: &RunKey, change: impl Fn(&mut RunRecord)) -> agentstate::Result<RunRecord> {
+async fn update(
+    store: &AsyncStore,
+    key: &RunKey,
+    change: impl Fn(&mut RunRecord),
+) -> agentstate::Result<RunRecord> {
     loop {
-        let mut run = store.get_run(key).await?.ok_or_else(|| StateError::Invalid { what: "run vanished".into() })?;
+        let mut run = store
+            .get_run(key)
+            .await?
+            .ok_or_else(|| StateError::Invalid {
+                what: "run vanished".into(),
+            })?;
         change(&mut run);
         match store.put_run(run).await {
             Err(StateError::Conflict { .. }) => continue,
@@ -56,24 +72,38 @@ async fn first_life(store: AsyncStore, key: &RunKey) -> agentstate::Result<()> {
     let mut run = RunRecord::new(key.clone(), "travel-agent").with_session("trip-1");
     run.state = RunState::Running;
     store.put_run(run).await?;
-    println!("[life 1] created {}/{} for session trip-1", key.tenant, key.run_id);
+    println!(
+        "[life 1] created {}/{} for session trip-1",
+        key.tenant, key.run_id
+    );
 
     // Turn 1: read the user's message, ask for a flight search.
     store.patch_run(key, spend(1)).await?;
     let run = update(&store, key, |r| {
-        r.pending_tool_calls = vec![call("call-1", "search_flights", r#"{"to":"LIS","date":"next friday"}"#)];
+        r.pending_tool_calls = vec![call(
+            "call-1",
+            "search_flights",
+            r#"{"to":"LIS","date":"next friday"}"#,
+        )];
     })
     .await?;
-    println!("[life 1] asked for search_flights; mid_tool_call = {}", run.mid_tool_call());
+    println!(
+        "[life 1] asked for search_flights; mid_tool_call = {}",
+        run.mid_tool_call()
+    );
 
     // The search answers: the call is done, its result consumed.
     store.patch_run(key, spend(1)).await?;
     let run = update(&store, key, |r| {
         r.pending_tool_calls.clear();
-        r.pending_tool_calls.push(call("call-2", "seat_map", r#"{"flight":"TP1351"}"#));
+        r.pending_tool_calls
+            .push(call("call-2", "seat_map", r#"{"flight":"TP1351"}"#));
     })
     .await?;
-    println!("[life 1] search done; asked for seat_map (version {})", run.version);
+    println!(
+        "[life 1] search done; asked for seat_map (version {})",
+        run.version
+    );
 
     // The seat map answers and the user says to book; booking needs a
     // human's approval. The run stops with the booking call pending and
@@ -86,11 +116,17 @@ async fn first_life(store: AsyncStore, key: &RunKey) -> agentstate::Result<()> {
             "book_flight",
             r#"{"flight":"TP1351","seat":"12A","card_token":"tok_live_51HqLyjWDarjtT1zdp7dc"}"#,
         )];
-        r.approval = Some(Approval { id: "approve-1".into(), prompt: "Book TP1351 seat 12A for 180 EUR?".into() });
+        r.approval = Some(Approval {
+            id: "approve-1".into(),
+            prompt: "Book TP1351 seat 12A for 180 EUR?".into(),
+        });
     })
     .await?;
     let approval = run.approval.as_ref().map(|a| a.id.as_str()).unwrap_or("-");
-    println!("[life 1] waiting on approval {approval} with book_flight pending (version {})", run.version);
+    println!(
+        "[life 1] waiting on approval {approval} with book_flight pending (version {})",
+        run.version
+    );
     println!("[life 1] *crash*: the process dies here; every handle is dropped");
     // No graceful close: the store is simply dropped, as a dying process
     // would leave it. Everything acknowledged above is already on disk.
@@ -100,14 +136,35 @@ async fn first_life(store: AsyncStore, key: &RunKey) -> agentstate::Result<()> {
 
 /// The second life: it knows only the run's key, and resumes from the record.
 async fn second_life(store: AsyncStore, key: &RunKey) -> agentstate::Result<()> {
-    let run = store.get_run(key).await?.ok_or_else(|| StateError::Invalid { what: "run lost".into() })?;
+    let run = store
+        .get_run(key)
+        .await?
+        .ok_or_else(|| StateError::Invalid {
+            what: "run lost".into(),
+        })?;
     println!();
-    println!("[life 2] resumed {}/{} at version {} ({})", key.tenant, key.run_id, run.version, run.state.as_str());
-    let next = MESSAGES.get(run.messages_read as usize).copied().unwrap_or("(none)");
-    println!("[life 2]   message cursor: {} of {} read; next: {next:?}", run.messages_read, MESSAGES.len());
+    println!(
+        "[life 2] resumed {}/{} at version {} ({})",
+        key.tenant,
+        key.run_id,
+        run.version,
+        run.state.as_str()
+    );
+    let next = MESSAGES
+        .get(run.messages_read as usize)
+        .copied()
+        .unwrap_or("(none)");
+    println!(
+        "[life 2]   message cursor: {} of {} read; next: {next:?}",
+        run.messages_read,
+        MESSAGES.len()
+    );
     println!("[life 2]   mid_tool_call: {}", run.mid_tool_call());
     for c in &run.pending_tool_calls {
-        println!("[life 2]   pending tool call {} {}({})", c.id, c.name, c.arguments);
+        println!(
+            "[life 2]   pending tool call {} {}({})",
+            c.id, c.name, c.arguments
+        );
     }
     if let Some(a) = &run.approval {
         println!("[life 2]   held on approval {}: {}", a.id, a.prompt);
@@ -119,14 +176,20 @@ async fn second_life(store: AsyncStore, key: &RunKey) -> agentstate::Result<()> 
 
     // The approval arrives as the next message: run the pending call, read
     // its result, finish the run.
-    assert!(run.approval.is_some() && run.mid_tool_call(), "the run resumes where it stopped");
+    assert!(
+        run.approval.is_some() && run.mid_tool_call(),
+        "the run resumes where it stopped"
+    );
     store.patch_run(key, spend(1)).await?;
     update(&store, key, |r| {
         r.state = RunState::Running;
         r.approval = None;
     })
     .await?;
-    println!("[life 2] read {:?}; running {}", MESSAGES[run.messages_read as usize], run.pending_tool_calls[0].name);
+    println!(
+        "[life 2] read {:?}; running {}",
+        MESSAGES[run.messages_read as usize], run.pending_tool_calls[0].name
+    );
     store.patch_run(key, spend(1)).await?;
     let run = update(&store, key, |r| {
         r.pending_tool_calls.clear();
@@ -142,19 +205,28 @@ async fn second_life(store: AsyncStore, key: &RunKey) -> agentstate::Result<()> 
 
 #[tokio::main]
 async fn main() -> agentstate::Result<()> {
-    let dir = tempfile::tempdir().map_err(|e| StateError::Invalid { what: format!("temp dir: {e}") })?;
+    let dir = tempfile::tempdir().map_err(|e| StateError::Invalid {
+        what: format!("temp dir: {e}"),
+    })?;
     let path = dir.path().join("agent-state");
     let key = RunKey::new("acme", "run-2026-11-30-001");
 
     let store = AsyncStore::open(&path).await?;
-    store.put_session(SessionRecord::new(SessionKey::new("acme", "trip-1"))).await?;
+    store
+        .put_session(SessionRecord::new(SessionKey::new("acme", "trip-1")))
+        .await?;
     first_life(store, &key).await?;
 
     // A new handle on the same directory: what a restarted worker opens.
     let store = AsyncStore::open(&path).await?;
     second_life(store.clone(), &key).await?;
     let report = store.verify().await?;
-    println!("verify: {} runs, {} sessions, problems: {}", report.runs, report.sessions, report.problems.len());
+    println!(
+        "verify: {} runs, {} sessions, problems: {}",
+        report.runs,
+        report.sessions,
+        report.problems.len()
+    );
     // A graceful end closes the store on the blocking pool (unlike the crash).
     store.close().await?;
     Ok(())

@@ -64,7 +64,8 @@ pub trait TrayStore: Send + Sync {
     /// Sets the instance's one alarm, replacing any earlier one (A1).
     fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()>;
     /// Alarms due at `now`, in `(due_at, ns, id)` order (A2).
-    fn due_alarms(&self, now: Millis, limit: usize, cursor: Option<&Cursor>) -> Result<Page<Alarm>>;
+    fn due_alarms(&self, now: Millis, limit: usize, cursor: Option<&Cursor>)
+    -> Result<Page<Alarm>>;
     /// Removes the alarm if it is still the one due at `due_at`; true when it
     /// removed one (A3).
     fn ack_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<bool>;

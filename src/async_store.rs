@@ -83,7 +83,9 @@ impl From<Arc<Store>> for AsyncStore {
 impl AsyncStore {
     /// Wraps a store.
     pub fn new(store: Store) -> Self {
-        AsyncStore { inner: Arc::new(store) }
+        AsyncStore {
+            inner: Arc::new(store),
+        }
     }
 
     /// An empty in-memory store ([`Store::new`]); creating one does no I/O.
@@ -94,13 +96,17 @@ impl AsyncStore {
     /// Opens (creating if needed) the file store at `path` ([`Store::open`]).
     pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path: PathBuf = path.as_ref().to_path_buf();
-        blocking(move || Store::open(path)).await.map(AsyncStore::new)
+        blocking(move || Store::open(path))
+            .await
+            .map(AsyncStore::new)
     }
 
     /// Opens the file store at `path` with options ([`Store::open_with`]).
     pub async fn open_with(path: impl AsRef<Path>, opts: Options) -> Result<Self> {
         let path: PathBuf = path.as_ref().to_path_buf();
-        blocking(move || Store::open_with(path, opts)).await.map(AsyncStore::new)
+        blocking(move || Store::open_with(path, opts))
+            .await
+            .map(AsyncStore::new)
     }
 
     /// The synchronous store underneath, for code that is already on a
@@ -184,7 +190,8 @@ impl AsyncStore {
     ) -> Result<Page<SessionRecord>> {
         let tenant = tenant.to_owned();
         let cursor = cursor.cloned();
-        self.run(move |s| s.list_sessions(&tenant, limit, cursor.as_ref())).await
+        self.run(move |s| s.list_sessions(&tenant, limit, cursor.as_ref()))
+            .await
     }
 
     // --- TrayStore ----------------------------------------------------
@@ -208,9 +215,15 @@ impl AsyncStore {
     }
 
     /// [`TrayStore::apply_batch`].
-    pub async fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
+    pub async fn apply_batch(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+    ) -> Result<()> {
         let instance = instance.clone();
-        self.run(move |s| s.apply_batch(&instance, epoch, ops)).await
+        self.run(move |s| s.apply_batch(&instance, epoch, ops))
+            .await
     }
 
     /// [`TrayStore::release`].
@@ -229,7 +242,8 @@ impl AsyncStore {
     ) -> Result<Page<(TrayKey, Tray)>> {
         let instance = instance.clone();
         let cursor = cursor.cloned();
-        self.run(move |s| s.list_trays(&instance, epoch, limit, cursor.as_ref())).await
+        self.run(move |s| s.list_trays(&instance, epoch, limit, cursor.as_ref()))
+            .await
     }
 
     /// [`TrayStore::marked_trays`].
@@ -241,7 +255,8 @@ impl AsyncStore {
     ) -> Result<Page<MarkedTray>> {
         let env = env.map(str::to_owned);
         let cursor = cursor.cloned();
-        self.run(move |s| s.marked_trays(env.as_deref(), limit, cursor.as_ref())).await
+        self.run(move |s| s.marked_trays(env.as_deref(), limit, cursor.as_ref()))
+            .await
     }
 
     /// [`TrayStore::epoch`].
@@ -251,21 +266,39 @@ impl AsyncStore {
     }
 
     /// [`TrayStore::set_alarm`].
-    pub async fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
+    pub async fn set_alarm(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        due_at: Millis,
+    ) -> Result<()> {
         let instance = instance.clone();
-        self.run(move |s| s.set_alarm(&instance, epoch, due_at)).await
+        self.run(move |s| s.set_alarm(&instance, epoch, due_at))
+            .await
     }
 
     /// [`TrayStore::due_alarms`].
-    pub async fn due_alarms(&self, now: Millis, limit: usize, cursor: Option<&Cursor>) -> Result<Page<Alarm>> {
+    pub async fn due_alarms(
+        &self,
+        now: Millis,
+        limit: usize,
+        cursor: Option<&Cursor>,
+    ) -> Result<Page<Alarm>> {
         let cursor = cursor.cloned();
-        self.run(move |s| s.due_alarms(now, limit, cursor.as_ref())).await
+        self.run(move |s| s.due_alarms(now, limit, cursor.as_ref()))
+            .await
     }
 
     /// [`TrayStore::ack_alarm`].
-    pub async fn ack_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<bool> {
+    pub async fn ack_alarm(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        due_at: Millis,
+    ) -> Result<bool> {
         let instance = instance.clone();
-        self.run(move |s| s.ack_alarm(&instance, epoch, due_at)).await
+        self.run(move |s| s.ack_alarm(&instance, epoch, due_at))
+            .await
     }
 
     // --- whole-store operations -----------------------------------------
@@ -289,7 +322,8 @@ impl AsyncStore {
     /// [`Store::export_page`].
     pub async fn export_page(&self, limit: usize, cursor: Option<&Cursor>) -> Result<Page<Entry>> {
         let cursor = cursor.cloned();
-        self.run(move |s| s.export_page(limit, cursor.as_ref())).await
+        self.run(move |s| s.export_page(limit, cursor.as_ref()))
+            .await
     }
 
     /// [`Store::import`].

@@ -97,7 +97,9 @@ pub enum StateError {
     },
     /// The store was written by a newer release of this crate (D4). The
     /// files were not touched.
-    #[error("store format version {found} is newer than this build supports ({supported}); upgrade agentstate")]
+    #[error(
+        "store format version {found} is newer than this build supports ({supported}); upgrade agentstate"
+    )]
     UnsupportedFormat {
         /// The version found in the store.
         found: u8,

@@ -43,7 +43,10 @@ pub fn encode_tray(tray: &Tray) -> Vec<u8> {
 /// The key of string components (in the run table), as the store builds
 /// its keys.
 pub fn encode_key(components: &[&str]) -> Vec<u8> {
-    components.iter().fold(KeyBuf::table(table::RUN), |b, c| b.str(c)).done()
+    components
+        .iter()
+        .fold(KeyBuf::table(table::RUN), |b, c| b.str(c))
+        .done()
 }
 
 /// Reads a key of the run table back into exactly `n` string components.
@@ -57,7 +60,9 @@ pub fn decode_key(key: &[u8], n: usize) -> Result<Vec<String>> {
 /// Reads string components until `key` ends or one fails to decode; the
 /// components read, and whether the whole key decoded without error.
 pub fn decode_key_greedy(key: &[u8]) -> (Vec<String>, bool) {
-    let Ok(mut r) = KeyReader::new(key, table::RUN) else { return (Vec::new(), false) };
+    let Ok(mut r) = KeyReader::new(key, table::RUN) else {
+        return (Vec::new(), false);
+    };
     let mut parts = Vec::new();
     loop {
         match r.str() {

@@ -47,9 +47,9 @@ mod codec;
 pub mod conformance;
 mod cursor;
 mod engine;
+mod error;
 #[doc(hidden)]
 pub mod fuzz_api;
-mod error;
 pub mod limits;
 mod record;
 mod scrub;
@@ -72,7 +72,8 @@ pub use record::{
 };
 pub use scrub::{REDACTED, Scrubber};
 pub use store::{
-    Durability, Entry, FileStore, MemoryStore, Options, Store, StoreStats, TenantStats, VerifyReport,
+    Durability, Entry, FileStore, MemoryStore, Options, Store, StoreStats, TenantStats,
+    VerifyReport,
 };
 pub use tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 

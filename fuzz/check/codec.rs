@@ -4,8 +4,8 @@
 //! decodes only with its own binding and not after any one change.
 
 use agentstate::fuzz_api::{
-    decode_cursor, decode_key, decode_key_greedy, decode_run, decode_session, decode_tray, encode_cursor,
-    encode_key, encode_run, encode_session, encode_tray,
+    decode_cursor, decode_key, decode_key_greedy, decode_run, decode_session, decode_tray,
+    encode_cursor, encode_key, encode_run, encode_session, encode_tray,
 };
 use agentstate::{
     Approval, Cursor, RunKey, RunRecord, RunState, SessionKey, SessionRecord, ToolCall, Tray, Usage,
@@ -21,12 +21,22 @@ fn record(inp: &mut Input<'_>) -> RunRecord {
     r.session_id = inp.bool().then(|| inp.string(8));
     r.messages_read = inp.u64();
     for _ in 0..inp.below(3) {
-        r.pending_tool_calls.push(ToolCall { id: inp.string(6), name: inp.string(6), arguments: inp.string(24) });
+        r.pending_tool_calls.push(ToolCall {
+            id: inp.string(6),
+            name: inp.string(6),
+            arguments: inp.string(24),
+        });
     }
-    r.usage = Usage { input_tokens: inp.u64(), output_tokens: inp.u64() };
+    r.usage = Usage {
+        input_tokens: inp.u64(),
+        output_tokens: inp.u64(),
+    };
     r.cost_micros = inp.u64();
     r.iterations = inp.u64();
-    r.approval = inp.bool().then(|| Approval { id: inp.string(6), prompt: inp.string(16) });
+    r.approval = inp.bool().then(|| Approval {
+        id: inp.string(6),
+        prompt: inp.string(16),
+    });
     r.created_at = inp.u64();
     r.updated_at = inp.u64();
     r.seq = inp.u64();
@@ -44,13 +54,22 @@ pub fn run(data: &[u8]) {
         0 => {
             let bytes = inp.rest();
             if let Ok(r) = decode_run(bytes) {
-                assert_eq!(decode_run(&encode_run(&r)).expect("re-encoded run decodes"), r);
+                assert_eq!(
+                    decode_run(&encode_run(&r)).expect("re-encoded run decodes"),
+                    r
+                );
             }
             if let Ok(s) = decode_session(bytes) {
-                assert_eq!(decode_session(&encode_session(&s)).expect("re-encoded session decodes"), s);
+                assert_eq!(
+                    decode_session(&encode_session(&s)).expect("re-encoded session decodes"),
+                    s
+                );
             }
             if let Ok(t) = decode_tray(bytes) {
-                assert_eq!(decode_tray(&encode_tray(&t)).expect("re-encoded tray decodes"), t);
+                assert_eq!(
+                    decode_tray(&encode_tray(&t)).expect("re-encoded tray decodes"),
+                    t
+                );
             }
         }
         // Any record round-trips, and any one bit flip is caught (D9).
@@ -61,11 +80,25 @@ pub fn run(data: &[u8]) {
             let at = (inp.u64() as usize) % (bytes.len() * 8);
             let mut bad = bytes.clone();
             bad[at / 8] ^= 1 << (at % 8);
-            assert!(decode_run(&bad).is_err(), "bit {at} flipped and the run still decoded");
-            assert!(decode_run(&bytes[..bytes.len() - 1]).is_err(), "truncated run decoded");
+            assert!(
+                decode_run(&bad).is_err(),
+                "bit {at} flipped and the run still decoded"
+            );
+            assert!(
+                decode_run(&bytes[..bytes.len() - 1]).is_err(),
+                "truncated run decoded"
+            );
             let s = SessionRecord::new(SessionKey::new(inp.string(8), inp.string(8)));
-            assert_eq!(decode_session(&encode_session(&s)).expect("session decodes"), s);
-            let t = Tray { marked: inp.bool(), doc: inp.bytes(32).to_vec(), env: inp.string(8), hostname: inp.string(8) };
+            assert_eq!(
+                decode_session(&encode_session(&s)).expect("session decodes"),
+                s
+            );
+            let t = Tray {
+                marked: inp.bool(),
+                doc: inp.bytes(32).to_vec(),
+                env: inp.string(8),
+                hostname: inp.string(8),
+            };
             assert_eq!(decode_tray(&encode_tray(&t)).expect("tray decodes"), t);
         }
         // Keys: round trip, injective, order-preserving (K6).
@@ -76,7 +109,11 @@ pub fn run(data: &[u8]) {
             let (ka, kb) = (encode_key(&ra), encode_key(&rb));
             assert_eq!(decode_key(&ka, a.len()).expect("key decodes"), a);
             assert_eq!(a == b, ka == kb, "{a:?} and {b:?} share a key");
-            assert_eq!(a.cmp(&b), ka.cmp(&kb), "key order differs from component order for {a:?} {b:?}");
+            assert_eq!(
+                a.cmp(&b),
+                ka.cmp(&kb),
+                "key order differs from component order for {a:?} {b:?}"
+            );
         }
         // Garbage keys never panic; a key that reads back whole is the
         // one encoding of its components.
@@ -99,17 +136,27 @@ pub fn run(data: &[u8]) {
                 position.push(inp.byte());
             }
             let c = encode_cursor(&binding, &position);
-            assert_eq!(decode_cursor(&binding, &c).expect("own cursor decodes"), position);
+            assert_eq!(
+                decode_cursor(&binding, &c).expect("own cursor decodes"),
+                position
+            );
             let mut other = binding.clone();
             other.push(inp.byte());
-            assert!(decode_cursor(&other, &c).is_err(), "cursor accepted with another binding");
+            assert!(
+                decode_cursor(&other, &c).is_err(),
+                "cursor accepted with another binding"
+            );
             let text = c.as_str().as_bytes();
             let at = (inp.u64() as usize) % text.len();
             let mut bad = text.to_vec();
             let hex = b"0123456789abcdef";
-            bad[at] = hex[(hex.iter().position(|&h| h == bad[at]).unwrap_or(0) + 1 + inp.below(15)) % 16];
+            bad[at] =
+                hex[(hex.iter().position(|&h| h == bad[at]).unwrap_or(0) + 1 + inp.below(15)) % 16];
             let bad = Cursor::from_text(String::from_utf8(bad).expect("hex is ASCII"));
-            assert!(decode_cursor(&binding, &bad).is_err(), "altered cursor {bad} accepted");
+            assert!(
+                decode_cursor(&binding, &bad).is_err(),
+                "altered cursor {bad} accepted"
+            );
             let garbage = Cursor::from_text(String::from_utf8_lossy(inp.rest()).into_owned());
             let _ = decode_cursor(&binding, &garbage);
         }

@@ -41,10 +41,20 @@ const LIMITS: [usize; 6] = [1, 1, 2, 3, 5, 0];
 type TrayId = (String, String, String, String);
 
 fn tray_tuple(k: &TrayKey) -> TrayId {
-    (k.ns.clone(), k.id.clone(), k.tray_ns.clone(), k.tray_id.clone())
+    (
+        k.ns.clone(),
+        k.id.clone(),
+        k.tray_ns.clone(),
+        k.tray_id.clone(),
+    )
 }
 fn tray_key(t: &TrayId) -> TrayKey {
-    TrayKey { ns: t.0.clone(), id: t.1.clone(), tray_ns: t.2.clone(), tray_id: t.3.clone() }
+    TrayKey {
+        ns: t.0.clone(),
+        id: t.1.clone(),
+        tray_ns: t.2.clone(),
+        tray_id: t.3.clone(),
+    }
 }
 
 /// Which listing a cursor came from, with everything it is bound to.
@@ -100,12 +110,17 @@ impl Query {
     fn matches(&self, r: &RunRecord) -> bool {
         r.key.tenant == self.tenant
             && self.state.is_none_or(|s| s == r.state)
-            && self.session.is_none_or(|s| r.session_id.as_deref() == Some(s))
+            && self
+                .session
+                .is_none_or(|s| r.session_id.as_deref() == Some(s))
             && self.agent.is_none_or(|a| r.agent_name == a)
             && self.updated_before.is_none_or(|t| r.updated_at < t)
     }
     fn bind(&self) -> Bind {
-        Bind::Runs(Query { limit: 0, ..self.clone() })
+        Bind::Runs(Query {
+            limit: 0,
+            ..self.clone()
+        })
     }
 }
 
@@ -120,26 +135,110 @@ enum Walk {
 
 #[derive(Debug, Clone)]
 enum Op {
-    CreateRun { tenant: &'static str, run: &'static str, session: Option<&'static str>, agent: &'static str },
-    PutRun { tenant: &'static str, run: &'static str, version: VersionPick, state: RunState, agent: &'static str, approval: bool, moves: u8 },
-    PatchRun { tenant: &'static str, run: &'static str, cost: u64, iterations: u64, messages: u64 },
-    GetRun { tenant: &'static str, run: &'static str },
-    PutSession { tenant: &'static str, session: &'static str, version: VersionPick, label: u8 },
-    GetSession { tenant: &'static str, session: &'static str },
-    DeleteSession { tenant: &'static str, session: &'static str, cascade: bool },
-    ListRuns { query: Query, walk: Walk },
-    WriteTray { inst: usize, tray: usize, epoch: EpochPick, marked: bool, env: &'static str, doc: Vec<u8> },
-    ReadTray { inst: usize, tray: usize, epoch: EpochPick },
-    DeleteTray { inst: usize, tray: usize, epoch: EpochPick },
-    Batch { inst: usize, epoch: EpochPick, ops: Vec<(usize, Option<(bool, &'static str, u8)>)> },
-    Release { inst: usize, epoch: EpochPick },
-    ListTrays { inst: usize, epoch: EpochPick, limit: usize, walk: Walk },
-    MarkedTrays { env: Option<&'static str>, limit: usize, walk: Walk },
-    Epoch { inst: usize },
-    SetAlarm { inst: usize, epoch: EpochPick, due: u64 },
-    AckAlarm { inst: usize, epoch: EpochPick, due: Option<u64> },
-    DueAlarms { now: u64, limit: usize, walk: Walk },
-    AdvanceClock { by: u64 },
+    CreateRun {
+        tenant: &'static str,
+        run: &'static str,
+        session: Option<&'static str>,
+        agent: &'static str,
+    },
+    PutRun {
+        tenant: &'static str,
+        run: &'static str,
+        version: VersionPick,
+        state: RunState,
+        agent: &'static str,
+        approval: bool,
+        moves: u8,
+    },
+    PatchRun {
+        tenant: &'static str,
+        run: &'static str,
+        cost: u64,
+        iterations: u64,
+        messages: u64,
+    },
+    GetRun {
+        tenant: &'static str,
+        run: &'static str,
+    },
+    PutSession {
+        tenant: &'static str,
+        session: &'static str,
+        version: VersionPick,
+        label: u8,
+    },
+    GetSession {
+        tenant: &'static str,
+        session: &'static str,
+    },
+    DeleteSession {
+        tenant: &'static str,
+        session: &'static str,
+        cascade: bool,
+    },
+    ListRuns {
+        query: Query,
+        walk: Walk,
+    },
+    WriteTray {
+        inst: usize,
+        tray: usize,
+        epoch: EpochPick,
+        marked: bool,
+        env: &'static str,
+        doc: Vec<u8>,
+    },
+    ReadTray {
+        inst: usize,
+        tray: usize,
+        epoch: EpochPick,
+    },
+    DeleteTray {
+        inst: usize,
+        tray: usize,
+        epoch: EpochPick,
+    },
+    Batch {
+        inst: usize,
+        epoch: EpochPick,
+        ops: Vec<(usize, Option<(bool, &'static str, u8)>)>,
+    },
+    Release {
+        inst: usize,
+        epoch: EpochPick,
+    },
+    ListTrays {
+        inst: usize,
+        epoch: EpochPick,
+        limit: usize,
+        walk: Walk,
+    },
+    MarkedTrays {
+        env: Option<&'static str>,
+        limit: usize,
+        walk: Walk,
+    },
+    Epoch {
+        inst: usize,
+    },
+    SetAlarm {
+        inst: usize,
+        epoch: EpochPick,
+        due: u64,
+    },
+    AckAlarm {
+        inst: usize,
+        epoch: EpochPick,
+        due: Option<u64>,
+    },
+    DueAlarms {
+        now: u64,
+        limit: usize,
+        walk: Walk,
+    },
+    AdvanceClock {
+        by: u64,
+    },
     Reopen,
 }
 
@@ -165,14 +264,31 @@ fn read_walk(inp: &mut Input<'_>) -> Walk {
     inp.pick(&[Walk::All, Walk::All, Walk::First, Walk::Saved])
 }
 fn read_epoch(inp: &mut Input<'_>) -> EpochPick {
-    inp.pick(&[EpochPick::Same, EpochPick::Same, EpochPick::Next, EpochPick::Stale, EpochPick::Jump])
+    inp.pick(&[
+        EpochPick::Same,
+        EpochPick::Same,
+        EpochPick::Next,
+        EpochPick::Stale,
+        EpochPick::Jump,
+    ])
 }
 fn read_version(inp: &mut Input<'_>) -> VersionPick {
-    inp.pick(&[VersionPick::Current, VersionPick::Current, VersionPick::Current, VersionPick::Ahead, VersionPick::Behind, VersionPick::Zero])
+    inp.pick(&[
+        VersionPick::Current,
+        VersionPick::Current,
+        VersionPick::Current,
+        VersionPick::Ahead,
+        VersionPick::Behind,
+        VersionPick::Zero,
+    ])
 }
 fn read_tenant(inp: &mut Input<'_>) -> &'static str {
     // The invalid tenant now and then, not half the time.
-    if inp.below(16) == 0 { TENANTS[2] } else { inp.pick(&TENANTS[..2]) }
+    if inp.below(16) == 0 {
+        TENANTS[2]
+    } else {
+        inp.pick(&TENANTS[..2])
+    }
 }
 
 impl Op {
@@ -204,16 +320,29 @@ impl Op {
                 iterations: inp.below(3) as u64,
                 messages: inp.below(3) as u64,
             },
-            5 => Op::GetRun { tenant: read_tenant(inp), run: inp.pick(&RUNS) },
+            5 => Op::GetRun {
+                tenant: read_tenant(inp),
+                run: inp.pick(&RUNS),
+            },
             6 => Op::PutSession {
                 tenant: read_tenant(inp),
                 session: inp.pick(&SESSIONS),
                 version: read_version(inp),
                 label: inp.byte(),
             },
-            7 => Op::GetSession { tenant: read_tenant(inp), session: inp.pick(&SESSIONS) },
-            8 => Op::DeleteSession { tenant: read_tenant(inp), session: inp.pick(&SESSIONS), cascade: inp.bool() },
-            9 | 10 => Op::ListRuns { query: Query::read(inp), walk: read_walk(inp) },
+            7 => Op::GetSession {
+                tenant: read_tenant(inp),
+                session: inp.pick(&SESSIONS),
+            },
+            8 => Op::DeleteSession {
+                tenant: read_tenant(inp),
+                session: inp.pick(&SESSIONS),
+                cascade: inp.bool(),
+            },
+            9 | 10 => Op::ListRuns {
+                query: Query::read(inp),
+                walk: read_walk(inp),
+            },
             11 => Op::WriteTray {
                 inst: inp.below(INSTANCES.len()),
                 tray: inp.below(TRAYS.len()),
@@ -222,8 +351,16 @@ impl Op {
                 env: inp.pick(&ENVS),
                 doc: inp.bytes(6).to_vec(),
             },
-            12 => Op::ReadTray { inst: inp.below(INSTANCES.len()), tray: inp.below(TRAYS.len()), epoch: read_epoch(inp) },
-            13 => Op::DeleteTray { inst: inp.below(INSTANCES.len()), tray: inp.below(TRAYS.len()), epoch: read_epoch(inp) },
+            12 => Op::ReadTray {
+                inst: inp.below(INSTANCES.len()),
+                tray: inp.below(TRAYS.len()),
+                epoch: read_epoch(inp),
+            },
+            13 => Op::DeleteTray {
+                inst: inp.below(INSTANCES.len()),
+                tray: inp.below(TRAYS.len()),
+                epoch: read_epoch(inp),
+            },
             14 => {
                 let inst = inp.below(INSTANCES.len());
                 let epoch = read_epoch(inp);
@@ -237,24 +374,44 @@ impl Op {
                     .collect();
                 Op::Batch { inst, epoch, ops }
             }
-            15 => Op::Release { inst: inp.below(INSTANCES.len()), epoch: read_epoch(inp) },
-            16 => Op::ListTrays { inst: inp.below(INSTANCES.len()), epoch: read_epoch(inp), limit: inp.pick(&LIMITS), walk: read_walk(inp) },
+            15 => Op::Release {
+                inst: inp.below(INSTANCES.len()),
+                epoch: read_epoch(inp),
+            },
+            16 => Op::ListTrays {
+                inst: inp.below(INSTANCES.len()),
+                epoch: read_epoch(inp),
+                limit: inp.pick(&LIMITS),
+                walk: read_walk(inp),
+            },
             17 => Op::MarkedTrays {
                 env: inp.bool().then(|| inp.pick(&ENVS)),
                 limit: inp.pick(&LIMITS),
                 walk: read_walk(inp),
             },
-            18 => Op::Epoch { inst: inp.below(INSTANCES.len()) },
+            18 => Op::Epoch {
+                inst: inp.below(INSTANCES.len()),
+            },
             19 => match inp.below(3) {
-                0 => Op::SetAlarm { inst: inp.below(INSTANCES.len()), epoch: read_epoch(inp), due: read_due(inp) },
+                0 => Op::SetAlarm {
+                    inst: inp.below(INSTANCES.len()),
+                    epoch: read_epoch(inp),
+                    due: read_due(inp),
+                },
                 1 => Op::AckAlarm {
                     inst: inp.below(INSTANCES.len()),
                     epoch: read_epoch(inp),
                     due: inp.bool().then(|| read_due(inp)),
                 },
-                _ => Op::DueAlarms { now: read_due(inp), limit: inp.pick(&LIMITS), walk: read_walk(inp) },
+                _ => Op::DueAlarms {
+                    now: read_due(inp),
+                    limit: inp.pick(&LIMITS),
+                    walk: read_walk(inp),
+                },
             },
-            20 => Op::AdvanceClock { by: inp.below(3) as u64 },
+            20 => Op::AdvanceClock {
+                by: inp.below(3) as u64,
+            },
             _ => Op::Reopen,
         }
     }
@@ -276,17 +433,26 @@ fn tray_of(i: usize, t: usize) -> TrayKey {
 }
 
 fn make_tray(marked: bool, env: &str, doc: Vec<u8>) -> Tray {
-    Tray { marked, doc, env: env.to_string(), hostname: format!("host-{env}") }
+    Tray {
+        marked,
+        doc,
+        env: env.to_string(),
+        hostname: format!("host-{env}"),
+    }
 }
 
 /// An error as the comparison sees it: its kind and the facts the spec
 /// says it carries.
 fn kind(e: &StateError) -> String {
     match e {
-        StateError::Conflict { expected, actual } => format!("Conflict {{ expected: {expected}, actual: {actual} }}"),
+        StateError::Conflict { expected, actual } => {
+            format!("Conflict {{ expected: {expected}, actual: {actual} }}")
+        }
         StateError::NotFound(m) => format!("NotFound({m})"),
         StateError::InUse { runs } => format!("InUse({runs:?})"),
-        StateError::FenceLost { caller, stored } => format!("FenceLost {{ caller: {caller}, stored: {stored} }}"),
+        StateError::FenceLost { caller, stored } => {
+            format!("FenceLost {{ caller: {caller}, stored: {stored} }}")
+        }
         StateError::Invalid { .. } => "Invalid".to_string(),
         StateError::Persistence { reason, .. } => format!("Persistence({reason:?})"),
         other => format!("unexpected error: {other}"),
@@ -347,7 +513,12 @@ impl Model {
     }
 
     fn runs_sorted(&self, q: &Query) -> Vec<RunRecord> {
-        let mut v: Vec<RunRecord> = self.runs.values().filter(|r| q.matches(r)).cloned().collect();
+        let mut v: Vec<RunRecord> = self
+            .runs
+            .values()
+            .filter(|r| q.matches(r))
+            .cloned()
+            .collect();
         v.sort_by_key(|r| r.seq);
         v
     }
@@ -365,14 +536,22 @@ impl Model {
 
     fn instance_trays(&self, inst: usize) -> Vec<(TrayKey, Tray)> {
         let (ns, id) = INSTANCES[inst];
-        self.trays.iter().filter(|(k, _)| k.0 == ns && k.1 == id).map(|(k, t)| (tray_key(k), t.clone())).collect()
+        self.trays
+            .iter()
+            .filter(|(k, _)| k.0 == ns && k.1 == id)
+            .map(|(k, t)| (tray_key(k), t.clone()))
+            .collect()
     }
 
     fn marked(&self, env: Option<&str>) -> Vec<MarkedTray> {
         self.trays
             .iter()
             .filter(|(_, t)| t.marked && env.is_none_or(|e| e == t.env))
-            .map(|(k, t)| MarkedTray { key: tray_key(k), env: t.env.clone(), hostname: t.hostname.clone() })
+            .map(|(k, t)| MarkedTray {
+                key: tray_key(k),
+                env: t.env.clone(),
+                hostname: t.hostname.clone(),
+            })
             .collect()
     }
 
@@ -381,9 +560,18 @@ impl Model {
             .alarms
             .iter()
             .filter(|(_, d)| **d <= now)
-            .map(|((ns, id), d)| Alarm { instance: InstanceKey::new(ns.clone(), id.clone()), due_at: *d })
+            .map(|((ns, id), d)| Alarm {
+                instance: InstanceKey::new(ns.clone(), id.clone()),
+                due_at: *d,
+            })
             .collect();
-        v.sort_by(|a, b| (a.due_at, &a.instance.ns, &a.instance.id).cmp(&(b.due_at, &b.instance.ns, &b.instance.id)));
+        v.sort_by(|a, b| {
+            (a.due_at, &a.instance.ns, &a.instance.id).cmp(&(
+                b.due_at,
+                &b.instance.ns,
+                &b.instance.id,
+            ))
+        });
         v
     }
 
@@ -487,8 +675,14 @@ impl Harness<'_> {
                 Err(e) => break Err(kind(&e)),
             }
         };
-        let show_pages = |p: &Result<Vec<(Vec<T>, bool)>, String>| p.as_ref().map(|v| format!("{v:?}")).map_err(Clone::clone);
-        self.check("a listing", &show_pages(&store_pages), &show_pages(&model_pages));
+        let show_pages = |p: &Result<Vec<(Vec<T>, bool)>, String>| {
+            p.as_ref().map(|v| format!("{v:?}")).map_err(Clone::clone)
+        };
+        self.check(
+            "a listing",
+            &show_pages(&store_pages),
+            &show_pages(&model_pages),
+        );
         if walk == Walk::First
             && let Ok(pages) = &model_pages
             && let Some((items, true)) = pages.first()
@@ -506,7 +700,12 @@ impl Harness<'_> {
         let s = self.store.as_ref().expect("store is open");
         let now = m.now;
         let (got, want): (Outcome, Outcome) = match op {
-            Op::CreateRun { tenant, run, session, agent } => {
+            Op::CreateRun {
+                tenant,
+                run,
+                session,
+                agent,
+            } => {
                 let key = RunKey::new(tenant, run);
                 let mut rec = RunRecord::new(key.clone(), agent);
                 rec.session_id = session.map(str::to_string);
@@ -515,24 +714,48 @@ impl Harness<'_> {
                 let want = if tenant.is_empty() {
                     invalid()
                 } else if let Some(old) = m.runs.get(&k) {
-                    Err(format!("Conflict {{ expected: 0, actual: {} }}", old.version))
+                    Err(format!(
+                        "Conflict {{ expected: 0, actual: {} }}",
+                        old.version
+                    ))
                 } else if let Some(sid) = session
-                    && !m.sessions.contains_key(&(tenant.to_string(), sid.to_string()))
+                    && !m
+                        .sessions
+                        .contains_key(&(tenant.to_string(), sid.to_string()))
                 {
-                    Err(format!("NotFound({})", Missing::Session(SessionKey::new(tenant, sid))))
+                    Err(format!(
+                        "NotFound({})",
+                        Missing::Session(SessionKey::new(tenant, sid))
+                    ))
                 } else {
                     m.next_seq += 1;
-                    let new = RunRecord { version: 1, seq: m.next_seq, created_at: now, updated_at: now, ..rec };
+                    let new = RunRecord {
+                        version: 1,
+                        seq: m.next_seq,
+                        created_at: now,
+                        updated_at: now,
+                        ..rec
+                    };
                     m.runs.insert(k, new.clone());
                     ok(new)
                 };
                 (got, want)
             }
-            Op::PutRun { tenant, run, version, state, agent, approval, moves } => {
+            Op::PutRun {
+                tenant,
+                run,
+                version,
+                state,
+                agent,
+                approval,
+                moves,
+            } => {
                 let key = RunKey::new(tenant, run);
                 let k = (tenant.to_string(), run.to_string());
                 let stored = m.runs.get(&k).cloned();
-                let mut rec = stored.clone().unwrap_or_else(|| RunRecord::new(key.clone(), agent));
+                let mut rec = stored
+                    .clone()
+                    .unwrap_or_else(|| RunRecord::new(key.clone(), agent));
                 let cur = stored.as_ref().map_or(1, |r| r.version);
                 rec.version = match version {
                     VersionPick::Current => cur,
@@ -542,13 +765,22 @@ impl Harness<'_> {
                 };
                 rec.state = state;
                 rec.agent_name = agent.to_string();
-                rec.approval = approval.then(|| Approval { id: "ap".into(), prompt: "ok?".into() });
+                rec.approval = approval.then(|| Approval {
+                    id: "ap".into(),
+                    prompt: "ok?".into(),
+                });
                 match moves {
                     1 => rec.cost_micros += 1,
                     2 => rec.usage.input_tokens += 1,
                     3 => rec.messages_read += 1,
                     4 => rec.iterations += 1,
-                    5 => rec.session_id = if rec.session_id.is_some() { None } else { Some(SESSIONS[0].into()) },
+                    5 => {
+                        rec.session_id = if rec.session_id.is_some() {
+                            None
+                        } else {
+                            Some(SESSIONS[0].into())
+                        }
+                    }
                     _ => {}
                 }
                 let got = show(s.put_run(rec.clone()));
@@ -556,20 +788,37 @@ impl Harness<'_> {
                     invalid()
                 } else {
                     match (rec.version, &stored) {
-                        (0, Some(old)) => Err(format!("Conflict {{ expected: 0, actual: {} }}", old.version)),
+                        (0, Some(old)) => Err(format!(
+                            "Conflict {{ expected: 0, actual: {} }}",
+                            old.version
+                        )),
                         (0, None) => match &rec.session_id {
-                            Some(sid) if !m.sessions.contains_key(&(tenant.to_string(), sid.clone())) => {
-                                Err(format!("NotFound({})", Missing::Session(SessionKey::new(tenant, sid.clone()))))
+                            Some(sid)
+                                if !m.sessions.contains_key(&(tenant.to_string(), sid.clone())) =>
+                            {
+                                Err(format!(
+                                    "NotFound({})",
+                                    Missing::Session(SessionKey::new(tenant, sid.clone()))
+                                ))
                             }
                             _ => {
                                 m.next_seq += 1;
-                                let new = RunRecord { version: 1, seq: m.next_seq, created_at: now, updated_at: now, ..rec };
+                                let new = RunRecord {
+                                    version: 1,
+                                    seq: m.next_seq,
+                                    created_at: now,
+                                    updated_at: now,
+                                    ..rec
+                                };
                                 m.runs.insert(k, new.clone());
                                 ok(new)
                             }
                         },
                         (n, None) => Err(format!("Conflict {{ expected: {n}, actual: 0 }}")),
-                        (n, Some(old)) if old.version != n => Err(format!("Conflict {{ expected: {n}, actual: {} }}", old.version)),
+                        (n, Some(old)) if old.version != n => Err(format!(
+                            "Conflict {{ expected: {n}, actual: {} }}",
+                            old.version
+                        )),
                         (_, Some(old)) => {
                             if old.usage != rec.usage
                                 || old.cost_micros != rec.cost_micros
@@ -594,9 +843,20 @@ impl Harness<'_> {
                 };
                 (got, want)
             }
-            Op::PatchRun { tenant, run, cost, iterations, messages } => {
+            Op::PatchRun {
+                tenant,
+                run,
+                cost,
+                iterations,
+                messages,
+            } => {
                 let key = RunKey::new(tenant, run);
-                let delta = StateDelta { cost_micros: cost, iterations, messages_read: messages, ..Default::default() };
+                let delta = StateDelta {
+                    cost_micros: cost,
+                    iterations,
+                    messages_read: messages,
+                    ..Default::default()
+                };
                 let got = show(s.patch_run(&key, delta));
                 let k = (tenant.to_string(), run.to_string());
                 let want = if tenant.is_empty() {
@@ -629,10 +889,19 @@ impl Harness<'_> {
             }
             Op::GetRun { tenant, run } => {
                 let got = show(s.get_run(&RunKey::new(tenant, run)));
-                let want = if tenant.is_empty() { invalid() } else { ok(m.runs.get(&(tenant.to_string(), run.to_string())).cloned()) };
+                let want = if tenant.is_empty() {
+                    invalid()
+                } else {
+                    ok(m.runs.get(&(tenant.to_string(), run.to_string())).cloned())
+                };
                 (got, want)
             }
-            Op::PutSession { tenant, session, version, label } => {
+            Op::PutSession {
+                tenant,
+                session,
+                version,
+                label,
+            } => {
                 let k = (tenant.to_string(), session.to_string());
                 let stored = m.sessions.get(&k).cloned();
                 let cur = stored.as_ref().map_or(1, |r| r.version);
@@ -649,16 +918,32 @@ impl Harness<'_> {
                     invalid()
                 } else {
                     match (rec.version, stored) {
-                        (0, Some(old)) => Err(format!("Conflict {{ expected: 0, actual: {} }}", old.version)),
+                        (0, Some(old)) => Err(format!(
+                            "Conflict {{ expected: 0, actual: {} }}",
+                            old.version
+                        )),
                         (0, None) => {
-                            let new = SessionRecord { version: 1, created_at: now, updated_at: now, ..rec };
+                            let new = SessionRecord {
+                                version: 1,
+                                created_at: now,
+                                updated_at: now,
+                                ..rec
+                            };
                             m.sessions.insert(k, new.clone());
                             ok(new)
                         }
                         (n, None) => Err(format!("Conflict {{ expected: {n}, actual: 0 }}")),
-                        (n, Some(old)) if old.version != n => Err(format!("Conflict {{ expected: {n}, actual: {} }}", old.version)),
+                        (n, Some(old)) if old.version != n => Err(format!(
+                            "Conflict {{ expected: {n}, actual: {} }}",
+                            old.version
+                        )),
                         (_, Some(old)) => {
-                            let new = SessionRecord { version: old.version + 1, created_at: old.created_at, updated_at: now, ..rec };
+                            let new = SessionRecord {
+                                version: old.version + 1,
+                                created_at: old.created_at,
+                                updated_at: now,
+                                ..rec
+                            };
                             m.sessions.insert(k, new.clone());
                             ok(new)
                         }
@@ -668,11 +953,20 @@ impl Harness<'_> {
             }
             Op::GetSession { tenant, session } => {
                 let got = show(s.get_session(&SessionKey::new(tenant, session)));
-                let want =
-                    if tenant.is_empty() { invalid() } else { ok(m.sessions.get(&(tenant.to_string(), session.to_string())).cloned()) };
+                let want = if tenant.is_empty() {
+                    invalid()
+                } else {
+                    ok(m.sessions
+                        .get(&(tenant.to_string(), session.to_string()))
+                        .cloned())
+                };
                 (got, want)
             }
-            Op::DeleteSession { tenant, session, cascade } => {
+            Op::DeleteSession {
+                tenant,
+                session,
+                cascade,
+            } => {
                 let key = SessionKey::new(tenant, session);
                 let got = show(s.delete_session(&key, cascade));
                 let k = (tenant.to_string(), session.to_string());
@@ -682,7 +976,11 @@ impl Harness<'_> {
                     Err(format!("NotFound({})", Missing::Session(key)))
                 } else {
                     let runs = m.session_runs(tenant, session);
-                    let live: Vec<RunKey> = runs.iter().filter(|r| !r.state.is_finished()).map(|r| r.key.clone()).collect();
+                    let live: Vec<RunKey> = runs
+                        .iter()
+                        .filter(|r| !r.state.is_finished())
+                        .map(|r| r.key.clone())
+                        .collect();
                     if !cascade && !live.is_empty() {
                         Err(format!("InUse({live:?})"))
                     } else {
@@ -710,7 +1008,10 @@ impl Harness<'_> {
                             Some(Resume::Seq(s)) => *s,
                             _ => 0,
                         };
-                        m.runs_sorted(&q).into_iter().filter(|r| r.seq > after).collect()
+                        m.runs_sorted(&q)
+                            .into_iter()
+                            .filter(|r| r.seq > after)
+                            .collect()
                     },
                     |r: &RunRecord| Resume::Seq(r.seq),
                     |s, c| s.list_runs(&query.to_store(c.cloned())),
@@ -718,12 +1019,24 @@ impl Harness<'_> {
                 );
                 return;
             }
-            Op::WriteTray { inst, tray, epoch, marked, env, doc } => {
+            Op::WriteTray {
+                inst,
+                tray,
+                epoch,
+                marked,
+                env,
+                doc,
+            } => {
                 let e = m.pick_epoch(inst, epoch);
                 let t = make_tray(marked, env, doc);
                 let got = show(s.write_tray(&tray_of(inst, tray), e, t.clone()));
                 // A tray names its worker: env and hostname are ids (K1).
-                let want = if env.is_empty() { Err("Invalid".to_string()) } else { m.fence(inst, e) }.map(|()| {
+                let want = if env.is_empty() {
+                    Err("Invalid".to_string())
+                } else {
+                    m.fence(inst, e)
+                }
+                .map(|()| {
                     m.epochs.insert(inst, e);
                     m.set_tray(inst, tray, Some(t));
                     format!("{:?}", ())
@@ -755,17 +1068,32 @@ impl Harness<'_> {
                     .map(|(t, put)| {
                         let (tray_ns, tray_id) = (TRAYS[*t].0.to_string(), TRAYS[*t].1.to_string());
                         match put {
-                            Some((marked, env, d)) => TrayOp::Put { tray_ns, tray_id, tray: make_tray(*marked, env, vec![*d]) },
+                            Some((marked, env, d)) => TrayOp::Put {
+                                tray_ns,
+                                tray_id,
+                                tray: make_tray(*marked, env, vec![*d]),
+                            },
                             None => TrayOp::Delete { tray_ns, tray_id },
                         }
                     })
                     .collect();
                 let got = show(s.apply_batch(&instance(inst), e, store_ops));
-                let bad_env = ops.iter().any(|(_, put)| put.is_some_and(|(_, env, _)| env.is_empty()));
-                let want = if bad_env { Err("Invalid".to_string()) } else { m.fence(inst, e) }.map(|()| {
+                let bad_env = ops
+                    .iter()
+                    .any(|(_, put)| put.is_some_and(|(_, env, _)| env.is_empty()));
+                let want = if bad_env {
+                    Err("Invalid".to_string())
+                } else {
+                    m.fence(inst, e)
+                }
+                .map(|()| {
                     m.epochs.insert(inst, e);
                     for (t, put) in &ops {
-                        m.set_tray(inst, *t, put.map(|(marked, env, d)| make_tray(marked, env, vec![d])));
+                        m.set_tray(
+                            inst,
+                            *t,
+                            put.map(|(marked, env, d)| make_tray(marked, env, vec![d])),
+                        );
                     }
                     format!("{:?}", ())
                 });
@@ -786,17 +1114,29 @@ impl Harness<'_> {
                 }
                 (got, ok(()))
             }
-            Op::ListTrays { inst, epoch, limit, walk } => {
+            Op::ListTrays {
+                inst,
+                epoch,
+                limit,
+                walk,
+            } => {
                 let e = m.pick_epoch(inst, epoch);
                 // The fence runs first; per E6 it takes effect only when
                 // the whole call succeeds.
                 // The limit is checked before the fence.
-                let pre = if limit == 0 { None } else { m.fence(inst, e).err() };
+                let pre = if limit == 0 {
+                    None
+                } else {
+                    m.fence(inst, e).err()
+                };
                 let cursor_ok = match (walk, &m.saved) {
                     (Walk::Saved, Some((b, _))) => *b == Bind::Trays(inst),
                     _ => true,
                 };
-                let advances = pre.is_none() && limit != 0 && cursor_ok && !(walk == Walk::Saved && m.saved.is_none());
+                let advances = pre.is_none()
+                    && limit != 0
+                    && cursor_ok
+                    && !(walk == Walk::Saved && m.saved.is_none());
                 self.walk(
                     walk,
                     Bind::Trays(inst),
@@ -868,7 +1208,11 @@ impl Harness<'_> {
                 });
                 (got, want)
             }
-            Op::DueAlarms { now: at, limit, walk } => {
+            Op::DueAlarms {
+                now: at,
+                limit,
+                walk,
+            } => {
                 self.walk(
                     walk,
                     Bind::Alarms,
@@ -877,12 +1221,16 @@ impl Harness<'_> {
                         m.due(at)
                             .into_iter()
                             .filter(|a| match from {
-                                Some(Resume::Alarm(d, ns, id)) => (a.due_at, &a.instance.ns, &a.instance.id) > (*d, ns, id),
+                                Some(Resume::Alarm(d, ns, id)) => {
+                                    (a.due_at, &a.instance.ns, &a.instance.id) > (*d, ns, id)
+                                }
                                 _ => true,
                             })
                             .collect()
                     },
-                    |a: &Alarm| Resume::Alarm(a.due_at, a.instance.ns.clone(), a.instance.id.clone()),
+                    |a: &Alarm| {
+                        Resume::Alarm(a.due_at, a.instance.ns.clone(), a.instance.id.clone())
+                    },
                     |s, c| s.due_alarms(at, limit, c),
                     None,
                 );
@@ -896,7 +1244,12 @@ impl Harness<'_> {
             Op::Reopen => {
                 drop(self.store.take());
                 let store = Store::open_with(self.path, self.opts.clone());
-                self.store = Some(store.unwrap_or_else(|e| panic!("reopen failed: {e}\nops so far:\n  {}", self.log.join("\n  "))));
+                self.store = Some(store.unwrap_or_else(|e| {
+                    panic!(
+                        "reopen failed: {e}\nops so far:\n  {}",
+                        self.log.join("\n  ")
+                    )
+                }));
                 return;
             }
         };
@@ -911,7 +1264,9 @@ impl Harness<'_> {
 pub fn run_at(data: &[u8], path: &Path, template: Option<&Path>) {
     let mut inp = Input::new(data);
     let clock = Arc::new(ManualClock::new(1_000));
-    let opts = Options::new().clock(clock.clone()).durability(Durability::Buffered);
+    let opts = Options::new()
+        .clock(clock.clone())
+        .durability(Durability::Buffered);
     if let Some(t) = template {
         copy_dir(t, path).expect("copy the template store");
     }
@@ -921,7 +1276,10 @@ pub fn run_at(data: &[u8], path: &Path, template: Option<&Path>) {
         opts,
         clock,
         store: Some(store),
-        model: Model { now: 1_000, ..Model::default() },
+        model: Model {
+            now: 1_000,
+            ..Model::default()
+        },
         saved_cursor: None,
         log: Vec::new(),
     };
@@ -933,7 +1291,12 @@ pub fn run_at(data: &[u8], path: &Path, template: Option<&Path>) {
         h.step(op);
     }
     let report = h.store().verify().expect("verify");
-    assert!(report.is_ok(), "verify found {:?}\nops:\n  {}", report.problems, h.log.join("\n  "));
+    assert!(
+        report.is_ok(),
+        "verify found {:?}\nops:\n  {}",
+        report.problems,
+        h.log.join("\n  ")
+    );
 }
 
 /// Makes an empty file store at `path` to copy with [`run_at`].

@@ -11,12 +11,16 @@ use super::Input;
 
 const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
 const UPPER_ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-const KEYS: [&str; 8] = ["args", "query", "password", "Api-Key", "x", "auth", "note", "url"];
+const KEYS: [&str; 8] = [
+    "args", "query", "password", "Api-Key", "x", "auth", "note", "url",
+];
 
 fn secret(inp: &mut Input<'_>) -> String {
     let kind = inp.byte() % 3;
     let mut draw = |alphabet: &[u8], n: usize| -> String {
-        (0..n).map(|_| alphabet[inp.below(alphabet.len())] as char).collect()
+        (0..n)
+            .map(|_| alphabet[inp.below(alphabet.len())] as char)
+            .collect()
     };
     match kind {
         0 => format!("ghp_{}", draw(ALNUM, 36)),
@@ -28,7 +32,11 @@ fn secret(inp: &mut Input<'_>) -> String {
 /// Arbitrary JSON; the `plant`-th string leaf (counting down) carries the
 /// secret as a word of its text.
 fn value(inp: &mut Input<'_>, depth: usize, plant: &mut Option<usize>, secret: &str) -> Value {
-    let choice = if depth >= 4 { inp.below(4) } else { inp.below(6) };
+    let choice = if depth >= 4 {
+        inp.below(4)
+    } else {
+        inp.below(6)
+    };
     match choice {
         0 => Value::Null,
         1 => Value::Bool(inp.bool()),
@@ -51,11 +59,19 @@ fn value(inp: &mut Input<'_>, depth: usize, plant: &mut Option<usize>, secret: &
                 None => Value::String(words),
             }
         }
-        4 => Value::Array((0..inp.below(4)).map(|_| value(inp, depth + 1, plant, secret)).collect()),
+        4 => Value::Array(
+            (0..inp.below(4))
+                .map(|_| value(inp, depth + 1, plant, secret))
+                .collect(),
+        ),
         _ => {
             let mut m = Map::new();
             for _ in 0..inp.below(4) {
-                let k = if inp.bool() { inp.pick(&KEYS).to_string() } else { inp.string(8) };
+                let k = if inp.bool() {
+                    inp.pick(&KEYS).to_string()
+                } else {
+                    inp.string(8)
+                };
                 let v = value(inp, depth + 1, plant, secret);
                 m.insert(k, v);
             }
@@ -79,7 +95,11 @@ pub fn run(data: &[u8]) {
             if plant.is_some() {
                 v = Value::Array(vec![v, Value::String(s.clone())]);
             }
-            let text = if inp.bool() { serde_json::to_string_pretty(&v) } else { serde_json::to_string(&v) };
+            let text = if inp.bool() {
+                serde_json::to_string_pretty(&v)
+            } else {
+                serde_json::to_string(&v)
+            };
             (text.expect("a Value always serializes"), Some(s))
         }
         // Arbitrary text with the secret as a word somewhere in it.
@@ -97,6 +117,9 @@ pub fn run(data: &[u8]) {
     let twice = scrubber.scrub_arguments(&once);
     assert_eq!(once, twice, "scrubbing is not idempotent on {text:?}");
     if let Some(s) = planted {
-        assert!(!once.contains(&s), "planted secret {s} survived scrubbing of {text:?}: {once:?}");
+        assert!(
+            !once.contains(&s),
+            "planted secret {s} survived scrubbing of {text:?}: {once:?}"
+        );
     }
 }

@@ -3,8 +3,8 @@
 use std::io::Write;
 
 use agentstate::{
-    Cursor, InstanceKey, Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateError, StateQuery,
-    StateStore, Store, Tray, TrayKey, TrayStore,
+    Cursor, InstanceKey, Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord,
+    StateError, StateQuery, StateStore, Store, Tray, TrayKey, TrayStore,
 };
 use serde_json::json;
 
@@ -47,7 +47,13 @@ fn walk<T>(
 
 /// Prints the table (unless JSON went out line by line), then, on stderr
 /// and after the listing, how to get the next page.
-fn finish(table: &Table, what: &str, json: bool, rest: Option<Cursor>, out: &mut dyn Write) -> Result<(), CliError> {
+fn finish(
+    table: &Table,
+    what: &str,
+    json: bool,
+    rest: Option<Cursor>,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     if !json {
         if table.is_empty() {
             writeln!(out, "no {what}")?;
@@ -95,14 +101,24 @@ fn run_row(t: &mut Table, r: &RunRecord) {
 }
 
 /// `runs list`.
-pub fn runs_list(store: &Store, f: RunFilter, page: &PageArgs, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn runs_list(
+    store: &Store,
+    f: RunFilter,
+    page: &PageArgs,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     let tenants: Vec<String> = match &f.tenant {
         Some(t) => vec![t.clone()],
         None => {
             if page.cursor.is_some() {
-                return Err(CliError::usage("--cursor needs --tenant (a cursor belongs to one tenant's listing)"));
+                return Err(CliError::usage(
+                    "--cursor needs --tenant (a cursor belongs to one tenant's listing)",
+                ));
             }
-            with_spinner("finding tenants", || store.stats())?.tenants.into_keys().collect()
+            with_spinner("finding tenants", || store.stats())?
+                .tenants
+                .into_keys()
+                .collect()
         }
     };
     let mut table = run_table();
@@ -133,7 +149,9 @@ pub fn runs_list(store: &Store, f: RunFilter, page: &PageArgs, out: &mut dyn Wri
                 return Ok(());
             }
             let want = if page.all { limit } else { limit - shown };
-            let (items, next) = store.list_runs(&q.clone().limit(want).cursor(cursor))?.into_parts();
+            let (items, next) = store
+                .list_runs(&q.clone().limit(want).cursor(cursor))?
+                .into_parts();
             shown += items.len();
             emit_runs(&items, page.json, &mut table, out)?;
             match next {
@@ -145,7 +163,12 @@ pub fn runs_list(store: &Store, f: RunFilter, page: &PageArgs, out: &mut dyn Wri
     finish(&table, "runs", page.json, None, out)
 }
 
-fn emit_runs(items: &[RunRecord], json: bool, table: &mut Table, out: &mut dyn Write) -> Result<(), CliError> {
+fn emit_runs(
+    items: &[RunRecord],
+    json: bool,
+    table: &mut Table,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     for r in items {
         if json {
             json_line(out, r)?;
@@ -157,26 +180,54 @@ fn emit_runs(items: &[RunRecord], json: bool, table: &mut Table, out: &mut dyn W
 }
 
 /// `runs show`.
-pub fn runs_show(store: &Store, tenant: &str, run_id: &str, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn runs_show(
+    store: &Store,
+    tenant: &str,
+    run_id: &str,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     let key = RunKey::new(tenant, run_id);
     let Some(r) = store.get_run(&key)? else {
-        return Err(CliError::failed(format!("no run {tenant}/{run_id} (list them with `agentstate runs list --tenant {tenant}`)")));
+        return Err(CliError::failed(format!(
+            "no run {tenant}/{run_id} (list them with `agentstate runs list --tenant {tenant}`)"
+        )));
     };
     if json {
         return json_line(out, &r);
     }
     let now = now_millis();
-    let ago = |t: Millis| format!("{} ({} ago)", format_time(t), format_span(now.saturating_sub(t)));
+    let ago = |t: Millis| {
+        format!(
+            "{} ({} ago)",
+            format_time(t),
+            format_span(now.saturating_sub(t))
+        )
+    };
     writeln!(out, "run            {}/{}", r.key.tenant, r.key.run_id)?;
     writeln!(out, "state          {}", r.state.as_str())?;
     writeln!(out, "agent          {}", r.agent_name)?;
-    writeln!(out, "session        {}", r.session_id.as_deref().unwrap_or("-"))?;
+    writeln!(
+        out,
+        "session        {}",
+        r.session_id.as_deref().unwrap_or("-")
+    )?;
     writeln!(out, "version        {}", r.version)?;
     writeln!(out, "seq            {}", r.seq)?;
     writeln!(out, "messages read  {}", r.messages_read)?;
     writeln!(out, "iterations     {}", r.iterations)?;
-    writeln!(out, "usage          {} input + {} output tokens", thousands(r.usage.input_tokens), thousands(r.usage.output_tokens))?;
-    writeln!(out, "cost           {} ({} micros)", micros(r.cost_micros), thousands(r.cost_micros))?;
+    writeln!(
+        out,
+        "usage          {} input + {} output tokens",
+        thousands(r.usage.input_tokens),
+        thousands(r.usage.output_tokens)
+    )?;
+    writeln!(
+        out,
+        "cost           {} ({} micros)",
+        micros(r.cost_micros),
+        thousands(r.cost_micros)
+    )?;
     writeln!(out, "created        {}", ago(r.created_at))?;
     writeln!(out, "updated        {}", ago(r.updated_at))?;
     match &r.approval {
@@ -184,7 +235,11 @@ pub fn runs_show(store: &Store, tenant: &str, run_id: &str, json: bool, out: &mu
         None => writeln!(out, "approval       -")?,
     }
     if r.mid_tool_call() {
-        writeln!(out, "pending tool calls ({}), the run stopped mid tool call:", r.pending_tool_calls.len())?;
+        writeln!(
+            out,
+            "pending tool calls ({}), the run stopped mid tool call:",
+            r.pending_tool_calls.len()
+        )?;
         for c in &r.pending_tool_calls {
             writeln!(out, "  {}  {}({})", c.id, c.name, c.arguments)?;
         }
@@ -206,11 +261,20 @@ fn session_table() -> Table {
 }
 
 fn metadata(s: &SessionRecord) -> String {
-    s.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+    s.metadata
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `sessions list`.
-pub fn sessions_list(store: &Store, tenant: &str, page: &PageArgs, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn sessions_list(
+    store: &Store,
+    tenant: &str,
+    page: &PageArgs,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     let mut table = session_table();
     let rest = walk(
         page,
@@ -252,7 +316,13 @@ fn session_runs(store: &Store, tenant: &str, session_id: &str) -> Result<Vec<Run
 }
 
 /// `sessions show`.
-pub fn sessions_show(store: &Store, tenant: &str, session_id: &str, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn sessions_show(
+    store: &Store,
+    tenant: &str,
+    session_id: &str,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     let Some(s) = store.get_session(&SessionKey::new(tenant, session_id))? else {
         return Err(CliError::failed(format!(
             "no session {tenant}/{session_id} (list them with `agentstate sessions list --tenant {tenant}`)"
@@ -266,7 +336,15 @@ pub fn sessions_show(store: &Store, tenant: &str, session_id: &str, json: bool, 
     writeln!(out, "version   {}", s.version)?;
     writeln!(out, "created   {}", format_time(s.created_at))?;
     writeln!(out, "updated   {}", format_time(s.updated_at))?;
-    writeln!(out, "metadata  {}", if s.metadata.is_empty() { "-".to_string() } else { metadata(&s) })?;
+    writeln!(
+        out,
+        "metadata  {}",
+        if s.metadata.is_empty() {
+            "-".to_string()
+        } else {
+            metadata(&s)
+        }
+    )?;
     let unfinished = runs.iter().filter(|r| !r.state.is_finished()).count();
     writeln!(out, "runs      {} ({unfinished} unfinished)", runs.len())?;
     if !runs.is_empty() {
@@ -292,7 +370,13 @@ fn name_runs(runs: &[RunKey]) -> String {
 }
 
 /// `sessions delete`.
-pub fn sessions_delete(store: &Store, tenant: &str, session_id: &str, cascade: bool, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn sessions_delete(
+    store: &Store,
+    tenant: &str,
+    session_id: &str,
+    cascade: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     match store.delete_session(&SessionKey::new(tenant, session_id), cascade) {
         Ok(runs) if runs.is_empty() => writeln!(out, "deleted session {tenant}/{session_id}")?,
         Ok(runs) => writeln!(
@@ -309,7 +393,9 @@ pub fn sessions_delete(store: &Store, tenant: &str, session_id: &str, cascade: b
             )));
         }
         Err(StateError::NotFound(_)) => {
-            return Err(CliError::failed(format!("no session {tenant}/{session_id}")));
+            return Err(CliError::failed(format!(
+                "no session {tenant}/{session_id}"
+            )));
         }
         Err(e) => return Err(e.into()),
     }
@@ -324,7 +410,14 @@ fn tray_json(key: &TrayKey, tray: &Tray) -> serde_json::Value {
     // The doc as text when it is text; otherwise as hex, so scripts get it exactly.
     match std::str::from_utf8(&tray.doc) {
         Ok(text) => v["doc"] = json!(text),
-        Err(_) => v["doc_hex"] = json!(tray.doc.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+        Err(_) => {
+            v["doc_hex"] = json!(
+                tray.doc
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            )
+        }
     }
     v
 }
@@ -332,8 +425,15 @@ fn tray_json(key: &TrayKey, tray: &Tray) -> serde_json::Value {
 fn doc_preview(doc: &[u8]) -> String {
     match std::str::from_utf8(doc) {
         Ok(t) => {
-            let t: String = t.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
-            if t.chars().count() > 40 { format!("{}…", t.chars().take(40).collect::<String>()) } else { t }
+            let t: String = t
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect();
+            if t.chars().count() > 40 {
+                format!("{}…", t.chars().take(40).collect::<String>())
+            } else {
+                t
+            }
         }
         Err(_) => "(binary)".into(),
     }
@@ -352,7 +452,9 @@ pub fn trays_list(
     let stored = store.epoch(&instance)?;
     let epoch = match epoch {
         Some(e) if e > stored => {
-            eprintln!("note: {ns}/{id} now at epoch {e} (was {stored}); its holder at epoch {stored} is fenced out");
+            eprintln!(
+                "note: {ns}/{id} now at epoch {e} (was {stored}); its holder at epoch {stored} is fenced out"
+            );
             e
         }
         Some(e) => e,
@@ -394,7 +496,12 @@ pub fn trays_list(
 }
 
 /// `trays marked`.
-pub fn trays_marked(store: &Store, env: Option<&str>, page: &PageArgs, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn trays_marked(
+    store: &Store,
+    env: Option<&str>,
+    page: &PageArgs,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     let mut table = Table::new(&[
         ("NS", Align::Left),
         ("ID", Align::Left),
@@ -418,7 +525,14 @@ pub fn trays_marked(store: &Store, env: Option<&str>, page: &PageArgs, out: &mut
                         }),
                     )?;
                 } else {
-                    table.row(vec![m.key.ns, m.key.id, m.key.tray_ns, m.key.tray_id, m.env, m.hostname]);
+                    table.row(vec![
+                        m.key.ns,
+                        m.key.id,
+                        m.key.tray_ns,
+                        m.key.tray_id,
+                        m.env,
+                        m.hostname,
+                    ]);
                 }
             }
             Ok(())
@@ -428,8 +542,18 @@ pub fn trays_marked(store: &Store, env: Option<&str>, page: &PageArgs, out: &mut
 }
 
 /// `alarms due`.
-pub fn alarms_due(store: &Store, now: Millis, page: &PageArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let mut table = Table::new(&[("NS", Align::Left), ("ID", Align::Left), ("DUE_AT", Align::Left), ("OVERDUE", Align::Right)]);
+pub fn alarms_due(
+    store: &Store,
+    now: Millis,
+    page: &PageArgs,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let mut table = Table::new(&[
+        ("NS", Align::Left),
+        ("ID", Align::Left),
+        ("DUE_AT", Align::Left),
+        ("OVERDUE", Align::Right),
+    ]);
     let rest = walk(
         page,
         "due alarms",
@@ -437,7 +561,10 @@ pub fn alarms_due(store: &Store, now: Millis, page: &PageArgs, out: &mut dyn Wri
         |items| {
             for a in items {
                 if page.json {
-                    json_line(out, &json!({ "ns": a.instance.ns, "id": a.instance.id, "due_at": a.due_at }))?;
+                    json_line(
+                        out,
+                        &json!({ "ns": a.instance.ns, "id": a.instance.id, "due_at": a.due_at }),
+                    )?;
                 } else {
                     table.row(vec![
                         a.instance.ns,
@@ -463,7 +590,12 @@ pub fn stats(store: &Store, json: bool, out: &mut dyn Write) -> Result<(), CliEr
             .map(|(t, ts)| {
                 let runs: serde_json::Map<String, serde_json::Value> = RunState::ALL
                     .iter()
-                    .map(|st| (st.as_str().to_string(), json!(ts.runs_by_state.get(st).copied().unwrap_or(0))))
+                    .map(|st| {
+                        (
+                            st.as_str().to_string(),
+                            json!(ts.runs_by_state.get(st).copied().unwrap_or(0)),
+                        )
+                    })
                     .collect();
                 (t.clone(), json!({ "runs": runs, "sessions": ts.sessions }))
             })
@@ -491,7 +623,11 @@ pub fn stats(store: &Store, json: bool, out: &mut dyn Write) -> Result<(), CliEr
     let (mut runs, mut sessions) = (0u64, 0u64);
     for (tenant, ts) in &s.tenants {
         let mut row = vec![tenant.clone()];
-        row.extend(RunState::ALL.iter().map(|st| thousands(ts.runs_by_state.get(st).copied().unwrap_or(0))));
+        row.extend(
+            RunState::ALL
+                .iter()
+                .map(|st| thousands(ts.runs_by_state.get(st).copied().unwrap_or(0))),
+        );
         let n: u64 = ts.runs_by_state.values().sum();
         row.push(thousands(n));
         row.push(thousands(ts.sessions));
@@ -508,9 +644,19 @@ pub fn stats(store: &Store, json: bool, out: &mut dyn Write) -> Result<(), CliEr
     writeln!(out, "tenants   {}", thousands(s.tenants.len() as u64))?;
     writeln!(out, "runs      {}", thousands(runs))?;
     writeln!(out, "sessions  {}", thousands(sessions))?;
-    writeln!(out, "trays     {} ({} marked)", thousands(s.trays), thousands(s.marked_trays))?;
+    writeln!(
+        out,
+        "trays     {} ({} marked)",
+        thousands(s.trays),
+        thousands(s.marked_trays)
+    )?;
     writeln!(out, "alarms    {}", thousands(s.alarms))?;
-    writeln!(out, "disk      {} ({} bytes)", bytes(s.disk_bytes), thousands(s.disk_bytes))?;
+    writeln!(
+        out,
+        "disk      {} ({} bytes)",
+        bytes(s.disk_bytes),
+        thousands(s.disk_bytes)
+    )?;
     Ok(())
 }
 
@@ -553,12 +699,21 @@ pub fn verify(store: &Store, json: bool, out: &mut dyn Write) -> Result<(), CliE
 }
 
 /// `prune`.
-pub fn prune(store: &Store, tenant: &str, finished_before: Millis, dry_run: bool, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn prune(
+    store: &Store,
+    tenant: &str,
+    finished_before: Millis,
+    dry_run: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     let when = format_time(finished_before);
     if dry_run {
         let mut n = 0u64;
         for state in RunState::ALL.into_iter().filter(|s| s.is_finished()) {
-            let mut q = StateQuery::new(tenant).state(state).updated_before(finished_before).limit(1000);
+            let mut q = StateQuery::new(tenant)
+                .state(state)
+                .updated_before(finished_before)
+                .limit(1000);
             loop {
                 let (items, next) = store.list_runs(&q)?.into_parts();
                 n += items.len() as u64;
@@ -568,10 +723,18 @@ pub fn prune(store: &Store, tenant: &str, finished_before: Millis, dry_run: bool
                 }
             }
         }
-        writeln!(out, "would prune {} finished run(s) of {tenant} last written before {when} (dry run: nothing deleted)", thousands(n))?;
+        writeln!(
+            out,
+            "would prune {} finished run(s) of {tenant} last written before {when} (dry run: nothing deleted)",
+            thousands(n)
+        )?;
         return Ok(());
     }
     let n = with_spinner("pruning", || store.prune(tenant, finished_before))?;
-    writeln!(out, "pruned {} finished run(s) of {tenant} last written before {when}", thousands(n))?;
+    writeln!(
+        out,
+        "pruned {} finished run(s) of {tenant} last written before {when}",
+        thousands(n)
+    )?;
     Ok(())
 }

@@ -10,8 +10,9 @@ use std::thread;
 use std::time::Instant;
 
 use agentstate::{
-    Approval, FileStore, InstanceKey, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError,
-    StateQuery, StateStore, Store, ToolCall, Tray, TrayOp, TrayStore, Usage,
+    Approval, FileStore, InstanceKey, RunKey, RunRecord, RunState, SessionKey, SessionRecord,
+    StateDelta, StateError, StateQuery, StateStore, Store, ToolCall, Tray, TrayOp, TrayStore,
+    Usage,
 };
 
 use super::output::{micros, thousands};
@@ -66,7 +67,9 @@ impl Demo {
 
 /// Fails the demo: what it showed did not happen. A bug in the store.
 fn broken(what: impl std::fmt::Display) -> CliError {
-    CliError::failed(format!("demo: {what} — the store broke a promise; please report this"))
+    CliError::failed(format!(
+        "demo: {what} — the store broke a promise; please report this"
+    ))
 }
 
 /// Removes the demo's temporary store when the demo ends, however it ends.
@@ -105,10 +108,22 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
             path.display()
         )));
     }
-    let d = Demo { store, ops: AtomicU64::new(0), writes: AtomicU64::new(0), conflicts: AtomicU64::new(0) };
+    let d = Demo {
+        store,
+        ops: AtomicU64::new(0),
+        writes: AtomicU64::new(0),
+        conflicts: AtomicU64::new(0),
+    };
     let commits_before = d.r(|s| Ok(s.commits()))?;
-    writeln!(out, "agentstate demo: workers sharing one file store at {}", path.display())?;
-    writeln!(out, "(durability: immediate, so every Ok below was synced to disk first)")?;
+    writeln!(
+        out,
+        "agentstate demo: workers sharing one file store at {}",
+        path.display()
+    )?;
+    writeln!(
+        out,
+        "(durability: immediate, so every Ok below was synced to disk first)"
+    )?;
 
     versions(&d, out)?;
     spend(&d, out)?;
@@ -128,7 +143,11 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
         report.trays,
         report.alarms,
         thousands(report.entries),
-        if report.is_ok() { "no problems".to_string() } else { format!("{} PROBLEMS", report.problems.len()) }
+        if report.is_ok() {
+            "no problems".to_string()
+        } else {
+            format!("{} PROBLEMS", report.problems.len())
+        }
     )?;
     for p in &report.problems {
         writeln!(out, "  problem: {p}")?;
@@ -147,11 +166,20 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
     )?;
     drop(d);
     if temp.0.is_some() {
-        writeln!(out, "  (the temporary store was removed; pass --db PATH to keep one and look around:")?;
-        writeln!(out, "   agentstate runs list --db PATH --tenant acme; agentstate stats --db PATH)")?;
+        writeln!(
+            out,
+            "  (the temporary store was removed; pass --db PATH to keep one and look around:"
+        )?;
+        writeln!(
+            out,
+            "   agentstate runs list --db PATH --tenant acme; agentstate stats --db PATH)"
+        )?;
     } else {
         let p = path.display();
-        writeln!(out, "  look around: agentstate runs list --db {p} --tenant acme; agentstate trays marked --db {p}")?;
+        writeln!(
+            out,
+            "  look around: agentstate runs list --db {p} --tenant acme; agentstate trays marked --db {p}"
+        )?;
     }
     drop(temp);
     if !report.is_ok() {
@@ -183,13 +211,22 @@ fn versions(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
                 let (start, key) = (&start, key.clone());
                 scope.spawn(move || {
                     start.wait();
-                    (name, d.w(|s| s.put_run(RunRecord::new(key, "planner").with_session("s-1"))))
+                    (
+                        name,
+                        d.w(|s| s.put_run(RunRecord::new(key, "planner").with_session("s-1"))),
+                    )
                 })
             })
             .collect();
-        racers.into_iter().map(|h| h.join().expect("a demo worker panicked")).collect()
+        racers
+            .into_iter()
+            .map(|h| h.join().expect("a demo worker panicked"))
+            .collect()
     });
-    writeln!(out, "  worker-1 and worker-2 race to create {TENANT}/run-1:")?;
+    writeln!(
+        out,
+        "  worker-1 and worker-2 race to create {TENANT}/run-1:"
+    )?;
     let mut winners = 0;
     // The winner first, then the loser.
     let mut results = results;
@@ -200,10 +237,19 @@ fn versions(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
                 winners += 1;
                 writeln!(out, "    {name} created it at version {}", run.version)?;
             }
-            Err(e @ StateError::Conflict { expected: 0, actual: 1 }) => {
-                d.r(|s| s.get_run(&key))?.ok_or_else(|| broken("the race's winner is not stored"))?;
+            Err(
+                e @ StateError::Conflict {
+                    expected: 0,
+                    actual: 1,
+                },
+            ) => {
+                d.r(|s| s.get_run(&key))?
+                    .ok_or_else(|| broken("the race's winner is not stored"))?;
                 d.resolved_conflict();
-                writeln!(out, "    {name} got {e:?}: it re-reads the run and leaves it to the winner")?;
+                writeln!(
+                    out,
+                    "    {name} got {e:?}: it re-reads the run and leaves it to the winner"
+                )?;
             }
             Err(e) => return Err(broken(format!("{name} failed with {e}"))),
         }
@@ -212,26 +258,47 @@ fn versions(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
         return Err(broken(format!("{winners} workers created the same run")));
     }
 
-    let a = d.r(|s| s.get_run(&key))?.ok_or_else(|| broken("run-1 vanished"))?;
+    let a = d
+        .r(|s| s.get_run(&key))?
+        .ok_or_else(|| broken("run-1 vanished"))?;
     let mut b = a.clone();
-    writeln!(out, "  worker-1 and worker-2 both read run-1 at version {}", a.version)?;
+    writeln!(
+        out,
+        "  worker-1 and worker-2 both read run-1 at version {}",
+        a.version
+    )?;
     b.state = RunState::Running;
     let b = d.w(|s| s.put_run(b))?;
-    writeln!(out, "    worker-2 moved it to running: version {}", b.version)?;
+    writeln!(
+        out,
+        "    worker-2 moved it to running: version {}",
+        b.version
+    )?;
     let call = ToolCall {
         id: "call-1".into(),
         name: "web_search".into(),
-        arguments: r#"{"query":"flights to Lisbon","api_key":"sk-live-4f9a8b7c6d5e4f3a2b1c"}"#.into(),
+        arguments: r#"{"query":"flights to Lisbon","api_key":"sk-live-4f9a8b7c6d5e4f3a2b1c"}"#
+            .into(),
     };
     let mut stale = a.clone();
     stale.pending_tool_calls.push(call.clone());
     match d.w(|s| s.put_run(stale)) {
-        Err(e @ StateError::Conflict { expected: 1, actual: 2 }) => {
-            writeln!(out, "    worker-1's write from version 1 was refused: {e:?}")?;
+        Err(
+            e @ StateError::Conflict {
+                expected: 1,
+                actual: 2,
+            },
+        ) => {
+            writeln!(
+                out,
+                "    worker-1's write from version 1 was refused: {e:?}"
+            )?;
         }
         other => return Err(broken(format!("a stale write was not refused: {other:?}"))),
     }
-    let mut fresh = d.r(|s| s.get_run(&key))?.ok_or_else(|| broken("run-1 vanished"))?;
+    let mut fresh = d
+        .r(|s| s.get_run(&key))?
+        .ok_or_else(|| broken("run-1 vanished"))?;
     fresh.pending_tool_calls.push(call);
     let fresh = d.w(|s| s.put_run(fresh))?;
     d.resolved_conflict();
@@ -241,15 +308,24 @@ fn versions(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
         fresh.state.as_str(),
         fresh.version
     )?;
-    writeln!(out, "    its tool call as stored (arguments are scrubbed on every write): {}", fresh.pending_tool_calls[0].arguments)?;
+    writeln!(
+        out,
+        "    its tool call as stored (arguments are scrubbed on every write): {}",
+        fresh.pending_tool_calls[0].arguments
+    )?;
     Ok(())
 }
 
 /// Four workers patch one run's spend; the sum is exact.
 fn spend(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
-    section(out, "spend: amounts move only through patches, which commute")?;
+    section(
+        out,
+        "spend: amounts move only through patches, which commute",
+    )?;
     let key = RunKey::new(TENANT, "run-1");
-    let before = d.r(|s| s.get_run(&key))?.ok_or_else(|| broken("run-1 vanished"))?;
+    let before = d
+        .r(|s| s.get_run(&key))?
+        .ok_or_else(|| broken("run-1 vanished"))?;
     let commits = d.r(|s| Ok(s.commits()))?;
     let t = Instant::now();
     thread::scope(|scope| -> agentstate::Result<()> {
@@ -259,7 +335,10 @@ fn spend(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
                 scope.spawn(move || -> agentstate::Result<()> {
                     for _ in 0..SPEND_PATCHES {
                         let delta = StateDelta {
-                            usage: Usage { input_tokens: 200, output_tokens: 100 },
+                            usage: Usage {
+                                input_tokens: 200,
+                                output_tokens: 100,
+                            },
                             cost_micros: SPEND_COST_MICROS,
                             iterations: 1,
                             messages_read: 1,
@@ -270,11 +349,15 @@ fn spend(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
                 })
             })
             .collect();
-        workers.into_iter().try_for_each(|h| h.join().expect("a demo worker panicked"))
+        workers
+            .into_iter()
+            .try_for_each(|h| h.join().expect("a demo worker panicked"))
     })?;
     let elapsed = t.elapsed();
     let syncs = d.r(|s| Ok(s.commits()))? - commits;
-    let after = d.r(|s| s.get_run(&key))?.ok_or_else(|| broken("run-1 vanished"))?;
+    let after = d
+        .r(|s| s.get_run(&key))?
+        .ok_or_else(|| broken("run-1 vanished"))?;
     let n = SPEND_WORKERS * SPEND_PATCHES;
     let want_cost = before.cost_micros + n * SPEND_COST_MICROS;
     writeln!(
@@ -297,38 +380,73 @@ fn spend(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
         "  {n} durable patches in {:.2} s, sharing {syncs} syncs (group commit)",
         elapsed.as_secs_f64()
     )?;
-    if after.cost_micros != want_cost || after.version != before.version + n || after.messages_read != before.messages_read + n {
+    if after.cost_micros != want_cost
+        || after.version != before.version + n
+        || after.messages_read != before.messages_read + n
+    {
         return Err(broken("patches did not add up"));
     }
     Ok(())
 }
 
 fn tray(doc: &str, marked: bool, env: &str, host: &str) -> Tray {
-    Tray { marked, doc: doc.as_bytes().to_vec(), env: env.into(), hostname: host.into() }
+    Tray {
+        marked,
+        doc: doc.as_bytes().to_vec(),
+        env: env.into(),
+        hostname: host.into(),
+    }
 }
 
 /// A newer worker takes an instance over; the old one is fenced out.
 fn fencing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
-    section(out, "fencing: every tray operation carries the worker's epoch")?;
+    section(
+        out,
+        "fencing: every tray operation carries the worker's epoch",
+    )?;
     let instance = InstanceKey::new("chat", "room-42");
     let key = instance.tray("state", "main");
     d.w(|s| s.write_tray(&key, 1, tray("draft from worker-1", true, "prod", "host-a")))?;
-    writeln!(out, "  worker-1 (epoch 1) wrote tray chat/room-42/state/main and marked it in flight")?;
-    let seen = d.w(|s| s.read_tray(&key, 2))?.ok_or_else(|| broken("worker-1's tray is not stored"))?;
+    writeln!(
+        out,
+        "  worker-1 (epoch 1) wrote tray chat/room-42/state/main and marked it in flight"
+    )?;
+    let seen = d
+        .w(|s| s.read_tray(&key, 2))?
+        .ok_or_else(|| broken("worker-1's tray is not stored"))?;
     writeln!(
         out,
         "  worker-2 took chat/room-42 over at epoch 2 and read worker-1's tray: {:?}",
         String::from_utf8_lossy(&seen.doc)
     )?;
-    d.w(|s| s.write_tray(&key, 2, tray("taken over by worker-2", true, "prod", "host-b")))?;
-    match d.w(|s| s.write_tray(&key, 1, tray("late write from worker-1", true, "prod", "host-a"))) {
-        Err(e @ StateError::FenceLost { caller: 1, stored: 2 }) => {
+    d.w(|s| {
+        s.write_tray(
+            &key,
+            2,
+            tray("taken over by worker-2", true, "prod", "host-b"),
+        )
+    })?;
+    match d.w(|s| {
+        s.write_tray(
+            &key,
+            1,
+            tray("late write from worker-1", true, "prod", "host-a"),
+        )
+    }) {
+        Err(
+            e @ StateError::FenceLost {
+                caller: 1,
+                stored: 2,
+            },
+        ) => {
             writeln!(out, "  worker-1's late write was refused: {e:?}")?;
         }
         other => return Err(broken(format!("a stale epoch was not fenced: {other:?}"))),
     }
     d.w(|s| s.release(&instance, 1))?;
-    let now = d.w(|s| s.read_tray(&key, 2))?.ok_or_else(|| broken("the tray vanished"))?;
+    let now = d
+        .w(|s| s.read_tray(&key, 2))?
+        .ok_or_else(|| broken("the tray vanished"))?;
     if now.doc != b"taken over by worker-2" || !now.marked {
         return Err(broken("a fenced worker changed the tray"));
     }
@@ -346,15 +464,31 @@ fn alarms(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     let instance = InstanceKey::new("chat", "room-42");
     let due_at = now_millis();
     d.w(|s| s.set_alarm(&instance, 2, due_at))?;
-    writeln!(out, "  worker-2 set chat/room-42's alarm for {}", format_time(due_at))?;
+    writeln!(
+        out,
+        "  worker-2 set chat/room-42's alarm for {}",
+        format_time(due_at)
+    )?;
     let due = d.r(|s| s.due_alarms(now_millis(), 10, None))?;
-    let names: Vec<String> = due.items().iter().map(|a| format!("{}/{}", a.instance.ns, a.instance.id)).collect();
+    let names: Vec<String> = due
+        .items()
+        .iter()
+        .map(|a| format!("{}/{}", a.instance.ns, a.instance.id))
+        .collect();
     writeln!(out, "  due now: {}", names.join(", "))?;
     if !d.w(|s| s.ack_alarm(&instance, 2, due_at))? {
         return Err(broken("the alarm's ack removed nothing"));
     }
     let left = d.r(|s| s.due_alarms(now_millis(), 10, None))?;
-    writeln!(out, "  acknowledged after its work was done; due now: {}", if left.items().is_empty() { "none" } else { "some" })?;
+    writeln!(
+        out,
+        "  acknowledged after its work was done; due now: {}",
+        if left.items().is_empty() {
+            "none"
+        } else {
+            "some"
+        }
+    )?;
     if !left.items().is_empty() || names.len() != 1 {
         return Err(broken("alarms did not come due and go exactly once"));
     }
@@ -364,7 +498,13 @@ fn alarms(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
 /// Many instances mark trays; the sweeper pages through them.
 fn sweeper(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     section(out, "sweeper: marked trays of every instance, page by page")?;
-    let env_of = |i: usize| if i.is_multiple_of(4) { "staging" } else { "prod" };
+    let env_of = |i: usize| {
+        if i.is_multiple_of(4) {
+            "staging"
+        } else {
+            "prod"
+        }
+    };
     thread::scope(|scope| -> agentstate::Result<()> {
         let workers: Vec<_> = (0..4)
             .map(|w| {
@@ -377,18 +517,27 @@ fn sweeper(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
                             tray_id: "0".into(),
                             tray: tray(&format!("{ns} of w-{i:03}"), marked, env_of(i), &host),
                         };
-                        let ops = vec![put("inbox", true), put("outbox", i.is_multiple_of(2)), put("state", false)];
+                        let ops = vec![
+                            put("inbox", true),
+                            put("outbox", i.is_multiple_of(2)),
+                            put("state", false),
+                        ];
                         d.w(|s| s.apply_batch(&instance, 1, ops))?;
                     }
                     Ok(())
                 })
             })
             .collect();
-        workers.into_iter().try_for_each(|h| h.join().expect("a demo worker panicked"))
+        workers
+            .into_iter()
+            .try_for_each(|h| h.join().expect("a demo worker panicked"))
     })?;
     // Plus chat/room-42's tray from the fencing section.
     let marked_all = INSTANCES + INSTANCES / 2 + 1;
-    let marked_staging = (0..INSTANCES).filter(|i| i.is_multiple_of(4)).map(|i| if i.is_multiple_of(2) { 2 } else { 1 }).sum::<usize>();
+    let marked_staging = (0..INSTANCES)
+        .filter(|i| i.is_multiple_of(4))
+        .map(|i| if i.is_multiple_of(2) { 2 } else { 1 })
+        .sum::<usize>();
     writeln!(
         out,
         "  {INSTANCES} instances each wrote 3 trays in one atomic batch, 1 or 2 of them marked (envs prod and staging)"
@@ -398,7 +547,9 @@ fn sweeper(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
         let mut pages = Vec::new();
         let mut cursor = None;
         loop {
-            let (items, next) = d.r(|s| s.marked_trays(env, PAGE, cursor.as_ref()))?.into_parts();
+            let (items, next) = d
+                .r(|s| s.marked_trays(env, PAGE, cursor.as_ref()))?
+                .into_parts();
             pages.push(items.len().to_string());
             for m in items {
                 if !seen.insert(m.key) {
@@ -413,12 +564,16 @@ fn sweeper(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
         writeln!(
             out,
             "  walked {} {PAGE} a page: pages of {} -> {} trays, each exactly once",
-            env.map(|e| format!("the marked trays of {e}")).unwrap_or_else(|| "every marked tray".into()),
+            env.map(|e| format!("the marked trays of {e}"))
+                .unwrap_or_else(|| "every marked tray".into()),
             pages.join(", "),
             seen.len()
         )?;
         if seen.len() != want {
-            return Err(broken(format!("the sweeper found {} marked trays, not {want}", seen.len())));
+            return Err(broken(format!(
+                "the sweeper found {} marked trays, not {want}",
+                seen.len()
+            )));
         }
     }
     Ok(())
@@ -427,17 +582,29 @@ fn sweeper(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
 /// A listing walk, while another worker creates runs.
 fn listing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     section(out, "listings: walk a tenant's runs while others write")?;
-    const STATES: [RunState; 5] =
-        [RunState::Running, RunState::Completed, RunState::Pending, RunState::AwaitingApproval, RunState::Failed];
+    const STATES: [RunState; 5] = [
+        RunState::Running,
+        RunState::Completed,
+        RunState::Pending,
+        RunState::AwaitingApproval,
+        RunState::Failed,
+    ];
     thread::scope(|scope| -> agentstate::Result<()> {
         let workers: Vec<_> = (0..4)
             .map(|w| {
                 scope.spawn(move || -> agentstate::Result<()> {
                     for i in (w..RUNS_BEFORE).step_by(4) {
-                        let mut r = RunRecord::new(RunKey::new(TENANT, format!("job-{i:03}")), "researcher").with_session("s-1");
+                        let mut r = RunRecord::new(
+                            RunKey::new(TENANT, format!("job-{i:03}")),
+                            "researcher",
+                        )
+                        .with_session("s-1");
                         r.state = STATES[i % STATES.len()];
                         if r.state == RunState::AwaitingApproval {
-                            r.approval = Some(Approval { id: format!("ap-{i}"), prompt: "book the flight?".into() });
+                            r.approval = Some(Approval {
+                                id: format!("ap-{i}"),
+                                prompt: "book the flight?".into(),
+                            });
                         }
                         d.w(|s| s.put_run(r))?;
                     }
@@ -445,7 +612,9 @@ fn listing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
                 })
             })
             .collect();
-        workers.into_iter().try_for_each(|h| h.join().expect("a demo worker panicked"))
+        workers
+            .into_iter()
+            .try_for_each(|h| h.join().expect("a demo worker panicked"))
     })?;
     // Every run that exists before the walk, by seq.
     let mut before = BTreeMap::new();
@@ -458,7 +627,10 @@ fn listing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
             None => break,
         }
     }
-    writeln!(out, "  4 workers created {RUNS_BEFORE} runs of session s-1 in five states")?;
+    writeln!(
+        out,
+        "  4 workers created {RUNS_BEFORE} runs of session s-1 in five states"
+    )?;
 
     // Between two pages of the walk, another worker creates runs and
     // updates earlier ones: the walk still sees each earlier run once.
@@ -472,14 +644,23 @@ fn listing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
             for page in go_rx {
                 let mut step = || -> agentstate::Result<()> {
                     for _ in 0..RUNS_PER_PAGE {
-                        let mut r = RunRecord::new(RunKey::new(TENANT, format!("late-{created:03}")), "researcher");
+                        let mut r = RunRecord::new(
+                            RunKey::new(TENANT, format!("late-{created:03}")),
+                            "researcher",
+                        );
                         r.state = RunState::Completed;
                         d.w(|s| s.put_run(r))?;
                         created += 1;
                     }
                     let k = RunKey::new(TENANT, earlier[page * 7 % earlier.len()].clone());
-                    let mut r = d.r(|s| s.get_run(&k))?.ok_or_else(|| StateError::Invalid { what: "a run vanished".into() })?;
-                    r.state = if r.state == RunState::Paused { RunState::Running } else { RunState::Paused };
+                    let mut r = d.r(|s| s.get_run(&k))?.ok_or_else(|| StateError::Invalid {
+                        what: "a run vanished".into(),
+                    })?;
+                    r.state = if r.state == RunState::Paused {
+                        RunState::Running
+                    } else {
+                        RunState::Paused
+                    };
                     d.w(|s| s.put_run(r))?;
                     Ok(())
                 };
@@ -499,7 +680,9 @@ fn listing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
             }
             if pages.len() * RUNS_PER_PAGE <= RUNS_DURING {
                 let _ = go_tx.send(pages.len());
-                done_rx.recv().map_err(|_| StateError::Invalid { what: "the demo writer stopped".into() })??;
+                done_rx.recv().map_err(|_| StateError::Invalid {
+                    what: "the demo writer stopped".into(),
+                })??;
             }
         }
         drop(go_tx);
@@ -513,7 +696,11 @@ fn listing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
         out,
         "  walked {TENANT}'s runs {PAGE} a page; after each page worker-4 created {RUNS_PER_PAGE} runs and updated one: {} pages ({})",
         pages.len(),
-        pages.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")
+        pages
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     )?;
     writeln!(
         out,
@@ -533,7 +720,10 @@ fn listing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
             None => break,
         }
     }
-    writeln!(out, "  a reaper's walk of the running runs reads the state index only: {running} runs")?;
+    writeln!(
+        out,
+        "  a reaper's walk of the running runs reads the state index only: {running} runs"
+    )?;
     Ok(())
 }
 
@@ -551,14 +741,26 @@ fn sessions(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
                 names.join(", ")
             )?;
         }
-        other => return Err(broken(format!("a session with live runs was deleted: {other:?}"))),
+        other => {
+            return Err(broken(format!(
+                "a session with live runs was deleted: {other:?}"
+            )));
+        }
     }
     let deleted = d.w(|s| s.delete_session(&key, true))?;
-    writeln!(out, "  with cascade: s-1 and its {} runs deleted in one atomic write", deleted.len())?;
+    writeln!(
+        out,
+        "  with cascade: s-1 and its {} runs deleted in one atomic write",
+        deleted.len()
+    )?;
     if d.r(|s| s.get_run(&RunKey::new(TENANT, "run-1")))?.is_some() {
         return Err(broken("a cascaded run survived"));
     }
     let left = d.r(|s| s.list_runs(&StateQuery::new(TENANT).limit(1000)))?;
-    writeln!(out, "  {TENANT} keeps its {} runs outside the session", left.items().len())?;
+    writeln!(
+        out,
+        "  {TENANT} keeps its {} runs outside the session",
+        left.items().len()
+    )?;
     Ok(())
 }

@@ -23,9 +23,11 @@ use clap::{Args, Parser, Subcommand};
 /// prune an agentstate file store, or run the demo.
 #[derive(Debug, Parser)]
 #[command(name = "agentstate", version, about, long_about = None)]
-#[command(after_help = "TIME is `now`, unix millis, a duration ago (45s, 10m, 2h, 3d, 1h30m) \
+#[command(
+    after_help = "TIME is `now`, unix millis, a duration ago (45s, 10m, 2h, 3d, 1h30m) \
 or an RFC 3339 time (2026-11-30T12:00:00Z; without a zone, UTC).\n\
-Exit codes: 0 ok, 1 a check failed or the store said no, 2 bad usage or an unusable store.")]
+Exit codes: 0 ok, 1 a check failed or the store said no, 2 bad usage or an unusable store."
+)]
 pub struct Cli {
     /// The store's directory (the file store). `demo` uses a fresh temporary
     /// one when this is not given.
@@ -246,15 +248,27 @@ pub struct CliError {
 impl CliError {
     /// Bad usage or an unusable store: exit 2.
     pub fn usage(message: impl Into<String>) -> Self {
-        CliError { code: 2, message: message.into(), broken_pipe: false }
+        CliError {
+            code: 2,
+            message: message.into(),
+            broken_pipe: false,
+        }
     }
     /// The store answered no, or a check failed: exit 1.
     pub fn failed(message: impl Into<String>) -> Self {
-        CliError { code: 1, message: message.into(), broken_pipe: false }
+        CliError {
+            code: 1,
+            message: message.into(),
+            broken_pipe: false,
+        }
     }
     /// Writing output failed.
     pub fn io(message: impl Into<String>) -> Self {
-        CliError { code: 2, message: message.into(), broken_pipe: false }
+        CliError {
+            code: 2,
+            message: message.into(),
+            broken_pipe: false,
+        }
     }
 }
 
@@ -272,18 +286,27 @@ impl From<StateError> for CliError {
     fn from(e: StateError) -> Self {
         let text = e.to_string();
         match &e {
-            StateError::Locked { .. } => CliError::usage(format!("{text} (close the other agentstate or worker using it)")),
+            StateError::Locked { .. } => CliError::usage(format!(
+                "{text} (close the other agentstate or worker using it)"
+            )),
             StateError::Corrupt { .. } if text.contains("salvage") => CliError::usage(text),
-            StateError::Corrupt { .. } => CliError::usage(format!("{text} (restore the store from a backup or an export)")),
+            StateError::Corrupt { .. } => CliError::usage(format!(
+                "{text} (restore the store from a backup or an export)"
+            )),
             StateError::UnsupportedFormat { .. } => CliError::usage(text),
-            StateError::Persistence { reason: PersistenceReason::Unavailable, .. } => {
-                CliError::usage(format!("{text} (check the disk's space and permissions, then try again)"))
-            }
+            StateError::Persistence {
+                reason: PersistenceReason::Unavailable,
+                ..
+            } => CliError::usage(format!(
+                "{text} (check the disk's space and permissions, then try again)"
+            )),
             StateError::Persistence { .. } | StateError::Invalid { .. } => CliError::usage(text),
-            StateError::FenceLost { stored, .. } => {
-                CliError::failed(format!("{text} (a newer worker holds this instance; use --epoch {stored} or higher)"))
+            StateError::FenceLost { stored, .. } => CliError::failed(format!(
+                "{text} (a newer worker holds this instance; use --epoch {stored} or higher)"
+            )),
+            StateError::NotFound(_) | StateError::Conflict { .. } | StateError::InUse { .. } => {
+                CliError::failed(text)
             }
-            StateError::NotFound(_) | StateError::Conflict { .. } | StateError::InUse { .. } => CliError::failed(text),
             _ => CliError::usage(text),
         }
     }
@@ -312,7 +335,9 @@ impl Cli {
     fn open(&self, how: Open) -> Result<Store, CliError> {
         let path = self.db()?;
         if how == Open::Existing {
-            let empty_dir = std::fs::read_dir(path).map(|mut d| d.next().is_none()).unwrap_or(false);
+            let empty_dir = std::fs::read_dir(path)
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(false);
             if !path.exists() || empty_dir {
                 return Err(CliError::usage(format!(
                     "no store at {} (check --db or AGENTSTATE_DB; `agentstate import` creates one)",
@@ -350,7 +375,14 @@ fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Runs(cmd) => {
             let store = cli.open(Open::Existing)?;
             match cmd {
-                RunsCmd::List { tenant, state, session, agent, updated_before, page } => commands::runs_list(
+                RunsCmd::List {
+                    tenant,
+                    state,
+                    session,
+                    agent,
+                    updated_before,
+                    page,
+                } => commands::runs_list(
                     &store,
                     commands::RunFilter {
                         tenant: tenant.clone(),
@@ -362,26 +394,43 @@ fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
                     page,
                     out,
                 ),
-                RunsCmd::Show { tenant, run_id, json } => commands::runs_show(&store, tenant, run_id, *json, out),
+                RunsCmd::Show {
+                    tenant,
+                    run_id,
+                    json,
+                } => commands::runs_show(&store, tenant, run_id, *json, out),
             }
         }
         Command::Sessions(cmd) => {
             let store = cli.open(Open::Existing)?;
             match cmd {
-                SessionsCmd::List { tenant, page } => commands::sessions_list(&store, tenant, page, out),
-                SessionsCmd::Show { tenant, session_id, json } => {
-                    commands::sessions_show(&store, tenant, session_id, *json, out)
+                SessionsCmd::List { tenant, page } => {
+                    commands::sessions_list(&store, tenant, page, out)
                 }
-                SessionsCmd::Delete { tenant, session_id, cascade } => {
-                    commands::sessions_delete(&store, tenant, session_id, *cascade, out)
-                }
+                SessionsCmd::Show {
+                    tenant,
+                    session_id,
+                    json,
+                } => commands::sessions_show(&store, tenant, session_id, *json, out),
+                SessionsCmd::Delete {
+                    tenant,
+                    session_id,
+                    cascade,
+                } => commands::sessions_delete(&store, tenant, session_id, *cascade, out),
             }
         }
         Command::Trays(cmd) => {
             let store = cli.open(Open::Existing)?;
             match cmd {
-                TraysCmd::List { ns, id, epoch, page } => commands::trays_list(&store, ns, id, *epoch, page, out),
-                TraysCmd::Marked { env, page } => commands::trays_marked(&store, env.as_deref(), page, out),
+                TraysCmd::List {
+                    ns,
+                    id,
+                    epoch,
+                    page,
+                } => commands::trays_list(&store, ns, id, *epoch, page, out),
+                TraysCmd::Marked { env, page } => {
+                    commands::trays_marked(&store, env.as_deref(), page, out)
+                }
             }
         }
         Command::Alarms(AlarmsCmd::Due { now, page }) => {
@@ -390,10 +439,22 @@ fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
         }
         Command::Stats { json } => commands::stats(&cli.open(Open::Existing)?, *json, out),
         Command::Verify { json } => commands::verify(&cli.open(Open::Existing)?, *json, out),
-        Command::Export { out: file } => transfer::export(&cli.open(Open::Existing)?, file.as_deref(), out),
-        Command::Import { input } => transfer::import(&cli.open(Open::Create)?, input.as_deref(), out),
-        Command::Prune { tenant, finished_before, dry_run } => {
-            commands::prune(&cli.open(Open::Existing)?, tenant, *finished_before, *dry_run, out)
+        Command::Export { out: file } => {
+            transfer::export(&cli.open(Open::Existing)?, file.as_deref(), out)
         }
+        Command::Import { input } => {
+            transfer::import(&cli.open(Open::Create)?, input.as_deref(), out)
+        }
+        Command::Prune {
+            tenant,
+            finished_before,
+            dry_run,
+        } => commands::prune(
+            &cli.open(Open::Existing)?,
+            tenant,
+            *finished_before,
+            *dry_run,
+            out,
+        ),
     }
 }

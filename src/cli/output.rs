@@ -23,7 +23,10 @@ pub struct Table {
 
 impl Table {
     pub fn new(headers: &[(&'static str, Align)]) -> Self {
-        Table { headers: headers.to_vec(), rows: Vec::new() }
+        Table {
+            headers: headers.to_vec(),
+            rows: Vec::new(),
+        }
     }
 
     pub fn row(&mut self, cells: Vec<String>) {
@@ -36,7 +39,11 @@ impl Table {
     }
 
     pub fn print(&self, out: &mut dyn Write) -> Result<(), CliError> {
-        let mut widths: Vec<usize> = self.headers.iter().map(|(h, _)| h.chars().count()).collect();
+        let mut widths: Vec<usize> = self
+            .headers
+            .iter()
+            .map(|(h, _)| h.chars().count())
+            .collect();
         for row in &self.rows {
             for (w, cell) in widths.iter_mut().zip(row) {
                 *w = (*w).max(cell.chars().count());
@@ -77,7 +84,8 @@ impl Table {
 
 /// One JSON value on one line.
 pub fn json_line(out: &mut dyn Write, value: &impl serde::Serialize) -> Result<(), CliError> {
-    serde_json::to_writer(&mut *out, value).map_err(|e| CliError::io(format!("writing JSON: {e}")))?;
+    serde_json::to_writer(&mut *out, value)
+        .map_err(|e| CliError::io(format!("writing JSON: {e}")))?;
     writeln!(out)?;
     Ok(())
 }
@@ -99,7 +107,9 @@ pub fn thousands(n: u64) -> String {
 pub fn micros(n: u64) -> String {
     let s = format!("{}.{:06}", n / 1_000_000, n % 1_000_000);
     let s = s.trim_end_matches('0');
-    s.strip_suffix('.').map(|w| w.to_string()).unwrap_or_else(|| s.to_string())
+    s.strip_suffix('.')
+        .map(|w| w.to_string())
+        .unwrap_or_else(|| s.to_string())
 }
 
 /// Bytes as `12.3 MiB`.
@@ -111,7 +121,11 @@ pub fn bytes(n: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 /// A counter on stderr for a walk: invisible for its first second (most
@@ -133,7 +147,12 @@ impl Progress {
             .unwrap_or_else(|_| ProgressStyle::default_spinner());
         bar.set_style(style);
         bar.set_message(what.to_string());
-        Progress { bar, started: Instant::now(), shown: false, enabled: std::io::stderr().is_terminal() }
+        Progress {
+            bar,
+            started: Instant::now(),
+            shown: false,
+            enabled: std::io::stderr().is_terminal(),
+        }
     }
 
     /// Counts `n` more; shows the bar once the walk has taken a second.
@@ -167,7 +186,10 @@ pub fn with_spinner<T>(what: &str, f: impl FnOnce() -> T) -> T {
             return;
         }
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-        bar.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
         bar.set_message(what);
         bar.enable_steady_tick(Duration::from_millis(120));
         let _ = done_rx.recv();
@@ -199,11 +221,18 @@ mod tests {
 
     #[test]
     fn aligns_columns() {
-        let mut t = Table::new(&[("NAME", Align::Left), ("N", Align::Right), ("NOTE", Align::Left)]);
+        let mut t = Table::new(&[
+            ("NAME", Align::Left),
+            ("N", Align::Right),
+            ("NOTE", Align::Left),
+        ]);
         t.row(vec!["a".into(), "10".into(), "x".into()]);
         t.row(vec!["long".into(), "2".into(), "".into()]);
         let mut out = Vec::new();
         t.print(&mut out).unwrap();
-        assert_eq!(String::from_utf8(out).unwrap(), "NAME   N  NOTE\na     10  x\nlong   2\n");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "NAME   N  NOTE\na     10  x\nlong   2\n"
+        );
     }
 }

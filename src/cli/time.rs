@@ -37,10 +37,16 @@ pub fn parse_time_at(s: &str, now: Millis) -> Result<Millis, String> {
         return Ok(now);
     }
     if s.bytes().all(|b| b.is_ascii_digit()) {
-        return s.parse().map_err(|_| format!("{s:?} is too large for unix millis"));
+        return s
+            .parse()
+            .map_err(|_| format!("{s:?} is too large for unix millis"));
     }
-    if s.as_bytes()[0].is_ascii_digit() && s.as_bytes()[s.len() - 1].is_ascii_alphabetic() && !s.contains('-') {
-        let ago = parse_duration(s).ok_or_else(|| format!("{s:?} is not a duration like 45s, 10m, 2h, 3d, 1h30m"))?;
+    if s.as_bytes()[0].is_ascii_digit()
+        && s.as_bytes()[s.len() - 1].is_ascii_alphabetic()
+        && !s.contains('-')
+    {
+        let ago = parse_duration(s)
+            .ok_or_else(|| format!("{s:?} is not a duration like 45s, 10m, 2h, 3d, 1h30m"))?;
         return now
             .checked_sub(ago)
             .ok_or_else(|| format!("{s:?} ago is before 1970"));
@@ -80,7 +86,9 @@ fn parse_datetime(s: &str) -> Option<Millis> {
     let b = s.as_bytes();
     let num = |from: usize, len: usize| -> Option<i64> {
         let part = s.get(from..from + len)?;
-        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok())?
+        part.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| part.parse().ok())?
     };
     let year = num(0, 4)?;
     if b.get(4) != Some(&b'-') || b.get(7) != Some(&b'-') {
@@ -179,7 +187,12 @@ pub fn format_time(ms: Millis) -> String {
     let ms = ms as i64;
     let (days, rem) = (ms.div_euclid(MS_PER_DAY), ms.rem_euclid(MS_PER_DAY));
     let (y, mo, d) = civil_from_days(days);
-    let (h, mi, s, frac) = (rem / 3_600_000, rem / 60_000 % 60, rem / 1000 % 60, rem % 1000);
+    let (h, mi, s, frac) = (
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000,
+    );
     if frac == 0 {
         format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
     } else {
@@ -189,7 +202,13 @@ pub fn format_time(ms: Millis) -> String {
 
 /// A span as `3d 4h`, `12m 5s`, `350ms`: the two largest units.
 pub fn format_span(ms: u64) -> String {
-    const UNITS: [(u64, &str); 5] = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s"), (1, "ms")];
+    const UNITS: [(u64, &str); 5] = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+        (1, "ms"),
+    ];
     if ms == 0 {
         return "0s".into();
     }
@@ -220,7 +239,10 @@ mod tests {
         assert_eq!(parse_time_at("2026-11-30t12:00:00z", 0), Ok(NOW));
         assert_eq!(parse_time_at("2026-11-30 12:00", 0), Ok(NOW));
         assert_eq!(parse_time_at("2026-11-30T12:00:00.25Z", 0), Ok(NOW + 250));
-        assert_eq!(parse_time_at("2026-11-30T12:00:00.123456Z", 0), Ok(NOW + 123));
+        assert_eq!(
+            parse_time_at("2026-11-30T12:00:00.123456Z", 0),
+            Ok(NOW + 123)
+        );
         assert_eq!(parse_time_at("2026-11-30T13:00:00+01:00", 0), Ok(NOW));
         assert_eq!(parse_time_at("2026-11-30T11:30:00-00:30", 0), Ok(NOW));
         assert_eq!(parse_time_at("2026-11-30", 0), Ok(NOW - 12 * 3_600_000));
@@ -240,9 +262,21 @@ mod tests {
     #[test]
     fn refuses_what_is_not_a_time() {
         for bad in [
-            "", "yesterday", "10x", "m10", "2026-13-01", "2026-02-30", "2023-02-29", "2026-11-30T25:00Z",
-            "2026-11-30T12:00:00+0100", "2026-11-30T12:00:00.Z", "2026/11/30", "-5m", "99999999999999999999",
-            "10m ago", "1969-12-31",
+            "",
+            "yesterday",
+            "10x",
+            "m10",
+            "2026-13-01",
+            "2026-02-30",
+            "2023-02-29",
+            "2026-11-30T25:00Z",
+            "2026-11-30T12:00:00+0100",
+            "2026-11-30T12:00:00.Z",
+            "2026/11/30",
+            "-5m",
+            "99999999999999999999",
+            "10m ago",
+            "1969-12-31",
         ] {
             assert!(parse_time_at(bad, NOW).is_err(), "{bad:?} parsed");
         }
@@ -251,8 +285,22 @@ mod tests {
 
     #[test]
     fn formats_round_trip() {
-        for t in [0, 1, 999, 86_399_999, 951_782_400_000, NOW, NOW + 1, 4_102_444_800_000] {
-            assert_eq!(parse_time_at(&format_time(t), 0), Ok(t), "{}", format_time(t));
+        for t in [
+            0,
+            1,
+            999,
+            86_399_999,
+            951_782_400_000,
+            NOW,
+            NOW + 1,
+            4_102_444_800_000,
+        ] {
+            assert_eq!(
+                parse_time_at(&format_time(t), 0),
+                Ok(t),
+                "{}",
+                format_time(t)
+            );
         }
         assert_eq!(format_time(951_782_400_000), "2000-02-29T00:00:00Z");
     }

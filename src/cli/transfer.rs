@@ -54,9 +54,12 @@ fn write_all(store: &Store, w: &mut dyn Write) -> Result<u64, CliError> {
     let mut cursor = None;
     let mut n = 0u64;
     loop {
-        let (items, next) = store.export_page(EXPORT_PAGE, cursor.as_ref())?.into_parts();
+        let (items, next) = store
+            .export_page(EXPORT_PAGE, cursor.as_ref())?
+            .into_parts();
         for e in &items {
-            serde_json::to_writer(&mut *w, e).map_err(|e| CliError::io(format!("writing the export: {e}")))?;
+            serde_json::to_writer(&mut *w, e)
+                .map_err(|e| CliError::io(format!("writing the export: {e}")))?;
             w.write_all(b"\n")?;
         }
         n += items.len() as u64;
@@ -76,13 +79,18 @@ pub fn export(store: &Store, file: Option<&Path>, out: &mut dyn Write) -> Result
         write_all(store, out)?;
         return Ok(());
     };
-    let name = path.file_name().ok_or_else(|| CliError::usage(format!("--out {} is not a file name", path.display())))?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| CliError::usage(format!("--out {} is not a file name", path.display())))?;
     let tmp = path.with_file_name(format!(".{}.partial", name.to_string_lossy()));
-    let fail = |what: &str, e: std::io::Error| CliError::usage(format!("{what} {}: {e}", tmp.display()));
+    let fail =
+        |what: &str, e: std::io::Error| CliError::usage(format!("{what} {}: {e}", tmp.display()));
     let f = File::create(&tmp).map_err(|e| fail("creating", e))?;
     let mut w = BufWriter::new(f);
     let written = write_all(store, &mut w).and_then(|n| {
-        let f = w.into_inner().map_err(|e| fail("writing", e.into_error()))?;
+        let f = w
+            .into_inner()
+            .map_err(|e| fail("writing", e.into_error()))?;
         f.sync_all().map_err(|e| fail("syncing", e))?;
         Ok(n)
     });
@@ -93,33 +101,39 @@ pub fn export(store: &Store, file: Option<&Path>, out: &mut dyn Write) -> Result
             return Err(e);
         }
     };
-    std::fs::rename(&tmp, path).map_err(|e| CliError::usage(format!("moving the export to {}: {e}", path.display())))?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| CliError::usage(format!("moving the export to {}: {e}", path.display())))?;
     eprintln!("exported {} entries to {}", thousands(n), path.display());
     Ok(())
 }
 
 /// `import`: from `file` or stdin into the (empty) store.
 pub fn import(store: &Store, file: Option<&Path>, out: &mut dyn Write) -> Result<(), CliError> {
-    let db = store.path().map(|p| p.display().to_string()).unwrap_or_default();
+    let db = store
+        .path()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     if !store.is_empty()? {
         return Err(CliError::usage(format!(
             "store {db} is not empty; import only into an empty store (pick a new --db path)"
         )));
     }
-    let source = file.map(|p| p.display().to_string()).unwrap_or_else(|| "stdin".into());
+    let source = file
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "stdin".into());
     let reader: Box<dyn BufRead> = match file {
-        Some(p) => Box::new(BufReader::new(
-            File::open(p).map_err(|e| CliError::usage(format!("opening {}: {e}", p.display())))?,
-        )),
+        Some(p) => {
+            Box::new(BufReader::new(File::open(p).map_err(|e| {
+                CliError::usage(format!("opening {}: {e}", p.display()))
+            })?))
+        }
         None => Box::new(BufReader::new(std::io::stdin().lock())),
     };
     let mut lines = reader.lines();
     let read_err = |e: std::io::Error| CliError::usage(format!("reading {source}: {e}"));
-    let first = lines
-        .next()
-        .transpose()
-        .map_err(read_err)?
-        .ok_or_else(|| CliError::usage(format!("{source} is empty; expected an agentstate export")))?;
+    let first = lines.next().transpose().map_err(read_err)?.ok_or_else(|| {
+        CliError::usage(format!("{source} is empty; expected an agentstate export"))
+    })?;
     check_header(&first, &source)?;
     let mut progress = Progress::new("entries imported");
     let mut batch = Vec::with_capacity(IMPORT_BATCH);
@@ -129,7 +143,10 @@ pub fn import(store: &Store, file: Option<&Path>, out: &mut dyn Write) -> Result
         if imported == 0 {
             "nothing was imported".to_string()
         } else {
-            format!("the first {} entries were imported; delete {db} and import again once fixed", thousands(imported))
+            format!(
+                "the first {} entries were imported; delete {db} and import again once fixed",
+                thousands(imported)
+            )
         }
     };
     for (i, line) in lines.enumerate() {
@@ -139,13 +156,20 @@ pub fn import(store: &Store, file: Option<&Path>, out: &mut dyn Write) -> Result
             continue;
         }
         let entry: Entry = serde_json::from_str(&line).map_err(|e| {
-            CliError::usage(format!("{source} line {lineno}: not an export entry ({e}); {}", partial(imported)))
+            CliError::usage(format!(
+                "{source} line {lineno}: not an export entry ({e}); {}",
+                partial(imported)
+            ))
         })?;
         batch.push(entry);
         if batch.len() == IMPORT_BATCH {
             let n = batch.len() as u64;
             store.import(std::mem::take(&mut batch)).map_err(|e| {
-                CliError::usage(format!("{source}, entries before line {}: {e}; {}", lineno + 1, partial(imported)))
+                CliError::usage(format!(
+                    "{source}, entries before line {}: {e}; {}",
+                    lineno + 1,
+                    partial(imported)
+                ))
             })?;
             imported += n;
             progress.inc(n);
@@ -153,21 +177,36 @@ pub fn import(store: &Store, file: Option<&Path>, out: &mut dyn Write) -> Result
     }
     if !batch.is_empty() {
         let n = batch.len() as u64;
-        store
-            .import(batch)
-            .map_err(|e| CliError::usage(format!("{source}, last entries: {e}; {}", partial(imported))))?;
+        store.import(batch).map_err(|e| {
+            CliError::usage(format!(
+                "{source}, last entries: {e}; {}",
+                partial(imported)
+            ))
+        })?;
         imported += n;
         progress.inc(n);
     }
     progress.finish();
-    writeln!(out, "imported {} entries from {source} into {db}", thousands(imported))?;
+    writeln!(
+        out,
+        "imported {} entries from {source} into {db}",
+        thousands(imported)
+    )?;
     Ok(())
 }
 
 fn check_header(line: &str, source: &str) -> Result<(), CliError> {
-    let not_export = || CliError::usage(format!("{source} is not an agentstate export (its first line is not {})", header()));
+    let not_export = || {
+        CliError::usage(format!(
+            "{source} is not an agentstate export (its first line is not {})",
+            header()
+        ))
+    };
     let v: serde_json::Value = serde_json::from_str(line).map_err(|_| not_export())?;
-    let version = v.get("agentstate_export").and_then(|n| n.as_u64()).ok_or_else(not_export)?;
+    let version = v
+        .get("agentstate_export")
+        .and_then(|n| n.as_u64())
+        .ok_or_else(not_export)?;
     if version != EXPORT_FORMAT_VERSION {
         return Err(CliError::usage(format!(
             "{source} is export format {version}; this agentstate reads format {EXPORT_FORMAT_VERSION} (use a matching release)"

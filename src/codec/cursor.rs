@@ -40,7 +40,12 @@ fn mac(secret: &[u8; 16], listing: Listing, binding: &[u8], position: &[u8]) -> 
 }
 
 /// Makes the cursor for a page that ended at `position`.
-pub(crate) fn encode(secret: &[u8; 16], listing: Listing, binding: &[u8], position: &[u8]) -> Cursor {
+pub(crate) fn encode(
+    secret: &[u8; 16],
+    listing: Listing,
+    binding: &[u8],
+    position: &[u8],
+) -> Cursor {
     debug_assert!(position.len() <= POSITION_BYTES_MAX);
     let m = mac(secret, listing, binding, position);
     let mut text = String::with_capacity((position.len() + MAC_BYTES) * 2);
@@ -53,10 +58,22 @@ pub(crate) fn encode(secret: &[u8; 16], listing: Listing, binding: &[u8], positi
 }
 
 /// Checks a cursor against this listing and returns its position.
-pub(crate) fn decode(secret: &[u8; 16], listing: Listing, binding: &[u8], cursor: &Cursor) -> Result<Vec<u8>> {
-    let invalid = || StateError::invalid("cursor: not issued by this listing (other tenant, filters or store, or altered)");
+pub(crate) fn decode(
+    secret: &[u8; 16],
+    listing: Listing,
+    binding: &[u8],
+    cursor: &Cursor,
+) -> Result<Vec<u8>> {
+    let invalid = || {
+        StateError::invalid(
+            "cursor: not issued by this listing (other tenant, filters or store, or altered)",
+        )
+    };
     let text = cursor.as_str().as_bytes();
-    if !text.len().is_multiple_of(2) || text.len() < 2 * (MAC_BYTES + 1) || text.len() > 2 * (POSITION_BYTES_MAX + MAC_BYTES) {
+    if !text.len().is_multiple_of(2)
+        || text.len() < 2 * (MAC_BYTES + 1)
+        || text.len() > 2 * (POSITION_BYTES_MAX + MAC_BYTES)
+    {
         return Err(invalid());
     }
     let mut bytes = Vec::with_capacity(text.len() / 2);

@@ -130,7 +130,9 @@ impl<'a> KeyReader<'a> {
         }
         let (n, rest) = self.rest.split_at(8);
         self.rest = rest;
-        Ok(u64::from_be_bytes(n.try_into().expect("split_at(8) gives 8 bytes")))
+        Ok(u64::from_be_bytes(
+            n.try_into().expect("split_at(8) gives 8 bytes"),
+        ))
     }
     pub(crate) fn u8(&mut self) -> Result<u8> {
         let (&n, rest) = self
@@ -200,7 +202,12 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let k = KeyBuf::table(table::TRAY).str("n\0s").str("").u64(7).u8(3).done();
+        let k = KeyBuf::table(table::TRAY)
+            .str("n\0s")
+            .str("")
+            .u64(7)
+            .u8(3)
+            .done();
         let mut r = KeyReader::new(&k, table::TRAY).unwrap();
         assert_eq!(r.str().unwrap(), "n\0s");
         assert_eq!(r.str().unwrap(), "");
@@ -211,7 +218,13 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        for bad in [&[][..], &[table::RUN], &[table::RUN, 0], &[table::RUN, 0, 7], &[table::RUN, b'a']] {
+        for bad in [
+            &[][..],
+            &[table::RUN],
+            &[table::RUN, 0],
+            &[table::RUN, 0, 7],
+            &[table::RUN, b'a'],
+        ] {
             if let Ok(mut r) = KeyReader::new(bad, table::RUN) {
                 assert!(r.str().is_err());
             }
@@ -240,7 +253,10 @@ mod tests {
         }
 
         fn encode(parts: &[String]) -> Vec<u8> {
-            parts.iter().fold(KeyBuf::table(table::RUN), |b, s| b.str(s)).done()
+            parts
+                .iter()
+                .fold(KeyBuf::table(table::RUN), |b, s| b.str(s))
+                .done()
         }
 
         fn decode(key: &[u8], n: usize) -> Vec<String> {

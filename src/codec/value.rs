@@ -15,7 +15,8 @@ pub(crate) const OVERHEAD_BYTES: usize = 1 + 4;
 pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     // postcard's std serializer only fails on types serde cannot express,
     // and every stored type is plain data.
-    let mut out = postcard::to_extend(v, vec![FORMAT_VERSION]).expect("stored types always serialize");
+    let mut out =
+        postcard::to_extend(v, vec![FORMAT_VERSION]).expect("stored types always serialize");
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
@@ -63,7 +64,10 @@ mod tests {
             for bit in 0..8 {
                 let mut bad = v.clone();
                 bad[i] ^= 1 << bit;
-                assert!(decode::<(String, u64)>(&bad, "t").is_err(), "flip {i}/{bit}");
+                assert!(
+                    decode::<(String, u64)>(&bad, "t").is_err(),
+                    "flip {i}/{bit}"
+                );
             }
         }
         for n in 0..v.len() {
@@ -80,7 +84,10 @@ mod tests {
         v[n..].copy_from_slice(&crc.to_le_bytes());
         assert!(matches!(
             decode::<u64>(&v, "t"),
-            Err(StateError::UnsupportedFormat { found: 2, supported: 1 })
+            Err(StateError::UnsupportedFormat {
+                found: 2,
+                supported: 1
+            })
         ));
     }
 }

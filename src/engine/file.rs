@@ -25,7 +25,9 @@ pub(crate) struct FjallEngine {
 
 impl std::fmt::Debug for FjallEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FjallEngine").field("mode", &self.mode).finish()
+        f.debug_struct("FjallEngine")
+            .field("mode", &self.mode)
+            .finish()
     }
 }
 
@@ -33,8 +35,13 @@ impl std::fmt::Debug for FjallEngine {
 /// reopen), anything about the files' contents is `Corrupt`.
 pub(crate) fn map_err(e: fjall::Error) -> StateError {
     match e {
-        fjall::Error::Io(io) => StateError::unavailable(format!("engine I/O failed: {io}"), Some(io)),
-        fjall::Error::Poisoned => StateError::unavailable("engine refuses writes after a failed sync; reopen the store", None),
+        fjall::Error::Io(io) => {
+            StateError::unavailable(format!("engine I/O failed: {io}"), Some(io))
+        }
+        fjall::Error::Poisoned => StateError::unavailable(
+            "engine refuses writes after a failed sync; reopen the store",
+            None,
+        ),
         fjall::Error::Locked => StateError::unavailable("engine directory is locked", None),
         other => StateError::corrupt(format!("engine: {other:?}")),
     }
@@ -74,7 +81,6 @@ impl FjallEngine {
             .map_err(map_err)?;
         Ok(FjallEngine { db, ks, mode })
     }
-
 }
 
 impl Engine for FjallEngine {
@@ -83,7 +89,10 @@ impl Engine for FjallEngine {
         // `Keyspace::get` reads at the newest sequence number and can see
         // half of a batch that is being applied to the memtable.
         let snap = self.db.snapshot();
-        Ok(snap.get(&self.ks, key).map_err(map_err)?.map(|v| v.to_vec()))
+        Ok(snap
+            .get(&self.ks, key)
+            .map_err(map_err)?
+            .map(|v| v.to_vec()))
     }
 
     fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {

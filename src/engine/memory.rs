@@ -64,12 +64,18 @@ mod loom_models {
             let w = {
                 let e = e.clone();
                 loom::thread::spawn(move || {
-                    e.commit(vec![(b"a".to_vec(), Some(b"1".to_vec())), (b"b".to_vec(), Some(b"1".to_vec()))])
-                        .unwrap();
+                    e.commit(vec![
+                        (b"a".to_vec(), Some(b"1".to_vec())),
+                        (b"b".to_vec(), Some(b"1".to_vec())),
+                    ])
+                    .unwrap();
                 })
             };
             let seen = e.scan(b"a", b"c", 10).unwrap();
-            assert!(seen.is_empty() || seen.len() == 2, "saw half a batch: {seen:?}");
+            assert!(
+                seen.is_empty() || seen.len() == 2,
+                "saw half a batch: {seen:?}"
+            );
             w.join().unwrap();
             assert_eq!(e.scan(b"a", b"c", 10).unwrap().len(), 2);
         });

@@ -63,7 +63,12 @@ impl<'a> Txn<'a> {
 
     /// Up to `limit` live pairs with `start <= key < end`, as this job sees
     /// them.
-    pub(crate) fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    pub(crate) fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let range = (Bound::Included(start), Bound::Excluded(end));
         // Each pending entry hides at most one engine entry, so asking the
         // engine for that many more is always enough.
@@ -73,7 +78,9 @@ impl<'a> Txn<'a> {
                 pending.insert(k.as_slice(), v.as_ref());
             }
         }
-        let base = self.engine.scan(start, end, limit.saturating_add(pending.len()))?;
+        let base = self
+            .engine
+            .scan(start, end, limit.saturating_add(pending.len()))?;
         let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = base.into_iter().collect();
         for (k, v) in pending {
             match v {

@@ -57,7 +57,9 @@ fn io_err(what: &str, path: &Path, e: std::io::Error) -> StateError {
 }
 
 fn sync_dir(path: &Path) -> Result<()> {
-    File::open(path).and_then(|d| d.sync_all()).map_err(|e| io_err("syncing directory", path, e))
+    File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err("syncing directory", path, e))
 }
 
 /// Writes `contents` to `dir/name` atomically and durably.
@@ -65,7 +67,9 @@ fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     let path = dir.join(name);
     let mut f = File::create(&tmp).map_err(|e| io_err("creating", &tmp, e))?;
-    f.write_all(contents).and_then(|_| f.sync_all()).map_err(|e| io_err("writing", &tmp, e))?;
+    f.write_all(contents)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| io_err("writing", &tmp, e))?;
     fs::rename(&tmp, &path).map_err(|e| io_err("renaming", &path, e))?;
     sync_dir(dir)
 }
@@ -73,12 +77,16 @@ fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<()> {
 fn read_hwm(dir: &Path) -> Result<u64> {
     let path = dir.join(HWM);
     match fs::read_to_string(&path) {
-        Ok(s) => s.trim().parse().map_err(|_| StateError::corrupt(format!("{} does not hold a number", path.display()))),
+        Ok(s) => s
+            .trim()
+            .parse()
+            .map_err(|_| StateError::corrupt(format!("{} does not hold a number", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
         // Not UTF-8: damaged, like any other non-number (D5).
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-            Err(StateError::corrupt(format!("{} does not hold a number", path.display())))
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(StateError::corrupt(format!(
+            "{} does not hold a number",
+            path.display()
+        ))),
         Err(e) => Err(io_err("reading", &path, e)),
     }
 }
@@ -88,7 +96,10 @@ fn check_marker(path: &Path) -> Result<()> {
     let marker = path.join(MARKER);
     let text = fs::read_to_string(&marker).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            StateError::invalid(format!("{} is not an agentstate store (no {MARKER} file); pick an empty or new path", path.display()))
+            StateError::invalid(format!(
+                "{} is not an agentstate store (no {MARKER} file); pick an empty or new path",
+                path.display()
+            ))
         } else if e.kind() == std::io::ErrorKind::InvalidData {
             // Not UTF-8: damaged, not unavailable (D5).
             StateError::corrupt(format!("{} is damaged", marker.display()))
@@ -102,7 +113,10 @@ fn check_marker(path: &Path) -> Result<()> {
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| StateError::corrupt(format!("{} is damaged", marker.display())))?;
     if version > FORMAT_VERSION {
-        return Err(StateError::UnsupportedFormat { found: version, supported: FORMAT_VERSION });
+        return Err(StateError::UnsupportedFormat {
+            found: version,
+            supported: FORMAT_VERSION,
+        });
     }
     Ok(())
 }
@@ -114,9 +128,15 @@ fn create(path: &Path, opts: &Options) -> Result<()> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let name = path.file_name().ok_or_else(|| StateError::invalid(format!("store path {} has no file name", path.display())))?;
+    let name = path.file_name().ok_or_else(|| {
+        StateError::invalid(format!("store path {} has no file name", path.display()))
+    })?;
     fs::create_dir_all(&parent).map_err(|e| io_err("creating", &parent, e))?;
-    let tmp = parent.join(format!(".{}.creating-{}", name.to_string_lossy(), std::process::id()));
+    let tmp = parent.join(format!(
+        ".{}.creating-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
     if tmp.exists() {
         fs::remove_dir_all(&tmp).map_err(|e| io_err("removing", &tmp, e))?;
     }
@@ -128,7 +148,11 @@ fn create(path: &Path, opts: &Options) -> Result<()> {
         drop(store);
     }
     write_atomic(&tmp, HWM, b"0\n")?;
-    write_atomic(&tmp, MARKER, format!("{MARKER_PREFIX}{FORMAT_VERSION}\n").as_bytes())?;
+    write_atomic(
+        &tmp,
+        MARKER,
+        format!("{MARKER_PREFIX}{FORMAT_VERSION}\n").as_bytes(),
+    )?;
     // rename(2) replaces an empty directory, and fails on a non-empty one
     // (another process created the store first): then use theirs.
     match fs::rename(&tmp, path) {
@@ -146,13 +170,23 @@ fn create(path: &Path, opts: &Options) -> Result<()> {
 
 /// Removes leftovers of creations whose process is gone.
 fn sweep_stale_creations(path: &Path) {
-    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else { return };
-    let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
     let prefix = format!(".{}.creating-", name.to_string_lossy());
-    let Ok(entries) = fs::read_dir(parent) else { return };
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
     for e in entries.flatten() {
         let fname = e.file_name().to_string_lossy().into_owned();
-        if let Some(pid) = fname.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok())
+        if let Some(pid) = fname
+            .strip_prefix(&prefix)
+            .and_then(|p| p.parse::<u32>().ok())
             && pid != std::process::id()
             && !Path::new(&format!("/proc/{pid}")).exists()
         {
@@ -163,7 +197,11 @@ fn sweep_stale_creations(path: &Path) {
 
 fn lock(path: &Path) -> Result<File> {
     let lock_path = path.join(LOCK);
-    let f = OpenOptions::new().read(true).write(true).open(&lock_path).map_err(|e| io_err("opening", &lock_path, e))?;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| io_err("opening", &lock_path, e))?;
     let start = Instant::now();
     loop {
         match f.try_lock() {
@@ -171,7 +209,11 @@ fn lock(path: &Path) -> Result<File> {
             Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < LOCK_RETRY => {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            Err(std::fs::TryLockError::WouldBlock) => return Err(StateError::Locked { path: path.to_path_buf() }),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StateError::Locked {
+                    path: path.to_path_buf(),
+                });
+            }
             Err(std::fs::TryLockError::Error(e)) => return Err(io_err("locking", &lock_path, e)),
         }
     }
@@ -185,7 +227,9 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<Store> {
             path.display()
         )));
     }
-    let is_empty_dir = fs::read_dir(path).map(|mut d| d.next().is_none()).unwrap_or(false);
+    let is_empty_dir = fs::read_dir(path)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(false);
     if !path.exists() || is_empty_dir {
         sweep_stale_creations(path);
         create(path, &opts)?;
@@ -193,11 +237,20 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<Store> {
     check_marker(path)?;
     let canonical = fs::canonicalize(path).map_err(|e| io_err("resolving", path, e))?;
     // D3, within this process: refuse at once.
-    if !OPEN_PATHS.lock().unwrap_or_else(|p| p.into_inner()).insert(canonical.clone()) {
-        return Err(StateError::Locked { path: path.to_path_buf() });
+    if !OPEN_PATHS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(canonical.clone())
+    {
+        return Err(StateError::Locked {
+            path: path.to_path_buf(),
+        });
     }
     let unregister = |e| {
-        OPEN_PATHS.lock().unwrap_or_else(|p| p.into_inner()).remove(&canonical);
+        OPEN_PATHS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&canonical);
         e
     };
     let lock_file = lock(path).map_err(unregister)?;
@@ -212,7 +265,10 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<Store> {
         path: path.to_path_buf(),
         canonical: canonical.clone(),
         _lock: lock_file,
-        hwm: Mutex::new(HwmState { written: hwm, at: Instant::now() }),
+        hwm: Mutex::new(HwmState {
+            written: hwm,
+            at: Instant::now(),
+        }),
     };
     let store = Store::assemble(Box::new(engine), opts, Some(state))?;
     let commits = store.commits();
@@ -268,6 +324,9 @@ impl FileState {
 
 impl Drop for FileState {
     fn drop(&mut self) {
-        OPEN_PATHS.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.canonical);
+        OPEN_PATHS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.canonical);
     }
 }

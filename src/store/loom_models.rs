@@ -65,7 +65,12 @@ struct TestSink {
 
 impl TestSink {
     fn new(fail_key: Option<&'static [u8]>) -> Self {
-        TestSink { engine: MemoryEngine::default(), fail_key, poisoned: AtomicBool::new(false), log: StdMutex::new(Vec::new()) }
+        TestSink {
+            engine: MemoryEngine::default(),
+            fail_key,
+            poisoned: AtomicBool::new(false),
+            log: StdMutex::new(Vec::new()),
+        }
     }
 
     fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
@@ -75,8 +80,13 @@ impl TestSink {
 
 impl Sink for TestSink {
     fn commit(&self, batch: Vec<Write>, counters: Counters) -> Result<()> {
-        let fail = self.fail_key.is_some_and(|k| batch.iter().any(|(bk, _)| bk.as_slice() == k));
-        self.log.lock().unwrap().push((batch.clone(), counters, fail));
+        let fail = self
+            .fail_key
+            .is_some_and(|k| batch.iter().any(|(bk, _)| bk.as_slice() == k));
+        self.log
+            .lock()
+            .unwrap()
+            .push((batch.clone(), counters, fail));
         if fail {
             self.poisoned.store(true, Ordering::SeqCst);
             return Err(StateError::unavailable("injected sync failure", None));
@@ -85,7 +95,9 @@ impl Sink for TestSink {
     }
 
     fn refused(&self) -> Option<StateError> {
-        self.poisoned.load(Ordering::SeqCst).then(|| StateError::unavailable("refusing after a failed commit", None))
+        self.poisoned
+            .load(Ordering::SeqCst)
+            .then(|| StateError::unavailable("refusing after a failed commit", None))
     }
 
     fn engine(&self) -> &dyn Engine {
@@ -94,7 +106,13 @@ impl Sink for TestSink {
 }
 
 fn is_unavailable<T>(r: &Result<T>) -> bool {
-    matches!(r, Err(StateError::Persistence { reason: PersistenceReason::Unavailable, .. }))
+    matches!(
+        r,
+        Err(StateError::Persistence {
+            reason: PersistenceReason::Unavailable,
+            ..
+        })
+    )
 }
 
 fn seq_key(seq: u64) -> Vec<u8> {
@@ -108,7 +126,10 @@ fn seq_key(seq: u64) -> Vec<u8> {
 fn loom_commit_queue_answers_each_caller_with_gap_free_seqs() {
     model(|| {
         let sink = Arc::new(TestSink::new(None));
-        let committer = Arc::new(Committer::new(Counters { next_seq: 1, commits: 0 }));
+        let committer = Arc::new(Committer::new(Counters {
+            next_seq: 1,
+            commits: 0,
+        }));
         let submit = |id: u8| {
             let (sink, committer) = (sink.clone(), committer.clone());
             move || {
@@ -127,25 +148,53 @@ fn loom_commit_queue_answers_each_caller_with_gap_free_seqs() {
         let t1 = thread::spawn(submit(1));
         let t2 = thread::spawn(submit(2));
         let r0 = submit(0)();
-        let answers = [r0.unwrap(), t1.join().unwrap().unwrap(), t2.join().unwrap().unwrap()];
+        let answers = [
+            r0.unwrap(),
+            t1.join().unwrap().unwrap(),
+            t2.join().unwrap().unwrap(),
+        ];
 
         for (i, &(id, seq, n)) in answers.iter().enumerate() {
             assert_eq!(id as usize, i, "caller {i} got another caller's answer");
             // Seq and counter are taken in the same serial order.
-            assert_eq!(seq, u64::from(n) + 1, "caller {i}: seq {seq} but saw counter {n}");
-            assert_eq!(sink.get(&seq_key(seq)), Some(vec![id]), "seq {seq} not stored for its caller");
+            assert_eq!(
+                seq,
+                u64::from(n) + 1,
+                "caller {i}: seq {seq} but saw counter {n}"
+            );
+            assert_eq!(
+                sink.get(&seq_key(seq)),
+                Some(vec![id]),
+                "seq {seq} not stored for its caller"
+            );
         }
         let seqs: BTreeSet<u64> = answers.iter().map(|a| a.1).collect();
-        assert_eq!(seqs, BTreeSet::from([1, 2, 3]), "seqs not gap-free and unique");
-        assert_eq!(sink.get(b"n"), Some(vec![3]), "a committed increment was lost");
+        assert_eq!(
+            seqs,
+            BTreeSet::from([1, 2, 3]),
+            "seqs not gap-free and unique"
+        );
+        assert_eq!(
+            sink.get(b"n"),
+            Some(vec![3]),
+            "a committed increment was lost"
+        );
 
         let log = sink.log.lock().unwrap();
         let c = committer.counters();
         assert_eq!(c.next_seq, 4);
-        assert_eq!(c.commits, log.len() as u64, "one commit per non-empty group");
+        assert_eq!(
+            c.commits,
+            log.len() as u64,
+            "one commit per non-empty group"
+        );
         for (i, (_, counters, failed)) in log.iter().enumerate() {
             assert!(!failed);
-            assert_eq!(counters.commits, i as u64 + 1, "group counters out of order");
+            assert_eq!(
+                counters.commits,
+                i as u64 + 1,
+                "group counters out of order"
+            );
         }
     });
 }
@@ -156,14 +205,20 @@ fn loom_commit_queue_answers_each_caller_with_gap_free_seqs() {
 fn loom_commit_queue_failed_job_contributes_no_writes() {
     model(|| {
         let sink = Arc::new(TestSink::new(None));
-        let committer = Arc::new(Committer::new(Counters { next_seq: 1, commits: 0 }));
+        let committer = Arc::new(Committer::new(Counters {
+            next_seq: 1,
+            commits: 0,
+        }));
         let failing = {
             let (sink, committer) = (sink.clone(), committer.clone());
             thread::spawn(move || {
                 committer.submit(&*sink, |txn| -> Result<()> {
                     txn.put(b"x".to_vec(), b"leaked".to_vec());
                     txn.next_seq += 1;
-                    Err(StateError::Conflict { expected: 1, actual: 2 })
+                    Err(StateError::Conflict {
+                        expected: 1,
+                        actual: 2,
+                    })
                 })
             })
         };
@@ -176,13 +231,29 @@ fn loom_commit_queue_failed_job_contributes_no_writes() {
         });
         let failed = failing.join().unwrap();
 
-        assert!(matches!(failed, Err(StateError::Conflict { expected: 1, actual: 2 })), "{failed:?}");
-        assert_eq!(ok.unwrap(), (None, 1), "a failed job's write or seq leaked into its group");
+        assert!(
+            matches!(
+                failed,
+                Err(StateError::Conflict {
+                    expected: 1,
+                    actual: 2
+                })
+            ),
+            "{failed:?}"
+        );
+        assert_eq!(
+            ok.unwrap(),
+            (None, 1),
+            "a failed job's write or seq leaked into its group"
+        );
         assert_eq!(sink.get(b"x"), None);
         assert_eq!(sink.get(b"y"), Some(vec![1]));
         assert_eq!(committer.counters().next_seq, 2);
         for (batch, _, _) in sink.log.lock().unwrap().iter() {
-            assert!(batch.iter().all(|(k, _)| k.as_slice() != b"x"), "failed job's write reached a batch");
+            assert!(
+                batch.iter().all(|(k, _)| k.as_slice() != b"x"),
+                "failed job's write reached a batch"
+            );
         }
     });
 }
@@ -195,7 +266,10 @@ fn loom_commit_queue_failed_job_contributes_no_writes() {
 fn loom_commit_queue_failed_commit_fails_whole_group() {
     model(|| {
         let sink = Arc::new(TestSink::new(Some(b"poison")));
-        let committer = Arc::new(Committer::new(Counters { next_seq: 1, commits: 0 }));
+        let committer = Arc::new(Committer::new(Counters {
+            next_seq: 1,
+            commits: 0,
+        }));
         let doomed = {
             let (sink, committer) = (sink.clone(), committer.clone());
             thread::spawn(move || {
@@ -215,13 +289,23 @@ fn loom_commit_queue_failed_commit_fails_whole_group() {
         });
         let doomed = doomed.join().unwrap();
 
-        assert!(is_unavailable(&doomed), "the failing group's job was answered {doomed:?}");
+        assert!(
+            is_unavailable(&doomed),
+            "the failing group's job was answered {doomed:?}"
+        );
         assert!(doomed.unwrap_err().is_retryable());
         assert_eq!(sink.get(b"poison"), None, "a failed batch left writes");
         let log = sink.log.lock().unwrap();
         let failed_batches: Vec<_> = log.iter().filter(|(_, _, f)| *f).collect();
-        assert_eq!(failed_batches.len(), 1, "exactly one commit failed, then the sink refused");
-        let grouped_with_failure = failed_batches[0].0.iter().any(|(k, _)| k.as_slice() == b"b");
+        assert_eq!(
+            failed_batches.len(),
+            1,
+            "exactly one commit failed, then the sink refused"
+        );
+        let grouped_with_failure = failed_batches[0]
+            .0
+            .iter()
+            .any(|(k, _)| k.as_slice() == b"b");
         match &other {
             Ok(seq) => {
                 assert!(!grouped_with_failure, "Ok for a job of the failed group");
@@ -233,7 +317,11 @@ fn loom_commit_queue_failed_commit_fails_whole_group() {
             Err(_) => {
                 assert!(is_unavailable(&other), "{other:?}");
                 assert_eq!(sink.get(b"b"), None, "an Unavailable job's write landed");
-                assert_eq!(committer.counters().next_seq, 1, "a failed group consumed seqs");
+                assert_eq!(
+                    committer.counters().next_seq,
+                    1,
+                    "a failed group consumed seqs"
+                );
                 assert_eq!(committer.counters().commits, 0);
             }
         }
@@ -249,8 +337,12 @@ fn loom_memory_engine_overlapping_batches_stay_whole() {
         let writer = |v: u8| {
             let e = e.clone();
             thread::spawn(move || {
-                e.commit(vec![(b"a".to_vec(), Some(vec![v])), (b"b".to_vec(), Some(vec![v])), (b"c".to_vec(), None)])
-                    .unwrap();
+                e.commit(vec![
+                    (b"a".to_vec(), Some(vec![v])),
+                    (b"b".to_vec(), Some(vec![v])),
+                    (b"c".to_vec(), None),
+                ])
+                .unwrap();
             })
         };
         e.commit(vec![(b"c".to_vec(), Some(vec![0]))]).unwrap();
@@ -258,7 +350,9 @@ fn loom_memory_engine_overlapping_batches_stay_whole() {
         let seen = e.scan(b"a", b"d", 10).unwrap();
         let values: Vec<&[u8]> = seen.iter().map(|(_, v)| v.as_slice()).collect();
         assert!(
-            values == [[0u8].as_slice()] || values == [[1u8].as_slice(), &[1]] || values == [[2u8].as_slice(), &[2]],
+            values == [[0u8].as_slice()]
+                || values == [[1u8].as_slice(), &[1]]
+                || values == [[2u8].as_slice(), &[2]],
             "saw a torn state: {seen:?}"
         );
         w1.join().unwrap();
@@ -270,7 +364,12 @@ fn loom_memory_engine_overlapping_batches_stay_whole() {
 }
 
 fn tray(doc: &str, marked: bool) -> Tray {
-    Tray { marked, doc: doc.as_bytes().to_vec(), env: "env".into(), hostname: "host".into() }
+    Tray {
+        marked,
+        doc: doc.as_bytes().to_vec(),
+        env: "env".into(),
+        hostname: "host".into(),
+    }
 }
 
 /// (c) T6 through the store itself (memory engine, real commit path, real
@@ -292,14 +391,27 @@ fn loom_fence_check_and_write_are_one_step() {
         assert!(new.is_ok(), "the newest holder was refused: {new:?}");
         match old {
             Ok(()) => {}
-            Err(StateError::FenceLost { caller: 1, stored: 2 }) => {}
+            Err(StateError::FenceLost {
+                caller: 1,
+                stored: 2,
+            }) => {}
             other => panic!("the stale holder got {other:?}"),
         }
         assert_eq!(store.epoch(&key.instance()).unwrap(), 2);
         let stored = store.read_tray(&key, 2).unwrap().expect("tray written");
-        assert_eq!(stored.doc, b"e2", "a stale write landed after the newer epoch was stored");
+        assert_eq!(
+            stored.doc, b"e2",
+            "a stale write landed after the newer epoch was stored"
+        );
         // The marked index follows the tray: e2 unmarked it or never marked.
-        assert!(store.marked_trays(None, 10, None).unwrap().items().is_empty(), "stale marked index entry");
+        assert!(
+            store
+                .marked_trays(None, 10, None)
+                .unwrap()
+                .items()
+                .is_empty(),
+            "stale marked index entry"
+        );
     });
 }
 
@@ -314,7 +426,11 @@ fn loom_fenced_batch_is_all_or_nothing() {
             let (store, inst) = (store.clone(), inst.clone());
             thread::spawn(move || {
                 let ops = ["a", "b"]
-                    .map(|id| TrayOp::Put { tray_ns: "t".into(), tray_id: id.into(), tray: tray("e1", false) })
+                    .map(|id| TrayOp::Put {
+                        tray_ns: "t".into(),
+                        tray_id: id.into(),
+                        tray: tray("e1", false),
+                    })
                     .to_vec();
                 store.apply_batch(&inst, 1, ops)
             })
@@ -323,12 +439,29 @@ fn loom_fenced_batch_is_all_or_nothing() {
         let batch = batch.join().unwrap();
 
         assert!(new.is_ok(), "{new:?}");
-        let a = store.read_tray(&inst.tray("t", "a"), 2).unwrap().map(|t| t.doc);
-        let b = store.read_tray(&inst.tray("t", "b"), 2).unwrap().map(|t| t.doc);
-        assert_eq!(a.as_deref(), Some(&b"e2"[..]), "the stale batch overwrote the newer write");
+        let a = store
+            .read_tray(&inst.tray("t", "a"), 2)
+            .unwrap()
+            .map(|t| t.doc);
+        let b = store
+            .read_tray(&inst.tray("t", "b"), 2)
+            .unwrap()
+            .map(|t| t.doc);
+        assert_eq!(
+            a.as_deref(),
+            Some(&b"e2"[..]),
+            "the stale batch overwrote the newer write"
+        );
         match batch {
-            Ok(()) => assert_eq!(b.as_deref(), Some(&b"e1"[..]), "batch acknowledged but half applied"),
-            Err(StateError::FenceLost { caller: 1, stored: 2 }) => assert_eq!(b, None, "fenced batch half applied"),
+            Ok(()) => assert_eq!(
+                b.as_deref(),
+                Some(&b"e1"[..]),
+                "batch acknowledged but half applied"
+            ),
+            Err(StateError::FenceLost {
+                caller: 1,
+                stored: 2,
+            }) => assert_eq!(b, None, "fenced batch half applied"),
             other => panic!("the stale batch got {other:?}"),
         }
     });

@@ -158,7 +158,8 @@ impl Store {
     /// An empty in-memory store.
     pub fn with_options(opts: Options) -> Store {
         let engine = MemoryEngine::default();
-        Self::assemble(Box::new(engine), opts, None).expect("a new memory store cannot fail to start")
+        Self::assemble(Box::new(engine), opts, None)
+            .expect("a new memory store cannot fail to start")
     }
 
     /// Opens (creating if needed) the file store at `path`, a directory.
@@ -177,7 +178,11 @@ impl Store {
     }
 
     /// Builds a store over an engine, writing the meta values of a new one.
-    fn assemble(engine: Box<dyn Engine>, opts: Options, file: Option<file::FileState>) -> Result<Store> {
+    fn assemble(
+        engine: Box<dyn Engine>,
+        opts: Options,
+        file: Option<file::FileState>,
+    ) -> Result<Store> {
         let format: Option<u8> = match engine.get(meta::FORMAT)? {
             Some(v) => Some(value::decode(&v, "format version")?),
             None => None,
@@ -191,12 +196,24 @@ impl Store {
             }
             None => {
                 let secret = new_secret();
-                let counters = Counters { next_seq: 1, commits: 0 };
+                let counters = Counters {
+                    next_seq: 1,
+                    commits: 0,
+                };
                 engine.commit(vec![
-                    (meta::FORMAT.to_vec(), Some(value::encode(&value::FORMAT_VERSION))),
+                    (
+                        meta::FORMAT.to_vec(),
+                        Some(value::encode(&value::FORMAT_VERSION)),
+                    ),
                     (meta::SECRET.to_vec(), Some(value::encode(&secret))),
-                    (meta::NEXT_SEQ.to_vec(), Some(value::encode(&counters.next_seq))),
-                    (meta::COMMITS.to_vec(), Some(value::encode(&counters.commits))),
+                    (
+                        meta::NEXT_SEQ.to_vec(),
+                        Some(value::encode(&counters.next_seq)),
+                    ),
+                    (
+                        meta::COMMITS.to_vec(),
+                        Some(value::encode(&counters.commits)),
+                    ),
                 ])?;
                 (secret, counters)
             }
@@ -232,8 +249,14 @@ impl Store {
 
 impl Sink for Store {
     fn commit(&self, mut batch: Vec<Write>, counters: Counters) -> Result<()> {
-        batch.push((meta::NEXT_SEQ.to_vec(), Some(value::encode(&counters.next_seq))));
-        batch.push((meta::COMMITS.to_vec(), Some(value::encode(&counters.commits))));
+        batch.push((
+            meta::NEXT_SEQ.to_vec(),
+            Some(value::encode(&counters.next_seq)),
+        ));
+        batch.push((
+            meta::COMMITS.to_vec(),
+            Some(value::encode(&counters.commits)),
+        ));
         match self.engine.commit(batch) {
             Ok(()) => {
                 if let (Some(f), Durability::Immediate) = (&self.file, self.opts.durability) {
@@ -251,7 +274,10 @@ impl Sink for Store {
 
     fn refused(&self) -> Option<StateError> {
         self.poisoned.load(Ordering::SeqCst).then(|| {
-            StateError::unavailable("an earlier write failed to persist; the store refuses writes until reopened", None)
+            StateError::unavailable(
+                "an earlier write failed to persist; the store refuses writes until reopened",
+                None,
+            )
         })
     }
 
@@ -265,8 +291,12 @@ impl Drop for Store {
         if let Some(f) = &self.file {
             // The mark may only count commits that are on disk: in
             // `Buffered` mode, sync them first.
-            let synced = self.opts.durability == Durability::Immediate || self.engine.sync().is_ok();
-            f.close(self.committer.counters().commits, synced && !self.poisoned.load(Ordering::SeqCst));
+            let synced =
+                self.opts.durability == Durability::Immediate || self.engine.sync().is_ok();
+            f.close(
+                self.committer.counters().commits,
+                synced && !self.poisoned.load(Ordering::SeqCst),
+            );
         }
     }
 }
@@ -285,7 +315,12 @@ fn new_secret() -> [u8; 16] {
     for (i, chunk) in out.chunks_mut(8).enumerate() {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_usize(i);
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
         chunk.copy_from_slice(&h.finish().to_le_bytes());
     }
     out

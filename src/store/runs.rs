@@ -14,19 +14,33 @@ use super::commit::Txn;
 use super::{Store, check_id, check_size};
 
 pub(crate) fn run_key(k: &RunKey) -> Vec<u8> {
-    KeyBuf::table(table::RUN).str(&k.tenant).str(&k.run_id).done()
+    KeyBuf::table(table::RUN)
+        .str(&k.tenant)
+        .str(&k.run_id)
+        .done()
 }
 pub(crate) fn by_seq_key(tenant: &str, seq: u64) -> Vec<u8> {
     KeyBuf::table(table::RUN_BY_SEQ).str(tenant).u64(seq).done()
 }
 pub(crate) fn by_state_key(tenant: &str, state: RunState, seq: u64) -> Vec<u8> {
-    KeyBuf::table(table::RUN_BY_STATE).str(tenant).u8(state.tag()).u64(seq).done()
+    KeyBuf::table(table::RUN_BY_STATE)
+        .str(tenant)
+        .u8(state.tag())
+        .u64(seq)
+        .done()
 }
 pub(crate) fn by_session_key(tenant: &str, session: &str, seq: u64) -> Vec<u8> {
-    KeyBuf::table(table::RUN_BY_SESSION).str(tenant).str(session).u64(seq).done()
+    KeyBuf::table(table::RUN_BY_SESSION)
+        .str(tenant)
+        .str(session)
+        .u64(seq)
+        .done()
 }
 pub(crate) fn session_key(k: &SessionKey) -> Vec<u8> {
-    KeyBuf::table(table::SESSION).str(&k.tenant).str(&k.session_id).done()
+    KeyBuf::table(table::SESSION)
+        .str(&k.tenant)
+        .str(&k.session_id)
+        .done()
 }
 
 pub(crate) fn check_run_key(k: &RunKey) -> Result<()> {
@@ -36,19 +50,29 @@ pub(crate) fn check_run_key(k: &RunKey) -> Result<()> {
 
 /// Reads and checks a stored run.
 pub(crate) fn read_run(txn: &Txn<'_>, key: &RunKey) -> Result<Option<RunRecord>> {
-    txn.get(&run_key(key))?.map(|v| decode_run(&v, key)).transpose()
+    txn.get(&run_key(key))?
+        .map(|v| decode_run(&v, key))
+        .transpose()
 }
 
 pub(crate) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
     let r: RunRecord = value::decode(bytes, "run")?;
     if &r.key != key {
-        return Err(StateError::corrupt(format!("run stored under {}/{} names another key", key.tenant, key.run_id)));
+        return Err(StateError::corrupt(format!(
+            "run stored under {}/{} names another key",
+            key.tenant, key.run_id
+        )));
     }
     Ok(r)
 }
 
 /// Writes a run and the index entries it needs; `old` is what was stored.
-pub(crate) fn write_run(txn: &mut Txn<'_>, old: Option<&RunRecord>, new: &RunRecord, max: usize) -> Result<()> {
+pub(crate) fn write_run(
+    txn: &mut Txn<'_>,
+    old: Option<&RunRecord>,
+    new: &RunRecord,
+    max: usize,
+) -> Result<()> {
     let bytes = value::encode(new);
     check_size("run record", bytes.len(), max)?;
     debug_assert!(decode_run(&bytes, &new.key).is_ok_and(|r| &r == new));
@@ -149,7 +173,9 @@ impl Store {
         let r = decode_run(&bytes, &key)?;
         let matches = r.seq == seq
             && q.state.is_none_or(|s| s == r.state)
-            && q.session.as_ref().is_none_or(|s| r.session_id.as_ref() == Some(s))
+            && q.session
+                .as_ref()
+                .is_none_or(|s| r.session_id.as_ref() == Some(s))
             && q.agent.as_ref().is_none_or(|a| &r.agent_name == a)
             && q.updated_before.is_none_or(|t: Millis| r.updated_at < t);
         Ok(matches.then_some(r))
@@ -165,7 +191,12 @@ impl StateStore for Store {
         self.submit(move |txn| {
             let stored = read_run(txn, &record.key)?;
             let stored = match (record.version, stored) {
-                (0, Some(s)) => return Err(StateError::Conflict { expected: 0, actual: s.version }),
+                (0, Some(s)) => {
+                    return Err(StateError::Conflict {
+                        expected: 0,
+                        actual: s.version,
+                    });
+                }
                 (0, None) => {
                     if let Some(s) = &record.session_id {
                         let sk = SessionKey::new(record.key.tenant.clone(), s.clone());
@@ -175,13 +206,27 @@ impl StateStore for Store {
                     }
                     let seq = txn.next_seq;
                     txn.next_seq += 1;
-                    let new = RunRecord { version: 1, seq, created_at: now, updated_at: now, ..record };
+                    let new = RunRecord {
+                        version: 1,
+                        seq,
+                        created_at: now,
+                        updated_at: now,
+                        ..record
+                    };
                     write_run(txn, None, &new, max)?;
                     return Ok(new);
                 }
-                (n, None) => return Err(StateError::Conflict { expected: n, actual: 0 }),
+                (n, None) => {
+                    return Err(StateError::Conflict {
+                        expected: n,
+                        actual: 0,
+                    });
+                }
                 (n, Some(s)) if s.version != n => {
-                    return Err(StateError::Conflict { expected: n, actual: s.version });
+                    return Err(StateError::Conflict {
+                        expected: n,
+                        actual: s.version,
+                    });
                 }
                 (_, Some(s)) => s,
             };
@@ -207,7 +252,10 @@ impl StateStore for Store {
 
     fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
         check_run_key(key)?;
-        self.engine.get(&run_key(key))?.map(|v| decode_run(&v, key)).transpose()
+        self.engine
+            .get(&run_key(key))?
+            .map(|v| decode_run(&v, key))
+            .transpose()
     }
 
     fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
@@ -220,8 +268,16 @@ impl StateStore for Store {
                 return Err(StateError::NotFound(Missing::Run(key)));
             };
             let mut new = old.clone();
-            new.usage.input_tokens = add("usage.input_tokens", old.usage.input_tokens, delta.usage.input_tokens)?;
-            new.usage.output_tokens = add("usage.output_tokens", old.usage.output_tokens, delta.usage.output_tokens)?;
+            new.usage.input_tokens = add(
+                "usage.input_tokens",
+                old.usage.input_tokens,
+                delta.usage.input_tokens,
+            )?;
+            new.usage.output_tokens = add(
+                "usage.output_tokens",
+                old.usage.output_tokens,
+                delta.usage.output_tokens,
+            )?;
             new.cost_micros = add("cost_micros", old.cost_micros, delta.cost_micros)?;
             new.iterations = add("iterations", old.iterations, delta.iterations)?;
             new.messages_read = add("messages_read", old.messages_read, delta.messages_read)?;
@@ -243,19 +299,44 @@ impl StateStore for Store {
         // The narrowest index that answers the query: a reaper's
         // state query never walks finished runs (L5).
         let (table_byte, prefix) = match (&q.session, q.state) {
-            (Some(s), _) => (table::RUN_BY_SESSION, KeyBuf::table(table::RUN_BY_SESSION).str(&q.tenant).str(s).done()),
-            (None, Some(st)) => (table::RUN_BY_STATE, KeyBuf::table(table::RUN_BY_STATE).str(&q.tenant).u8(st.tag()).done()),
-            (None, None) => (table::RUN_BY_SEQ, KeyBuf::table(table::RUN_BY_SEQ).str(&q.tenant).done()),
+            (Some(s), _) => (
+                table::RUN_BY_SESSION,
+                KeyBuf::table(table::RUN_BY_SESSION)
+                    .str(&q.tenant)
+                    .str(s)
+                    .done(),
+            ),
+            (None, Some(st)) => (
+                table::RUN_BY_STATE,
+                KeyBuf::table(table::RUN_BY_STATE)
+                    .str(&q.tenant)
+                    .u8(st.tag())
+                    .done(),
+            ),
+            (None, None) => (
+                table::RUN_BY_SEQ,
+                KeyBuf::table(table::RUN_BY_SEQ).str(&q.tenant).done(),
+            ),
         };
         debug_assert_eq!(prefix[0], table_byte);
         let binding = Self::list_binding(q);
         let end = prefix_end(&prefix);
         let plen = prefix.len();
-        self.scan_page(Listing::Runs, &binding, &prefix, &end, q.cursor.as_ref(), q.limit, |k, v| {
-            let seq_bytes = k.get(plen..plen + 8).ok_or_else(|| StateError::corrupt("run index key truncated"))?;
-            let seq = u64::from_be_bytes(seq_bytes.try_into().expect("8 bytes"));
-            self.indexed_run(q, seq, v)
-        })
+        self.scan_page(
+            Listing::Runs,
+            &binding,
+            &prefix,
+            &end,
+            q.cursor.as_ref(),
+            q.limit,
+            |k, v| {
+                let seq_bytes = k
+                    .get(plen..plen + 8)
+                    .ok_or_else(|| StateError::corrupt("run index key truncated"))?;
+                let seq = u64::from_be_bytes(seq_bytes.try_into().expect("8 bytes"));
+                self.indexed_run(q, seq, v)
+            },
+        )
     }
 
     fn put_session(&self, record: SessionRecord) -> Result<SessionRecord> {

@@ -29,13 +29,34 @@ impl Store {
         let max = self.opts.record_bytes_max;
         self.submit(move |txn| {
             let k = session_key(&record.key);
-            let stored = txn.get(&k)?.map(|v| decode_session(&v, &record.key)).transpose()?;
+            let stored = txn
+                .get(&k)?
+                .map(|v| decode_session(&v, &record.key))
+                .transpose()?;
             let new = match (record.version, stored) {
-                (0, Some(s)) => return Err(StateError::Conflict { expected: 0, actual: s.version }),
-                (0, None) => SessionRecord { version: 1, created_at: now, updated_at: now, ..record },
-                (n, None) => return Err(StateError::Conflict { expected: n, actual: 0 }),
+                (0, Some(s)) => {
+                    return Err(StateError::Conflict {
+                        expected: 0,
+                        actual: s.version,
+                    });
+                }
+                (0, None) => SessionRecord {
+                    version: 1,
+                    created_at: now,
+                    updated_at: now,
+                    ..record
+                },
+                (n, None) => {
+                    return Err(StateError::Conflict {
+                        expected: n,
+                        actual: 0,
+                    });
+                }
                 (n, Some(s)) if s.version != n => {
-                    return Err(StateError::Conflict { expected: n, actual: s.version });
+                    return Err(StateError::Conflict {
+                        expected: n,
+                        actual: s.version,
+                    });
                 }
                 (_, Some(s)) => SessionRecord {
                     version: s.version + 1,
@@ -53,10 +74,17 @@ impl Store {
 
     pub(super) fn get_session_impl(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
         check_session_key(key)?;
-        self.engine.get(&session_key(key))?.map(|v| decode_session(&v, key)).transpose()
+        self.engine
+            .get(&session_key(key))?
+            .map(|v| decode_session(&v, key))
+            .transpose()
     }
 
-    pub(super) fn delete_session_impl(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
+    pub(super) fn delete_session_impl(
+        &self,
+        key: &SessionKey,
+        cascade: bool,
+    ) -> Result<Vec<RunKey>> {
         check_session_key(key)?;
         let key = key.clone();
         self.submit(move |txn| {
@@ -64,17 +92,26 @@ impl Store {
             if txn.get(&k)?.is_none() {
                 return Err(StateError::NotFound(Missing::Session(key)));
             }
-            let prefix = KeyBuf::table(table::RUN_BY_SESSION).str(&key.tenant).str(&key.session_id).done();
+            let prefix = KeyBuf::table(table::RUN_BY_SESSION)
+                .str(&key.tenant)
+                .str(&key.session_id)
+                .done();
             let entries = txn.scan(&prefix, &prefix_end(&prefix), usize::MAX)?;
             let mut runs = Vec::with_capacity(entries.len());
             for (_, v) in entries {
                 let run_id: String = value::decode(&v, "run index entry")?;
                 let rk = RunKey::new(key.tenant.clone(), run_id);
-                let r = read_run(txn, &rk)?.ok_or_else(|| StateError::corrupt(format!("session index names missing run {}", rk.run_id)))?;
+                let r = read_run(txn, &rk)?.ok_or_else(|| {
+                    StateError::corrupt(format!("session index names missing run {}", rk.run_id))
+                })?;
                 runs.push(r);
             }
             if !cascade {
-                let live: Vec<RunKey> = runs.iter().filter(|r| !r.state.is_finished()).map(|r| r.key.clone()).collect();
+                let live: Vec<RunKey> = runs
+                    .iter()
+                    .filter(|r| !r.state.is_finished())
+                    .map(|r| r.key.clone())
+                    .collect();
                 if !live.is_empty() {
                     return Err(StateError::InUse { runs: live });
                 }

@@ -30,21 +30,34 @@ impl Store {
     /// assert!(page.cursor().is_none());
     /// # Ok::<(), agentstate::StateError>(())
     /// ```
-    pub fn list_sessions(&self, tenant: &str, limit: usize, cursor: Option<&Cursor>) -> Result<Page<SessionRecord>> {
+    pub fn list_sessions(
+        &self,
+        tenant: &str,
+        limit: usize,
+        cursor: Option<&Cursor>,
+    ) -> Result<Page<SessionRecord>> {
         check_id("tenant", tenant)?;
         let prefix = KeyBuf::table(table::SESSION).str(tenant).done();
-        self.scan_page(Listing::Sessions, &prefix, &prefix, &prefix_end(&prefix), cursor, limit, |k, v| {
-            let mut r = KeyReader::new(k, table::SESSION)?;
-            let key = SessionKey::new(r.str()?, r.str()?);
-            r.end()?;
-            let s: SessionRecord = value::decode(v, "session")?;
-            if s.key != key {
-                return Err(StateError::corrupt(format!(
-                    "session stored under {}/{} names another key",
-                    key.tenant, key.session_id
-                )));
-            }
-            Ok(Some(s))
-        })
+        self.scan_page(
+            Listing::Sessions,
+            &prefix,
+            &prefix,
+            &prefix_end(&prefix),
+            cursor,
+            limit,
+            |k, v| {
+                let mut r = KeyReader::new(k, table::SESSION)?;
+                let key = SessionKey::new(r.str()?, r.str()?);
+                r.end()?;
+                let s: SessionRecord = value::decode(v, "session")?;
+                if s.key != key {
+                    return Err(StateError::corrupt(format!(
+                        "session stored under {}/{} names another key",
+                        key.tenant, key.session_id
+                    )));
+                }
+                Ok(Some(s))
+            },
+        )
     }
 }

@@ -15,7 +15,10 @@ use crate::tray::{InstanceKey, Tray, TrayKey};
 
 use super::commit::Txn;
 use super::runs::{by_seq_key, check_record, read_run, session_key, write_run};
-use super::trays::{alarm_due_key, alarm_key, check_instance, check_tray, check_tray_key, epoch_key, read_tray_key, tray_key};
+use super::trays::{
+    alarm_due_key, alarm_key, check_instance, check_tray, check_tray_key, epoch_key, read_tray_key,
+    tray_key,
+};
 use super::{Store, check_id};
 
 /// One exported record. Serialized as one JSON object per line with a
@@ -52,7 +55,13 @@ pub enum Entry {
 }
 
 /// The primary tables, in export order.
-const TABLES: [u8; 5] = [table::RUN, table::SESSION, table::EPOCH, table::TRAY, table::ALARM];
+const TABLES: [u8; 5] = [
+    table::RUN,
+    table::SESSION,
+    table::EPOCH,
+    table::TRAY,
+    table::ALARM,
+];
 
 fn entry_of(k: &[u8], v: &[u8]) -> Result<Entry> {
     let t = *k.first().ok_or_else(|| StateError::corrupt("empty key"))?;
@@ -60,10 +69,29 @@ fn entry_of(k: &[u8], v: &[u8]) -> Result<Entry> {
     Ok(match t {
         table::RUN => Entry::Run(value::decode(v, "run")?),
         table::SESSION => Entry::Session(value::decode(v, "session")?),
-        table::EPOCH => Entry::Epoch { instance: InstanceKey { ns: r.str()?, id: r.str()? }, epoch: value::decode(v, "epoch")? },
-        table::TRAY => Entry::Tray { key: read_tray_key(&mut r)?, tray: value::decode(v, "tray")? },
-        table::ALARM => Entry::Alarm { instance: InstanceKey { ns: r.str()?, id: r.str()? }, due_at: value::decode(v, "alarm")? },
-        other => return Err(StateError::corrupt(format!("unexpected table {other:#04x} in export"))),
+        table::EPOCH => Entry::Epoch {
+            instance: InstanceKey {
+                ns: r.str()?,
+                id: r.str()?,
+            },
+            epoch: value::decode(v, "epoch")?,
+        },
+        table::TRAY => Entry::Tray {
+            key: read_tray_key(&mut r)?,
+            tray: value::decode(v, "tray")?,
+        },
+        table::ALARM => Entry::Alarm {
+            instance: InstanceKey {
+                ns: r.str()?,
+                id: r.str()?,
+            },
+            due_at: value::decode(v, "alarm")?,
+        },
+        other => {
+            return Err(StateError::corrupt(format!(
+                "unexpected table {other:#04x} in export"
+            )));
+        }
     })
 }
 
@@ -73,9 +101,21 @@ impl Store {
     pub fn export_page(&self, limit: usize, cursor: Option<&Cursor>) -> Result<Page<Entry>> {
         let lo = KeyBuf::table(table::RUN).done();
         let hi = KeyBuf::table(table::ALARM + 1).done();
-        self.scan_page(Listing::Export, b"export", &lo, &hi, cursor, limit, |k, v| {
-            if TABLES.contains(&k[0]) { entry_of(k, v).map(Some) } else { Ok(None) }
-        })
+        self.scan_page(
+            Listing::Export,
+            b"export",
+            &lo,
+            &hi,
+            cursor,
+            limit,
+            |k, v| {
+                if TABLES.contains(&k[0]) {
+                    entry_of(k, v).map(Some)
+                } else {
+                    Ok(None)
+                }
+            },
+        )
     }
 
     /// True when the store holds no record of any kind.
@@ -97,7 +137,10 @@ impl Store {
                 Entry::Run(r) => {
                     check_record(&r)?;
                     if r.seq == 0 || r.version == 0 {
-                        return Err(StateError::invalid(format!("run {}: seq and version must be at least 1", r.key.run_id)));
+                        return Err(StateError::invalid(format!(
+                            "run {}: seq and version must be at least 1",
+                            r.key.run_id
+                        )));
                     }
                     Entry::Run(self.opts.scrubber.scrub_run(&r))
                 }
@@ -125,7 +168,10 @@ impl Store {
         self.submit(move |txn: &mut Txn<'_>| {
             let exists = |txn: &Txn<'_>, k: &[u8]| -> Result<()> {
                 match txn.get(k)? {
-                    Some(_) => Err(StateError::Conflict { expected: 0, actual: 1 }),
+                    Some(_) => Err(StateError::Conflict {
+                        expected: 0,
+                        actual: 1,
+                    }),
                     None => Ok(()),
                 }
             };
@@ -133,7 +179,10 @@ impl Store {
                 match e {
                     Entry::Run(r) => {
                         if let Some(s) = read_run(txn, &r.key)? {
-                            return Err(StateError::Conflict { expected: 0, actual: s.version });
+                            return Err(StateError::Conflict {
+                                expected: 0,
+                                actual: s.version,
+                            });
                         }
                         if txn.get(&by_seq_key(&r.key.tenant, r.seq))?.is_some() {
                             return Err(StateError::invalid(format!(
@@ -184,7 +233,8 @@ impl Store {
     pub fn __unindex_run_for_tests(&self, key: &RunKey) -> Result<()> {
         let key = key.clone();
         self.submit(move |txn| {
-            let r = read_run(txn, &key)?.ok_or_else(|| StateError::NotFound(crate::error::Missing::Run(key.clone())))?;
+            let r = read_run(txn, &key)?
+                .ok_or_else(|| StateError::NotFound(crate::error::Missing::Run(key.clone())))?;
             txn.delete(by_seq_key(&key.tenant, r.seq));
             Ok(())
         })

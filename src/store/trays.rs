@@ -30,27 +30,52 @@ pub(crate) fn epoch_key(i: &InstanceKey) -> Vec<u8> {
     KeyBuf::table(table::EPOCH).str(&i.ns).str(&i.id).done()
 }
 pub(crate) fn tray_key(k: &TrayKey) -> Vec<u8> {
-    KeyBuf::table(table::TRAY).str(&k.ns).str(&k.id).str(&k.tray_ns).str(&k.tray_id).done()
+    KeyBuf::table(table::TRAY)
+        .str(&k.ns)
+        .str(&k.id)
+        .str(&k.tray_ns)
+        .str(&k.tray_id)
+        .done()
 }
 fn instance_trays(i: &InstanceKey) -> Vec<u8> {
     KeyBuf::table(table::TRAY).str(&i.ns).str(&i.id).done()
 }
 pub(crate) fn marked_key(k: &TrayKey) -> Vec<u8> {
-    KeyBuf::table(table::MARKED).str(&k.ns).str(&k.id).str(&k.tray_ns).str(&k.tray_id).done()
+    KeyBuf::table(table::MARKED)
+        .str(&k.ns)
+        .str(&k.id)
+        .str(&k.tray_ns)
+        .str(&k.tray_id)
+        .done()
 }
 pub(crate) fn marked_env_key(env: &str, k: &TrayKey) -> Vec<u8> {
-    KeyBuf::table(table::MARKED_BY_ENV).str(env).str(&k.ns).str(&k.id).str(&k.tray_ns).str(&k.tray_id).done()
+    KeyBuf::table(table::MARKED_BY_ENV)
+        .str(env)
+        .str(&k.ns)
+        .str(&k.id)
+        .str(&k.tray_ns)
+        .str(&k.tray_id)
+        .done()
 }
 pub(crate) fn alarm_key(i: &InstanceKey) -> Vec<u8> {
     KeyBuf::table(table::ALARM).str(&i.ns).str(&i.id).done()
 }
 pub(crate) fn alarm_due_key(due: Millis, i: &InstanceKey) -> Vec<u8> {
-    KeyBuf::table(table::ALARM_BY_DUE).u64(due).str(&i.ns).str(&i.id).done()
+    KeyBuf::table(table::ALARM_BY_DUE)
+        .u64(due)
+        .str(&i.ns)
+        .str(&i.id)
+        .done()
 }
 
 /// Reads a tray key back from the trailing four components of `r`.
 pub(crate) fn read_tray_key(r: &mut KeyReader<'_>) -> Result<TrayKey> {
-    Ok(TrayKey { ns: r.str()?, id: r.str()?, tray_ns: r.str()?, tray_id: r.str()? })
+    Ok(TrayKey {
+        ns: r.str()?,
+        id: r.str()?,
+        tray_ns: r.str()?,
+        tray_id: r.str()?,
+    })
 }
 
 pub(crate) fn check_instance(i: &InstanceKey) -> Result<()> {
@@ -74,14 +99,20 @@ pub(crate) fn check_tray(t: &Tray, max: usize) -> Result<()> {
 }
 
 pub(crate) fn read_epoch(txn: &Txn<'_>, i: &InstanceKey) -> Result<u64> {
-    txn.get(&epoch_key(i))?.map(|v| value::decode(&v, "epoch")).transpose().map(|e| e.unwrap_or(0))
+    txn.get(&epoch_key(i))?
+        .map(|v| value::decode(&v, "epoch"))
+        .transpose()
+        .map(|e| e.unwrap_or(0))
 }
 
 /// T2: below the stored epoch is `FenceLost`; above it advances it.
 fn fence(txn: &mut Txn<'_>, i: &InstanceKey, epoch: u64) -> Result<()> {
     let stored = read_epoch(txn, i)?;
     if epoch < stored {
-        return Err(StateError::FenceLost { caller: epoch, stored });
+        return Err(StateError::FenceLost {
+            caller: epoch,
+            stored,
+        });
     }
     if epoch > stored {
         txn.put(epoch_key(i), value::encode(&epoch));
@@ -90,7 +121,9 @@ fn fence(txn: &mut Txn<'_>, i: &InstanceKey, epoch: u64) -> Result<()> {
 }
 
 fn read_tray(txn: &Txn<'_>, k: &TrayKey) -> Result<Option<Tray>> {
-    txn.get(&tray_key(k))?.map(|v| value::decode(&v, "tray")).transpose()
+    txn.get(&tray_key(k))?
+        .map(|v| value::decode(&v, "tray"))
+        .transpose()
 }
 
 /// Writes (`Some`) or deletes (`None`) a tray with its marked indexes.
@@ -103,7 +136,10 @@ fn set_tray(txn: &mut Txn<'_>, k: &TrayKey, new: Option<&Tray>) -> Result<bool> 
     match new {
         Some(t) => {
             if t.marked {
-                let w = value::encode(&Waker { env: t.env.clone(), hostname: t.hostname.clone() });
+                let w = value::encode(&Waker {
+                    env: t.env.clone(),
+                    hostname: t.hostname.clone(),
+                });
                 txn.put(marked_key(k), w.clone());
                 txn.put(marked_env_key(&t.env, k), w);
             }
@@ -146,12 +182,19 @@ impl TrayStore for Store {
     fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
         check_instance(instance)?;
         if ops.len() > BATCH_OPS_MAX {
-            return Err(StateError::invalid(format!("batch: at most {BATCH_OPS_MAX} ops, got {}", ops.len())));
+            return Err(StateError::invalid(format!(
+                "batch: at most {BATCH_OPS_MAX} ops, got {}",
+                ops.len()
+            )));
         }
         let mut total = 0usize;
         for op in &ops {
             let (tray_ns, tray_id) = match op {
-                TrayOp::Put { tray_ns, tray_id, tray } => {
+                TrayOp::Put {
+                    tray_ns,
+                    tray_id,
+                    tray,
+                } => {
                     check_tray(tray, self.opts.record_bytes_max)?;
                     total += tray.doc.len();
                     (tray_ns, tray_id)
@@ -163,13 +206,21 @@ impl TrayStore for Store {
         }
         // A whole batch is one engine write; bound it like a record times
         // the batch limit's share, so one call cannot stall the store.
-        check_size("tray batch docs", total, self.opts.record_bytes_max.saturating_mul(64))?;
+        check_size(
+            "tray batch docs",
+            total,
+            self.opts.record_bytes_max.saturating_mul(64),
+        )?;
         let instance = instance.clone();
         self.submit(move |txn| {
             fence(txn, &instance, epoch)?;
             for op in ops {
                 match op {
-                    TrayOp::Put { tray_ns, tray_id, tray } => {
+                    TrayOp::Put {
+                        tray_ns,
+                        tray_id,
+                        tray,
+                    } => {
                         set_tray(txn, &instance.tray(tray_ns, tray_id), Some(&tray))?;
                     }
                     TrayOp::Delete { tray_ns, tray_id } => {
@@ -204,7 +255,13 @@ impl TrayStore for Store {
         })
     }
 
-    fn list_trays(&self, instance: &InstanceKey, epoch: u64, limit: usize, cursor: Option<&Cursor>) -> Result<Page<(TrayKey, Tray)>> {
+    fn list_trays(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        limit: usize,
+        cursor: Option<&Cursor>,
+    ) -> Result<Page<(TrayKey, Tray)>> {
         check_instance(instance)?;
         check_limit(limit)?;
         let prefix = instance_trays(instance);
@@ -217,37 +274,69 @@ impl TrayStore for Store {
         // commit path; the page is then read like every other listing.
         let inst = instance.clone();
         self.submit(move |txn| fence(txn, &inst, epoch))?;
-        self.scan_page(Listing::Trays, &prefix, &prefix, &prefix_end(&prefix), cursor, limit, |k, v| {
-            let mut r = KeyReader::new(k, table::TRAY)?;
-            let key = read_tray_key(&mut r)?;
-            r.end()?;
-            Ok(Some((key, value::decode(v, "tray")?)))
-        })
+        self.scan_page(
+            Listing::Trays,
+            &prefix,
+            &prefix,
+            &prefix_end(&prefix),
+            cursor,
+            limit,
+            |k, v| {
+                let mut r = KeyReader::new(k, table::TRAY)?;
+                let key = read_tray_key(&mut r)?;
+                r.end()?;
+                Ok(Some((key, value::decode(v, "tray")?)))
+            },
+        )
     }
 
-    fn marked_trays(&self, env: Option<&str>, limit: usize, cursor: Option<&Cursor>) -> Result<Page<MarkedTray>> {
+    fn marked_trays(
+        &self,
+        env: Option<&str>,
+        limit: usize,
+        cursor: Option<&Cursor>,
+    ) -> Result<Page<MarkedTray>> {
         if let Some(e) = env {
             check_id("env", e)?;
         }
         let (prefix, table_byte) = match env {
-            Some(e) => (KeyBuf::table(table::MARKED_BY_ENV).str(e).done(), table::MARKED_BY_ENV),
+            Some(e) => (
+                KeyBuf::table(table::MARKED_BY_ENV).str(e).done(),
+                table::MARKED_BY_ENV,
+            ),
             None => (KeyBuf::table(table::MARKED).done(), table::MARKED),
         };
-        self.scan_page(Listing::Marked, &prefix, &prefix, &prefix_end(&prefix), cursor, limit, |k, v| {
-            let mut r = KeyReader::new(k, table_byte)?;
-            if table_byte == table::MARKED_BY_ENV {
-                r.str()?;
-            }
-            let key = read_tray_key(&mut r)?;
-            r.end()?;
-            let w: Waker = value::decode(v, "marked index entry")?;
-            Ok(Some(MarkedTray { key, env: w.env, hostname: w.hostname }))
-        })
+        self.scan_page(
+            Listing::Marked,
+            &prefix,
+            &prefix,
+            &prefix_end(&prefix),
+            cursor,
+            limit,
+            |k, v| {
+                let mut r = KeyReader::new(k, table_byte)?;
+                if table_byte == table::MARKED_BY_ENV {
+                    r.str()?;
+                }
+                let key = read_tray_key(&mut r)?;
+                r.end()?;
+                let w: Waker = value::decode(v, "marked index entry")?;
+                Ok(Some(MarkedTray {
+                    key,
+                    env: w.env,
+                    hostname: w.hostname,
+                }))
+            },
+        )
     }
 
     fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
         check_instance(instance)?;
-        self.engine.get(&epoch_key(instance))?.map(|v| value::decode(&v, "epoch")).transpose().map(|e| e.unwrap_or(0))
+        self.engine
+            .get(&epoch_key(instance))?
+            .map(|v| value::decode(&v, "epoch"))
+            .transpose()
+            .map(|e| e.unwrap_or(0))
     }
 
     fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
@@ -266,7 +355,12 @@ impl TrayStore for Store {
         })
     }
 
-    fn due_alarms(&self, now: Millis, limit: usize, cursor: Option<&Cursor>) -> Result<Page<Alarm>> {
+    fn due_alarms(
+        &self,
+        now: Millis,
+        limit: usize,
+        cursor: Option<&Cursor>,
+    ) -> Result<Page<Alarm>> {
         let lo = KeyBuf::table(table::ALARM_BY_DUE).done();
         let hi = match now.checked_add(1) {
             Some(n) => KeyBuf::table(table::ALARM_BY_DUE).u64(n).done(),
@@ -275,7 +369,10 @@ impl TrayStore for Store {
         self.scan_page(Listing::Alarms, &lo, &lo, &hi, cursor, limit, |k, _| {
             let mut r = KeyReader::new(k, table::ALARM_BY_DUE)?;
             let due_at = r.u64()?;
-            let instance = InstanceKey { ns: r.str()?, id: r.str()? };
+            let instance = InstanceKey {
+                ns: r.str()?,
+                id: r.str()?,
+            };
             r.end()?;
             Ok(Some(Alarm { instance, due_at }))
         })
@@ -287,7 +384,9 @@ impl TrayStore for Store {
         self.submit(move |txn| {
             fence(txn, &instance, epoch)?;
             let k = alarm_key(&instance);
-            let Some(stored) = txn.get(&k)? else { return Ok(false) };
+            let Some(stored) = txn.get(&k)? else {
+                return Ok(false);
+            };
             let stored: Millis = value::decode(&stored, "alarm")?;
             // A3: an ack for a replaced alarm removes nothing.
             if stored != due_at {
@@ -303,7 +402,10 @@ impl TrayStore for Store {
 /// Writes an imported tray and its marked indexes (the key is free).
 pub(crate) fn import_tray(txn: &mut Txn<'_>, k: &TrayKey, t: &Tray) {
     if t.marked {
-        let w = value::encode(&Waker { env: t.env.clone(), hostname: t.hostname.clone() });
+        let w = value::encode(&Waker {
+            env: t.env.clone(),
+            hostname: t.hostname.clone(),
+        });
         txn.put(marked_key(k), w.clone());
         txn.put(marked_env_key(&t.env, k), w);
     }

@@ -9,7 +9,9 @@ use crate::error::{Result, StateError};
 use crate::record::{Millis, RunKey, RunRecord, RunState, SessionRecord};
 use crate::tray::{InstanceKey, Tray};
 
-use super::runs::{by_seq_key, by_session_key, by_state_key, decode_run, delete_run, read_run, run_key};
+use super::runs::{
+    by_seq_key, by_session_key, by_state_key, decode_run, delete_run, read_run, run_key,
+};
 use super::trays::{alarm_due_key, alarm_key, marked_env_key, marked_key, read_tray_key, tray_key};
 use super::{Store, check_id};
 
@@ -65,7 +67,11 @@ const WALK_CHUNK: usize = 1024;
 
 impl Store {
     /// Calls `f` on every entry of a table, in key order, a chunk at a time.
-    pub(crate) fn walk(&self, table_byte: u8, mut f: impl FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()> {
+    pub(crate) fn walk(
+        &self,
+        table_byte: u8,
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<()> {
         let lo = KeyBuf::table(table_byte).done();
         let hi = prefix_end(&lo);
         let mut start = lo;
@@ -92,7 +98,8 @@ impl Store {
         let next_seq = self.committer.counters().next_seq;
         for k in [meta::FORMAT, meta::NEXT_SEQ, meta::COMMITS, meta::SECRET] {
             if self.engine.get(k)?.is_none() {
-                rep.problems.push(format!("meta value {:?} missing", k[1] as char));
+                rep.problems
+                    .push(format!("meta value {:?} missing", k[1] as char));
             }
         }
         let mut problems = Vec::new();
@@ -102,7 +109,9 @@ impl Store {
         self.walk(table::RUN, |k, v| {
             entries += 1;
             rep.runs += 1;
-            let key = match KeyReader::new(k, table::RUN).and_then(|mut r| Ok(RunKey::new(r.str()?, r.str()?))) {
+            let key = match KeyReader::new(k, table::RUN)
+                .and_then(|mut r| Ok(RunKey::new(r.str()?, r.str()?)))
+            {
                 Ok(key) => key,
                 Err(e) => {
                     p(format!("run key undecodable: {e}"));
@@ -117,38 +126,65 @@ impl Store {
                 }
             };
             if r.seq == 0 || r.seq >= next_seq {
-                p(format!("run {}/{}: seq {} outside 1..{next_seq}", key.tenant, key.run_id, r.seq));
+                p(format!(
+                    "run {}/{}: seq {} outside 1..{next_seq}",
+                    key.tenant, key.run_id, r.seq
+                ));
             }
             // Listings order a tenant's runs by seq: it must be unique
             // within the tenant.
             if !seqs.insert((key.tenant.clone(), r.seq)) {
-                p(format!("run {}/{}: seq {} used twice", key.tenant, key.run_id, r.seq));
+                p(format!(
+                    "run {}/{}: seq {} used twice",
+                    key.tenant, key.run_id, r.seq
+                ));
             }
             let id = value::encode(&r.key.run_id);
             let t = &key.tenant;
-            let mut want = vec![("seq", by_seq_key(t, r.seq)), ("state", by_state_key(t, r.state, r.seq))];
+            let mut want = vec![
+                ("seq", by_seq_key(t, r.seq)),
+                ("state", by_state_key(t, r.state, r.seq)),
+            ];
             if let Some(s) = &r.session_id {
                 want.push(("session", by_session_key(t, s, r.seq)));
             }
             for (what, ik) in want {
                 if self.engine.get(&ik)?.as_deref() != Some(id.as_slice()) {
-                    p(format!("run {}/{}: {what} index entry missing or wrong", key.tenant, key.run_id));
+                    p(format!(
+                        "run {}/{}: {what} index entry missing or wrong",
+                        key.tenant, key.run_id
+                    ));
                 }
             }
             Ok(())
         })?;
-        for tb in [table::RUN_BY_SEQ, table::RUN_BY_STATE, table::RUN_BY_SESSION] {
+        for tb in [
+            table::RUN_BY_SEQ,
+            table::RUN_BY_STATE,
+            table::RUN_BY_SESSION,
+        ] {
             self.walk(tb, |k, v| {
                 entries += 1;
                 let check = || -> Result<bool> {
                     let mut r = KeyReader::new(k, tb)?;
                     let tenant = r.str()?;
-                    let state = if tb == table::RUN_BY_STATE { Some(r.u8()?) } else { None };
-                    let session = if tb == table::RUN_BY_SESSION { Some(r.str()?) } else { None };
+                    let state = if tb == table::RUN_BY_STATE {
+                        Some(r.u8()?)
+                    } else {
+                        None
+                    };
+                    let session = if tb == table::RUN_BY_SESSION {
+                        Some(r.str()?)
+                    } else {
+                        None
+                    };
                     let seq = r.u64()?;
                     r.end()?;
                     let run_id: String = value::decode(v, "run index entry")?;
-                    let Some(bytes) = self.engine.get(&run_key(&RunKey::new(tenant.clone(), run_id.clone())))? else {
+                    let Some(bytes) = self
+                        .engine
+                        .get(&run_key(&RunKey::new(tenant.clone(), run_id.clone())))?
+                    else {
                         return Ok(false);
                     };
                     let run = decode_run(&bytes, &RunKey::new(tenant, run_id))?;
@@ -158,7 +194,9 @@ impl Store {
                 };
                 match check() {
                     Ok(true) => {}
-                    Ok(false) => p(format!("index entry (table {tb:#04x}) points at no matching run")),
+                    Ok(false) => p(format!(
+                        "index entry (table {tb:#04x}) points at no matching run"
+                    )),
                     Err(e) => p(format!("index entry (table {tb:#04x}): {e}")),
                 }
                 Ok(())
@@ -188,8 +226,13 @@ impl Store {
                 let tray: Tray = value::decode(v, "tray")?;
                 if tray.marked {
                     marked += 1;
-                    if self.engine.get(&marked_key(&key))?.is_none() || self.engine.get(&marked_env_key(&tray.env, &key))?.is_none() {
-                        return Err(StateError::corrupt(format!("marked tray {}/{}/{}/{} missing from the sweeper's index", key.ns, key.id, key.tray_ns, key.tray_id)));
+                    if self.engine.get(&marked_key(&key))?.is_none()
+                        || self.engine.get(&marked_env_key(&tray.env, &key))?.is_none()
+                    {
+                        return Err(StateError::corrupt(format!(
+                            "marked tray {}/{}/{}/{} missing from the sweeper's index",
+                            key.ns, key.id, key.tray_ns, key.tray_id
+                        )));
                     }
                 }
                 Ok(())
@@ -206,19 +249,29 @@ impl Store {
                 n += 1;
                 let check = || -> Result<bool> {
                     let mut r = KeyReader::new(k, tb)?;
-                    let env = if tb == table::MARKED_BY_ENV { Some(r.str()?) } else { None };
+                    let env = if tb == table::MARKED_BY_ENV {
+                        Some(r.str()?)
+                    } else {
+                        None
+                    };
                     let key = read_tray_key(&mut r)?;
-                    let Some(t) = self.engine.get(&tray_key(&key))? else { return Ok(false) };
+                    let Some(t) = self.engine.get(&tray_key(&key))? else {
+                        return Ok(false);
+                    };
                     let t: Tray = value::decode(&t, "tray")?;
                     Ok(t.marked && env.is_none_or(|e| e == t.env))
                 };
                 if !matches!(check(), Ok(true)) {
-                    p(format!("sweeper index entry (table {tb:#04x}) points at no marked tray"));
+                    p(format!(
+                        "sweeper index entry (table {tb:#04x}) points at no marked tray"
+                    ));
                 }
                 Ok(())
             })?;
             if n != marked {
-                p(format!("sweeper index (table {tb:#04x}) has {n} entries for {marked} marked trays"));
+                p(format!(
+                    "sweeper index (table {tb:#04x}) has {n} entries for {marked} marked trays"
+                ));
             }
         }
         self.walk(table::ALARM, |k, v| {
@@ -226,7 +279,10 @@ impl Store {
             rep.alarms += 1;
             let check = || -> Result<bool> {
                 let mut r = KeyReader::new(k, table::ALARM)?;
-                let i = InstanceKey { ns: r.str()?, id: r.str()? };
+                let i = InstanceKey {
+                    ns: r.str()?,
+                    id: r.str()?,
+                };
                 let due: Millis = value::decode(v, "alarm")?;
                 Ok(self.engine.get(&alarm_due_key(due, &i))?.is_some())
             };
@@ -240,8 +296,13 @@ impl Store {
             let check = || -> Result<bool> {
                 let mut r = KeyReader::new(k, table::ALARM_BY_DUE)?;
                 let due = r.u64()?;
-                let i = InstanceKey { ns: r.str()?, id: r.str()? };
-                let Some(v) = self.engine.get(&alarm_key(&i))? else { return Ok(false) };
+                let i = InstanceKey {
+                    ns: r.str()?,
+                    id: r.str()?,
+                };
+                let Some(v) = self.engine.get(&alarm_key(&i))? else {
+                    return Ok(false);
+                };
                 Ok(value::decode::<Millis>(&v, "alarm")? == due)
             };
             if !matches!(check(), Ok(true)) {
@@ -256,13 +317,24 @@ impl Store {
 
     /// Counts runs per tenant and state, sessions, trays and alarms.
     pub fn stats(&self) -> Result<StoreStats> {
-        let mut s = StoreStats { disk_bytes: self.engine.disk_bytes(), ..Default::default() };
+        let mut s = StoreStats {
+            disk_bytes: self.engine.disk_bytes(),
+            ..Default::default()
+        };
         self.walk(table::RUN_BY_STATE, |k, _| {
             let mut r = KeyReader::new(k, table::RUN_BY_STATE)?;
             let tenant = r.str()?;
             let tag = r.u8()?;
-            let state = RunState::ALL.into_iter().find(|st| st.tag() == tag).ok_or_else(|| StateError::corrupt(format!("unknown state tag {tag}")))?;
-            *s.tenants.entry(tenant).or_default().runs_by_state.entry(state).or_default() += 1;
+            let state = RunState::ALL
+                .into_iter()
+                .find(|st| st.tag() == tag)
+                .ok_or_else(|| StateError::corrupt(format!("unknown state tag {tag}")))?;
+            *s.tenants
+                .entry(tenant)
+                .or_default()
+                .runs_by_state
+                .entry(state)
+                .or_default() += 1;
             Ok(())
         })?;
         self.walk(table::SESSION, |k, _| {
@@ -295,7 +367,10 @@ impl Store {
         check_id("tenant", tenant)?;
         let mut deleted = 0u64;
         for state in RunState::ALL.into_iter().filter(|s| s.is_finished()) {
-            let prefix = KeyBuf::table(table::RUN_BY_STATE).str(tenant).u8(state.tag()).done();
+            let prefix = KeyBuf::table(table::RUN_BY_STATE)
+                .str(tenant)
+                .u8(state.tag())
+                .done();
             let hi = prefix_end(&prefix);
             let mut start = prefix.clone();
             loop {
@@ -310,7 +385,9 @@ impl Store {
                 let n = self.submit(move |txn| {
                     let mut n = 0u64;
                     for k in keys {
-                        let Some(r): Option<RunRecord> = read_run(txn, &k)? else { continue };
+                        let Some(r): Option<RunRecord> = read_run(txn, &k)? else {
+                            continue;
+                        };
                         if r.state.is_finished() && r.updated_at < finished_before {
                             delete_run(txn, &r);
                             n += 1;

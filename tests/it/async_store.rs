@@ -6,13 +6,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use agentstate::{
-    Approval, AsyncStore, Clock, Durability, Entry, InstanceKey, MemoryStore, Options, RunKey, RunRecord, RunState,
-    SessionKey, SessionRecord, StateDelta, StateError, StateQuery, StateStore, Store, ToolCall, Tray, TrayOp,
-    Usage,
+    Approval, AsyncStore, Clock, Durability, Entry, InstanceKey, MemoryStore, Options, RunKey,
+    RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError, StateQuery, StateStore,
+    Store, ToolCall, Tray, TrayOp, Usage,
 };
 
 fn tray(doc: &str, marked: bool) -> Tray {
-    Tray { marked, doc: doc.as_bytes().to_vec(), env: "prod".into(), hostname: "h".into() }
+    Tray {
+        marked,
+        doc: doc.as_bytes().to_vec(),
+        env: "prod".into(),
+        hostname: "h".into(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,20 +26,46 @@ async fn w1_every_method_answers_like_the_sync_store() {
     assert!(store.path().is_none());
     assert!(store.is_empty().await.unwrap());
     let sk = SessionKey::new("acme", "s1");
-    let session = store.put_session(SessionRecord::new(sk.clone())).await.unwrap();
+    let session = store
+        .put_session(SessionRecord::new(sk.clone()))
+        .await
+        .unwrap();
     assert_eq!(store.get_session(&sk).await.unwrap(), Some(session));
-    assert_eq!(store.list_sessions("acme", 10, None).await.unwrap().items().len(), 1);
+    assert_eq!(
+        store
+            .list_sessions("acme", 10, None)
+            .await
+            .unwrap()
+            .items()
+            .len(),
+        1
+    );
     let key = RunKey::new("acme", "r1");
-    let run = store.put_run(RunRecord::new(key.clone(), "planner").with_session("s1")).await.unwrap();
+    let run = store
+        .put_run(RunRecord::new(key.clone(), "planner").with_session("s1"))
+        .await
+        .unwrap();
     assert_eq!(run.version, 1);
-    let run = store.patch_run(&key, StateDelta { iterations: 2, ..Default::default() }).await.unwrap();
+    let run = store
+        .patch_run(
+            &key,
+            StateDelta {
+                iterations: 2,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!((run.version, run.iterations), (2, 2));
     assert_eq!(store.get_run(&key).await.unwrap(), Some(run.clone()));
     let page = store.list_runs(&StateQuery::new("acme")).await.unwrap();
     assert_eq!(page.items(), [run]);
     // Errors come back as the sync store's errors.
     match store.put_run(RunRecord::new(key.clone(), "planner")).await {
-        Err(StateError::Conflict { expected: 0, actual: 2 }) => {}
+        Err(StateError::Conflict {
+            expected: 0,
+            actual: 2,
+        }) => {}
         other => panic!("{other:?}"),
     }
     match store.delete_session(&sk, false).await {
@@ -47,16 +78,51 @@ async fn w1_every_method_answers_like_the_sync_store() {
     store.write_tray(&t, 1, tray("a", true)).await.unwrap();
     assert_eq!(store.read_tray(&t, 1).await.unwrap(), Some(tray("a", true)));
     let ops = vec![
-        TrayOp::Put { tray_ns: "state".into(), tray_id: "aux".into(), tray: tray("b", false) },
-        TrayOp::Delete { tray_ns: "state".into(), tray_id: "gone".into() },
+        TrayOp::Put {
+            tray_ns: "state".into(),
+            tray_id: "aux".into(),
+            tray: tray("b", false),
+        },
+        TrayOp::Delete {
+            tray_ns: "state".into(),
+            tray_id: "gone".into(),
+        },
     ];
     store.apply_batch(&inst, 2, ops).await.unwrap();
     assert_eq!(store.epoch(&inst).await.unwrap(), 2);
-    assert_eq!(store.list_trays(&inst, 2, 10, None).await.unwrap().items().len(), 2);
-    assert_eq!(store.marked_trays(Some("prod"), 10, None).await.unwrap().items().len(), 1);
+    assert_eq!(
+        store
+            .list_trays(&inst, 2, 10, None)
+            .await
+            .unwrap()
+            .items()
+            .len(),
+        2
+    );
+    assert_eq!(
+        store
+            .marked_trays(Some("prod"), 10, None)
+            .await
+            .unwrap()
+            .items()
+            .len(),
+        1
+    );
     store.release(&inst, 2).await.unwrap();
-    assert!(store.marked_trays(None, 10, None).await.unwrap().items().is_empty());
-    assert!(store.delete_tray(&inst.tray("state", "aux"), 2).await.unwrap());
+    assert!(
+        store
+            .marked_trays(None, 10, None)
+            .await
+            .unwrap()
+            .items()
+            .is_empty()
+    );
+    assert!(
+        store
+            .delete_tray(&inst.tray("state", "aux"), 2)
+            .await
+            .unwrap()
+    );
     store.set_alarm(&inst, 2, 500).await.unwrap();
     let due = store.due_alarms(1_000, 10, None).await.unwrap();
     assert_eq!(due.items().len(), 1);
@@ -69,12 +135,18 @@ async fn w1_every_method_answers_like_the_sync_store() {
     let exported = store.export_page(100, None).await.unwrap();
     let copy = AsyncStore::memory();
     copy.import(exported.items().to_vec()).await.unwrap();
-    assert_eq!(copy.export_page(100, None).await.unwrap().items(), exported.items());
+    assert_eq!(
+        copy.export_page(100, None).await.unwrap().items(),
+        exported.items()
+    );
     let mut done = store.get_run(&key).await.unwrap().unwrap();
     done.state = RunState::Completed;
     store.put_run(done).await.unwrap();
     assert_eq!(store.prune("acme", u64::MAX).await.unwrap(), 1);
-    assert_eq!(store.delete_session(&sk, false).await.unwrap(), Vec::<RunKey>::new());
+    assert_eq!(
+        store.delete_session(&sk, false).await.unwrap(),
+        Vec::<RunKey>::new()
+    );
     assert!(store.commits().await.unwrap() > 0);
     // The sync store underneath sees the same records.
     assert!(store.sync_store().get_run(&key).unwrap().is_none());
@@ -86,14 +158,20 @@ async fn w1_concurrent_patches_add_up_exactly() {
     const PATCHES: u64 = 25;
     let store = AsyncStore::memory();
     let key = RunKey::new("acme", "spend");
-    store.put_run(RunRecord::new(key.clone(), "planner")).await.unwrap();
+    store
+        .put_run(RunRecord::new(key.clone(), "planner"))
+        .await
+        .unwrap();
     let tasks: Vec<_> = (0..TASKS)
         .map(|t| {
             let (store, key) = (store.clone(), key.clone());
             tokio::spawn(async move {
                 for _ in 0..PATCHES {
                     let delta = StateDelta {
-                        usage: Usage { input_tokens: t, output_tokens: 1 },
+                        usage: Usage {
+                            input_tokens: t,
+                            output_tokens: 1,
+                        },
                         cost_micros: 1_250,
                         iterations: 1,
                         messages_read: 2,
@@ -113,7 +191,11 @@ async fn w1_concurrent_patches_add_up_exactly() {
     assert_eq!(run.messages_read, 2 * n);
     assert_eq!(run.usage.input_tokens, PATCHES * (0..TASKS).sum::<u64>());
     assert_eq!(run.usage.output_tokens, n);
-    assert_eq!(run.version, 1 + n, "every committed patch bumps the version once");
+    assert_eq!(
+        run.version,
+        1 + n,
+        "every committed patch bumps the version once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,37 +203,76 @@ async fn w1_fencing_through_async() {
     let store = AsyncStore::memory();
     let inst = InstanceKey::new("chat", "room-9");
     let t = inst.tray("state", "main");
-    store.write_tray(&t, 1, tray("epoch 1", true)).await.unwrap();
-    assert_eq!(store.read_tray(&t, 2).await.unwrap().unwrap().doc, b"epoch 1");
-    store.write_tray(&t, 2, tray("epoch 2", true)).await.unwrap();
+    store
+        .write_tray(&t, 1, tray("epoch 1", true))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.read_tray(&t, 2).await.unwrap().unwrap().doc,
+        b"epoch 1"
+    );
+    store
+        .write_tray(&t, 2, tray("epoch 2", true))
+        .await
+        .unwrap();
     // Many stale writers at once: every one is refused, nothing changes.
     let stale: Vec<_> = (0..16)
         .map(|i| {
             let (store, t) = (store.clone(), t.clone());
-            tokio::spawn(async move { store.write_tray(&t, 1, tray(&format!("stale {i}"), false)).await })
+            tokio::spawn(async move {
+                store
+                    .write_tray(&t, 1, tray(&format!("stale {i}"), false))
+                    .await
+            })
         })
         .collect();
     for s in stale {
         match s.await.unwrap() {
-            Err(StateError::FenceLost { caller: 1, stored: 2 }) => {}
+            Err(StateError::FenceLost {
+                caller: 1,
+                stored: 2,
+            }) => {}
             other => panic!("{other:?}"),
         }
     }
-    match store.apply_batch(&inst, 1, vec![TrayOp::Delete { tray_ns: "state".into(), tray_id: "main".into() }]).await {
-        Err(StateError::FenceLost { caller: 1, stored: 2 }) => {}
+    match store
+        .apply_batch(
+            &inst,
+            1,
+            vec![TrayOp::Delete {
+                tray_ns: "state".into(),
+                tray_id: "main".into(),
+            }],
+        )
+        .await
+    {
+        Err(StateError::FenceLost {
+            caller: 1,
+            stored: 2,
+        }) => {}
         other => panic!("{other:?}"),
     }
     store.release(&inst, 1).await.unwrap(); // a no-op against the newer holder
-    assert_eq!(store.read_tray(&t, 2).await.unwrap(), Some(tray("epoch 2", true)));
+    assert_eq!(
+        store.read_tray(&t, 2).await.unwrap(),
+        Some(tray("epoch 2", true))
+    );
 }
 
 fn full_run(i: usize) -> RunRecord {
     let mut r = RunRecord::new(RunKey::new("acme", format!("run-{i:03}")), "planner");
     r.state = RunState::AwaitingApproval;
     r.pending_tool_calls = (0..3)
-        .map(|c| ToolCall { id: format!("c{c}"), name: "tool".into(), arguments: format!("{{\"n\":{c}}}") })
+        .map(|c| ToolCall {
+            id: format!("c{c}"),
+            name: "tool".into(),
+            arguments: format!("{{\"n\":{c}}}"),
+        })
         .collect();
-    r.approval = Some(Approval { id: format!("ap-{i}"), prompt: "go?".into() });
+    r.approval = Some(Approval {
+        id: format!("ap-{i}"),
+        prompt: "go?".into(),
+    });
     r
 }
 
@@ -159,7 +280,11 @@ const TRAYS_PER_BATCH: usize = 10;
 
 fn batch() -> Vec<TrayOp> {
     (0..TRAYS_PER_BATCH)
-        .map(|t| TrayOp::Put { tray_ns: "t".into(), tray_id: format!("{t:02}"), tray: tray("x", t % 2 == 0) })
+        .map(|t| TrayOp::Put {
+            tray_ns: "t".into(),
+            tray_id: format!("{t:02}"),
+            tray: tray("x", t % 2 == 0),
+        })
         .collect()
 }
 
@@ -175,7 +300,11 @@ async fn w3_dropped_futures_leave_whole_writes_or_none() {
     // ones it never started), so afterwards the store is quiet.
     let inner = store.clone();
     tokio::task::spawn_blocking(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_time().build().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .unwrap();
         rt.block_on(async {
             let mut tasks = Vec::new();
             for i in 0..RUNS {
@@ -183,8 +312,13 @@ async fn w3_dropped_futures_leave_whole_writes_or_none() {
                 tasks.push(tokio::spawn(async move {
                     let inst = InstanceKey::new("w", format!("{i:03}"));
                     if i % 2 == 0 {
-                        let _ = tokio::time::timeout(Duration::ZERO, store.put_run(full_run(i))).await;
-                        let _ = tokio::time::timeout(Duration::ZERO, store.apply_batch(&inst, 1, batch())).await;
+                        let _ =
+                            tokio::time::timeout(Duration::ZERO, store.put_run(full_run(i))).await;
+                        let _ = tokio::time::timeout(
+                            Duration::ZERO,
+                            store.apply_batch(&inst, 1, batch()),
+                        )
+                        .await;
                     } else {
                         // The store branch is polled first (the call is
                         // handed over), then the ready branch wins.
@@ -221,16 +355,31 @@ async fn w3_dropped_futures_leave_whole_writes_or_none() {
             assert_eq!(got.approval, want.approval);
         }
         let inst = InstanceKey::new("w", format!("{i:03}"));
-        let n = store.list_trays(&inst, 1, 100, None).await.unwrap().items().len();
-        assert!(n == 0 || n == TRAYS_PER_BATCH, "instance {i}: {n} of {TRAYS_PER_BATCH} trays");
+        let n = store
+            .list_trays(&inst, 1, 100, None)
+            .await
+            .unwrap()
+            .items()
+            .len();
+        assert!(
+            n == 0 || n == TRAYS_PER_BATCH,
+            "instance {i}: {n} of {TRAYS_PER_BATCH} trays"
+        );
         batches += usize::from(n > 0);
     }
     let report = store.verify().await.unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
     // A dropped future's write may still land: the count is whatever landed.
-    let marked = store.marked_trays(None, 1000, None).await.unwrap().items().len();
+    let marked = store
+        .marked_trays(None, 1000, None)
+        .await
+        .unwrap()
+        .items()
+        .len();
     assert_eq!(marked, batches * TRAYS_PER_BATCH / 2);
-    eprintln!("dropped futures: {runs} of {RUNS} runs and {batches} of {RUNS} batches landed, whole");
+    eprintln!(
+        "dropped futures: {runs} of {RUNS} runs and {batches} of {RUNS} batches landed, whole"
+    );
 }
 
 /// A clock that records the threads it is read on: the store reads it on
@@ -250,10 +399,17 @@ async fn w2_durable_writes_leave_the_executor_free() {
     const WRITES: u64 = 200;
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ThreadClock::default());
-    let opts = Options::new().clock(clock.clone()).durability(Durability::Immediate);
-    let store = AsyncStore::open_with(dir.path().join("db"), opts).await.unwrap();
+    let opts = Options::new()
+        .clock(clock.clone())
+        .durability(Durability::Immediate);
+    let store = AsyncStore::open_with(dir.path().join("db"), opts)
+        .await
+        .unwrap();
     let key = RunKey::new("acme", "r1");
-    store.put_run(RunRecord::new(key.clone(), "planner")).await.unwrap();
+    store
+        .put_run(RunRecord::new(key.clone(), "planner"))
+        .await
+        .unwrap();
 
     // A ticker on the one executor thread counts how often it gets to run
     // while the writer's 200 synced writes are in flight. If a write ran on
@@ -273,17 +429,38 @@ async fn w2_durable_writes_leave_the_executor_free() {
     let executor = std::thread::current().id();
     let before = ticks.load(Ordering::Relaxed);
     for _ in 0..WRITES {
-        store.patch_run(&key, StateDelta { iterations: 1, ..Default::default() }).await.unwrap();
+        store
+            .patch_run(
+                &key,
+                StateDelta {
+                    iterations: 1,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
     }
     let during = ticks.load(Ordering::Relaxed) - before;
     stop.store(true, Ordering::Relaxed);
     ticker.await.unwrap();
 
-    assert_eq!(store.get_run(&key).await.unwrap().unwrap().iterations, WRITES);
-    assert!(during >= WRITES / 2, "the ticker ran {during} times during {WRITES} writes");
+    assert_eq!(
+        store.get_run(&key).await.unwrap().unwrap().iterations,
+        WRITES
+    );
+    assert!(
+        during >= WRITES / 2,
+        "the ticker ran {during} times during {WRITES} writes"
+    );
     let threads = clock.0.lock().unwrap().clone();
-    assert!(threads.len() as u64 > WRITES, "the clock is read on every write");
-    assert!(!threads.contains(&executor), "a store call ran on the executor thread");
+    assert!(
+        threads.len() as u64 > WRITES,
+        "the clock is read on every write"
+    );
+    assert!(
+        !threads.contains(&executor),
+        "a store call ran on the executor thread"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -297,14 +474,31 @@ async fn w2_a_held_store_fails_to_open_and_the_wrapper_shares_one_handle() {
     }
     // Clones share the one handle; the store closes with the last clone.
     let clone = store.clone();
-    clone.put_run(RunRecord::new(RunKey::new("a", "r"), "x")).await.unwrap();
+    clone
+        .put_run(RunRecord::new(RunKey::new("a", "r"), "x"))
+        .await
+        .unwrap();
     assert_eq!(store.path(), Some(path.as_path()));
     assert!(!clone.close().await.unwrap(), "another handle is alive");
-    assert!(store.close().await.unwrap(), "the last handle closes the store");
+    assert!(
+        store.close().await.unwrap(),
+        "the last handle closes the store"
+    );
     let reopened = AsyncStore::from(Store::open(&path).unwrap());
-    assert!(reopened.get_run(&RunKey::new("a", "r")).await.unwrap().is_some());
+    assert!(
+        reopened
+            .get_run(&RunKey::new("a", "r"))
+            .await
+            .unwrap()
+            .is_some()
+    );
     let copy = AsyncStore::from(Arc::new(MemoryStore::new()));
-    let entries: Vec<Entry> = reopened.export_page(10, None).await.unwrap().items().to_vec();
+    let entries: Vec<Entry> = reopened
+        .export_page(10, None)
+        .await
+        .unwrap()
+        .items()
+        .to_vec();
     copy.import(entries).await.unwrap();
     assert!(!copy.is_empty().await.unwrap());
 }

@@ -8,8 +8,9 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Barrier};
 
 use agentstate::{
-    Approval, Entry, InstanceKey, ManualClock, Options, RunKey, RunRecord, RunState, SessionKey, SessionRecord,
-    StateDelta, StateError, StateQuery, StateStore, Store, ToolCall, Tray, TrayStore,
+    Approval, Entry, InstanceKey, ManualClock, Options, RunKey, RunRecord, RunState, SessionKey,
+    SessionRecord, StateDelta, StateError, StateQuery, StateStore, Store, ToolCall, Tray,
+    TrayStore,
 };
 
 /// 2023-11-14T22:13:20Z: when the fixture's first records were written.
@@ -50,7 +51,12 @@ fn cli_stdin(args: &[&str], stdin: &[u8]) -> Run {
         .stderr(Stdio::piped())
         .spawn()
         .expect("the binary runs");
-    child.stdin.take().expect("piped").write_all(stdin).expect("stdin written");
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(stdin)
+        .expect("stdin written");
     output(child.wait_with_output().expect("the binary ends"))
 }
 
@@ -71,7 +77,10 @@ fn rows(stdout: &str) -> Vec<&str> {
 }
 
 fn json_lines<T: serde::de::DeserializeOwned>(stdout: &str) -> Vec<T> {
-    stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect()
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
 }
 
 fn clock_opts(clock: &Arc<ManualClock>) -> Options {
@@ -79,11 +88,20 @@ fn clock_opts(clock: &Arc<ManualClock>) -> Options {
 }
 
 fn tool_call(id: &str) -> ToolCall {
-    ToolCall { id: id.into(), name: "search".into(), arguments: r#"{"q":"lisbon"}"#.into() }
+    ToolCall {
+        id: id.into(),
+        name: "search".into(),
+        arguments: r#"{"q":"lisbon"}"#.into(),
+    }
 }
 
 fn tray(doc: &[u8], marked: bool, env: &str) -> Tray {
-    Tray { marked, doc: doc.to_vec(), env: env.into(), hostname: "host-1".into() }
+    Tray {
+        marked,
+        doc: doc.to_vec(),
+        env: env.into(),
+        hostname: "host-1".into(),
+    }
 }
 
 /// A store with a bit of everything:
@@ -100,25 +118,38 @@ fn fixture(path: &Path) {
     let mut s1 = SessionRecord::new(SessionKey::new("acme", "s1"));
     s1.metadata.insert("title".into(), "trip".into());
     s.put_session(s1).unwrap();
-    s.put_session(SessionRecord::new(SessionKey::new("acme", "s2"))).unwrap();
+    s.put_session(SessionRecord::new(SessionKey::new("acme", "s2")))
+        .unwrap();
     let mut r1 = RunRecord::new(RunKey::new("acme", "r1"), "planner").with_session("s1");
     r1.state = RunState::Running;
     r1.pending_tool_calls.push(tool_call("c1"));
     let r1 = s.put_run(r1).unwrap();
-    s.patch_run(&r1.key, StateDelta { cost_micros: 2_500, messages_read: 4, iterations: 2, ..Default::default() })
-        .unwrap();
+    s.patch_run(
+        &r1.key,
+        StateDelta {
+            cost_micros: 2_500,
+            messages_read: 4,
+            iterations: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let mut r2 = RunRecord::new(RunKey::new("acme", "r2"), "planner").with_session("s1");
     r2.state = RunState::Completed;
     s.put_run(r2).unwrap();
     let mut r3 = RunRecord::new(RunKey::new("acme", "r3"), "coder").with_session("s1");
     r3.state = RunState::AwaitingApproval;
-    r3.approval = Some(Approval { id: "ap1".into(), prompt: "deploy?".into() });
+    r3.approval = Some(Approval {
+        id: "ap1".into(),
+        prompt: "deploy?".into(),
+    });
     s.put_run(r3).unwrap();
     clock.advance(HOUR);
     let mut r4 = RunRecord::new(RunKey::new("acme", "r4"), "coder");
     r4.state = RunState::Failed;
     s.put_run(r4).unwrap();
-    s.put_run(RunRecord::new(RunKey::new("acme", "r5"), "planner")).unwrap();
+    s.put_run(RunRecord::new(RunKey::new("acme", "r5"), "planner"))
+        .unwrap();
     let mut b1 = RunRecord::new(RunKey::new("beta", "b1"), "planner");
     b1.state = RunState::Running;
     s.put_run(b1).unwrap();
@@ -126,10 +157,25 @@ fn fixture(path: &Path) {
     b2.state = RunState::Completed;
     s.put_run(b2).unwrap();
     let room1 = InstanceKey::new("chat", "room-1");
-    s.write_tray(&room1.tray("state", "main"), 3, tray(b"hello", true, "prod")).unwrap();
-    s.write_tray(&room1.tray("state", "aux"), 3, tray(&[0, 159, 146, 150], false, "prod")).unwrap();
+    s.write_tray(
+        &room1.tray("state", "main"),
+        3,
+        tray(b"hello", true, "prod"),
+    )
+    .unwrap();
+    s.write_tray(
+        &room1.tray("state", "aux"),
+        3,
+        tray(&[0, 159, 146, 150], false, "prod"),
+    )
+    .unwrap();
     let room2 = InstanceKey::new("chat", "room-2");
-    s.write_tray(&room2.tray("state", "main"), 1, tray(b"{}", true, "staging")).unwrap();
+    s.write_tray(
+        &room2.tray("state", "main"),
+        1,
+        tray(b"{}", true, "staging"),
+    )
+    .unwrap();
     s.set_alarm(&room1, 3, T0 + 10 * 60_000).unwrap();
     s.set_alarm(&room2, 1, T0 + 2 * HOUR).unwrap();
 }
@@ -158,11 +204,18 @@ fn cli_demo_shows_each_promise_and_leaves_a_sound_store() {
         "no problems",
         "conflicts resolved",
     ] {
-        assert!(r.stdout.contains(needle), "demo output lacks {needle:?}:\n{}", r.stdout);
+        assert!(
+            r.stdout.contains(needle),
+            "demo output lacks {needle:?}:\n{}",
+            r.stdout
+        );
     }
     let first = r.stdout.lines().next().unwrap();
     let temp = first.rsplit(' ').next().unwrap();
-    assert!(!Path::new(temp).exists(), "the demo's temporary store {temp} was left behind");
+    assert!(
+        !Path::new(temp).exists(),
+        "the demo's temporary store {temp} was left behind"
+    );
 
     // With --db: the store is kept, sound, and a second demo refuses it.
     let dir = tempfile::tempdir().unwrap();
@@ -181,43 +234,135 @@ fn cli_runs_list_filters_pages_and_json() {
     let db = p(&db);
     let all = ok(&["runs", "list", "--db", db, "--tenant", "acme"]);
     assert!(all.starts_with("TENANT"), "{all}");
-    let ids: Vec<&str> = rows(&all).iter().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
+    let ids: Vec<&str> = rows(&all)
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
     assert_eq!(ids, ["r1", "r2", "r3", "r4", "r5"], "seq order");
 
     let count = |args: &[&str]| rows(&ok(args)).len();
-    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--state", "running"]), 1);
-    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--session", "s1"]), 3);
-    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--agent", "coder"]), 2);
+    assert_eq!(
+        count(&[
+            "runs", "list", "--db", db, "--tenant", "acme", "--state", "running"
+        ]),
+        1
+    );
+    assert_eq!(
+        count(&[
+            "runs",
+            "list",
+            "--db",
+            db,
+            "--tenant",
+            "acme",
+            "--session",
+            "s1"
+        ]),
+        3
+    );
+    assert_eq!(
+        count(&[
+            "runs", "list", "--db", db, "--tenant", "acme", "--agent", "coder"
+        ]),
+        2
+    );
     // r1..r3 were last written at T0 (ms), r4 and r5 an hour later.
     let cut = (T0 + 1).to_string();
-    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--updated-before", &cut]), 3);
-    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--updated-before", "2023-11-14T22:30:00Z"]), 3);
-    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--updated-before", "10m"]), 5);
+    assert_eq!(
+        count(&[
+            "runs",
+            "list",
+            "--db",
+            db,
+            "--tenant",
+            "acme",
+            "--updated-before",
+            &cut
+        ]),
+        3
+    );
+    assert_eq!(
+        count(&[
+            "runs",
+            "list",
+            "--db",
+            db,
+            "--tenant",
+            "acme",
+            "--updated-before",
+            "2023-11-14T22:30:00Z"
+        ]),
+        3
+    );
+    assert_eq!(
+        count(&[
+            "runs",
+            "list",
+            "--db",
+            db,
+            "--tenant",
+            "acme",
+            "--updated-before",
+            "10m"
+        ]),
+        5
+    );
     // Every tenant, tenant by tenant.
     assert_eq!(count(&["runs", "list", "--db", db]), 7);
 
     // JSON: one stored record per line.
-    let json: Vec<RunRecord> = json_lines(&ok(&["runs", "list", "--db", db, "--tenant", "acme", "--json"]));
+    let json: Vec<RunRecord> = json_lines(&ok(&[
+        "runs", "list", "--db", db, "--tenant", "acme", "--json",
+    ]));
     assert_eq!(json.len(), 5);
     assert_eq!(json[0].cost_micros, 2_500);
     assert_eq!(json[0].pending_tool_calls, vec![tool_call("c1")]);
 
     // Paging: a page, then the cursor it hands out, or --all.
-    let r = cli(&["runs", "list", "--db", db, "--tenant", "acme", "--limit", "2", "--json"]);
+    let r = cli(&[
+        "runs", "list", "--db", db, "--tenant", "acme", "--limit", "2", "--json",
+    ]);
     assert_eq!(r.code, 0);
     let page1: Vec<RunRecord> = json_lines(&r.stdout);
     assert_eq!(page1.len(), 2);
-    let cursor = r.stderr.split("--cursor ").nth(1).and_then(|s| s.split_whitespace().next()).expect(&r.stderr);
-    let page2: Vec<RunRecord> =
-        json_lines(&ok(&["runs", "list", "--db", db, "--tenant", "acme", "--limit", "2", "--json", "--cursor", cursor]));
-    assert_eq!(page2.iter().map(|r| r.key.run_id.as_str()).collect::<Vec<_>>(), ["r3", "r4"]);
-    assert_eq!(count(&["runs", "list", "--db", db, "--tenant", "acme", "--limit", "2", "--all"]), 5);
-    assert_eq!(count(&["runs", "list", "--db", db, "--limit", "3", "--all"]), 7);
+    let cursor = r
+        .stderr
+        .split("--cursor ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect(&r.stderr);
+    let page2: Vec<RunRecord> = json_lines(&ok(&[
+        "runs", "list", "--db", db, "--tenant", "acme", "--limit", "2", "--json", "--cursor",
+        cursor,
+    ]));
+    assert_eq!(
+        page2
+            .iter()
+            .map(|r| r.key.run_id.as_str())
+            .collect::<Vec<_>>(),
+        ["r3", "r4"]
+    );
+    assert_eq!(
+        count(&[
+            "runs", "list", "--db", db, "--tenant", "acme", "--limit", "2", "--all"
+        ]),
+        5
+    );
+    assert_eq!(
+        count(&["runs", "list", "--db", db, "--limit", "3", "--all"]),
+        7
+    );
     assert_eq!(count(&["runs", "list", "--db", db, "--limit", "3"]), 3);
     // A cursor of another listing is refused, never another tenant's data.
-    let r = cli(&["runs", "list", "--db", db, "--tenant", "beta", "--cursor", cursor]);
+    let r = cli(&[
+        "runs", "list", "--db", db, "--tenant", "beta", "--cursor", cursor,
+    ]);
     assert_eq!(r.code, 2);
-    assert!(r.stderr.starts_with("error: invalid input: cursor"), "{}", r.stderr);
+    assert!(
+        r.stderr.starts_with("error: invalid input: cursor"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -225,17 +370,32 @@ fn cli_runs_show_text_json_and_missing() {
     let (_dir, db) = fixture_dir();
     let db = p(&db);
     let text = ok(&["runs", "show", "--db", db, "--tenant", "acme", "r1"]);
-    for needle in ["acme/r1", "running", "planner", "s1", "messages read  4", "0.0025", "c1  search", "mid tool call"] {
+    for needle in [
+        "acme/r1",
+        "running",
+        "planner",
+        "s1",
+        "messages read  4",
+        "0.0025",
+        "c1  search",
+        "mid tool call",
+    ] {
         assert!(text.contains(needle), "lacks {needle:?}:\n{text}");
     }
     let approval = ok(&["runs", "show", "--db", db, "--tenant", "acme", "r3"]);
     assert!(approval.contains("ap1: deploy?"), "{approval}");
-    let json: Vec<RunRecord> = json_lines(&ok(&["runs", "show", "--db", db, "--tenant", "acme", "r1", "--json"]));
+    let json: Vec<RunRecord> = json_lines(&ok(&[
+        "runs", "show", "--db", db, "--tenant", "acme", "r1", "--json",
+    ]));
     assert_eq!((json[0].key.run_id.as_str(), json[0].version), ("r1", 2));
     let r = cli(&["runs", "show", "--db", db, "--tenant", "acme", "nope"]);
     assert_eq!(r.code, 1);
     assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
-    assert!(r.stderr.starts_with("error: no run acme/nope"), "{}", r.stderr);
+    assert!(
+        r.stderr.starts_with("error: no run acme/nope"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -243,37 +403,78 @@ fn cli_sessions_list_show_and_delete() {
     let (_dir, db) = fixture_dir();
     let db_s = p(&db);
     let list = ok(&["sessions", "list", "--db", db_s, "--tenant", "acme"]);
-    let ids: Vec<&str> = rows(&list).iter().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
+    let ids: Vec<&str> = rows(&list)
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
     assert_eq!(ids, ["s1", "s2"]);
     assert!(list.contains("title=trip"), "{list}");
-    let json: Vec<SessionRecord> = json_lines(&ok(&["sessions", "list", "--db", db_s, "--tenant", "acme", "--json"]));
-    assert_eq!(json[0].metadata.get("title").map(String::as_str), Some("trip"));
-    let r = cli(&["sessions", "list", "--db", db_s, "--tenant", "acme", "--limit", "1"]);
+    let json: Vec<SessionRecord> = json_lines(&ok(&[
+        "sessions", "list", "--db", db_s, "--tenant", "acme", "--json",
+    ]));
+    assert_eq!(
+        json[0].metadata.get("title").map(String::as_str),
+        Some("trip")
+    );
+    let r = cli(&[
+        "sessions", "list", "--db", db_s, "--tenant", "acme", "--limit", "1",
+    ]);
     assert_eq!((r.code, rows(&r.stdout).len()), (0, 1));
     assert!(r.stderr.contains("--cursor"), "{}", r.stderr);
-    assert_eq!(rows(&ok(&["sessions", "list", "--db", db_s, "--tenant", "beta"])).len(), 0);
+    assert_eq!(
+        rows(&ok(&["sessions", "list", "--db", db_s, "--tenant", "beta"])).len(),
+        0
+    );
 
     let show = ok(&["sessions", "show", "--db", db_s, "--tenant", "acme", "s1"]);
     assert!(show.contains("runs      3 (2 unfinished)"), "{show}");
     for run in ["r1", "r2", "r3"] {
         assert!(show.contains(run), "{show}");
     }
-    let v: Vec<serde_json::Value> = json_lines(&ok(&["sessions", "show", "--db", db_s, "--tenant", "acme", "s1", "--json"]));
+    let v: Vec<serde_json::Value> = json_lines(&ok(&[
+        "sessions", "show", "--db", db_s, "--tenant", "acme", "s1", "--json",
+    ]));
     assert_eq!(v[0]["runs"].as_array().map(Vec::len), Some(3));
 
     // Refused while r1 and r3 are unfinished: exit 1, one line, the way out.
     let r = cli(&["sessions", "delete", "--db", db_s, "--tenant", "acme", "s1"]);
     assert_eq!(r.code, 1);
     assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
-    assert!(r.stderr.contains("2 unfinished run(s): r1, r3") && r.stderr.contains("--cascade"), "{}", r.stderr);
-    assert!(ok(&["sessions", "delete", "--db", db_s, "--tenant", "acme", "s2"]).contains("deleted session acme/s2"));
-    let out = ok(&["sessions", "delete", "--db", db_s, "--tenant", "acme", "s1", "--cascade"]);
+    assert!(
+        r.stderr.contains("2 unfinished run(s): r1, r3") && r.stderr.contains("--cascade"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        ok(&["sessions", "delete", "--db", db_s, "--tenant", "acme", "s2"])
+            .contains("deleted session acme/s2")
+    );
+    let out = ok(&[
+        "sessions",
+        "delete",
+        "--db",
+        db_s,
+        "--tenant",
+        "acme",
+        "s1",
+        "--cascade",
+    ]);
     assert!(out.contains("and its 3 run(s): r1, r2, r3"), "{out}");
-    assert_eq!(cli(&["sessions", "delete", "--db", db_s, "--tenant", "acme", "s1"]).code, 1);
-    assert_eq!(cli(&["sessions", "show", "--db", db_s, "--tenant", "acme", "s1"]).code, 1);
+    assert_eq!(
+        cli(&["sessions", "delete", "--db", db_s, "--tenant", "acme", "s1"]).code,
+        1
+    );
+    assert_eq!(
+        cli(&["sessions", "show", "--db", db_s, "--tenant", "acme", "s1"]).code,
+        1
+    );
 
     let s = Store::open(&db).unwrap();
-    assert!(s.get_session(&SessionKey::new("acme", "s1")).unwrap().is_none());
+    assert!(
+        s.get_session(&SessionKey::new("acme", "s1"))
+            .unwrap()
+            .is_none()
+    );
     for run in ["r1", "r2", "r3"] {
         assert!(s.get_run(&RunKey::new("acme", run)).unwrap().is_none());
     }
@@ -286,35 +487,73 @@ fn cli_trays_and_alarms() {
     let (_dir, db) = fixture_dir();
     let db_s = p(&db);
     // Without --epoch: read at the stored epoch, never fencing the holder out.
-    let list = ok(&["trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1"]);
+    let list = ok(&[
+        "trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1",
+    ]);
     assert_eq!(rows(&list).len(), 2, "{list}");
-    assert!(list.contains("hello") && list.contains("(binary)"), "{list}");
-    let json: Vec<serde_json::Value> = json_lines(&ok(&["trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1", "--json"]));
+    assert!(
+        list.contains("hello") && list.contains("(binary)"),
+        "{list}"
+    );
+    let json: Vec<serde_json::Value> = json_lines(&ok(&[
+        "trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1", "--json",
+    ]));
     assert_eq!(json[0]["tray_id"], "aux");
     assert_eq!(json[0]["doc_hex"], "009f9296");
     assert_eq!(json[1]["doc"], "hello");
     assert_eq!(json[1]["marked"], true);
     // An older epoch is fenced: exit 1 and the epoch to use.
-    let r = cli(&["trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1", "--epoch", "2"]);
+    let r = cli(&[
+        "trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1", "--epoch", "2",
+    ]);
     assert_eq!(r.code, 1);
-    assert!(r.stderr.contains("FenceLost") || r.stderr.contains("fence lost"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("FenceLost") || r.stderr.contains("fence lost"),
+        "{}",
+        r.stderr
+    );
     assert!(r.stderr.contains("--epoch 3"), "{}", r.stderr);
     // A newer one takes the instance over, and says so.
-    let r = cli(&["trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1", "--epoch", "5"]);
+    let r = cli(&[
+        "trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1", "--epoch", "5",
+    ]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stderr.contains("now at epoch 5 (was 3)"), "{}", r.stderr);
 
     let marked = ok(&["trays", "marked", "--db", db_s]);
     assert_eq!(rows(&marked).len(), 2, "{marked}");
-    let staging = ok(&["trays", "marked", "--db", db_s, "--env", "staging", "--json"]);
+    let staging = ok(&[
+        "trays", "marked", "--db", db_s, "--env", "staging", "--json",
+    ]);
     let staging: Vec<serde_json::Value> = json_lines(&staging);
     assert_eq!(staging.len(), 1);
     assert_eq!(staging[0]["id"], "room-2");
 
-    assert_eq!(rows(&ok(&["alarms", "due", "--db", db_s, "--now", &T0.to_string()])).len(), 0);
-    let due = ok(&["alarms", "due", "--db", db_s, "--now", "2023-11-14T23:00:00Z"]);
+    assert_eq!(
+        rows(&ok(&[
+            "alarms",
+            "due",
+            "--db",
+            db_s,
+            "--now",
+            &T0.to_string()
+        ]))
+        .len(),
+        0
+    );
+    let due = ok(&[
+        "alarms",
+        "due",
+        "--db",
+        db_s,
+        "--now",
+        "2023-11-14T23:00:00Z",
+    ]);
     assert_eq!(rows(&due).len(), 1, "{due}");
-    assert!(due.contains("room-1") && due.contains("2023-11-14T22:23:20Z") && due.contains("36m 40s"), "{due}");
+    assert!(
+        due.contains("room-1") && due.contains("2023-11-14T22:23:20Z") && due.contains("36m 40s"),
+        "{due}"
+    );
     let all: Vec<serde_json::Value> = json_lines(&ok(&["alarms", "due", "--db", db_s, "--json"]));
     assert_eq!(all.len(), 2);
     assert_eq!(all[1]["due_at"], T0 + 2 * HOUR);
@@ -329,7 +568,15 @@ fn cli_stats_and_verify() {
     let (_dir, db) = fixture_dir();
     let db = p(&db);
     let text = ok(&["stats", "--db", db]);
-    for needle in ["acme", "beta", "runs      7", "sessions  2", "trays     3 (2 marked)", "alarms    2", "disk"] {
+    for needle in [
+        "acme",
+        "beta",
+        "runs      7",
+        "sessions  2",
+        "trays     3 (2 marked)",
+        "alarms    2",
+        "disk",
+    ] {
         assert!(text.contains(needle), "lacks {needle:?}:\n{text}");
     }
     let v: Vec<serde_json::Value> = json_lines(&ok(&["stats", "--db", db, "--json"]));
@@ -341,7 +588,12 @@ fn cli_stats_and_verify() {
 
     let r = cli(&["verify", "--db", db]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    assert!(r.stdout.contains("checked 7 runs, 2 sessions, 3 trays, 2 alarms"), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("checked 7 runs, 2 sessions, 3 trays, 2 alarms"),
+        "{}",
+        r.stdout
+    );
     let v: Vec<serde_json::Value> = json_lines(&ok(&["verify", "--db", db, "--json"]));
     assert_eq!(v[0]["ok"], true);
 }
@@ -354,12 +606,18 @@ fn cli_verify_exits_1_on_an_inconsistent_store() {
     let db = dir.path().join("db");
     {
         let s = Store::open(&db).unwrap();
-        let r = s.put_run(RunRecord::new(RunKey::new("acme", "a"), "planner")).unwrap();
+        let r = s
+            .put_run(RunRecord::new(RunKey::new("acme", "a"), "planner"))
+            .unwrap();
         s.__unindex_run_for_tests(&r.key).unwrap();
     }
     let r = cli(&["verify", "--db", p(&db)]);
     assert_eq!(r.code, 1, "{}", r.stdout);
-    assert!(r.stdout.contains("problem: ") && r.stdout.contains("seq index entry missing"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("problem: ") && r.stdout.contains("seq index entry missing"),
+        "{}",
+        r.stdout
+    );
     assert_eq!(r.stderr.lines().count(), 1);
     assert!(r.stderr.starts_with("error: verify found"), "{}", r.stderr);
 }
@@ -426,7 +684,11 @@ fn cli_export_import_round_trip_is_byte_identical() {
     assert!(ok(&["import", "--db", p(&db2), "--in", p(&f1)]).contains("imported 16 entries"));
     let r = cli(&["export", "--db", p(&db2), "--out", p(&f2)]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    assert_eq!(std::fs::read(&f2).unwrap(), one, "export -> import -> export changed bytes");
+    assert_eq!(
+        std::fs::read(&f2).unwrap(),
+        one,
+        "export -> import -> export changed bytes"
+    );
     // From stdin, too.
     let r = cli_stdin(&["import", "--db", p(&db3)], &one);
     assert_eq!(r.code, 0, "{}", r.stderr);
@@ -448,10 +710,18 @@ fn cli_export_import_round_trip_is_byte_identical() {
         assert_eq!(marked.items().len(), 2, "the sweeper's index was rebuilt");
         let due = s2.due_alarms(u64::MAX, 10, None).unwrap();
         assert_eq!(due.items().len(), 2);
-        assert_eq!(s2.list_runs(&StateQuery::new("acme").state(RunState::Running)).unwrap().items().len(), 1);
+        assert_eq!(
+            s2.list_runs(&StateQuery::new("acme").state(RunState::Running))
+                .unwrap()
+                .items()
+                .len(),
+            1
+        );
         assert!(s2.verify().unwrap().is_ok());
         // A new run after an import takes a seq after every imported one.
-        let fresh = s2.put_run(RunRecord::new(RunKey::new("acme", "r9"), "planner")).unwrap();
+        let fresh = s2
+            .put_run(RunRecord::new(RunKey::new("acme", "r9"), "planner"))
+            .unwrap();
         assert!(fresh.seq > s1.get_run(&RunKey::new("beta", "b2")).unwrap().unwrap().seq);
     }
 
@@ -463,13 +733,24 @@ fn cli_export_import_round_trip_is_byte_identical() {
     let db4 = dir.path().join("db4");
     let r = cli_stdin(&["import", "--db", p(&db4)], b"{\"kind\":\"run\"}\n");
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("not an agentstate export"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("not an agentstate export"),
+        "{}",
+        r.stderr
+    );
     let r = cli_stdin(&["import", "--db", p(&db4)], b"{\"agentstate_export\":2}\n");
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("format 2"), "{}", r.stderr);
-    let r = cli_stdin(&["import", "--db", p(&db4)], b"{\"agentstate_export\":1}\n{\"kind\":\"nope\"}\n");
+    let r = cli_stdin(
+        &["import", "--db", p(&db4)],
+        b"{\"agentstate_export\":1}\n{\"kind\":\"nope\"}\n",
+    );
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("line 2") && r.stderr.contains("nothing was imported"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("line 2") && r.stderr.contains("nothing was imported"),
+        "{}",
+        r.stderr
+    );
     assert!(entries(&db4).is_empty());
 }
 
@@ -500,7 +781,10 @@ fn cli_prune_never_touches_unfinished_runs() {
         let clock = Arc::new(ManualClock::new(T0));
         let s = Store::open_with(&db, clock_opts(&clock)).unwrap();
         for st in RunState::ALL {
-            let mut r = RunRecord::new(RunKey::new("acme", format!("old-{}", st.as_str())), "planner");
+            let mut r = RunRecord::new(
+                RunKey::new("acme", format!("old-{}", st.as_str())),
+                "planner",
+            );
             r.state = st;
             s.put_run(r).unwrap();
         }
@@ -512,27 +796,72 @@ fn cli_prune_never_touches_unfinished_runs() {
         // ...and finished runs written just now.
         let s = Store::open(&db).unwrap();
         for st in [RunState::Completed, RunState::Failed] {
-            let mut r = RunRecord::new(RunKey::new("acme", format!("new-{}", st.as_str())), "planner");
+            let mut r = RunRecord::new(
+                RunKey::new("acme", format!("new-{}", st.as_str())),
+                "planner",
+            );
             r.state = st;
             s.put_run(r).unwrap();
         }
     }
     let db_s = p(&db);
-    let dry = ok(&["prune", "--db", db_s, "--tenant", "acme", "--finished-before", "1h", "--dry-run"]);
-    assert!(dry.contains("would prune 3 finished run(s) of acme"), "{dry}");
-    let out = ok(&["prune", "--db", db_s, "--tenant", "acme", "--finished-before", "1h"]);
+    let dry = ok(&[
+        "prune",
+        "--db",
+        db_s,
+        "--tenant",
+        "acme",
+        "--finished-before",
+        "1h",
+        "--dry-run",
+    ]);
+    assert!(
+        dry.contains("would prune 3 finished run(s) of acme"),
+        "{dry}"
+    );
+    let out = ok(&[
+        "prune",
+        "--db",
+        db_s,
+        "--tenant",
+        "acme",
+        "--finished-before",
+        "1h",
+    ]);
     assert!(out.contains("pruned 3 finished run(s) of acme"), "{out}");
-    assert!(ok(&["prune", "--db", db_s, "--tenant", "acme", "--finished-before", "1h"]).contains("pruned 0"));
+    assert!(
+        ok(&[
+            "prune",
+            "--db",
+            db_s,
+            "--tenant",
+            "acme",
+            "--finished-before",
+            "1h"
+        ])
+        .contains("pruned 0")
+    );
 
     let s = Store::open(&db).unwrap();
     for st in RunState::ALL {
-        let there = s.get_run(&RunKey::new("acme", format!("old-{}", st.as_str()))).unwrap().is_some();
+        let there = s
+            .get_run(&RunKey::new("acme", format!("old-{}", st.as_str())))
+            .unwrap()
+            .is_some();
         assert_eq!(there, !st.is_finished(), "old {} run", st.as_str());
     }
     for name in ["new-completed", "new-failed"] {
-        assert!(s.get_run(&RunKey::new("acme", name)).unwrap().is_some(), "a recent finished run was pruned");
+        assert!(
+            s.get_run(&RunKey::new("acme", name)).unwrap().is_some(),
+            "a recent finished run was pruned"
+        );
     }
-    assert!(s.get_run(&RunKey::new("beta", "old-completed")).unwrap().is_some(), "another tenant was pruned");
+    assert!(
+        s.get_run(&RunKey::new("beta", "old-completed"))
+            .unwrap()
+            .is_some(),
+        "another tenant was pruned"
+    );
     assert!(s.verify().unwrap().is_ok());
 }
 
@@ -558,7 +887,12 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
     let mut other = RunRecord::new(RunKey::new("beta", "old"), "planner");
     other.state = RunState::Completed;
     s.put_run(other).unwrap();
-    let revive: Vec<RunRecord> = old.iter().filter(|r| r.state.is_finished()).step_by(10).cloned().collect();
+    let revive: Vec<RunRecord> = old
+        .iter()
+        .filter(|r| r.state.is_finished())
+        .step_by(10)
+        .cloned()
+        .collect();
 
     let start = Barrier::new(3);
     let (pruned, walked, revived) = std::thread::scope(|scope| {
@@ -590,14 +924,22 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
                 })
                 .collect::<Vec<_>>()
         });
-        (pruner.join().unwrap(), walker.join().unwrap(), reviver.join().unwrap())
+        (
+            pruner.join().unwrap(),
+            walker.join().unwrap(),
+            reviver.join().unwrap(),
+        )
     });
 
     // The walk saw every run that lived through it exactly once.
     let seen: HashSet<&str> = walked.iter().map(String::as_str).collect();
     assert_eq!(seen.len(), walked.len(), "the walk saw a run twice");
     for r in old.iter().filter(|r| !r.state.is_finished()) {
-        assert!(seen.contains(r.key.run_id.as_str()), "the walk missed unfinished {}", r.key.run_id);
+        assert!(
+            seen.contains(r.key.run_id.as_str()),
+            "the walk missed unfinished {}",
+            r.key.run_id
+        );
     }
     for i in 0..50 {
         assert!(seen.contains(format!("new-{i:03}").as_str()));
@@ -609,10 +951,18 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
     for (k, res) in &revived {
         match res {
             Ok(r) => {
-                assert_eq!(s.get_run(k).unwrap().map(|r| r.state), Some(RunState::Running), "{}", r.key.run_id);
+                assert_eq!(
+                    s.get_run(k).unwrap().map(|r| r.state),
+                    Some(RunState::Running),
+                    "{}",
+                    r.key.run_id
+                );
                 revived_ok.insert(k.run_id.clone());
             }
-            Err(StateError::Conflict { expected: 1, actual: 0 }) => assert!(s.get_run(k).unwrap().is_none()),
+            Err(StateError::Conflict {
+                expected: 1,
+                actual: 0,
+            }) => assert!(s.get_run(k).unwrap().is_none()),
             Err(e) => panic!("reviving {}: {e}", k.run_id),
         }
     }
@@ -624,11 +974,16 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
         assert_eq!(there, want, "{} ({})", r.key.run_id, r.state.as_str());
     }
     let left = s.list_runs(&StateQuery::new("acme").limit(1000)).unwrap();
-    let by_state: BTreeMap<RunState, usize> = left.items().iter().fold(BTreeMap::new(), |mut m, r| {
-        *m.entry(r.state).or_default() += 1;
-        m
-    });
-    assert_eq!(by_state.get(&RunState::Completed), Some(&50), "recent finished runs kept: {by_state:?}");
+    let by_state: BTreeMap<RunState, usize> =
+        left.items().iter().fold(BTreeMap::new(), |mut m, r| {
+            *m.entry(r.state).or_default() += 1;
+            m
+        });
+    assert_eq!(
+        by_state.get(&RunState::Completed),
+        Some(&50),
+        "recent finished runs kept: {by_state:?}"
+    );
     assert!(s.get_run(&RunKey::new("beta", "old")).unwrap().is_some());
     assert!(s.verify().unwrap().is_ok());
     // Nothing left to prune; bad input is Invalid.
@@ -669,7 +1024,15 @@ fn cli_bad_usage_exits_2() {
         &["runs", "list", "--db", db, "--updated-before", "yesterday"],
         &["runs", "show", "--db", db, "r1"],
         &["prune", "--db", db, "--tenant", "acme"],
-        &["prune", "--db", db, "--tenant", "acme", "--finished-before", "2026-02-30"],
+        &[
+            "prune",
+            "--db",
+            db,
+            "--tenant",
+            "acme",
+            "--finished-before",
+            "2026-02-30",
+        ],
         &["alarms", "due", "--db", db, "--now", "soon"],
         &["trays", "list", "--db", db, "--ns", "chat"],
         &["runs", "list", "--db", "/nonexistent/agentstate-store"],
@@ -679,12 +1042,24 @@ fn cli_bad_usage_exits_2() {
     for args in cases {
         let r = cli(args);
         assert_eq!(r.code, 2, "{args:?} exited {}: {}", r.code, r.stderr);
-        assert!(r.stderr.starts_with("error:") || r.stderr.contains("Usage:"), "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.starts_with("error:") || r.stderr.contains("Usage:"),
+            "{args:?}: {}",
+            r.stderr
+        );
     }
     let r = cli(&["runs", "list", "--tenant", "acme"]);
-    assert_eq!(r.stderr, "error: no store given: pass --db PATH or set AGENTSTATE_DB\n");
+    assert_eq!(
+        r.stderr,
+        "error: no store given: pass --db PATH or set AGENTSTATE_DB\n"
+    );
     let r = cli(&["runs", "list", "--db", "/nonexistent/agentstate-store"]);
-    assert!(r.stderr.contains("no store at /nonexistent/agentstate-store"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("no store at /nonexistent/agentstate-store"),
+        "{}",
+        r.stderr
+    );
     assert!(!Path::new("/nonexistent/agentstate-store").exists());
     // Help is not an error.
     assert!(ok(&["--help"]).contains("demo"));
@@ -699,11 +1074,26 @@ fn cli_db_goes_before_or_after_the_subcommand_or_in_the_env() {
     assert_eq!(rows(&after).len(), 5);
     assert_eq!(ok(&["--db", db, "runs", "list", "--tenant", "acme"]), after);
     assert_eq!(ok(&["runs", "--db", db, "list", "--tenant", "acme"]), after);
-    let env = output(bin().env("AGENTSTATE_DB", db).args(["runs", "list", "--tenant", "acme"]).output().unwrap());
-    assert_eq!((env.code, env.stdout.as_str()), (0, after.as_str()), "{}", env.stderr);
+    let env = output(
+        bin()
+            .env("AGENTSTATE_DB", db)
+            .args(["runs", "list", "--tenant", "acme"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(
+        (env.code, env.stdout.as_str()),
+        (0, after.as_str()),
+        "{}",
+        env.stderr
+    );
     // The flag wins over the env.
     let other = output(
-        bin().env("AGENTSTATE_DB", "/nonexistent/agentstate-store").args(["stats", "--db", db]).output().unwrap(),
+        bin()
+            .env("AGENTSTATE_DB", "/nonexistent/agentstate-store")
+            .args(["stats", "--db", db])
+            .output()
+            .unwrap(),
     );
     assert_eq!(other.code, 0, "{}", other.stderr);
 }

@@ -76,7 +76,9 @@ mod memory {
 
     /// A fresh in-memory store over the suite's clock.
     fn factory(clock: Arc<ManualClock>) -> Arc<dyn ConformanceStore> {
-        Arc::new(agentstate::MemoryStore::with_options(agentstate::Options::new().clock(clock)))
+        Arc::new(agentstate::MemoryStore::with_options(
+            agentstate::Options::new().clock(clock),
+        ))
     }
 
     for_each_rule!(rule_tests);
@@ -86,19 +88,34 @@ mod memory {
     /// order; and every entry passes on the memory store.
     #[test]
     fn rules_cover_every_rule_and_pass() {
-        let want: Vec<String> = [("r", 8), ("s", 4), ("l", 6), ("x", 4), ("e", 6), ("t", 6), ("a", 3), ("k", 6)]
-            .iter()
-            .flat_map(|(letter, n)| (1..=*n).map(move |i| format!("{letter}{i}")))
-            .collect();
+        let want: Vec<String> = [
+            ("r", 8),
+            ("s", 4),
+            ("l", 6),
+            ("x", 4),
+            ("e", 6),
+            ("t", 6),
+            ("a", 3),
+            ("k", 6),
+        ]
+        .iter()
+        .flat_map(|(letter, n)| (1..=*n).map(move |i| format!("{letter}{i}")))
+        .collect();
         let got: Vec<String> = RULES.iter().map(|(id, _)| id.to_string()).collect();
-        assert_eq!(got, want, "RULES must list every rule id once, in spec order");
+        assert_eq!(
+            got, want,
+            "RULES must list every rule id once, in spec order"
+        );
         // Every rule runs even when one fails, so one run reports them all.
         let failed: Vec<&str> = RULES
             .iter()
             .filter(|(_, check)| std::panic::catch_unwind(|| check(&factory)).is_err())
             .map(|(id, _)| *id)
             .collect();
-        assert!(failed.is_empty(), "rules failing on the memory store: {failed:?} (their panics are printed above)");
+        assert!(
+            failed.is_empty(),
+            "rules failing on the memory store: {failed:?} (their panics are printed above)"
+        );
     }
 }
 
@@ -114,21 +131,32 @@ mod file {
         // each run sweeps those of processes that are gone, so they do not
         // pile up.
         SWEEP.call_once(|| sweep_dead(&root));
-        let dir = root.join(format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        let dir = root.join(format!(
+            "{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
         // A directory left by an earlier process with the same pid.
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&root).expect("create the temp dir");
-        Arc::new(agentstate::FileStore::open_with(&dir, agentstate::Options::new().clock(clock)).expect("open"))
+        Arc::new(
+            agentstate::FileStore::open_with(&dir, agentstate::Options::new().clock(clock))
+                .expect("open"),
+        )
     }
 
     /// Removes the store directories (`<pid>-<n>`) of processes that no
     /// longer run. Where `/proc` is missing, nothing is removed.
     fn sweep_dead(root: &std::path::Path) {
         let proc = std::path::Path::new("/proc");
-        let (Ok(entries), true) = (std::fs::read_dir(root), proc.is_dir()) else { return };
+        let (Ok(entries), true) = (std::fs::read_dir(root), proc.is_dir()) else {
+            return;
+        };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(pid) = name.split('-').next().filter(|p| p.parse::<u32>().is_ok()) else { continue };
+            let Some(pid) = name.split('-').next().filter(|p| p.parse::<u32>().is_ok()) else {
+                continue;
+            };
             if pid != std::process::id().to_string() && !proc.join(pid).exists() {
                 let _ = std::fs::remove_dir_all(entry.path());
             }

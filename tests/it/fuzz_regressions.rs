@@ -11,8 +11,12 @@ mod check;
 
 /// Runs `check` on every file of `tests/fuzz_regressions/<target>/`.
 fn replay(target: &str, check: fn(&[u8])) -> usize {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_regressions").join(target);
-    let Ok(entries) = std::fs::read_dir(&dir) else { return 0 };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fuzz_regressions")
+        .join(target);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return 0;
+    };
     let mut paths: Vec<_> = entries.map(|e| e.expect("read_dir entry").path()).collect();
     paths.sort();
     for p in &paths {

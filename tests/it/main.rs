@@ -1,9 +1,9 @@
-
-#[cfg(feature = "conformance")] mod conformance;
 #[cfg(feature = "async")]
 mod async_store;
 #[cfg(feature = "cli")]
 mod cli;
-mod stress;
+#[cfg(feature = "conformance")]
+mod conformance;
 mod durability;
 mod fuzz_regressions;
+mod stress;

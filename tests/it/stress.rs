@@ -109,20 +109,52 @@ impl Filter {
 
 #[derive(Debug)]
 enum Call {
-    Create { run: String, session: Option<String>, agent: &'static str },
-    Put { run: String, read_version: u64, state: RunState },
-    Patch { run: String, cost: u64 },
+    Create {
+        run: String,
+        session: Option<String>,
+        agent: &'static str,
+    },
+    Put {
+        run: String,
+        read_version: u64,
+        state: RunState,
+    },
+    Patch {
+        run: String,
+        cost: u64,
+    },
     CreateSession {
         // Read only through `Debug`, in violation messages.
         #[allow(dead_code)]
         session: String,
     },
-    DeleteSession { session: String },
-    Walk { filter: Filter },
-    WriteTray { inst: usize, tray: usize, epoch: u64, doc: Vec<u8> },
-    Batch { inst: usize, epoch: u64, puts: Vec<(usize, Vec<u8>)>, deletes: Vec<usize> },
-    DeleteTray { inst: usize, tray: usize, epoch: u64 },
-    Release { inst: usize, epoch: u64 },
+    DeleteSession {
+        session: String,
+    },
+    Walk {
+        filter: Filter,
+    },
+    WriteTray {
+        inst: usize,
+        tray: usize,
+        epoch: u64,
+        doc: Vec<u8>,
+    },
+    Batch {
+        inst: usize,
+        epoch: u64,
+        puts: Vec<(usize, Vec<u8>)>,
+        deletes: Vec<usize>,
+    },
+    DeleteTray {
+        inst: usize,
+        tray: usize,
+        epoch: u64,
+    },
+    Release {
+        inst: usize,
+        epoch: u64,
+    },
 }
 
 /// What a walk saw: (run id, seq, state, session, agent) per item.
@@ -156,7 +188,12 @@ impl Event {
 }
 
 fn tray(doc: Vec<u8>, marked: bool) -> Tray {
-    Tray { marked, doc, env: "stress".into(), hostname: "localhost".into() }
+    Tray {
+        marked,
+        doc,
+        env: "stress".into(),
+        hostname: "localhost".into(),
+    }
 }
 
 /// One thread's part of the workload.
@@ -189,23 +226,45 @@ fn worker(store: &Store, clock: &AtomicU64, thread: usize, ops: usize, seed: u64
                 rec.session_id = session.clone();
                 let start = tick();
                 let out = store.put_run(rec);
-                (Call::Create { run, session, agent }, start, out.map(Out::Run))
+                (
+                    Call::Create {
+                        run,
+                        session,
+                        agent,
+                    },
+                    start,
+                    out.map(Out::Run),
+                )
             }
             10..=25 => {
                 let run = run_id(rng.below(RUNS));
                 let key = RunKey::new(TENANT, run.clone());
-                let Some(mut rec) = store.get_run(&key).expect("get_run") else { continue };
+                let Some(mut rec) = store.get_run(&key).expect("get_run") else {
+                    continue;
+                };
                 let read_version = rec.version;
                 let state = RunState::ALL[rng.below(RunState::ALL.len() as u64) as usize];
                 rec.state = state;
                 let start = tick();
                 let out = store.put_run(rec);
-                (Call::Put { run, read_version, state }, start, out.map(Out::Run))
+                (
+                    Call::Put {
+                        run,
+                        read_version,
+                        state,
+                    },
+                    start,
+                    out.map(Out::Run),
+                )
             }
             26..=45 => {
                 let run = run_id(rng.below(RUNS));
                 let cost = 1 + rng.below(1_000);
-                let delta = StateDelta { cost_micros: cost, iterations: 1, ..Default::default() };
+                let delta = StateDelta {
+                    cost_micros: cost,
+                    iterations: 1,
+                    ..Default::default()
+                };
                 let start = tick();
                 let out = store.patch_run(&RunKey::new(TENANT, run.clone()), delta);
                 (Call::Patch { run, cost }, start, out.map(Out::Run))
@@ -213,19 +272,30 @@ fn worker(store: &Store, clock: &AtomicU64, thread: usize, ops: usize, seed: u64
             46..=50 => {
                 let session = session_id(rng.below(SESSIONS));
                 let start = tick();
-                let out = store.put_session(SessionRecord::new(SessionKey::new(TENANT, session.clone())));
-                (Call::CreateSession { session }, start, out.map(|_| Out::Unit))
+                let out =
+                    store.put_session(SessionRecord::new(SessionKey::new(TENANT, session.clone())));
+                (
+                    Call::CreateSession { session },
+                    start,
+                    out.map(|_| Out::Unit),
+                )
             }
             51..=53 => {
                 let session = session_id(rng.below(SESSIONS));
                 let start = tick();
                 let out = store.delete_session(&SessionKey::new(TENANT, session.clone()), true);
-                (Call::DeleteSession { session }, start, out.map(Out::Deleted))
+                (
+                    Call::DeleteSession { session },
+                    start,
+                    out.map(Out::Deleted),
+                )
             }
             54..=59 => {
                 let filter = match rng.below(4) {
                     0 => Filter::All,
-                    1 => Filter::State(RunState::ALL[rng.below(RunState::ALL.len() as u64) as usize]),
+                    1 => {
+                        Filter::State(RunState::ALL[rng.below(RunState::ALL.len() as u64) as usize])
+                    }
                     2 => Filter::Session(session_id(rng.below(SESSIONS))),
                     _ => Filter::Agent(AGENTS[rng.below(2) as usize].to_string()),
                 };
@@ -237,7 +307,9 @@ fn worker(store: &Store, clock: &AtomicU64, thread: usize, ops: usize, seed: u64
                     match store.list_runs(&q) {
                         Ok(page) => {
                             let (items, cursor) = page.into_parts();
-                            seen.extend(items.into_iter().map(|r| (r.key.run_id, r.seq, r.state, r.session_id, r.agent_name)));
+                            seen.extend(items.into_iter().map(|r| {
+                                (r.key.run_id, r.seq, r.state, r.session_id, r.agent_name)
+                            }));
                             match cursor {
                                 Some(c) => q = q.cursor(Some(c)),
                                 None => break Ok(Out::Walk(seen)),
@@ -253,8 +325,21 @@ fn worker(store: &Store, clock: &AtomicU64, thread: usize, ops: usize, seed: u64
                 let d = doc(&mut docs);
                 let marked = rng.chance(50);
                 let start = tick();
-                let out = store.write_tray(&instance(inst).tray("tray", tray_id(t)), epoch, tray(d.clone(), marked));
-                (Call::WriteTray { inst, tray: t, epoch, doc: d }, start, out.map(|_| Out::Unit))
+                let out = store.write_tray(
+                    &instance(inst).tray("tray", tray_id(t)),
+                    epoch,
+                    tray(d.clone(), marked),
+                );
+                (
+                    Call::WriteTray {
+                        inst,
+                        tray: t,
+                        epoch,
+                        doc: d,
+                    },
+                    start,
+                    out.map(|_| Out::Unit),
+                )
             }
             80..=89 => {
                 let mut puts = Vec::new();
@@ -264,11 +349,18 @@ fn worker(store: &Store, clock: &AtomicU64, thread: usize, ops: usize, seed: u64
                     match rng.below(3) {
                         0 => {
                             let d = doc(&mut docs);
-                            ops.push(TrayOp::Put { tray_ns: "tray".into(), tray_id: tray_id(t), tray: tray(d.clone(), rng.chance(50)) });
+                            ops.push(TrayOp::Put {
+                                tray_ns: "tray".into(),
+                                tray_id: tray_id(t),
+                                tray: tray(d.clone(), rng.chance(50)),
+                            });
                             puts.push((t, d));
                         }
                         1 if rng.chance(30) => {
-                            ops.push(TrayOp::Delete { tray_ns: "tray".into(), tray_id: tray_id(t) });
+                            ops.push(TrayOp::Delete {
+                                tray_ns: "tray".into(),
+                                tray_id: tray_id(t),
+                            });
                             deletes.push(t);
                         }
                         _ => {}
@@ -276,13 +368,30 @@ fn worker(store: &Store, clock: &AtomicU64, thread: usize, ops: usize, seed: u64
                 }
                 let start = tick();
                 let out = store.apply_batch(&instance(inst), epoch, ops);
-                (Call::Batch { inst, epoch, puts, deletes }, start, out.map(|_| Out::Unit))
+                (
+                    Call::Batch {
+                        inst,
+                        epoch,
+                        puts,
+                        deletes,
+                    },
+                    start,
+                    out.map(|_| Out::Unit),
+                )
             }
             90..=93 => {
                 let t = rng.below(TRAYS as u64) as usize;
                 let start = tick();
                 let out = store.delete_tray(&instance(inst).tray("tray", tray_id(t)), epoch);
-                (Call::DeleteTray { inst, tray: t, epoch }, start, out.map(|_| Out::Unit))
+                (
+                    Call::DeleteTray {
+                        inst,
+                        tray: t,
+                        epoch,
+                    },
+                    start,
+                    out.map(|_| Out::Unit),
+                )
             }
             _ => {
                 let start = tick();
@@ -299,7 +408,12 @@ fn worker(store: &Store, clock: &AtomicU64, thread: usize, ops: usize, seed: u64
             // stale a while longer.
             epochs[inst] = *stored;
         }
-        events.push(Event { start, end, call, out: out.unwrap_or_else(Out::Err) });
+        events.push(Event {
+            start,
+            end,
+            call,
+            out: out.unwrap_or_else(Out::Err),
+        });
     }
     events
 }
@@ -336,16 +450,35 @@ impl Checker<'_> {
         for (i, e) in self.events.iter().enumerate() {
             let Out::Err(err) = &e.out else { continue };
             let fine = match (&e.call, err) {
-                (Call::Create { .. }, StateError::Conflict { expected: 0, actual }) => *actual >= 1,
-                (Call::Create { session: Some(_), .. }, StateError::NotFound(_)) => true,
+                (
+                    Call::Create { .. },
+                    StateError::Conflict {
+                        expected: 0,
+                        actual,
+                    },
+                ) => *actual >= 1,
+                (
+                    Call::Create {
+                        session: Some(_), ..
+                    },
+                    StateError::NotFound(_),
+                ) => true,
                 (Call::Put { read_version, .. }, StateError::Conflict { expected, actual }) => {
                     expected == read_version && actual != read_version
                 }
                 (Call::Patch { .. }, StateError::NotFound(_)) => true,
-                (Call::CreateSession { .. }, StateError::Conflict { expected: 0, actual }) => *actual >= 1,
+                (
+                    Call::CreateSession { .. },
+                    StateError::Conflict {
+                        expected: 0,
+                        actual,
+                    },
+                ) => *actual >= 1,
                 (Call::DeleteSession { .. }, StateError::NotFound(_)) => true,
                 (
-                    Call::WriteTray { epoch, .. } | Call::Batch { epoch, .. } | Call::DeleteTray { epoch, .. },
+                    Call::WriteTray { epoch, .. }
+                    | Call::Batch { epoch, .. }
+                    | Call::DeleteTray { epoch, .. },
                     StateError::FenceLost { caller, stored },
                 ) => caller == epoch && *stored >= caller + 1,
                 _ => false,
@@ -360,11 +493,23 @@ impl Checker<'_> {
         let mut incs: BTreeMap<(String, u64), Incarnation> = BTreeMap::new();
         let mut seqs = BTreeSet::new();
         for (i, e) in self.events.iter().enumerate() {
-            if let (Call::Create { run, session, agent }, Out::Run(r)) = (&e.call, &e.out) {
+            if let (
+                Call::Create {
+                    run,
+                    session,
+                    agent,
+                },
+                Out::Run(r),
+            ) = (&e.call, &e.out)
+            {
                 if !seqs.insert(r.seq) {
                     self.fail(format!("seq {} handed to two creates", r.seq));
                 }
-                if r.version != 1 || &r.key.run_id != run || r.session_id != *session || r.agent_name != *agent {
+                if r.version != 1
+                    || &r.key.run_id != run
+                    || r.session_id != *session
+                    || r.agent_name != *agent
+                {
                     self.fail(format!("create {run} stored {r:?}"));
                 }
                 incs.insert(
@@ -382,7 +527,10 @@ impl Checker<'_> {
         if let Some(&max) = seqs.last()
             && max != seqs.len() as u64
         {
-            self.fail(format!("create seqs have gaps: {} creates, highest seq {max}", seqs.len()));
+            self.fail(format!(
+                "create seqs have gaps: {} creates, highest seq {max}",
+                seqs.len()
+            ));
         }
         for (i, e) in self.events.iter().enumerate() {
             let (run, r) = match (&e.call, &e.out) {
@@ -390,14 +538,24 @@ impl Checker<'_> {
                 _ => continue,
             };
             let Some(inc) = incs.get_mut(&(run.clone(), r.seq)) else {
-                self.fail(format!("event {i}: write acknowledged for unknown run {run} seq {}", r.seq));
+                self.fail(format!(
+                    "event {i}: write acknowledged for unknown run {run} seq {}",
+                    r.seq
+                ));
                 continue;
             };
             inc.versions.push((r.version, i));
             match &e.call {
-                Call::Put { read_version, state, .. } => {
+                Call::Put {
+                    read_version,
+                    state,
+                    ..
+                } => {
                     if r.version != read_version + 1 || r.state != *state {
-                        self.fail(format!("event {i}: put from v{read_version} stored v{} {:?}", r.version, r.state));
+                        self.fail(format!(
+                            "event {i}: put from v{read_version} stored v{} {:?}",
+                            r.version, r.state
+                        ));
                     }
                     inc.puts.push((r.version, *state, i));
                 }
@@ -412,7 +570,10 @@ impl Checker<'_> {
             inc.versions.sort();
             for w in inc.versions.windows(2) {
                 if w[0].0 == w[1].0 {
-                    self.fail(format!("run {run} seq {seq}: version {} acknowledged to events {} and {}", w[0].0, w[0].1, w[1].1));
+                    self.fail(format!(
+                        "run {run} seq {seq}: version {} acknowledged to events {} and {}",
+                        w[0].0, w[0].1, w[1].1
+                    ));
                 }
             }
         }
@@ -424,7 +585,12 @@ impl Checker<'_> {
         let mut live = BTreeSet::new();
         for n in 0..RUNS {
             let run = run_id(n);
-            let Some(r) = store.get_run(&RunKey::new(TENANT, run.clone())).expect("get_run") else { continue };
+            let Some(r) = store
+                .get_run(&RunKey::new(TENANT, run.clone()))
+                .expect("get_run")
+            else {
+                continue;
+            };
             live.insert((run.clone(), r.seq));
             let Some(inc) = incs.get(&(run.clone(), r.seq)) else {
                 self.fail(format!("final {run} seq {} was never created", r.seq));
@@ -438,14 +604,27 @@ impl Checker<'_> {
             }
             let acked: Vec<u64> = inc.versions.iter().map(|v| v.0).collect();
             if acked != (1..=r.version).collect::<Vec<_>>() {
-                self.fail(format!("{run}: final version {} but acknowledged versions {acked:?}", r.version));
+                self.fail(format!(
+                    "{run}: final version {} but acknowledged versions {acked:?}",
+                    r.version
+                ));
             }
-            let want_state = inc.puts.iter().max_by_key(|p| p.0).map_or(RunState::Pending, |p| p.1);
+            let want_state = inc
+                .puts
+                .iter()
+                .max_by_key(|p| p.0)
+                .map_or(RunState::Pending, |p| p.1);
             if r.state != want_state {
-                self.fail(format!("{run}: final state {:?}, last acknowledged put set {want_state:?}", r.state));
+                self.fail(format!(
+                    "{run}: final state {:?}, last acknowledged put set {want_state:?}",
+                    r.state
+                ));
             }
             if let Some(s) = &r.session_id
-                && store.get_session(&SessionKey::new(TENANT, s.clone())).expect("get_session").is_none()
+                && store
+                    .get_session(&SessionKey::new(TENANT, s.clone()))
+                    .expect("get_session")
+                    .is_none()
             {
                 self.fail(format!("{run}: outlived its session {s}"));
             }
@@ -458,12 +637,16 @@ impl Checker<'_> {
             let created = &self.events[inc.create];
             let deleted = self.events.iter().any(|d| match (&d.call, &d.out) {
                 (Call::DeleteSession { session }, Out::Deleted(runs)) => {
-                    inc.session.as_ref() == Some(session) && d.end > created.start && runs.iter().any(|k| &k.run_id == run)
+                    inc.session.as_ref() == Some(session)
+                        && d.end > created.start
+                        && runs.iter().any(|k| &k.run_id == run)
                 }
                 _ => false,
             });
             if !deleted {
-                self.fail(format!("{run} seq {seq} vanished without an acknowledged delete"));
+                self.fail(format!(
+                    "{run} seq {seq} vanished without an acknowledged delete"
+                ));
             }
         }
     }
@@ -471,11 +654,13 @@ impl Checker<'_> {
     fn check_walks(&mut self, incs: &BTreeMap<(String, u64), Incarnation>) -> (u64, u64) {
         let (mut walks, mut must_see) = (0u64, 0u64);
         // The acknowledged cascades that may have deleted each incarnation.
-        let mut deleters: HashMap<&(String, u64), Vec<usize>> = incs.keys().map(|k| (k, Vec::new())).collect();
+        let mut deleters: HashMap<&(String, u64), Vec<usize>> =
+            incs.keys().map(|k| (k, Vec::new())).collect();
         for (i, d) in self.events.iter().enumerate() {
             if let (Call::DeleteSession { .. }, Out::Deleted(runs)) = (&d.call, &d.out) {
                 for r in runs {
-                    for (k, inc) in incs.range((r.run_id.clone(), 0)..=(r.run_id.clone(), u64::MAX)) {
+                    for (k, inc) in incs.range((r.run_id.clone(), 0)..=(r.run_id.clone(), u64::MAX))
+                    {
                         if d.end > self.events[inc.create].start {
                             deleters.get_mut(k).expect("every incarnation").push(i);
                         }
@@ -484,7 +669,9 @@ impl Checker<'_> {
             }
         }
         for (i, w) in self.events.iter().enumerate() {
-            let (Call::Walk { filter }, Out::Walk(seen)) = (&w.call, &w.out) else { continue };
+            let (Call::Walk { filter }, Out::Walk(seen)) = (&w.call, &w.out) else {
+                continue;
+            };
             walks += 1;
             let mut got: BTreeMap<(String, u64), usize> = BTreeMap::new();
             let mut last_seq = 0;
@@ -499,7 +686,9 @@ impl Checker<'_> {
                 }
                 match incs.get(&(run.clone(), *seq)) {
                     Some(inc) if self.events[inc.create].start < w.end => {}
-                    _ => self.fail(format!("walk {i} returned {run} seq {seq}, which no create had made")),
+                    _ => self.fail(format!(
+                        "walk {i} returned {run} seq {seq}, which no create had made"
+                    )),
                 }
             }
             for (k, n) in &got {
@@ -544,7 +733,13 @@ impl Checker<'_> {
             let mut used: Vec<(u64, usize)> = Vec::new();
             for (i, e) in self.events.iter().enumerate() {
                 let (epoch, write) = match &e.call {
-                    Call::WriteTray { inst: n, epoch, .. } | Call::Batch { inst: n, epoch, .. } | Call::DeleteTray { inst: n, epoch, .. } if *n == inst => (*epoch, true),
+                    Call::WriteTray { inst: n, epoch, .. }
+                    | Call::Batch { inst: n, epoch, .. }
+                    | Call::DeleteTray { inst: n, epoch, .. }
+                        if *n == inst =>
+                    {
+                        (*epoch, true)
+                    }
                     Call::Release { inst: n, epoch } if *n == inst => (*epoch, false),
                     _ => continue,
                 };
@@ -591,14 +786,18 @@ impl Checker<'_> {
                 if let Out::Err(StateError::FenceLost { stored, .. }) = &e.out {
                     fence_lost += 1;
                     if first_use.get(stored).is_none_or(|&s| s >= e.end) {
-                        self.fail(format!("event {i}: FenceLost names stored epoch {stored} no caller had used"));
+                        self.fail(format!(
+                            "event {i}: FenceLost names stored epoch {stored} no caller had used"
+                        ));
                     }
                 }
             }
             let max = acked.iter().map(|a| a.0).max().unwrap_or(0);
             let stored = store.epoch(&instance(inst)).expect("epoch");
             if stored != max {
-                self.fail(format!("instance {inst}: stored epoch {stored}, highest acknowledged {max}"));
+                self.fail(format!(
+                    "instance {inst}: stored epoch {stored}, highest acknowledged {max}"
+                ));
             }
             self.check_final_trays(store, inst, stored);
         }
@@ -616,9 +815,18 @@ impl Checker<'_> {
                     continue;
                 }
                 match &e.call {
-                    Call::WriteTray { inst: n, tray, doc, .. } if *n == inst && *tray == t => muts.push((i, Some(doc))),
-                    Call::DeleteTray { inst: n, tray, .. } if *n == inst && *tray == t => muts.push((i, None)),
-                    Call::Batch { inst: n, puts, deletes, .. } if *n == inst => {
+                    Call::WriteTray {
+                        inst: n, tray, doc, ..
+                    } if *n == inst && *tray == t => muts.push((i, Some(doc))),
+                    Call::DeleteTray { inst: n, tray, .. } if *n == inst && *tray == t => {
+                        muts.push((i, None))
+                    }
+                    Call::Batch {
+                        inst: n,
+                        puts,
+                        deletes,
+                        ..
+                    } if *n == inst => {
                         if let Some((_, d)) = puts.iter().find(|p| p.0 == t) {
                             muts.push((i, Some(d)));
                         }
@@ -630,13 +838,22 @@ impl Checker<'_> {
                 }
             }
             let key = instance(inst).tray("tray", tray_id(t));
-            let fin = store.read_tray(&key, epoch).expect("read_tray").map(|t| t.doc);
+            let fin = store
+                .read_tray(&key, epoch)
+                .expect("read_tray")
+                .map(|t| t.doc);
             // The mutation that left the final state must not be followed
             // (strictly after it) by another acknowledged one.
-            let latest_start = muts.iter().map(|&(j, _)| self.events[j].start).max().unwrap_or(0);
+            let latest_start = muts
+                .iter()
+                .map(|&(j, _)| self.events[j].start)
+                .max()
+                .unwrap_or(0);
             let last_ok = |this: usize| self.events[this].end >= latest_start;
             let explained = match &fin {
-                Some(doc) => muts.iter().any(|&(i, d)| d == Some(doc.as_slice()) && last_ok(i)),
+                Some(doc) => muts
+                    .iter()
+                    .any(|&(i, d)| d == Some(doc.as_slice()) && last_ok(i)),
                 None => muts.is_empty() || muts.iter().any(|&(i, d)| d.is_none() && last_ok(i)),
             };
             if !explained {
@@ -648,8 +865,14 @@ impl Checker<'_> {
 
 #[test]
 fn stress_history_is_linearizable_enough() {
-    let ops: usize = std::env::var("AGENTSTATE_STRESS_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(OPS_DEFAULT);
-    let seed: u64 = std::env::var("AGENTSTATE_STRESS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(SEED_DEFAULT);
+    let ops: usize = std::env::var("AGENTSTATE_STRESS_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(OPS_DEFAULT);
+    let seed: u64 = std::env::var("AGENTSTATE_STRESS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SEED_DEFAULT);
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("store");
     let store = Arc::new(Store::open(&path).expect("open file store"));
@@ -662,12 +885,18 @@ fn stress_history_is_linearizable_enough() {
             std::thread::spawn(move || worker(&store, &clock, t, n, seed))
         })
         .collect();
-    let mut events: Vec<Event> = handles.into_iter().flat_map(|h| h.join().expect("worker panicked")).collect();
+    let mut events: Vec<Event> = handles
+        .into_iter()
+        .flat_map(|h| h.join().expect("worker panicked"))
+        .collect();
     let secs = t0.elapsed().as_secs_f64();
     events.sort_by_key(|e| e.start);
 
     let t1 = Instant::now();
-    let mut c = Checker { events: &events, violations: Vec::new() };
+    let mut c = Checker {
+        events: &events,
+        violations: Vec::new(),
+    };
     c.check_errors();
     let incs = c.incarnations();
     c.check_final_runs(&store, &incs);
@@ -679,9 +908,15 @@ fn stress_history_is_linearizable_enough() {
     }
     let marked = store.marked_trays(None, 1000, None).expect("marked_trays");
     for m in marked.items() {
-        let t = store.epoch(&m.key.instance()).and_then(|e| store.read_tray(&m.key, e)).expect("read_tray");
+        let t = store
+            .epoch(&m.key.instance())
+            .and_then(|e| store.read_tray(&m.key, e))
+            .expect("read_tray");
         if !t.is_some_and(|t| t.marked) {
-            c.fail(format!("marked index names {:?}, which is not marked", m.key));
+            c.fail(format!(
+                "marked index names {:?}, which is not marked",
+                m.key
+            ));
         }
     }
     let check_secs = t1.elapsed().as_secs_f64();
@@ -696,16 +931,34 @@ fn stress_history_is_linearizable_enough() {
         c.violations.len()
     );
     let violations = std::mem::take(&mut c.violations);
-    assert!(violations.is_empty(), "{} violations, first: {:?}", violations.len(), &violations[..violations.len().min(10)]);
+    assert!(
+        violations.is_empty(),
+        "{} violations, first: {:?}",
+        violations.len(),
+        &violations[..violations.len().min(10)]
+    );
 
     // What was acknowledged survives a reopen, and the reopened store is clean.
     let expected: HashMap<String, Option<RunRecord>> = (0..RUNS)
-        .map(|n| (run_id(n), store.get_run(&RunKey::new(TENANT, run_id(n))).expect("get_run")))
+        .map(|n| {
+            (
+                run_id(n),
+                store
+                    .get_run(&RunKey::new(TENANT, run_id(n)))
+                    .expect("get_run"),
+            )
+        })
         .collect();
     drop(store);
     let store = Store::open(&path).expect("reopen");
     for (run, rec) in &expected {
-        assert_eq!(&store.get_run(&RunKey::new(TENANT, run.clone())).expect("get_run"), rec, "{run} after reopen");
+        assert_eq!(
+            &store
+                .get_run(&RunKey::new(TENANT, run.clone()))
+                .expect("get_run"),
+            rec,
+            "{run} after reopen"
+        );
     }
     let report = store.verify().expect("verify after reopen");
     assert!(report.is_ok(), "verify after reopen: {:?}", report.problems);
