@@ -480,7 +480,7 @@ impl Checker<'_> {
                     | Call::Batch { epoch, .. }
                     | Call::DeleteTray { epoch, .. },
                     StateError::FenceLost { caller, stored },
-                ) => caller == epoch && *stored >= caller + 1,
+                ) => caller == epoch && *stored > caller,
                 _ => false,
             };
             if !fine {
@@ -751,7 +751,7 @@ impl Checker<'_> {
             // No write landed after a call with a newer epoch had been
             // acknowledged: walking epochs from the top down, keep the
             // earliest acknowledgement of any strictly newer epoch.
-            acked.sort_by(|a, b| b.0.cmp(&a.0));
+            acked.sort_by_key(|a| std::cmp::Reverse(a.0));
             let mut earliest_newer: Option<(u64, usize)> = None;
             let mut k = 0;
             while k < acked.len() {
