@@ -42,6 +42,11 @@ const PREEMPTIONS_DEFAULT: usize = 3;
 
 /// Runs `f` under loom with a preemption bound (env first, then ours).
 fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    // The default scrubber compiles its rules once per process into a std
+    // `LazyLock`. Build them here, on an ordinary thread: inside a model
+    // the first build would run on a loom thread's small stack, and a
+    // failed execution would leave the lock held for every later one.
+    drop(crate::scrub::Scrubber::default());
     let mut b = loom::model::Builder::new();
     if b.preemption_bound.is_none() {
         b.preemption_bound = Some(PREEMPTIONS_DEFAULT);
