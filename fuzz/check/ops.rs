@@ -201,7 +201,7 @@ enum Op {
     Batch {
         inst: usize,
         epoch: EpochPick,
-        ops: Vec<(usize, Option<(bool, &'static str, u8)>)>,
+        ops: BatchOps,
     },
     Release {
         inst: usize,
@@ -241,6 +241,9 @@ enum Op {
     },
     Reopen,
 }
+
+/// A batch's ops: a tray, and for a put its (marked, env, doc byte).
+type BatchOps = Vec<(usize, Option<(bool, &'static str, u8)>)>;
 
 /// A version relative to what the model holds, so most puts are near it.
 #[derive(Debug, Clone, Copy)]
@@ -600,6 +603,16 @@ fn paginate<T: Clone>(items: &[T], limit: usize, pages: usize) -> Vec<(Vec<T>, b
     }
 }
 
+/// What a listing op asks for, besides its closures.
+struct Listing {
+    walk: Walk,
+    bind: Bind,
+    limit: usize,
+    /// Validity checks that precede the cursor's (ids, fence): the
+    /// model's error for them, if any.
+    pre: Option<String>,
+}
+
 /// The harness: the store, the model, the op being compared.
 struct Harness<'a> {
     path: &'a Path,
@@ -631,16 +644,17 @@ impl Harness<'_> {
     /// ends at that item resumes.
     fn walk<T: Debug + Clone>(
         &mut self,
-        walk: Walk,
-        bind: Bind,
-        limit: usize,
+        listing: Listing,
         model_items: impl Fn(&Model, Option<&Resume>) -> Vec<T>,
         resume: impl Fn(&T) -> Resume,
         mut page: impl FnMut(&Store, Option<&Cursor>) -> agentstate::Result<agentstate::Page<T>>,
-        // Validity checks that precede the cursor's (limit, ids, fence):
-        // the model's error for them, if any.
-        pre: Option<String>,
     ) {
+        let Listing {
+            walk,
+            bind,
+            limit,
+            pre,
+        } = listing;
         let (start, start_cursor) = match walk {
             Walk::Saved => match (&self.model.saved, &self.saved_cursor) {
                 (Some((b, r)), Some(c)) => (Some((b.clone(), r.clone())), Some(c.clone())),
@@ -1000,9 +1014,12 @@ impl Harness<'_> {
             Op::ListRuns { query, walk } => {
                 let q = query.clone();
                 self.walk(
-                    walk,
-                    query.bind(),
-                    query.limit,
+                    Listing {
+                        walk,
+                        bind: query.bind(),
+                        limit: query.limit,
+                        pre: None,
+                    },
                     |m, from| {
                         let after = match from {
                             Some(Resume::Seq(s)) => *s,
@@ -1015,7 +1032,6 @@ impl Harness<'_> {
                     },
                     |r: &RunRecord| Resume::Seq(r.seq),
                     |s, c| s.list_runs(&query.to_store(c.cloned())),
-                    None,
                 );
                 return;
             }
@@ -1138,9 +1154,12 @@ impl Harness<'_> {
                     && cursor_ok
                     && !(walk == Walk::Saved && m.saved.is_none());
                 self.walk(
-                    walk,
-                    Bind::Trays(inst),
-                    limit,
+                    Listing {
+                        walk,
+                        bind: Bind::Trays(inst),
+                        limit,
+                        pre,
+                    },
                     |m, from| {
                         m.instance_trays(inst)
                             .into_iter()
@@ -1152,7 +1171,6 @@ impl Harness<'_> {
                     },
                     |(k, _): &(TrayKey, Tray)| Resume::Tray(tray_tuple(k)),
                     |s, c| s.list_trays(&instance(inst), e, limit, c),
-                    pre,
                 );
                 if advances {
                     self.model.epochs.insert(inst, e);
@@ -1162,9 +1180,12 @@ impl Harness<'_> {
             Op::MarkedTrays { env, limit, walk } => {
                 let pre = (env == Some("")).then(|| "Invalid".to_string());
                 self.walk(
-                    walk,
-                    Bind::Marked(env),
-                    limit,
+                    Listing {
+                        walk,
+                        bind: Bind::Marked(env),
+                        limit,
+                        pre,
+                    },
                     |m, from| {
                         m.marked(env)
                             .into_iter()
@@ -1176,7 +1197,6 @@ impl Harness<'_> {
                     },
                     |t: &MarkedTray| Resume::Tray(tray_tuple(&t.key)),
                     |s, c| s.marked_trays(env, limit, c),
-                    pre,
                 );
                 return;
             }
@@ -1214,9 +1234,12 @@ impl Harness<'_> {
                 walk,
             } => {
                 self.walk(
-                    walk,
-                    Bind::Alarms,
-                    limit,
+                    Listing {
+                        walk,
+                        bind: Bind::Alarms,
+                        limit,
+                        pre: None,
+                    },
                     |m, from| {
                         m.due(at)
                             .into_iter()
@@ -1232,7 +1255,6 @@ impl Harness<'_> {
                         Resume::Alarm(a.due_at, a.instance.ns.clone(), a.instance.id.clone())
                     },
                     |s, c| s.due_alarms(at, limit, c),
-                    None,
                 );
                 return;
             }

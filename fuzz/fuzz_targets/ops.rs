@@ -13,7 +13,11 @@ mod check;
 /// syncs to a real disk would make each input cost tens of milliseconds.
 fn scratch() -> PathBuf {
     let shm = PathBuf::from("/dev/shm");
-    if shm.is_dir() { shm } else { std::env::temp_dir() }
+    if shm.is_dir() {
+        shm
+    } else {
+        std::env::temp_dir()
+    }
 }
 
 /// One empty store per fuzzing process, copied for every input.

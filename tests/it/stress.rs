@@ -480,7 +480,7 @@ impl Checker<'_> {
                     | Call::Batch { epoch, .. }
                     | Call::DeleteTray { epoch, .. },
                     StateError::FenceLost { caller, stored },
-                ) => caller == epoch && *stored > caller,
+                ) => caller == epoch && *stored > *caller,
                 _ => false,
             };
             if !fine {
