@@ -173,6 +173,8 @@ enum Out {
 struct Event {
     start: u64,
     end: u64,
+    /// Wall time of the call, for the report.
+    micros: u64,
     call: Call,
     out: Out,
 }
@@ -180,6 +182,21 @@ struct Event {
 impl Event {
     fn ok(&self) -> bool {
         !matches!(self.out, Out::Err(_))
+    }
+    /// The kind of call, for the report.
+    fn kind(&self) -> &'static str {
+        match self.call {
+            Call::Create { .. } => "create",
+            Call::Put { .. } => "put",
+            Call::Patch { .. } => "patch",
+            Call::CreateSession { .. } => "session",
+            Call::DeleteSession { .. } => "cascade",
+            Call::Walk { .. } => "walk",
+            Call::WriteTray { .. } => "tray",
+            Call::Batch { .. } => "batch",
+            Call::DeleteTray { .. } => "tray-del",
+            Call::Release { .. } => "release",
+        }
     }
     /// Happened entirely before `other` began.
     fn before(&self, other: &Event) -> bool {
@@ -208,6 +225,7 @@ fn worker(store: &Store, clock: &AtomicU64, thread: usize, ops: usize, seed: u64
     };
     let tick = || clock.fetch_add(1, Ordering::SeqCst);
     while events.len() < ops {
+        let t0 = Instant::now();
         let roll = rng.below(100);
         let inst = rng.below(INSTANCES as u64) as usize;
         // A holder sometimes takes the instance over (a new placement, one
@@ -408,9 +426,11 @@ fn worker(store: &Store, clock: &AtomicU64, thread: usize, ops: usize, seed: u64
             // stale a while longer.
             epochs[inst] = *stored;
         }
+        let micros = t0.elapsed().as_micros() as u64;
         events.push(Event {
             start,
             end,
+            micros,
             call,
             out: out.unwrap_or_else(Out::Err),
         });
@@ -930,6 +950,25 @@ fn stress_history_is_linearizable_enough() {
         incs.len(),
         c.violations.len()
     );
+    // Mean latency by kind of call, over the first and the last tenth of
+    // the run: a store that slows down as its history grows shows here.
+    let tenth = events.len() / 10;
+    for (label, part) in [
+        ("first tenth", &events[..tenth]),
+        ("last tenth", &events[events.len() - tenth..]),
+    ] {
+        let mut by: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for e in part {
+            let v = by.entry(e.kind()).or_default();
+            v.0 += e.micros;
+            v.1 += 1;
+        }
+        let means: Vec<String> = by
+            .iter()
+            .map(|(k, (us, n))| format!("{k} {:.1}", *us as f64 / *n as f64 / 1000.0))
+            .collect();
+        println!("stress: mean ms per call, {label}: {}", means.join(", "));
+    }
     let violations = std::mem::take(&mut c.violations);
     assert!(
         violations.is_empty(),
