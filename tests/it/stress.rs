@@ -451,6 +451,45 @@ struct Incarnation {
     patches: u64,
 }
 
+/// An incarnation's acknowledged puts, for answering "what was its state
+/// during this walk, if no put overlapped it" in O(log puts).
+struct PutIndex {
+    /// (end, version, state), by end.
+    by_end: Vec<(u64, u64, RunState)>,
+    /// The newest (version, state) among `by_end[..=i]`.
+    newest_upto: Vec<(u64, RunState)>,
+    /// The earliest start among `by_end[i..]`; `u64::MAX` past the end.
+    min_start_from: Vec<u64>,
+}
+
+impl PutIndex {
+    fn new(events: &[Event], inc: &Incarnation) -> PutIndex {
+        let mut puts: Vec<(u64, u64, RunState, u64)> = inc
+            .puts
+            .iter()
+            .map(|&(v, s, p)| (events[p].end, v, s, events[p].start))
+            .collect();
+        puts.sort_by_key(|p| p.0);
+        let mut newest_upto = Vec::with_capacity(puts.len());
+        let mut best = (0, RunState::Pending);
+        for p in &puts {
+            if p.1 > best.0 {
+                best = (p.1, p.2);
+            }
+            newest_upto.push(best);
+        }
+        let mut min_start_from = vec![u64::MAX; puts.len() + 1];
+        for i in (0..puts.len()).rev() {
+            min_start_from[i] = min_start_from[i + 1].min(puts[i].3);
+        }
+        PutIndex {
+            by_end: puts.iter().map(|p| (p.0, p.1, p.2)).collect(),
+            newest_upto,
+            min_start_from,
+        }
+    }
+}
+
 struct Checker<'a> {
     events: &'a [Event],
     violations: Vec<String>,
@@ -673,6 +712,10 @@ impl Checker<'_> {
 
     fn check_walks(&mut self, incs: &BTreeMap<(String, u64), Incarnation>) -> (u64, u64) {
         let (mut walks, mut must_see) = (0u64, 0u64);
+        let put_index: HashMap<&(String, u64), PutIndex> = incs
+            .iter()
+            .map(|(k, inc)| (k, PutIndex::new(self.events, inc)))
+            .collect();
         // The acknowledged cascades that may have deleted each incarnation.
         let mut deleters: HashMap<&(String, u64), Vec<usize>> =
             incs.keys().map(|k| (k, Vec::new())).collect();
@@ -722,17 +765,18 @@ impl Checker<'_> {
                     continue;
                 }
                 // The state during the walk is known only when no
-                // acknowledged put overlaps it.
-                let mut state = Some((0, RunState::Pending));
-                for &(v, s, p) in &inc.puts {
-                    let put = &self.events[p];
-                    if put.before(w) {
-                        state = state.map(|(sv, ss)| if v > sv { (v, s) } else { (sv, ss) });
-                    } else if !w.before(put) {
-                        state = None;
-                    }
+                // acknowledged put overlaps it: then it is the state of the
+                // newest put that ended before the walk began.
+                let ix = &put_index[k];
+                let before = ix.by_end.partition_point(|p| p.0 < w.start);
+                if ix.min_start_from[before] <= w.end {
+                    continue;
                 }
-                let Some((_, state)) = state else { continue };
+                let state = if before == 0 {
+                    RunState::Pending
+                } else {
+                    ix.newest_upto[before - 1].1
+                };
                 if !filter.matches(state, inc.session.as_deref(), &inc.agent) {
                     continue;
                 }
