@@ -1,1 +1,1287 @@
-fn main(){}
+//! Side-by-side durability and listing benchmark (issue 7).
+//!
+//! ```text
+//! cargo bench --bench compare              # full: 1M-run listing and RSS
+//! cargo bench --bench compare -- --quick   # smaller counts, same RESULT names
+//! ```
+//!
+//! Everything runs in one process (plus one child for the RSS figure), in
+//! one temporary directory under the crate's `target/` directory (override
+//! with `AGENTSTATE_BENCH_DIR`), so every contender writes to the same disk:
+//!
+//! - `floor`: `write` of a 300-byte record to an append-only file, then
+//!   `File::sync_data` (fdatasync) — the least a durable append can cost;
+//!   `floor prealloc` overwrites a file written and synced beforehand (no
+//!   block allocation, no size change);
+//! - `sqlite`: rusqlite (bundled SQLite), WAL, `synchronous=FULL`; a create
+//!   inserts the run row (and SQLite its three index rows) in a transaction,
+//!   an update is `UPDATE … WHERE tenant = ? AND run_id = ? AND version = ?`;
+//! - `fjall raw`: the engine alone, one batch (run + two index entries) and
+//!   `PersistMode::SyncData` per op;
+//! - `agentstate`: a `FileStore` with `Durability::Immediate`: create,
+//!   version-checked put, patch with one writer; creates from 8 threads
+//!   (group commit) against one writer in alternating rounds.
+//!
+//! The one-writer contenders are interleaved op by op (floor, sqlite, fjall,
+//! agentstate, floor, …) so a slow spell of the shared disk hits all of
+//! them alike; a rate is a contender's op count over the sum of its own op
+//! times, and ratios are taken between rates of the same run.
+//!
+//! Listing: a page of 100 in a tenant of 10k runs and of 1M runs (200k with
+//! `--quick`), 1% `Running` and 99% `Completed`, with UUID-like run ids,
+//! loaded with `Durability::Buffered` from 8 threads (a durable load of 1M
+//! runs would take most of an hour of syncs). The reaper's query
+//! (`state(Running).updated_before(T)`) is timed in both. The same pages
+//! are timed on fjall alone, in the store's layout (index scan + a point
+//! read per item) and with records clustered by seq (one range scan).
+//!
+//! Memory: the binary re-executes itself with `AGENTSTATE_BENCH_CHILD` set;
+//! the child only loads the big tenant and walks it with pages of 1000, and
+//! reports its peak RSS (`VmHWM`). The parent then reopens the child's store
+//! for the 1M listing timings.
+//!
+//! `--only durable|listing|writers|agentstate` runs one part (for strace
+//! and perf). `AGENTSTATE_BENCH_IDS=sequential` makes run ids ascend.
+//!
+//! The output is a table, then one `RESULT name=value` line per figure.
+
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use agentstate::{
+    Durability, FileStore, Options, RunKey, RunRecord, RunState, StateDelta, StateQuery,
+    StateStore, ToolCall, Usage,
+};
+
+const CHILD_ENV: &str = "AGENTSTATE_BENCH_CHILD";
+const DIR_ENV: &str = "AGENTSTATE_BENCH_DIR";
+const TENANT: &str = "acme";
+/// Tool-call arguments that make an encoded run record about 300 bytes.
+const ARGS: &str = r#"{"query":"quarterly revenue by region for the last four quarters","max_results":25,"filters":{"region":["emea","apac","amer"],"currency":"EUR"},"include_sources":true,"note":"benchmark record of realistic size"}"#;
+/// Bytes per floor write (about one encoded run record plus its index keys).
+const RECORD_BYTES: usize = 300;
+/// Loader threads for the buffered bulk loads.
+const LOADERS: usize = 8;
+
+#[derive(Clone, Copy)]
+struct Sizes {
+    quick: bool,
+    /// Ops per one-writer contender (interleaved op by op).
+    ops: usize,
+    /// Rounds of one writer vs eight writers.
+    rounds: usize,
+    /// Creates per round of the one writer, and per thread of the eight.
+    ops_per_writer8: usize,
+    small: usize,
+    big: usize,
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Sizes {
+        if quick {
+            Sizes {
+                quick,
+                ops: 300,
+                rounds: 6,
+                ops_per_writer8: 40,
+                small: 10_000,
+                big: 200_000,
+            }
+        } else {
+            Sizes {
+                quick,
+                ops: 2000,
+                rounds: 12,
+                ops_per_writer8: 100,
+                small: 10_000,
+                big: 1_000_000,
+            }
+        }
+    }
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        child(&spec);
+        return;
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--only durable` / `--only listing`: one half, for profiling.
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let sizes = Sizes::new(quick);
+    let started = Instant::now();
+    let base = bench_base();
+    std::fs::create_dir_all(&base).expect("bench base dir");
+    let tmp = tempfile::Builder::new()
+        .prefix("compare-")
+        .tempdir_in(&base)
+        .expect("tempdir");
+    let dir = tmp.path().to_path_buf();
+
+    println!(
+        "# agentstate compare ({})",
+        if quick { "--quick" } else { "full" }
+    );
+    println!("dir: {}", dir.display());
+    println!("cpus: {}, load average at start: {}", cpus(), loadavg());
+    println!(
+        "sizes: {} ops per one-writer contender; {} rounds of 1 writer x {} creates vs 8 writers x {} creates; listing at {} and {} runs",
+        sizes.ops,
+        sizes.rounds,
+        sizes.ops_per_writer8,
+        sizes.ops_per_writer8,
+        sizes.small,
+        sizes.big
+    );
+    println!();
+
+    if only.as_deref() == Some("agentstate") {
+        // For strace/perf: agentstate's one-writer create, put and patch only.
+        let mut a = Agent::new(&dir.join("store1"));
+        let (mut c, mut p, mut q) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..sizes.ops {
+            timed(&mut c, || a.create(i as u64));
+        }
+        for i in 0..sizes.ops {
+            timed(&mut p, || a.put(i));
+            timed(&mut q, || a.patch(i));
+        }
+        println!(
+            "create {:.0}/s put {:.0}/s patch {:.0}/s",
+            rate(&c),
+            rate(&p),
+            rate(&q)
+        );
+        return;
+    }
+    if only.as_deref() == Some("writers") {
+        let mut d = Durable::default();
+        writers(&dir, sizes, &mut d);
+        println!(
+            "1 writer {:.0}/s, 8 writers {:.0}/s, {:.2} creates per group",
+            median(&d.writers1),
+            median(&d.writers8),
+            d.writers8_ops as f64 / d.writers8_groups.max(1) as f64
+        );
+        return;
+    }
+    let d = if only.as_deref() == Some("listing") {
+        Durable::default()
+    } else {
+        durable(&dir, sizes)
+    };
+    let l = if only.as_deref() == Some("durable") {
+        Listing::default()
+    } else {
+        listing(&dir, sizes)
+    };
+
+    let elapsed = started.elapsed();
+    report(sizes, &d, &l, elapsed);
+}
+
+// ---------------------------------------------------------------------------
+// Records
+
+/// A run id shaped like a UUID: random order, so a listing's lookups land
+/// all over the key space as they would in production.
+///
+/// `AGENTSTATE_BENCH_IDS=sequential` makes them ascend with `i` instead
+/// (ULID-like), for the locality experiment in BENCHMARKS.md.
+fn run_id(i: u64) -> String {
+    static SEQUENTIAL: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+        std::env::var("AGENTSTATE_BENCH_IDS").is_ok_and(|v| v == "sequential")
+    });
+    if *SEQUENTIAL {
+        format!("{i:016x}{:016x}", mix(i))
+    } else {
+        format!("{:016x}{:016x}", mix(i), mix(i ^ 0x5bd1_e995_0000_0000))
+    }
+}
+
+fn mix(mut x: u64) -> u64 {
+    // splitmix64 finaliser
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn record(tenant: &str, id: String, state: RunState) -> RunRecord {
+    let mut r = RunRecord::new(RunKey::new(tenant, id), "planner");
+    r.state = state;
+    r.pending_tool_calls = vec![ToolCall {
+        id: "call_01".into(),
+        name: "web_search".into(),
+        arguments: ARGS.into(),
+    }];
+    r
+}
+
+/// State of the i-th run of a listing tenant: 1% running, 99% finished.
+fn listing_state(i: u64) -> RunState {
+    if i.is_multiple_of(100) {
+        RunState::Running
+    } else {
+        RunState::Completed
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Durable writes
+//
+// One-writer contenders are interleaved op by op (a floor write, a SQLite
+// insert, a fjall batch, an agentstate create, the next floor write, …) so
+// each sees the same disk at the same moment; a contender's rate is its op
+// count over the sum of its own op times. The 8-writer figure alternates
+// short rounds of one writer and of eight writers on the same store.
+
+#[derive(Default)]
+struct Durable {
+    /// Per-op latencies (µs), phase A (creates).
+    floor: Vec<f64>,
+    floor_prealloc: Vec<f64>,
+    sqlite_create: Vec<f64>,
+    fjall: Vec<f64>,
+    create: Vec<f64>,
+    create_plain: Vec<f64>,
+    /// Per-op latencies (µs), phase B (updates).
+    floor_b: Vec<f64>,
+    sqlite_update: Vec<f64>,
+    put: Vec<f64>,
+    patch: Vec<f64>,
+    /// Per-round rates (ops/s), phase C.
+    writers1: Vec<f64>,
+    writers8: Vec<f64>,
+    /// agentstate groups committed by the 8-writer creates, and creates.
+    writers8_groups: u64,
+    writers8_ops: u64,
+    /// µs per `Scrubber::scrub_run` of the bench record, and per create on
+    /// the memory store.
+    scrub_us: f64,
+    memory_create_us: f64,
+}
+
+/// ops/s from per-op latencies in µs.
+fn rate(lat: &[f64]) -> f64 {
+    if lat.is_empty() {
+        return f64::NAN;
+    }
+    lat.len() as f64 * 1e6 / lat.iter().sum::<f64>()
+}
+
+fn timed(lat: &mut Vec<f64>, f: impl FnOnce()) {
+    let t = Instant::now();
+    f();
+    lat.push(t.elapsed().as_secs_f64() * 1e6);
+}
+
+fn durable(dir: &Path, s: Sizes) -> Durable {
+    let mut d = Durable::default();
+    let n = s.ops;
+
+    // Phase A: creates.
+    let mut floor = Floor::new(&dir.join("floor.log"));
+    let mut prealloc = Prealloc::new(&dir.join("floor-prealloc.log"), n);
+    let mut sqlite = Sqlite::new(&dir.join("sqlite.db"));
+    let mut fjall = FjallRaw::new(&dir.join("fjall"));
+    let mut agent = Agent::new(&dir.join("store1"));
+    let plain = FileStore::open(dir.join("store1-plain")).expect("store open");
+    for i in 0..n as u64 {
+        // Rotate the order every op, so each contender follows each other
+        // one equally often (a sync can pay for what the one before left).
+        for k in 0..6 {
+            match (i as usize + k) % 6 {
+                0 => timed(&mut d.floor, || floor.op()),
+                1 => timed(&mut d.floor_prealloc, || prealloc.op()),
+                2 => timed(&mut d.sqlite_create, || sqlite.insert(i)),
+                3 => timed(&mut d.fjall, || fjall.op(i)),
+                4 => timed(&mut d.create, || agent.create(i)),
+                _ => timed(&mut d.create_plain, || {
+                    // The same create without a pending tool call: nothing
+                    // for the scrubber to parse.
+                    let mut r = record(TENANT, run_id(i), RunState::Pending);
+                    r.pending_tool_calls.clear();
+                    plain.put_run(r).expect("create");
+                }),
+            }
+        }
+        if (i + 1) % (n as u64 / 4).max(1) == 0 {
+            eprintln!("creates {}/{n} (load {})", i + 1, loadavg());
+        }
+    }
+    drop((fjall, plain));
+
+    // Phase B: version-checked updates and patches of the runs just made.
+    for i in 0..n {
+        for k in 0..4 {
+            match (i + k) % 4 {
+                0 => timed(&mut d.floor_b, || floor.op()),
+                1 => timed(&mut d.sqlite_update, || sqlite.update(i as u64)),
+                2 => timed(&mut d.put, || agent.put(i)),
+                _ => timed(&mut d.patch, || agent.patch(i)),
+            }
+        }
+    }
+    eprintln!("updates {n}/{n} (load {})", loadavg());
+    drop((floor, prealloc, sqlite, agent));
+
+    writers(dir, s, &mut d);
+    cpu_path(s, &mut d);
+    d
+}
+
+/// The CPU a create costs without any disk: the scrubber alone, a create on
+/// the memory store, and a buffered create on the file store.
+fn cpu_path(s: Sizes, d: &mut Durable) {
+    let n = s.ops * 10;
+    let scrubber = agentstate::Scrubber::default();
+    let r = record(TENANT, run_id(0), RunState::Pending);
+    let t = Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(scrubber.scrub_run(std::hint::black_box(&r)));
+    }
+    d.scrub_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    let mem = agentstate::MemoryStore::new();
+    let t = Instant::now();
+    for i in 0..n as u64 {
+        mem.put_run(record(TENANT, run_id(i), RunState::Pending))
+            .expect("create");
+    }
+    d.memory_create_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+}
+
+/// Phase C: one writer, then eight, in alternating short rounds.
+fn writers(dir: &Path, s: Sizes, d: &mut Durable) {
+    let store = Arc::new(FileStore::open(dir.join("store8")).expect("store open"));
+    for round in 0..s.rounds {
+        let tenant = format!("solo{round}");
+        let per1 = s.ops_per_writer8;
+        let t = Instant::now();
+        for i in 0..per1 as u64 {
+            store
+                .put_run(record(&tenant, run_id(i), RunState::Pending))
+                .expect("create");
+        }
+        d.writers1.push(per_sec(per1, t.elapsed()));
+        let (w, groups, ops) = agentstate_writers(&store, round, 8, s.ops_per_writer8);
+        d.writers8.push(w);
+        d.writers8_groups += groups;
+        d.writers8_ops += ops;
+    }
+    eprintln!("writers: {} rounds (load {})", s.rounds, loadavg());
+}
+
+fn per_sec(n: usize, t: Duration) -> f64 {
+    n as f64 / t.as_secs_f64()
+}
+
+/// Append + fdatasync per op.
+struct Floor {
+    f: std::fs::File,
+    buf: [u8; RECORD_BYTES],
+}
+
+impl Floor {
+    fn new(path: &Path) -> Floor {
+        let f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("floor file");
+        Floor {
+            f,
+            buf: [b'r'; RECORD_BYTES],
+        }
+    }
+    fn op(&mut self) {
+        self.f.write_all(&self.buf).expect("floor write");
+        self.f.sync_data().expect("floor sync");
+    }
+}
+
+/// Overwrite + fdatasync per op in a file written and synced beforehand:
+/// no block allocation or size change to journal, so the cheapest sync the
+/// disk offers (a journal that preallocates, as fjall's does, gets near it).
+struct Prealloc {
+    f: std::fs::File,
+    off: u64,
+    buf: [u8; RECORD_BYTES],
+}
+
+impl Prealloc {
+    fn new(path: &Path, n: usize) -> Prealloc {
+        use std::os::unix::fs::FileExt;
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(path)
+            .expect("floor file");
+        f.write_all_at(&vec![0u8; n * RECORD_BYTES], 0)
+            .expect("prefill");
+        f.sync_all().expect("prefill sync");
+        Prealloc {
+            f,
+            off: 0,
+            buf: [b'r'; RECORD_BYTES],
+        }
+    }
+    fn op(&mut self) {
+        use std::os::unix::fs::FileExt;
+        self.f
+            .write_all_at(&self.buf, self.off)
+            .expect("floor write");
+        self.f.sync_data().expect("floor sync");
+        self.off += RECORD_BYTES as u64;
+    }
+}
+
+/// SQLite in WAL mode with synchronous=FULL.
+struct Sqlite {
+    conn: rusqlite::Connection,
+    body: Vec<u8>,
+}
+
+impl Sqlite {
+    fn new(path: &Path) -> Sqlite {
+        let conn = rusqlite::Connection::open(path).expect("sqlite open");
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .expect("wal");
+        assert_eq!(mode.to_lowercase(), "wal");
+        conn.execute_batch(
+            "PRAGMA synchronous=FULL;
+             CREATE TABLE runs(
+                 seq INTEGER PRIMARY KEY,
+                 tenant TEXT NOT NULL,
+                 run_id TEXT NOT NULL,
+                 version INTEGER NOT NULL,
+                 state INTEGER NOT NULL,
+                 session_id TEXT,
+                 updated_at INTEGER NOT NULL,
+                 body BLOB NOT NULL,
+                 UNIQUE(tenant, run_id));
+             CREATE INDEX runs_by_tenant ON runs(tenant, seq);
+             CREATE INDEX runs_by_state ON runs(tenant, state, seq);
+             CREATE INDEX runs_by_session ON runs(tenant, session_id, seq) WHERE session_id IS NOT NULL;",
+        )
+        .expect("sqlite schema");
+        Sqlite {
+            conn,
+            body: body_bytes(),
+        }
+    }
+
+    /// The run row (and SQLite's three index rows) in one transaction.
+    fn insert(&mut self, i: u64) {
+        let tx = self.conn.transaction().expect("begin");
+        tx.prepare_cached(
+            "INSERT INTO runs(tenant, run_id, version, state, session_id, updated_at, body)
+             VALUES (?1, ?2, 1, ?3, NULL, ?4, ?5)",
+        )
+        .expect("prepare")
+        .execute(rusqlite::params![
+            TENANT,
+            run_id(i),
+            0,
+            now_ms() as i64,
+            &self.body
+        ])
+        .expect("insert");
+        tx.commit().expect("commit");
+    }
+
+    /// A version-checked update (state change, so an index row moves too).
+    fn update(&mut self, i: u64) {
+        let tx = self.conn.transaction().expect("begin");
+        let changed = tx
+            .prepare_cached(
+                "UPDATE runs SET version = version + 1, state = ?1, updated_at = ?2, body = ?3
+                 WHERE tenant = ?4 AND run_id = ?5 AND version = ?6",
+            )
+            .expect("prepare")
+            .execute(rusqlite::params![
+                1,
+                now_ms() as i64,
+                &self.body,
+                TENANT,
+                run_id(i),
+                1
+            ])
+            .expect("update");
+        assert_eq!(changed, 1, "version check");
+        tx.commit().expect("commit");
+    }
+}
+
+fn body_bytes() -> Vec<u8> {
+    let mut b = ARGS.as_bytes().to_vec();
+    b.resize(RECORD_BYTES - 40, b' ');
+    b
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// fjall alone: one batch of the run and two index entries, synced, per op.
+struct FjallRaw {
+    db: fjall::Database,
+    ks: fjall::Keyspace,
+    value: Vec<u8>,
+}
+
+impl FjallRaw {
+    fn new(path: &Path) -> FjallRaw {
+        let db = fjall::Database::builder(path)
+            .manual_journal_persist(true)
+            .open()
+            .expect("fjall open");
+        let ks = db
+            .keyspace("bench", fjall::KeyspaceCreateOptions::default)
+            .expect("keyspace");
+        FjallRaw {
+            db,
+            ks,
+            value: body_bytes(),
+        }
+    }
+    fn op(&mut self, i: u64) {
+        let id = run_id(i);
+        let mut run_key = b"r\0acme\0".to_vec();
+        run_key.extend_from_slice(id.as_bytes());
+        let mut seq_key = b"q\0acme\0".to_vec();
+        seq_key.extend_from_slice(&i.to_be_bytes());
+        let mut state_key = b"s\0acme\0\x01".to_vec();
+        state_key.extend_from_slice(&i.to_be_bytes());
+        let mut b = self
+            .db
+            .batch()
+            .durability(Some(fjall::PersistMode::SyncData));
+        b.insert(&self.ks, run_key, self.value.clone());
+        b.insert(&self.ks, seq_key, id.as_bytes().to_vec());
+        b.insert(&self.ks, state_key, id.as_bytes().to_vec());
+        b.commit().expect("fjall commit");
+    }
+}
+
+/// agentstate, one writer, `Durability::Immediate`.
+struct Agent {
+    store: FileStore,
+    runs: Vec<RunRecord>,
+}
+
+impl Agent {
+    fn new(path: &Path) -> Agent {
+        Agent {
+            store: FileStore::open(path).expect("store open"),
+            runs: Vec::new(),
+        }
+    }
+    fn create(&mut self, i: u64) {
+        let r = self
+            .store
+            .put_run(record(TENANT, run_id(i), RunState::Pending))
+            .expect("create");
+        self.runs.push(r);
+    }
+    /// A version-checked put that moves the run to `Running`.
+    fn put(&mut self, i: usize) {
+        let mut next = self.runs[i].clone();
+        next.state = RunState::Running;
+        self.runs[i] = self.store.put_run(next).expect("versioned put");
+    }
+    fn patch(&mut self, i: usize) {
+        let delta = StateDelta {
+            usage: Usage {
+                input_tokens: 1200,
+                output_tokens: 300,
+            },
+            cost_micros: 4_500,
+            iterations: 1,
+            messages_read: 2,
+        };
+        // Keep the version a later put states current.
+        self.runs[i] = self
+            .store
+            .patch_run(&self.runs[i].key, delta)
+            .expect("patch");
+    }
+}
+
+/// `writers` threads each creating `per` runs of their own tenant; returns
+/// ops/s, groups committed and creates.
+fn agentstate_writers(
+    store: &Arc<FileStore>,
+    round: usize,
+    writers: usize,
+    per: usize,
+) -> (f64, u64, u64) {
+    let before = store.commits();
+    let barrier = Arc::new(Barrier::new(writers + 1));
+    let handles: Vec<_> = (0..writers)
+        .map(|w| {
+            let store = store.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let tenant = format!("r{round}w{w}");
+                barrier.wait();
+                for i in 0..per as u64 {
+                    store
+                        .put_run(record(&tenant, run_id(i), RunState::Pending))
+                        .expect("create");
+                }
+            })
+        })
+        .collect();
+    barrier.wait();
+    let t = Instant::now();
+    for h in handles {
+        h.join().expect("writer");
+    }
+    let elapsed = t.elapsed();
+    let n = writers * per;
+    (per_sec(n, elapsed), store.commits() - before, n as u64)
+}
+
+// ---------------------------------------------------------------------------
+// Listing
+
+#[derive(Default)]
+struct Listing {
+    page_small: Stats,
+    page_big: Stats,
+    page_big_first: Stats,
+    reaper_big_first: Stats,
+    reaper_small: Stats,
+    reaper_big: Stats,
+    small_load_s: f64,
+    child: ChildReport,
+    /// fjall alone, small and big: index scan + a point read per item, and
+    /// a scan of records clustered by seq.
+    engine_small: EnginePages,
+    engine_big: EnginePages,
+}
+
+#[derive(Default)]
+struct EnginePages {
+    indexed: Stats,
+    clustered: Stats,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Stats {
+    median_us: f64,
+    p90_us: f64,
+    mean_us: f64,
+    pages: usize,
+}
+
+fn stats(mut v: Vec<f64>) -> Stats {
+    if v.is_empty() {
+        return Stats::default();
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    Stats {
+        median_us: pct(&v, 0.5),
+        p90_us: pct(&v, 0.9),
+        mean_us: mean,
+        pages: v.len(),
+    }
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    pct(&v, 0.5)
+}
+
+fn buffered() -> Options {
+    Options::new().durability(Durability::Buffered)
+}
+
+/// Loads `n` runs into tenant `TENANT` from `LOADERS` threads.
+fn load(store: &Arc<FileStore>, n: u64) {
+    let handles: Vec<_> = (0..LOADERS as u64)
+        .map(|w| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut i = w;
+                while i < n {
+                    store
+                        .put_run(record(TENANT, run_id(i), listing_state(i)))
+                        .expect("load");
+                    i += LOADERS as u64;
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("loader");
+    }
+}
+
+/// Walks a query page by page; returns per-page times (µs) and items seen.
+fn walk(store: &FileStore, q: StateQuery) -> (Vec<f64>, usize) {
+    let mut times = Vec::new();
+    let mut seen = 0;
+    let mut q = q;
+    loop {
+        let t = Instant::now();
+        let page = store.list_runs(&q).expect("list");
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+        let (items, cursor) = page.into_parts();
+        seen += items.len();
+        std::hint::black_box(&items);
+        match cursor {
+            Some(c) => q = q.cursor(Some(c)),
+            None => break,
+        }
+    }
+    (times, seen)
+}
+
+fn reaper_query() -> StateQuery {
+    // Every running run was written before this moment.
+    StateQuery::new(TENANT)
+        .state(RunState::Running)
+        .updated_before(now_ms() + 3_600_000)
+}
+
+fn listing(dir: &Path, s: Sizes) -> Listing {
+    // The small tenant, in this process.
+    let small_dir = dir.join("list-small");
+    let t = Instant::now();
+    let small = Arc::new(FileStore::open_with(&small_dir, buffered()).expect("open small"));
+    load(&small, s.small as u64);
+    let small_load_s = t.elapsed().as_secs_f64();
+    let mut page_small = Vec::new();
+    let mut reaper_small = Vec::new();
+    // Repeat the small walks so both sizes time about as many pages.
+    let reps = (s.big / s.small).max(1);
+    for _ in 0..reps {
+        let (t, seen) = walk(&small, StateQuery::new(TENANT));
+        assert_eq!(seen, s.small);
+        page_small.extend(t);
+        let (t, seen) = walk(&small, reaper_query());
+        assert_eq!(seen, s.small.div_ceil(100));
+        reaper_small.extend(t);
+    }
+    drop(small);
+
+    // The big tenant: loaded and walked by a child (peak RSS), then timed here.
+    let big_dir = dir.join("list-big");
+    eprintln!("loading {} runs in a child process…", s.big);
+    let child = run_child(&big_dir, s.big);
+    let big = FileStore::open_with(&big_dir, buffered()).expect("reopen big");
+    // Two walks: the first runs while fjall may still flush and compact
+    // what the reopen recovered; the second is the figure.
+    let (first, seen) = walk(&big, StateQuery::new(TENANT));
+    assert_eq!(seen, s.big);
+    let (reaper_first, _) = walk(&big, reaper_query());
+    let (page_big, seen) = walk(&big, StateQuery::new(TENANT));
+    assert_eq!(seen, s.big);
+    let (reaper_big, seen) = walk(&big, reaper_query());
+    assert_eq!(seen, s.big.div_ceil(100));
+    drop(big);
+
+    eprintln!("fjall alone: {} and {} records…", s.small, s.big);
+    let engine_small = engine_pages(&dir.join("engine-small"), s.small as u64);
+    let engine_big = engine_pages(&dir.join("engine-big"), s.big as u64);
+
+    Listing {
+        page_small: stats(page_small),
+        page_big: stats(page_big),
+        page_big_first: stats(first),
+        reaper_big_first: stats(reaper_first),
+        reaper_small: stats(reaper_small),
+        reaper_big: stats(reaper_big),
+        small_load_s,
+        child,
+        engine_small,
+        engine_big,
+    }
+}
+
+/// fjall alone, with the 32 MiB cache the store's engine uses: `n` records
+/// under their run id plus a seq index (the store's layout), and the same
+/// records again clustered under their seq. Times pages of 100 starting at
+/// random seqs: (index scan + one point read per item, clustered scan).
+fn engine_pages(path: &Path, n: u64) -> EnginePages {
+    use fjall::{Database, KeyspaceCreateOptions, PersistMode};
+    let open = |name: &str| {
+        let db = Database::builder(path.join(name))
+            .manual_journal_persist(true)
+            .cache_size(32 * 1024 * 1024)
+            .open()
+            .expect("fjall open");
+        let ks = db
+            .keyspace("bench", KeyspaceCreateOptions::default)
+            .expect("keyspace");
+        (db, ks)
+    };
+    // `layout`: the store's (record under run id + seq index); `clustered`:
+    // the record under its seq. Separate databases, 32 MiB of cache each.
+    let (db, ks) = open("layout");
+    let (cdb, cks) = open("clustered");
+    let value = body_bytes();
+    let run_key = |id: &str| [b"r\0acme\0".as_slice(), id.as_bytes()].concat();
+    let seq_key = |p: &[u8], i: u64| [p, &i.to_be_bytes()].concat();
+    let mut i = 0;
+    while i < n {
+        let mut b = db.batch().durability(Some(PersistMode::Buffer));
+        let mut c = cdb.batch().durability(Some(PersistMode::Buffer));
+        for j in i..(i + 1000).min(n) {
+            let id = run_id(j);
+            b.insert(&ks, run_key(&id), value.clone());
+            b.insert(&ks, seq_key(b"q\0acme\0", j), id.into_bytes());
+            c.insert(&cks, seq_key(b"c\0acme\0", j), value.clone());
+        }
+        b.commit().expect("fjall load");
+        c.commit().expect("fjall load");
+        i += 1000;
+    }
+    let samples = 2000;
+    let (mut indexed, mut clustered) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    for k in 0..samples as u64 {
+        let start = mix(k) % n.saturating_sub(101).max(1);
+        let t = Instant::now();
+        let mut got = 0;
+        for kv in ks
+            .range(seq_key(b"q\0acme\0", start)..seq_key(b"q\0acme\0", u64::MAX))
+            .take(101)
+        {
+            let (_, id) = kv.into_inner().expect("scan");
+            let v = ks
+                .get(run_key(std::str::from_utf8(&id).expect("id")))
+                .expect("get")
+                .expect("present");
+            got += v.len();
+        }
+        indexed.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        for kv in cks
+            .range(seq_key(b"c\0acme\0", start)..seq_key(b"c\0acme\0", u64::MAX))
+            .take(101)
+        {
+            let (_, v) = kv.into_inner().expect("scan");
+            got += v.len();
+        }
+        clustered.push(t.elapsed().as_secs_f64() * 1e6);
+        std::hint::black_box(got);
+    }
+    EnginePages {
+        indexed: stats(indexed),
+        clustered: stats(clustered),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The RSS child
+
+#[derive(Default)]
+struct ChildReport {
+    load_s: f64,
+    walk_s: f64,
+    hwm_after_load_kib: u64,
+    hwm_kib: u64,
+}
+
+fn run_child(dir: &Path, n: usize) -> ChildReport {
+    let exe = std::env::current_exe().expect("current exe");
+    let out = Command::new(exe)
+        .env(CHILD_ENV, format!("{n}:{}", dir.display()))
+        .output()
+        .expect("spawn child");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child failed: {}\n{}",
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut r = ChildReport::default();
+    for line in text.lines() {
+        let Some((k, v)) = line.strip_prefix("CHILD ").and_then(|l| l.split_once('=')) else {
+            continue;
+        };
+        match k {
+            "load_s" => r.load_s = v.parse().expect("load_s"),
+            "walk_s" => r.walk_s = v.parse().expect("walk_s"),
+            "hwm_after_load_kib" => r.hwm_after_load_kib = v.parse().expect("hwm"),
+            "hwm_kib" => r.hwm_kib = v.parse().expect("hwm"),
+            _ => {}
+        }
+    }
+    r
+}
+
+/// Child: load `n` runs (buffered), walk them all with pages of 1000, report
+/// peak RSS.
+fn child(spec: &str) {
+    let (n, dir) = spec.split_once(':').expect("child spec n:dir");
+    let n: u64 = n.parse().expect("child n");
+    let t = Instant::now();
+    let store = Arc::new(FileStore::open_with(dir, buffered()).expect("child open"));
+    load(&store, n);
+    println!("CHILD load_s={:.3}", t.elapsed().as_secs_f64());
+    println!("CHILD hwm_after_load_kib={}", vm_hwm_kib());
+    let t = Instant::now();
+    let (_, seen) = walk(&store, StateQuery::new(TENANT).limit(1000));
+    assert_eq!(seen as u64, n);
+    println!("CHILD walk_s={:.3}", t.elapsed().as_secs_f64());
+    println!("CHILD hwm_kib={}", vm_hwm_kib());
+    drop(store);
+}
+
+fn vm_hwm_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------
+// Environment
+
+/// `AGENTSTATE_BENCH_DIR`, else `target/bench-tmp` next to this binary's
+/// profile directory (`target/release/deps/compare-…`).
+fn bench_base() -> PathBuf {
+    if let Some(d) = std::env::var_os(DIR_ENV) {
+        return PathBuf::from(d);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    match exe.ancestors().nth(3) {
+        Some(target) => target.join("bench-tmp"),
+        None => std::env::temp_dir(),
+    }
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+// ---------------------------------------------------------------------------
+// Report
+
+fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
+    let big = if s.big >= 1_000_000 {
+        format!("{}M", s.big / 1_000_000)
+    } else {
+        format!("{}k", s.big / 1000)
+    };
+    let small = format!("{}k", s.small / 1000);
+    println!();
+    println!("| figure | value | notes |");
+    println!("|---|---:|---|");
+    let row = |name: &str, v: String, note: &str| println!("| {name} | {v} | {note} |");
+    let ops = |lat: &[f64], note: &str| {
+        let mut v = lat.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        (
+            format!("{:.0} ops/s", rate(lat)),
+            format!(
+                "{note}; p50 {:.0} µs, p99 {:.0} µs",
+                pct(&v, 0.5),
+                pct(&v, 0.99)
+            ),
+        )
+    };
+    for (name, lat, note) in [
+        (
+            "floor: append + fdatasync",
+            &d.floor,
+            "300 B write per op, file grows",
+        ),
+        (
+            "floor: overwrite preallocated + fdatasync",
+            &d.floor_prealloc,
+            "no allocation, no size change",
+        ),
+        (
+            "sqlite create (WAL, synchronous=FULL)",
+            &d.sqlite_create,
+            "run row + 3 index rows, one tx",
+        ),
+        (
+            "fjall raw: batch + SyncData",
+            &d.fjall,
+            "run + 2 index entries per batch",
+        ),
+        (
+            "agentstate create, 1 writer",
+            &d.create,
+            "Durability::Immediate",
+        ),
+        (
+            "agentstate create, no tool call",
+            &d.create_plain,
+            "same, record without pending tool call (no scrubbing)",
+        ),
+        ("floor (during updates)", &d.floor_b, "same file as above"),
+        (
+            "sqlite versioned update",
+            &d.sqlite_update,
+            "UPDATE … WHERE version = ?",
+        ),
+        (
+            "agentstate versioned put, 1 writer",
+            &d.put,
+            "state Pending → Running",
+        ),
+        (
+            "agentstate patch, 1 writer",
+            &d.patch,
+            "usage, cost, iterations, cursor",
+        ),
+    ] {
+        let (v, n) = ops(lat, note);
+        row(name, v, &n);
+    }
+    row(
+        "agentstate create, 1 writer (rounds)",
+        format!("{:.0} ops/s", median(&d.writers1)),
+        &format!(
+            "median of {} rounds of {} creates",
+            d.writers1.len(),
+            s.ops_per_writer8
+        ),
+    );
+    row(
+        "agentstate create, 8 writers (rounds)",
+        format!("{:.0} ops/s", median(&d.writers8)),
+        &format!(
+            "median of {} rounds of 8 x {} creates; {:.1} creates per group commit",
+            d.writers8.len(),
+            s.ops_per_writer8,
+            d.writers8_ops as f64 / d.writers8_groups.max(1) as f64
+        ),
+    );
+    row(
+        "CPU: scrub_run of one record",
+        format!("{:.1} µs", d.scrub_us),
+        "default Scrubber, the bench record's tool call",
+    );
+    row(
+        "CPU: create on the memory store",
+        format!("{:.1} µs", d.memory_create_us),
+        "the store's logic without a disk",
+    );
+    let page = |st: &Stats| format!("{:.0} µs", st.median_us);
+    let pnote = |st: &Stats, what: &str| {
+        format!(
+            "{what}; median of {} pages, p90 {:.0} µs, mean {:.0} µs",
+            st.pages, st.p90_us, st.mean_us
+        )
+    };
+    row(
+        &format!("page of 100 at {small} runs"),
+        page(&l.page_small),
+        &pnote(&l.page_small, "all runs of the tenant"),
+    );
+    row(
+        &format!("page of 100 at {big} runs"),
+        page(&l.page_big),
+        &pnote(&l.page_big, "all runs of the tenant, loaded Buffered"),
+    );
+    row(
+        &format!("page of 100 at {big} runs, first walk"),
+        page(&l.page_big_first),
+        &pnote(&l.page_big_first, "right after reopening the child's store"),
+    );
+    row(
+        &format!("reaper page at {small} runs"),
+        page(&l.reaper_small),
+        &pnote(
+            &l.reaper_small,
+            "state(Running).updated_before(T), 99% Completed",
+        ),
+    );
+    row(
+        &format!("reaper page at {big} runs"),
+        page(&l.reaper_big),
+        &pnote(
+            &l.reaper_big,
+            "state(Running).updated_before(T), 99% Completed",
+        ),
+    );
+    row(
+        &format!("reaper page at {big} runs, first walk"),
+        page(&l.reaper_big_first),
+        &pnote(&l.reaper_big_first, "right after the first plain walk"),
+    );
+    row(
+        &format!("fjall alone: index + get page at {small}"),
+        page(&l.engine_small.indexed),
+        &pnote(
+            &l.engine_small.indexed,
+            "the store's layout, random page starts",
+        ),
+    );
+    row(
+        &format!("fjall alone: index + get page at {big}"),
+        page(&l.engine_big.indexed),
+        &pnote(
+            &l.engine_big.indexed,
+            "the store's layout, random page starts",
+        ),
+    );
+    row(
+        &format!("fjall alone: clustered page at {small}"),
+        page(&l.engine_small.clustered),
+        &pnote(
+            &l.engine_small.clustered,
+            "records keyed by seq, one range scan",
+        ),
+    );
+    row(
+        &format!("fjall alone: clustered page at {big}"),
+        page(&l.engine_big.clustered),
+        &pnote(
+            &l.engine_big.clustered,
+            "records keyed by seq, one range scan",
+        ),
+    );
+    row(
+        &format!("load {big} runs (child)"),
+        format!("{:.1} s", l.child.load_s),
+        &format!(
+            "Buffered, {LOADERS} threads; {small}: {:.2} s",
+            l.small_load_s
+        ),
+    );
+    row(
+        &format!("walk {big} runs, pages of 1000 (child)"),
+        format!("{:.1} s", l.child.walk_s),
+        "",
+    );
+    row(
+        &format!("peak RSS, load + walk {big} (child)"),
+        format!("{:.0} MiB", l.child.hwm_kib as f64 / 1024.0),
+        &format!(
+            "VmHWM; {:.0} MiB after the load",
+            l.child.hwm_after_load_kib as f64 / 1024.0
+        ),
+    );
+    println!();
+    println!(
+        "sizes: small={} big={} ops={} rounds={} per_round={}{}",
+        s.small,
+        s.big,
+        s.ops,
+        s.rounds,
+        s.ops_per_writer8,
+        if s.quick {
+            " (--quick: the *_1m figures are measured at the big size above)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "load average at end: {}; elapsed {:.1} s",
+        loadavg(),
+        elapsed.as_secs_f64()
+    );
+    println!();
+
+    let res = |name: &str, v: f64| println!("RESULT {name}={v:.3}");
+    let ratios: Vec<f64> = d
+        .writers8
+        .iter()
+        .zip(&d.writers1)
+        .map(|(a, b)| a / b)
+        .collect();
+    res("floor_ops_s", rate(&d.floor));
+    res("floor_prealloc_ops_s", rate(&d.floor_prealloc));
+    res("sqlite_create_ops_s", rate(&d.sqlite_create));
+    res("sqlite_update_ops_s", rate(&d.sqlite_update));
+    res("fjall_raw_ops_s", rate(&d.fjall));
+    res("create_ops_s", rate(&d.create));
+    res("create_no_tool_call_ops_s", rate(&d.create_plain));
+    res("put_ops_s", rate(&d.put));
+    res("patch_ops_s", rate(&d.patch));
+    res("writers1_ops_s", median(&d.writers1));
+    res("writers8_ops_s", median(&d.writers8));
+    res("durable_vs_floor", rate(&d.create) / rate(&d.floor));
+    res(
+        "durable_no_tool_call_vs_floor",
+        rate(&d.create_plain) / rate(&d.floor),
+    );
+    res(
+        "durable_vs_floor_prealloc",
+        rate(&d.create) / rate(&d.floor_prealloc),
+    );
+    res(
+        "durable_vs_sqlite",
+        rate(&d.create) / rate(&d.sqlite_create),
+    );
+    res("fjall_vs_floor", rate(&d.fjall) / rate(&d.floor));
+    res("durable_vs_fjall", rate(&d.create) / rate(&d.fjall));
+    res(
+        "put_vs_sqlite_update",
+        rate(&d.put) / rate(&d.sqlite_update),
+    );
+    res("writers8_vs_writers1", median(&ratios));
+    res(
+        "creates_per_group_8w",
+        d.writers8_ops as f64 / d.writers8_groups.max(1) as f64,
+    );
+    res("scrub_us", d.scrub_us);
+    res("memory_create_us", d.memory_create_us);
+    res("page_10k_us", l.page_small.median_us);
+    res("page_1m_us", l.page_big.median_us);
+    res("page_1m_first_walk_us", l.page_big_first.median_us);
+    res(
+        "page_1m_vs_10k",
+        l.page_big.median_us / l.page_small.median_us,
+    );
+    res("reaper_10k_us", l.reaper_small.median_us);
+    res("reaper_1m_us", l.reaper_big.median_us);
+    res(
+        "reaper_1m_vs_page_10k",
+        l.reaper_big.median_us / l.page_small.median_us,
+    );
+    res(
+        "engine_indexed_page_1m_vs_10k",
+        l.engine_big.indexed.median_us / l.engine_small.indexed.median_us,
+    );
+    res(
+        "engine_clustered_page_1m_vs_10k",
+        l.engine_big.clustered.median_us / l.engine_small.clustered.median_us,
+    );
+    res("rss_mib_1m", l.child.hwm_kib as f64 / 1024.0);
+    res("big_runs", s.big as f64);
+    res("elapsed_s", elapsed.as_secs_f64());
+}
