@@ -14,7 +14,7 @@ fn check_session_key(k: &SessionKey) -> Result<()> {
     check_id("session_id", &k.session_id)
 }
 
-fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRecord> {
+pub(super) fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRecord> {
     let s: SessionRecord = value::decode(bytes, "session")?;
     if &s.key != key {
         return Err(StateError::corrupt("session stored under another key"));

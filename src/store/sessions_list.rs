@@ -3,11 +3,11 @@
 
 use crate::codec::cursor::Listing;
 use crate::codec::key::{KeyBuf, KeyReader, prefix_end, table};
-use crate::codec::value;
 use crate::cursor::Cursor;
-use crate::error::{Result, StateError};
+use crate::error::Result;
 use crate::record::{Page, SessionKey, SessionRecord};
 
+use super::sessions::decode_session;
 use super::{Store, check_id};
 
 impl Store {
@@ -49,13 +49,7 @@ impl Store {
                 let mut r = KeyReader::new(k, table::SESSION)?;
                 let key = SessionKey::new(r.str()?, r.str()?);
                 r.end()?;
-                let s: SessionRecord = value::decode(v, "session")?;
-                if s.key != key {
-                    return Err(StateError::corrupt(format!(
-                        "session stored under {}/{} names another key",
-                        key.tenant, key.session_id
-                    )));
-                }
+                let s = decode_session(v, &key)?;
                 Ok(Some(s))
             },
         )
