@@ -1,10 +1,9 @@
 //! The store traits every backend implements.
 
-use crate::cursor::Cursor;
+use crate::admin::StoreAdmin;
 use crate::error::Result;
-use crate::record::{
-    Millis, Page, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery,
-};
+use crate::page::{Page, PageRequest, Pages};
+use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
 use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 
 /// Runs and sessions (rules R, S, L, X, E).
@@ -17,7 +16,7 @@ pub trait StateStore: Send + Sync {
     /// Adds amounts to a run and bumps its version (rule R4).
     fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord>;
     /// One page of a tenant's runs in `seq` order (rules L1–L6).
-    fn list_runs(&self, query: &StateQuery) -> Result<Page<RunRecord>>;
+    fn list_runs(&self, query: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>>;
     /// Creates or updates a session, versioned like a run (rule S1).
     fn put_session(&self, record: SessionRecord) -> Result<SessionRecord>;
     /// Reads a session.
@@ -25,6 +24,11 @@ pub trait StateStore: Send + Sync {
     /// Deletes a session; with `cascade` its runs too, atomically (S2, S3).
     /// Returns the runs deleted with it.
     fn delete_session(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>>;
+
+    /// Every run the query matches, page after page (the L2 walk).
+    fn iter_runs<'a>(&'a self, query: &'a StateQuery) -> Pages<'a, RunRecord> {
+        Pages::new(move |req| self.list_runs(query, req))
+    }
 }
 
 /// Trays, epochs and alarms of pinned workers (rules T, A).
@@ -48,25 +52,43 @@ pub trait TrayStore: Send + Sync {
         &self,
         instance: &InstanceKey,
         epoch: u64,
-        limit: usize,
-        cursor: Option<&Cursor>,
+        page: &PageRequest,
     ) -> Result<Page<(TrayKey, Tray)>>;
     /// The sweeper's listing: marked trays of all instances, optionally of
     /// one env (T5).
-    fn marked_trays(
-        &self,
-        env: Option<&str>,
-        limit: usize,
-        cursor: Option<&Cursor>,
-    ) -> Result<Page<MarkedTray>>;
+    fn marked_trays(&self, env: Option<&str>, page: &PageRequest) -> Result<Page<MarkedTray>>;
     /// The stored epoch of an instance (0 when none); reads only.
     fn epoch(&self, instance: &InstanceKey) -> Result<u64>;
     /// Sets the instance's one alarm, replacing any earlier one (A1).
     fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()>;
     /// Alarms due at `now`, in `(due_at, ns, id)` order (A2).
-    fn due_alarms(&self, now: Millis, limit: usize, cursor: Option<&Cursor>)
-    -> Result<Page<Alarm>>;
+    fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>>;
     /// Removes the alarm if it is still the one due at `due_at`; true when it
     /// removed one (A3).
     fn ack_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<bool>;
+
+    /// Every tray of an instance, page after page. Each page's read carries
+    /// the epoch, so a walk by a fenced holder stops with `FenceLost`.
+    fn iter_trays<'a>(
+        &'a self,
+        instance: &'a InstanceKey,
+        epoch: u64,
+    ) -> Pages<'a, (TrayKey, Tray)> {
+        Pages::new(move |req| self.list_trays(instance, epoch, req))
+    }
+    /// Every marked tray (optionally of one env), page after page (T5).
+    fn iter_marked_trays<'a>(&'a self, env: Option<&'a str>) -> Pages<'a, MarkedTray> {
+        Pages::new(move |req| self.marked_trays(env, req))
+    }
+    /// Every alarm due at `now`, page after page (A2).
+    fn iter_due_alarms(&self, now: Millis) -> Pages<'_, Alarm> {
+        Pages::new(move |req| self.due_alarms(now, req))
+    }
 }
+
+/// A whole backend: runs and sessions, trays, and the operator functions.
+/// The CLI and [`AsyncStore`](crate) hold one as `Arc<dyn Store>`; every
+/// backend is one.
+pub trait Store: StateStore + TrayStore + StoreAdmin {}
+
+impl<T: StateStore + TrayStore + StoreAdmin + ?Sized> Store for T {}

@@ -1,7 +1,7 @@
 //! The async wrapper (rules W1–W3).
 //!
 //! [`AsyncStore`] mirrors every method of [`StateStore`], [`TrayStore`] and
-//! the store's own inherent API as an `async fn`. Each one clones its
+//! [`StoreAdmin`] as an `async fn`, over any backend (`Arc<dyn Store>`). Each one clones its
 //! arguments, hands the synchronous call to [`tokio::task::spawn_blocking`]
 //! and awaits the answer. It holds no logic of its own: every rule is the
 //! synchronous store's.
@@ -12,16 +12,19 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::api::{StateStore, TrayStore};
-use crate::cursor::Cursor;
+use crate::admin::{StoreStats, VerifyReport};
+use crate::api::Store;
+use crate::entry::Entry;
 use crate::error::{Result, StateError};
-use crate::record::{
-    Millis, Page, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery,
-};
-use crate::store::{Entry, Options, Store, StoreStats, VerifyReport};
+use crate::kv::{FileStore, MemoryStore};
+use crate::options::Options;
+use crate::page::{Page, PageRequest};
+use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
 use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+#[cfg(doc)]
+use crate::{StateStore, StoreAdmin, TrayStore};
 
-/// A [`Store`] for async code: every call runs on tokio's blocking pool.
+/// Any [`Store`] for async code: every call runs on tokio's blocking pool.
 ///
 /// Cheap to clone (an `Arc`); clones share one store. The methods have the
 /// same names, arguments and results as the synchronous ones, so the store's
@@ -63,61 +66,82 @@ use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AsyncStore {
-    inner: Arc<Store>,
+    inner: Arc<dyn Store>,
+    path: Option<PathBuf>,
 }
 
-impl From<Store> for AsyncStore {
-    fn from(store: Store) -> Self {
+impl std::fmt::Debug for AsyncStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<MemoryStore> for AsyncStore {
+    fn from(store: MemoryStore) -> Self {
         AsyncStore::new(store)
     }
 }
 
-impl From<Arc<Store>> for AsyncStore {
-    fn from(store: Arc<Store>) -> Self {
-        AsyncStore { inner: store }
+impl From<FileStore> for AsyncStore {
+    fn from(store: FileStore) -> Self {
+        let path = Some(store.path().to_path_buf());
+        AsyncStore {
+            inner: Arc::new(store),
+            path,
+        }
+    }
+}
+
+impl From<Arc<dyn Store>> for AsyncStore {
+    fn from(store: Arc<dyn Store>) -> Self {
+        AsyncStore {
+            inner: store,
+            path: None,
+        }
     }
 }
 
 impl AsyncStore {
-    /// Wraps a store.
-    pub fn new(store: Store) -> Self {
+    /// Wraps a store of any backend.
+    pub fn new(store: impl Store + 'static) -> Self {
         AsyncStore {
             inner: Arc::new(store),
+            path: None,
         }
     }
 
-    /// An empty in-memory store ([`Store::new`]); creating one does no I/O.
+    /// An empty in-memory store ([`MemoryStore::new`]); creating one does no I/O.
     pub fn memory() -> Self {
-        AsyncStore::new(Store::new())
+        AsyncStore::new(MemoryStore::new())
     }
 
-    /// Opens (creating if needed) the file store at `path` ([`Store::open`]).
+    /// Opens (creating if needed) the file store at `path` ([`FileStore::open`]).
     pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let path: PathBuf = path.as_ref().to_path_buf();
-        blocking(move || Store::open(path))
-            .await
-            .map(AsyncStore::new)
+        Self::open_with(path, Options::default()).await
     }
 
-    /// Opens the file store at `path` with options ([`Store::open_with`]).
+    /// Opens the file store at `path` with options ([`FileStore::open_with`]).
     pub async fn open_with(path: impl AsRef<Path>, opts: Options) -> Result<Self> {
         let path: PathBuf = path.as_ref().to_path_buf();
-        blocking(move || Store::open_with(path, opts))
+        blocking(move || FileStore::open_with(path, opts))
             .await
-            .map(AsyncStore::new)
+            .map(AsyncStore::from)
     }
 
     /// The synchronous store underneath, for code that is already on a
     /// blocking thread.
-    pub fn sync_store(&self) -> &Arc<Store> {
+    pub fn sync_store(&self) -> &Arc<dyn Store> {
         &self.inner
     }
 
-    /// The directory of a file store; `None` in memory. Reads no file.
+    /// The directory of a file store; `None` for other backends. Reads no
+    /// file.
     pub fn path(&self) -> Option<&Path> {
-        self.inner.path()
+        self.path.as_deref()
     }
 
     /// Drops this handle on the blocking pool; when it was the last one,
@@ -125,18 +149,23 @@ impl AsyncStore {
     /// returns, and the answer is `true`. With other handles alive it only
     /// drops this one and answers `false`.
     pub async fn close(self) -> Result<bool> {
-        let store = self.inner;
-        blocking(move || Ok(Arc::try_unwrap(store).map(drop).is_ok())).await
+        let mut store = self.inner;
+        blocking(move || {
+            let last = Arc::get_mut(&mut store).is_some();
+            drop(store);
+            Ok(last)
+        })
+        .await
     }
 
     /// Runs `f` on the blocking pool with the store.
     async fn run<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Store) -> Result<T> + Send + 'static,
+        F: FnOnce(&dyn Store) -> Result<T> + Send + 'static,
     {
         let store = Arc::clone(&self.inner);
-        blocking(move || f(&store)).await
+        blocking(move || f(&*store)).await
     }
 
     // --- StateStore ---------------------------------------------------
@@ -159,9 +188,14 @@ impl AsyncStore {
     }
 
     /// [`StateStore::list_runs`].
-    pub async fn list_runs(&self, query: &StateQuery) -> Result<Page<RunRecord>> {
+    pub async fn list_runs(
+        &self,
+        query: &StateQuery,
+        page: &PageRequest,
+    ) -> Result<Page<RunRecord>> {
         let query = query.clone();
-        self.run(move |s| s.list_runs(&query)).await
+        let page = page.clone();
+        self.run(move |s| s.list_runs(&query, &page)).await
     }
 
     /// [`StateStore::put_session`].
@@ -181,17 +215,15 @@ impl AsyncStore {
         self.run(move |s| s.delete_session(&key, cascade)).await
     }
 
-    /// [`Store::list_sessions`].
+    /// [`StoreAdmin::list_sessions`].
     pub async fn list_sessions(
         &self,
         tenant: &str,
-        limit: usize,
-        cursor: Option<&Cursor>,
+        page: &PageRequest,
     ) -> Result<Page<SessionRecord>> {
         let tenant = tenant.to_owned();
-        let cursor = cursor.cloned();
-        self.run(move |s| s.list_sessions(&tenant, limit, cursor.as_ref()))
-            .await
+        let page = page.clone();
+        self.run(move |s| s.list_sessions(&tenant, &page)).await
     }
 
     // --- TrayStore ----------------------------------------------------
@@ -237,12 +269,11 @@ impl AsyncStore {
         &self,
         instance: &InstanceKey,
         epoch: u64,
-        limit: usize,
-        cursor: Option<&Cursor>,
+        page: &PageRequest,
     ) -> Result<Page<(TrayKey, Tray)>> {
         let instance = instance.clone();
-        let cursor = cursor.cloned();
-        self.run(move |s| s.list_trays(&instance, epoch, limit, cursor.as_ref()))
+        let page = page.clone();
+        self.run(move |s| s.list_trays(&instance, epoch, &page))
             .await
     }
 
@@ -250,12 +281,11 @@ impl AsyncStore {
     pub async fn marked_trays(
         &self,
         env: Option<&str>,
-        limit: usize,
-        cursor: Option<&Cursor>,
+        page: &PageRequest,
     ) -> Result<Page<MarkedTray>> {
         let env = env.map(str::to_owned);
-        let cursor = cursor.cloned();
-        self.run(move |s| s.marked_trays(env.as_deref(), limit, cursor.as_ref()))
+        let page = page.clone();
+        self.run(move |s| s.marked_trays(env.as_deref(), &page))
             .await
     }
 
@@ -278,15 +308,9 @@ impl AsyncStore {
     }
 
     /// [`TrayStore::due_alarms`].
-    pub async fn due_alarms(
-        &self,
-        now: Millis,
-        limit: usize,
-        cursor: Option<&Cursor>,
-    ) -> Result<Page<Alarm>> {
-        let cursor = cursor.cloned();
-        self.run(move |s| s.due_alarms(now, limit, cursor.as_ref()))
-            .await
+    pub async fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
+        let page = page.clone();
+        self.run(move |s| s.due_alarms(now, &page)).await
     }
 
     /// [`TrayStore::ack_alarm`].
@@ -303,43 +327,38 @@ impl AsyncStore {
 
     // --- whole-store operations -----------------------------------------
 
-    /// [`Store::verify`].
+    /// [`StoreAdmin::verify`].
     pub async fn verify(&self) -> Result<VerifyReport> {
         self.run(|s| s.verify()).await
     }
 
-    /// [`Store::stats`].
+    /// [`StoreAdmin::stats`].
     pub async fn stats(&self) -> Result<StoreStats> {
         self.run(|s| s.stats()).await
     }
 
-    /// [`Store::prune`].
+    /// [`StoreAdmin::prune`].
     pub async fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
         let tenant = tenant.to_owned();
         self.run(move |s| s.prune(&tenant, finished_before)).await
     }
 
-    /// [`Store::export_page`].
-    pub async fn export_page(&self, limit: usize, cursor: Option<&Cursor>) -> Result<Page<Entry>> {
-        let cursor = cursor.cloned();
-        self.run(move |s| s.export_page(limit, cursor.as_ref()))
+    /// [`StoreAdmin::export_page`].
+    pub async fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
+        let page = page.clone();
+        self.run(move |s| s.export_page(&page)).await
+    }
+
+    /// [`StoreAdmin::import`]: every entry, into an empty store; returns
+    /// how many were imported.
+    pub async fn import(&self, entries: Vec<Entry>) -> Result<u64> {
+        self.run(move |s| s.import(&mut entries.into_iter().map(Ok)))
             .await
     }
 
-    /// [`Store::import`].
-    pub async fn import(&self, entries: Vec<Entry>) -> Result<()> {
-        self.run(move |s| s.import(entries)).await
-    }
-
-    /// [`Store::is_empty`].
+    /// [`StoreAdmin::is_empty`].
     pub async fn is_empty(&self) -> Result<bool> {
         self.run(|s| s.is_empty()).await
-    }
-
-    /// [`Store::commits`]. Async because it waits for the commit lock,
-    /// which a group holds while it syncs.
-    pub async fn commits(&self) -> Result<u64> {
-        self.run(|s| Ok(s.commits())).await
     }
 }
 

@@ -40,41 +40,48 @@
 // Operating errors are handled, never unwrapped, outside tests.
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
+mod admin;
 mod api;
 mod clock;
 mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod cursor;
-mod engine;
+mod entry;
 mod error;
 #[doc(hidden)]
 pub mod fuzz_api;
+mod kv;
 pub mod limits;
+mod options;
+mod page;
 mod record;
+mod retry;
+mod rules;
 mod scrub;
-mod store;
 pub(crate) mod sync;
 mod tray;
 
 #[cfg(feature = "async")]
 mod async_store;
 
-pub use api::{StateStore, TrayStore};
+pub use admin::{StoreAdmin, StoreStats, TenantStats, VerifyReport};
+pub use api::{StateStore, Store, TrayStore};
 #[cfg(feature = "async")]
 pub use async_store::AsyncStore;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cursor::Cursor;
+pub use entry::Entry;
 pub use error::{Missing, PersistenceReason, Result, StateError};
+pub use kv::{FileStore, MemoryStore};
+pub use options::{Durability, Options};
+pub use page::{Page, PageRequest, Pages};
 pub use record::{
-    Approval, Millis, Page, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,
+    Approval, Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,
     StateQuery, ToolCall, Usage,
 };
+pub use retry::{RetryPolicy, StateStoreExt};
 pub use scrub::{REDACTED, Scrubber};
-pub use store::{
-    Durability, Entry, FileStore, MemoryStore, Options, Store, StoreStats, TenantStats,
-    VerifyReport,
-};
 pub use tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 
 // The README's examples run as doctests, so the README cannot drift from

@@ -1,12 +1,10 @@
-//! Runs, sessions, queries and pages: the records the store keeps.
+//! Runs, sessions and queries: the records the store keeps.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cursor::Cursor;
 use crate::error::{Result, StateError};
-use crate::limits::{PAGE_ITEMS_DEFAULT, PAGE_ITEMS_MAX};
 
 /// Milliseconds since the Unix epoch, as read from the store's [`Clock`](crate::Clock).
 pub type Millis = u64;
@@ -262,7 +260,8 @@ impl SessionRecord {
     }
 }
 
-/// A listing of runs (rule L1).
+/// The filters of a listing of runs (rule L1); the page is a
+/// [`PageRequest`](crate::PageRequest).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateQuery {
     /// Whose runs.
@@ -275,14 +274,10 @@ pub struct StateQuery {
     pub agent: Option<String>,
     /// Only runs last written before this moment (a filter, never an order).
     pub updated_before: Option<Millis>,
-    /// Items per page, 1..=1000.
-    pub limit: usize,
-    /// Where the previous page ended.
-    pub cursor: Option<Cursor>,
 }
 
 impl StateQuery {
-    /// All runs of a tenant, 100 a page.
+    /// All runs of a tenant.
     pub fn new(tenant: impl Into<String>) -> Self {
         StateQuery {
             tenant: tenant.into(),
@@ -290,8 +285,6 @@ impl StateQuery {
             session: None,
             agent: None,
             updated_before: None,
-            limit: PAGE_ITEMS_DEFAULT,
-            cursor: None,
         }
     }
     /// Only runs in `state`.
@@ -313,51 +306,5 @@ impl StateQuery {
     pub fn updated_before(mut self, t: Millis) -> Self {
         self.updated_before = Some(t);
         self
-    }
-    /// Items per page.
-    pub fn limit(mut self, limit: usize) -> Self {
-        self.limit = limit;
-        self
-    }
-    /// Continue after `cursor`.
-    pub fn cursor(mut self, cursor: Option<Cursor>) -> Self {
-        self.cursor = cursor;
-        self
-    }
-}
-
-/// One page of a listing. The page that ends a walk has no cursor (rule L3).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Page<T> {
-    items: Vec<T>,
-    cursor: Option<Cursor>,
-}
-
-impl<T> Page<T> {
-    /// A page; an empty page that carries a cursor is refused, since a
-    /// walker handed one would ask for the next page forever.
-    pub fn new(items: Vec<T>, cursor: Option<Cursor>) -> Result<Self> {
-        if items.is_empty() && cursor.is_some() {
-            return Err(StateError::invalid("an empty page cannot carry a cursor"));
-        }
-        if items.len() > PAGE_ITEMS_MAX {
-            return Err(StateError::invalid(format!(
-                "a page holds at most {PAGE_ITEMS_MAX} items, got {}",
-                items.len()
-            )));
-        }
-        Ok(Page { items, cursor })
-    }
-    /// The items, in listing order.
-    pub fn items(&self) -> &[T] {
-        &self.items
-    }
-    /// The cursor for the next page; `None` ends the walk.
-    pub fn cursor(&self) -> Option<&Cursor> {
-        self.cursor.as_ref()
-    }
-    /// Items and cursor, by value.
-    pub fn into_parts(self) -> (Vec<T>, Option<Cursor>) {
-        (self.items, self.cursor)
     }
 }

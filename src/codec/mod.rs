@@ -1,5 +1,5 @@
-//! Byte formats, written once for every engine: keys, values and cursors.
+//! Byte formats every backend shares: values (format byte, postcard,
+//! checksum) and cursors. The key-value store's key codec is `kv::key`.
 
 pub(crate) mod cursor;
-pub(crate) mod key;
 pub(crate) mod value;

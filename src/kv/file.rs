@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{Durability, Options, Store};
+use super::{Durability, KvStore, Options};
 use crate::codec::value::FORMAT_VERSION;
-use crate::engine::file::{FjallEngine, SyncMode};
 use crate::error::{Result, StateError};
+use crate::kv::engine::file::{FjallEngine, SyncMode};
 
 const MARKER: &str = "AGENTSTATE";
 const LOCK: &str = "LOCK";
@@ -144,7 +144,7 @@ fn create(path: &Path, opts: &Options) -> Result<()> {
     File::create(tmp.join(LOCK)).map_err(|e| io_err("creating lock in", &tmp, e))?;
     {
         let engine = FjallEngine::open(&tmp.join(DB), SyncMode::Data)?;
-        let store = Store::assemble(Box::new(engine), opts.clone(), None)?;
+        let store = KvStore::assemble(Box::new(engine), opts.clone(), None)?;
         drop(store);
     }
     write_atomic(&tmp, HWM, b"0\n")?;
@@ -220,7 +220,7 @@ fn lock(path: &Path) -> Result<File> {
 }
 
 /// Opens the store at `path`, creating it when absent or an empty directory.
-pub(super) fn open(path: &Path, opts: Options) -> Result<Store> {
+pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
     if path.exists() && !path.is_dir() {
         return Err(StateError::invalid(format!(
             "{} is a file, not an agentstate store directory; pick a new path",
@@ -270,7 +270,7 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<Store> {
             at: Instant::now(),
         }),
     };
-    let store = Store::assemble(Box::new(engine), opts, Some(state))?;
+    let store = KvStore::assemble(Box::new(engine), opts, Some(state))?;
     let commits = store.commits();
     // D8: the journal recovered to fewer commits than were acknowledged.
     if commits < hwm {

@@ -1,20 +1,16 @@
 //! Sessions: versioned like runs; deletes that never orphan a live run
 //! (rules S1–S4).
 
-use crate::codec::key::{KeyBuf, prefix_end, table};
 use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
+use crate::kv::key::{KeyBuf, prefix_end, table};
 use crate::record::{RunKey, SessionKey, SessionRecord};
 
 use super::runs::{delete_run, read_run, session_key};
-use super::{Store, check_id, check_size};
+use super::{KvStore, check_size};
+use crate::rules::{check_session_key, next_session};
 
-fn check_session_key(k: &SessionKey) -> Result<()> {
-    check_id("tenant", &k.tenant)?;
-    check_id("session_id", &k.session_id)
-}
-
-pub(super) fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRecord> {
+pub(crate) fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRecord> {
     let s: SessionRecord = value::decode(bytes, "session")?;
     if &s.key != key {
         return Err(StateError::corrupt("session stored under another key"));
@@ -22,7 +18,7 @@ pub(super) fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRe
     Ok(s)
 }
 
-impl Store {
+impl KvStore {
     pub(super) fn put_session_impl(&self, record: SessionRecord) -> Result<SessionRecord> {
         check_session_key(&record.key)?;
         let now = self.now();
@@ -33,38 +29,7 @@ impl Store {
                 .get(&k)?
                 .map(|v| decode_session(&v, &record.key))
                 .transpose()?;
-            let new = match (record.version, stored) {
-                (0, Some(s)) => {
-                    return Err(StateError::Conflict {
-                        expected: 0,
-                        actual: s.version,
-                    });
-                }
-                (0, None) => SessionRecord {
-                    version: 1,
-                    created_at: now,
-                    updated_at: now,
-                    ..record
-                },
-                (n, None) => {
-                    return Err(StateError::Conflict {
-                        expected: n,
-                        actual: 0,
-                    });
-                }
-                (n, Some(s)) if s.version != n => {
-                    return Err(StateError::Conflict {
-                        expected: n,
-                        actual: s.version,
-                    });
-                }
-                (_, Some(s)) => SessionRecord {
-                    version: s.version + 1,
-                    created_at: s.created_at,
-                    updated_at: now,
-                    ..record
-                },
-            };
+            let new = next_session(stored.as_ref(), record, now)?;
             let bytes = value::encode(&new);
             check_size("session record", bytes.len(), max)?;
             txn.put(k, bytes);

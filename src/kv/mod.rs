@@ -1,7 +1,11 @@
-//! The store's logic, written once over the engine trait.
+//! The key-value store: the rules as jobs on one group-commit path, over a
+//! small ordered-engine trait (`engine/`), with its key codec (`key.rs`).
+//! The memory and file stores are two handles on it (`handles.rs`).
 
 mod commit;
+pub(crate) mod engine;
 mod file;
+pub(crate) mod key;
 #[cfg(all(test, loom))]
 mod loom_models;
 mod runs;
@@ -12,114 +16,22 @@ mod trays;
 mod verify;
 
 use std::path::Path;
-use std::sync::Arc as StdArc;
 
-pub use transfer::Entry;
-pub use verify::{StoreStats, TenantStats, VerifyReport};
+mod handles;
 
-use crate::clock::{Clock, SystemClock};
-use crate::codec::key::meta;
+pub use handles::{FileStore, MemoryStore};
+
 use crate::codec::value;
-use crate::engine::memory::MemoryEngine;
-use crate::engine::{Engine, Write};
 use crate::error::{Result, StateError};
-use crate::limits::{ID_BYTES_MAX, PAGE_ITEMS_MAX, RECORD_BYTES_MAX_DEFAULT};
-use crate::scrub::Scrubber;
+use crate::kv::engine::{Engine, Write};
+use crate::kv::key::meta;
+pub(crate) use crate::options::{Durability, Options};
 use crate::sync::{AtomicBool, Ordering};
 use commit::{Committer, Counters, Sink, Txn};
 
-/// What an acknowledged write survives (file store only; the memory store
-/// keeps nothing past its process).
-///
-/// | mode | process crash (`kill -9`) | OS crash / power loss |
-/// |---|---|---|
-/// | `Immediate` (default) | survives | survives, on disks that honour `fdatasync` |
-/// | `Buffered` | survives | may lose the last writes (never a torn one) |
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Durability {
-    /// Every acknowledged write was synced (`fdatasync`) before `Ok`; writers
-    /// that arrive together share one sync.
-    #[default]
-    Immediate,
-    /// Writes reach the operating system before `Ok` but are not synced. A
-    /// process crash loses nothing; an OS crash or power cut can lose the
-    /// most recent acknowledged writes (whole groups, never part of one).
-    Buffered,
-}
-
-/// How a store is opened.
-#[derive(Clone)]
-pub struct Options {
-    pub(crate) clock: StdArc<dyn Clock>,
-    pub(crate) record_bytes_max: usize,
-    pub(crate) scrubber: Scrubber,
-    pub(crate) durability: Durability,
-    pub(crate) salvage: bool,
-}
-
-impl std::fmt::Debug for Options {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Options")
-            .field("record_bytes_max", &self.record_bytes_max)
-            .field("durability", &self.durability)
-            .field("salvage", &self.salvage)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            clock: StdArc::new(SystemClock),
-            record_bytes_max: RECORD_BYTES_MAX_DEFAULT,
-            scrubber: Scrubber::default(),
-            durability: Durability::Immediate,
-            salvage: false,
-        }
-    }
-}
-
-impl Options {
-    /// System clock, 1 MiB records, default scrubber, `Durability::Immediate`.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// The clock `created_at`/`updated_at` are read from.
-    pub fn clock(mut self, clock: StdArc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-    /// The largest encoded record or tray doc (K2), at least 4 KiB.
-    pub fn record_bytes_max(mut self, bytes: usize) -> Self {
-        self.record_bytes_max = bytes.max(4096);
-        self
-    }
-    /// The scrubber applied to every run written (X1).
-    pub fn scrubber(mut self, scrubber: Scrubber) -> Self {
-        self.scrubber = scrubber;
-        self
-    }
-    /// What an `Ok` survives (file store).
-    pub fn durability(mut self, durability: Durability) -> Self {
-        self.durability = durability;
-        self
-    }
-    /// Open a file store even when it recovered to less than it had
-    /// acknowledged (D8). For operators rescuing what is left; the store's
-    /// high-water mark is reset to what was recovered.
-    pub fn salvage(mut self, salvage: bool) -> Self {
-        self.salvage = salvage;
-        self
-    }
-}
-
-/// A store: the memory or the file backend behind the same logic.
-///
-/// [`MemoryStore`] and [`FileStore`] name the two ways to make one.
-/// Share one `Store` between threads (it is `Send + Sync`; wrap it in an
-/// `Arc`).
-pub struct Store {
+/// The key-value store's logic over one engine; [`MemoryStore`] and
+/// [`FileStore`] are the two public handles that hold one.
+pub(crate) struct KvStore {
     engine: Box<dyn Engine>,
     committer: Committer,
     opts: Options,
@@ -129,60 +41,27 @@ pub struct Store {
     file: Option<file::FileState>,
 }
 
-/// The in-process backend: `MemoryStore::new()`.
-pub type MemoryStore = Store;
-/// The embedded file backend: `FileStore::open(path)`.
-pub type FileStore = Store;
-
-impl std::fmt::Debug for Store {
+impl std::fmt::Debug for KvStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store")
+        f.debug_struct("KvStore")
             .field("path", &self.path())
             .field("opts", &self.opts)
             .finish_non_exhaustive()
     }
 }
 
-impl Default for Store {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Store {
-    /// An empty in-memory store with the system clock.
-    pub fn new() -> Store {
-        Self::with_options(Options::default())
-    }
-
-    /// An empty in-memory store.
-    pub fn with_options(opts: Options) -> Store {
-        let engine = MemoryEngine::default();
-        Self::assemble(Box::new(engine), opts, None)
-            .expect("a new memory store cannot fail to start")
-    }
-
-    /// Opens (creating if needed) the file store at `path`, a directory.
-    pub fn open(path: impl AsRef<Path>) -> Result<Store> {
-        Self::open_with(path, Options::default())
-    }
-
-    /// Opens (creating if needed) the file store at `path` with options.
-    pub fn open_with(path: impl AsRef<Path>, opts: Options) -> Result<Store> {
-        file::open(path.as_ref(), opts)
-    }
-
+impl KvStore {
     /// The directory of a file store; `None` in memory.
-    pub fn path(&self) -> Option<&Path> {
+    pub(crate) fn path(&self) -> Option<&Path> {
         self.file.as_ref().map(|f| f.path())
     }
 
     /// Builds a store over an engine, writing the meta values of a new one.
-    fn assemble(
+    pub(crate) fn assemble(
         engine: Box<dyn Engine>,
         opts: Options,
         file: Option<file::FileState>,
-    ) -> Result<Store> {
+    ) -> Result<KvStore> {
         let format: Option<u8> = match engine.get(meta::FORMAT)? {
             Some(v) => Some(value::decode(&v, "format version")?),
             None => None,
@@ -218,7 +97,7 @@ impl Store {
                 (secret, counters)
             }
         };
-        Ok(Store {
+        Ok(KvStore {
             engine,
             committer: Committer::new(counters),
             opts,
@@ -242,12 +121,12 @@ impl Store {
     }
 
     /// Groups committed since the store was created.
-    pub fn commits(&self) -> u64 {
+    pub(crate) fn commits(&self) -> u64 {
         self.committer.counters().commits
     }
 }
 
-impl Sink for Store {
+impl Sink for KvStore {
     fn commit(&self, mut batch: Vec<Write>, counters: Counters) -> Result<()> {
         batch.push((
             meta::NEXT_SEQ.to_vec(),
@@ -286,7 +165,7 @@ impl Sink for Store {
     }
 }
 
-impl Drop for Store {
+impl Drop for KvStore {
     fn drop(&mut self) {
         if let Some(f) = &self.file {
             // The mark may only count commits that are on disk: in
@@ -326,48 +205,18 @@ fn new_secret() -> [u8; 16] {
     out
 }
 
-/// K1: ids are 1..=256 bytes of UTF-8 (UTF-8 is given by `&str`).
-pub(crate) fn check_id(what: &str, id: &str) -> Result<()> {
-    if id.is_empty() || id.len() > ID_BYTES_MAX {
-        return Err(StateError::invalid(format!(
-            "{what}: must be 1..={ID_BYTES_MAX} bytes, got {}",
-            id.len()
-        )));
-    }
-    Ok(())
-}
-
-/// K3: a page is 1..=1000 items.
-pub(crate) fn check_limit(limit: usize) -> Result<()> {
-    if limit == 0 || limit > PAGE_ITEMS_MAX {
-        return Err(StateError::invalid(format!(
-            "limit: must be 1..={PAGE_ITEMS_MAX}, got {limit}"
-        )));
-    }
-    Ok(())
-}
-
-/// K2: an encoded value past the store's limit is `TooLarge`.
-pub(crate) fn check_size(what: &str, bytes: usize, max: usize) -> Result<()> {
-    if bytes > max {
-        return Err(StateError::too_large(format!(
-            "{what} is {bytes} bytes, the limit is {max}"
-        )));
-    }
-    Ok(())
-}
+pub(crate) use crate::rules::{check_id, check_limit, check_size};
 
 const _: () = {
     const fn is_send_sync<T: Send + Sync>() {}
-    is_send_sync::<Store>();
+    is_send_sync::<KvStore>();
 };
 
 use crate::codec::cursor::{self as cursor_codec, Listing};
-use crate::codec::key::successor;
-use crate::cursor::Cursor;
-use crate::record::Page;
+use crate::kv::key::successor;
+use crate::page::{Page, PageRequest};
 
-impl Store {
+impl KvStore {
     /// One page of a listing over the keys in `lo..hi`, read straight from
     /// the engine: `accept` turns an entry into an item or skips it. Reads
     /// one matching entry past the page to know whether the walk ends here
@@ -381,12 +230,12 @@ impl Store {
         binding: &[u8],
         lo: &[u8],
         hi: &[u8],
-        cursor: Option<&Cursor>,
-        limit: usize,
+        page: &PageRequest,
         mut accept: impl FnMut(&[u8], &[u8]) -> Result<Option<T>>,
     ) -> Result<Page<T>> {
+        let limit = page.limit;
         check_limit(limit)?;
-        let mut start = match cursor {
+        let mut start = match &page.cursor {
             None => lo.to_vec(),
             Some(c) => {
                 let pos = cursor_codec::decode(&self.secret, listing, binding, c)?;

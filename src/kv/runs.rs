@@ -2,16 +2,19 @@
 
 use crate::api::StateStore;
 use crate::codec::cursor::Listing;
-use crate::codec::key::{KeyBuf, prefix_end, table};
 use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
-use crate::limits::PENDING_TOOL_CALLS_MAX;
+use crate::kv::key::{KeyBuf, prefix_end, table};
+use crate::page::{Page, PageRequest};
 use crate::record::{
-    Millis, Page, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateQuery,
+    Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateQuery,
+};
+use crate::rules::{
+    check_record, check_run_key, check_version, created_run, patched_run, updated_run,
 };
 
 use super::commit::Txn;
-use super::{Store, check_id, check_size};
+use super::{KvStore, check_id, check_size};
 
 pub(crate) fn run_key(k: &RunKey) -> Vec<u8> {
     KeyBuf::table(table::RUN)
@@ -41,11 +44,6 @@ pub(crate) fn session_key(k: &SessionKey) -> Vec<u8> {
         .str(&k.tenant)
         .str(&k.session_id)
         .done()
-}
-
-pub(crate) fn check_run_key(k: &RunKey) -> Result<()> {
-    check_id("tenant", &k.tenant)?;
-    check_id("run_id", &k.run_id)
 }
 
 /// Reads and checks a stored run.
@@ -107,42 +105,7 @@ pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) {
     }
 }
 
-pub(crate) fn check_record(r: &RunRecord) -> Result<()> {
-    check_run_key(&r.key)?;
-    check_id("agent_name", &r.agent_name)?;
-    if let Some(s) = &r.session_id {
-        check_id("session_id", s)?;
-    }
-    if r.pending_tool_calls.len() > PENDING_TOOL_CALLS_MAX {
-        return Err(StateError::invalid(format!(
-            "pending_tool_calls: at most {PENDING_TOOL_CALLS_MAX}, got {}",
-            r.pending_tool_calls.len()
-        )));
-    }
-    Ok(())
-}
-
-/// R6: the accumulating fields a put may not move.
-fn moved_amount(stored: &RunRecord, new: &RunRecord) -> Option<&'static str> {
-    if stored.usage != new.usage {
-        Some("usage")
-    } else if stored.cost_micros != new.cost_micros {
-        Some("cost_micros")
-    } else if stored.iterations != new.iterations {
-        Some("iterations")
-    } else if stored.messages_read != new.messages_read {
-        Some("messages_read")
-    } else {
-        None
-    }
-}
-
-fn add(field: &str, a: u64, b: u64) -> Result<u64> {
-    a.checked_add(b)
-        .ok_or_else(|| StateError::invalid(format!("{field}: adding {b} to {a} overflows u64")))
-}
-
-impl Store {
+impl KvStore {
     fn list_binding(q: &StateQuery) -> Vec<u8> {
         let mut b = KeyBuf::table(Listing::Runs as u8).str(&q.tenant);
         b = match q.state {
@@ -182,7 +145,7 @@ impl Store {
     }
 }
 
-impl StateStore for Store {
+impl StateStore for KvStore {
     fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
         check_record(&record)?;
         let record = self.opts.scrubber.scrub_run(&record);
@@ -190,14 +153,10 @@ impl StateStore for Store {
         let max = self.opts.record_bytes_max;
         self.submit(move |txn| {
             let stored = read_run(txn, &record.key)?;
-            let stored = match (record.version, stored) {
-                (0, Some(s)) => {
-                    return Err(StateError::Conflict {
-                        expected: 0,
-                        actual: s.version,
-                    });
-                }
-                (0, None) => {
+            check_version(record.version, stored.as_ref().map(|s| s.version))?;
+            let new = match &stored {
+                None => {
+                    // R8: a run's session exists at create.
                     if let Some(s) = &record.session_id {
                         let sk = SessionKey::new(record.key.tenant.clone(), s.clone());
                         if txn.get(&session_key(&sk))?.is_none() {
@@ -206,46 +165,11 @@ impl StateStore for Store {
                     }
                     let seq = txn.next_seq;
                     txn.next_seq += 1;
-                    let new = RunRecord {
-                        version: 1,
-                        seq,
-                        created_at: now,
-                        updated_at: now,
-                        ..record
-                    };
-                    write_run(txn, None, &new, max)?;
-                    return Ok(new);
+                    created_run(record, seq, now)
                 }
-                (n, None) => {
-                    return Err(StateError::Conflict {
-                        expected: n,
-                        actual: 0,
-                    });
-                }
-                (n, Some(s)) if s.version != n => {
-                    return Err(StateError::Conflict {
-                        expected: n,
-                        actual: s.version,
-                    });
-                }
-                (_, Some(s)) => s,
+                Some(s) => updated_run(s, record, now)?,
             };
-            if let Some(field) = moved_amount(&stored, &record) {
-                return Err(StateError::invalid(format!(
-                    "{field}: put_run cannot change an accumulating amount; use patch_run"
-                )));
-            }
-            if stored.session_id != record.session_id {
-                return Err(StateError::invalid("session_id: fixed at create"));
-            }
-            let new = RunRecord {
-                version: stored.version + 1,
-                seq: stored.seq,
-                created_at: stored.created_at,
-                updated_at: now,
-                ..record
-            };
-            write_run(txn, Some(&stored), &new, max)?;
+            write_run(txn, stored.as_ref(), &new, max)?;
             Ok(new)
         })
     }
@@ -267,28 +191,13 @@ impl StateStore for Store {
             let Some(old) = read_run(txn, &key)? else {
                 return Err(StateError::NotFound(Missing::Run(key)));
             };
-            let mut new = old.clone();
-            new.usage.input_tokens = add(
-                "usage.input_tokens",
-                old.usage.input_tokens,
-                delta.usage.input_tokens,
-            )?;
-            new.usage.output_tokens = add(
-                "usage.output_tokens",
-                old.usage.output_tokens,
-                delta.usage.output_tokens,
-            )?;
-            new.cost_micros = add("cost_micros", old.cost_micros, delta.cost_micros)?;
-            new.iterations = add("iterations", old.iterations, delta.iterations)?;
-            new.messages_read = add("messages_read", old.messages_read, delta.messages_read)?;
-            new.version = old.version + 1;
-            new.updated_at = now;
+            let new = patched_run(&old, &delta, now)?;
             write_run(txn, Some(&old), &new, max)?;
             Ok(new)
         })
     }
 
-    fn list_runs(&self, q: &StateQuery) -> Result<Page<RunRecord>> {
+    fn list_runs(&self, q: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
         check_id("tenant", &q.tenant)?;
         if let Some(s) = &q.session {
             check_id("session", s)?;
@@ -322,21 +231,13 @@ impl StateStore for Store {
         let binding = Self::list_binding(q);
         let end = prefix_end(&prefix);
         let plen = prefix.len();
-        self.scan_page(
-            Listing::Runs,
-            &binding,
-            &prefix,
-            &end,
-            q.cursor.as_ref(),
-            q.limit,
-            |k, v| {
-                let seq_bytes = k
-                    .get(plen..plen + 8)
-                    .ok_or_else(|| StateError::corrupt("run index key truncated"))?;
-                let seq = u64::from_be_bytes(seq_bytes.try_into().expect("8 bytes"));
-                self.indexed_run(q, seq, v)
-            },
-        )
+        self.scan_page(Listing::Runs, &binding, &prefix, &end, page, |k, v| {
+            let seq_bytes = k
+                .get(plen..plen + 8)
+                .ok_or_else(|| StateError::corrupt("run index key truncated"))?;
+            let seq = u64::from_be_bytes(seq_bytes.try_into().expect("8 bytes"));
+            self.indexed_run(q, seq, v)
+        })
     }
 
     fn put_session(&self, record: SessionRecord) -> Result<SessionRecord> {

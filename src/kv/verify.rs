@@ -1,11 +1,11 @@
 //! Whole-store checks and counts: `verify` walks every record and index
 //! entry and reports what disagrees; `stats` counts; `prune` is retention.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
-use crate::codec::key::{KeyBuf, KeyReader, meta, prefix_end, successor, table};
 use crate::codec::value;
 use crate::error::{Result, StateError};
+use crate::kv::key::{KeyBuf, KeyReader, meta, prefix_end, successor, table};
 use crate::record::{Millis, RunKey, RunRecord, RunState, SessionRecord};
 use crate::tray::{InstanceKey, Tray};
 
@@ -13,59 +13,12 @@ use super::runs::{
     by_seq_key, by_session_key, by_state_key, decode_run, delete_run, read_run, run_key,
 };
 use super::trays::{alarm_due_key, alarm_key, marked_env_key, marked_key, read_tray_key, tray_key};
-use super::{Store, check_id};
-
-/// What [`Store::verify`] found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VerifyReport {
-    /// Runs checked.
-    pub runs: u64,
-    /// Sessions checked.
-    pub sessions: u64,
-    /// Trays checked.
-    pub trays: u64,
-    /// Alarms checked.
-    pub alarms: u64,
-    /// Engine entries read in all.
-    pub entries: u64,
-    /// Every inconsistency, one line each; empty when the store is sound.
-    pub problems: Vec<String>,
-}
-
-impl VerifyReport {
-    /// True when nothing was found wrong.
-    pub fn is_ok(&self) -> bool {
-        self.problems.is_empty()
-    }
-}
-
-/// Counts of one tenant.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TenantStats {
-    /// Runs per state.
-    pub runs_by_state: BTreeMap<RunState, u64>,
-    /// Sessions.
-    pub sessions: u64,
-}
-
-/// What [`Store::stats`] counted.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StoreStats {
-    /// Per tenant, in tenant order.
-    pub tenants: BTreeMap<String, TenantStats>,
-    /// Trays of all instances.
-    pub trays: u64,
-    /// Of which marked.
-    pub marked_trays: u64,
-    /// Alarms set.
-    pub alarms: u64,
-    /// Bytes on disk (0 in memory).
-    pub disk_bytes: u64,
-}
+use super::{KvStore, check_id};
+use crate::admin::{StoreStats, VerifyReport};
 
 const WALK_CHUNK: usize = 1024;
 
-impl Store {
+impl KvStore {
     /// Calls `f` on every entry of a table, in key order, a chunk at a time.
     pub(crate) fn walk(
         &self,
@@ -93,7 +46,7 @@ impl Store {
     /// records without their index entries, duplicate or future `seq`s.
     /// Reading is all it does. Walks run concurrently with writes may report
     /// entries written during the walk; run it on a quiet store.
-    pub fn verify(&self) -> Result<VerifyReport> {
+    pub(crate) fn verify(&self) -> Result<VerifyReport> {
         let mut rep = VerifyReport::default();
         let next_seq = self.committer.counters().next_seq;
         for k in [meta::FORMAT, meta::NEXT_SEQ, meta::COMMITS, meta::SECRET] {
@@ -316,9 +269,20 @@ impl Store {
     }
 
     /// Counts runs per tenant and state, sessions, trays and alarms.
-    pub fn stats(&self) -> Result<StoreStats> {
+    pub(crate) fn stats(&self) -> Result<StoreStats> {
         let mut s = StoreStats {
             disk_bytes: self.engine.disk_bytes(),
+            backend: match (self.path(), self.opts.durability) {
+                (None, _) => "memory: in this process only".to_string(),
+                (Some(p), crate::options::Durability::Immediate) => format!(
+                    "file {}: every Ok synced (fdatasync per commit group)",
+                    p.display()
+                ),
+                (Some(p), _) => format!(
+                    "file {}: buffered (an Ok survives a process crash, not an OS crash)",
+                    p.display()
+                ),
+            },
             ..Default::default()
         };
         self.walk(table::RUN_BY_STATE, |k, _| {
@@ -363,7 +327,7 @@ impl Store {
     /// run inside the commit path, so a run that was revived or rewritten
     /// meanwhile stays. Safe while workers and listings run: listings skip
     /// deleted runs, and deletes go in groups of at most 256.
-    pub fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
+    pub(crate) fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
         check_id("tenant", tenant)?;
         let mut deleted = 0u64;
         for state in RunState::ALL.into_iter().filter(|s| s.is_finished()) {

@@ -29,11 +29,11 @@ use std::sync::Mutex as StdMutex;
 use loom::thread;
 
 use super::commit::{Committer, Counters, Sink};
-use super::{Options, Store};
+use super::{KvStore, Options};
 use crate::api::TrayStore;
-use crate::engine::memory::MemoryEngine;
-use crate::engine::{Engine, Write};
 use crate::error::{PersistenceReason, Result, StateError};
+use crate::kv::engine::memory::MemoryEngine;
+use crate::kv::engine::{Engine, Write};
 use crate::sync::{Arc, AtomicBool, Ordering};
 use crate::tray::{InstanceKey, Tray, TrayOp};
 
@@ -384,7 +384,7 @@ fn tray(doc: &str, marked: bool) -> Tray {
 #[test]
 fn loom_fence_check_and_write_are_one_step() {
     model(|| {
-        let store = Arc::new(Store::with_options(Options::default()));
+        let store = Arc::new(KvStore::with_options(Options::default()));
         let key = InstanceKey::new("ns", "w").tray("t", "1");
         let old = {
             let (store, key) = (store.clone(), key.clone());
@@ -425,7 +425,7 @@ fn loom_fence_check_and_write_are_one_step() {
 #[test]
 fn loom_fenced_batch_is_all_or_nothing() {
     model(|| {
-        let store = Arc::new(Store::with_options(Options::default()));
+        let store = Arc::new(KvStore::with_options(Options::default()));
         let inst = InstanceKey::new("ns", "w");
         let batch = {
             let (store, inst) = (store.clone(), inst.clone());

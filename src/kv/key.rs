@@ -11,7 +11,7 @@ use crate::error::{Result, StateError};
 
 /// Table bytes: each table is a key prefix in one ordered keyspace.
 pub(crate) mod table {
-    /// Store-wide values: format version, next seq, commit counter, secret.
+    /// KvStore-wide values: format version, next seq, commit counter, secret.
     pub const META: u8 = 0x01;
     /// (tenant, run_id) → RunRecord.
     pub const RUN: u8 = 0x10;

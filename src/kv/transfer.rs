@@ -3,56 +3,23 @@
 //! key order), and back into an empty store with versions, `seq`s and
 //! timestamps kept, so export → import → export gives the same entries.
 
-use serde::{Deserialize, Serialize};
-
 use crate::codec::cursor::Listing;
-use crate::codec::key::{KeyBuf, KeyReader, meta, table};
 use crate::codec::value;
-use crate::cursor::Cursor;
+use crate::entry::Entry;
 use crate::error::{Result, StateError};
-use crate::record::{Millis, Page, RunKey, RunRecord, SessionRecord};
-use crate::tray::{InstanceKey, Tray, TrayKey};
+use crate::kv::key::{KeyBuf, KeyReader, meta, table};
+use crate::page::{Page, PageRequest};
+use crate::record::RunKey;
+use crate::rules::checked_entry;
+use crate::tray::InstanceKey;
 
+use super::KvStore;
 use super::commit::Txn;
-use super::runs::{by_seq_key, check_record, read_run, session_key, write_run};
-use super::trays::{
-    alarm_due_key, alarm_key, check_instance, check_tray, check_tray_key, epoch_key, read_tray_key,
-    tray_key,
-};
-use super::{Store, check_id};
+use super::runs::{by_seq_key, read_run, session_key, write_run};
+use super::trays::{alarm_due_key, alarm_key, epoch_key, read_tray_key, tray_key};
 
-/// One exported record. Serialized as one JSON object per line with a
-/// `kind` field (`run`, `session`, `epoch`, `tray`, `alarm`); see the
-/// README's "Export format".
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Entry {
-    /// A run, exactly as stored.
-    Run(RunRecord),
-    /// A session, exactly as stored.
-    Session(SessionRecord),
-    /// An instance's stored epoch.
-    Epoch {
-        /// The instance.
-        instance: InstanceKey,
-        /// Its epoch.
-        epoch: u64,
-    },
-    /// A tray.
-    Tray {
-        /// Its key.
-        key: TrayKey,
-        /// Its contents.
-        tray: Tray,
-    },
-    /// An instance's alarm.
-    Alarm {
-        /// The instance.
-        instance: InstanceKey,
-        /// When it is due.
-        due_at: Millis,
-    },
-}
+/// Entries an import commits as one atomic group.
+const IMPORT_GROUP: usize = 1000;
 
 /// The primary tables, in export order.
 const TABLES: [u8; 5] = [
@@ -95,76 +62,61 @@ fn entry_of(k: &[u8], v: &[u8]) -> Result<Entry> {
     })
 }
 
-impl Store {
+impl KvStore {
     /// One page of the whole store's records, for export. Walk it with the
     /// cursor like any listing; the order is deterministic.
-    pub fn export_page(&self, limit: usize, cursor: Option<&Cursor>) -> Result<Page<Entry>> {
+    pub(crate) fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
         let lo = KeyBuf::table(table::RUN).done();
         let hi = KeyBuf::table(table::ALARM + 1).done();
-        self.scan_page(
-            Listing::Export,
-            b"export",
-            &lo,
-            &hi,
-            cursor,
-            limit,
-            |k, v| {
-                if TABLES.contains(&k[0]) {
-                    entry_of(k, v).map(Some)
-                } else {
-                    Ok(None)
-                }
-            },
-        )
+        self.scan_page(Listing::Export, b"export", &lo, &hi, page, |k, v| {
+            if TABLES.contains(&k[0]) {
+                entry_of(k, v).map(Some)
+            } else {
+                Ok(None)
+            }
+        })
     }
 
     /// True when the store holds no record of any kind.
-    pub fn is_empty(&self) -> Result<bool> {
-        Ok(self.export_page(1, None)?.items().is_empty())
+    pub(crate) fn is_empty(&self) -> Result<bool> {
+        Ok(self.export_page(&PageRequest::new(1))?.items().is_empty())
     }
 
-    /// Writes exported entries back, in one atomic group: runs keep their
-    /// version, `seq` and timestamps; indexes are rebuilt. An entry whose
-    /// record already exists is refused (`Conflict`), so import into an
-    /// empty store. Keep batches to a few thousand entries.
-    pub fn import(&self, entries: Vec<Entry>) -> Result<()> {
-        // Imported records meet every rule a write meets: ids (K1), sizes
-        // (K2), pending calls (K5), and scrubbing (X1).
-        let max = self.opts.record_bytes_max;
-        let mut checked = Vec::with_capacity(entries.len());
-        for e in entries {
-            checked.push(match e {
-                Entry::Run(r) => {
-                    check_record(&r)?;
-                    if r.seq == 0 || r.version == 0 {
-                        return Err(StateError::invalid(format!(
-                            "run {}: seq and version must be at least 1",
-                            r.key.run_id
-                        )));
-                    }
-                    Entry::Run(self.opts.scrubber.scrub_run(&r))
-                }
-                Entry::Session(s) => {
-                    check_id("tenant", &s.key.tenant)?;
-                    check_id("session_id", &s.key.session_id)?;
-                    Entry::Session(s)
-                }
-                Entry::Epoch { instance, epoch } => {
-                    check_instance(&instance)?;
-                    Entry::Epoch { instance, epoch }
-                }
-                Entry::Alarm { instance, due_at } => {
-                    check_instance(&instance)?;
-                    Entry::Alarm { instance, due_at }
-                }
-                Entry::Tray { key, tray } => {
-                    check_tray_key(&key)?;
-                    check_tray(&tray, max)?;
-                    Entry::Tray { key, tray }
-                }
-            });
+    /// Writes exported entries into an empty store (see
+    /// `StoreAdmin::import`), in atomic groups of `IMPORT_GROUP` entries.
+    pub(crate) fn import(&self, entries: &mut dyn Iterator<Item = Result<Entry>>) -> Result<u64> {
+        if !self.is_empty()? {
+            return Err(StateError::invalid(
+                "import: the store is not empty; import into a new store",
+            ));
         }
-        let entries = checked;
+        let mut n = 0u64;
+        let mut group = Vec::with_capacity(IMPORT_GROUP);
+        loop {
+            let next = entries.next().transpose()?;
+            let done = next.is_none();
+            if let Some(e) = next {
+                group.push(e);
+            }
+            if group.len() == IMPORT_GROUP || (done && !group.is_empty()) {
+                n += group.len() as u64;
+                self.import_group(std::mem::take(&mut group))?;
+            }
+            if done {
+                return Ok(n);
+            }
+        }
+    }
+
+    /// One atomic group of an import: runs keep their version, `seq` and
+    /// timestamps; indexes are rebuilt. An entry whose record already
+    /// exists is refused (`Conflict`).
+    fn import_group(&self, entries: Vec<Entry>) -> Result<()> {
+        let max = self.opts.record_bytes_max;
+        let entries = entries
+            .into_iter()
+            .map(|e| checked_entry(e, &self.opts.scrubber, max))
+            .collect::<Result<Vec<_>>>()?;
         self.submit(move |txn: &mut Txn<'_>| {
             let exists = |txn: &Txn<'_>, k: &[u8]| -> Result<()> {
                 match txn.get(k)? {
@@ -225,12 +177,9 @@ impl Store {
 // carries the store's secret or counters.
 const _: () = assert!(meta::FORMAT[0] < table::RUN);
 
-impl Store {
-    /// Deletes a run's `seq` index entry and nothing else, leaving the
-    /// store inconsistent on purpose. Only for tests of `verify` and the
-    /// tools built on it; never call it on a store you care about.
-    #[doc(hidden)]
-    pub fn __unindex_run_for_tests(&self, key: &RunKey) -> Result<()> {
+impl KvStore {
+    /// See `FileStore::__unindex_run_for_tests`.
+    pub(crate) fn unindex_run_for_tests(&self, key: &RunKey) -> Result<()> {
         let key = key.clone();
         self.submit(move |txn| {
             let r = read_run(txn, &key)?

@@ -8,16 +8,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::TrayStore;
 use crate::codec::cursor::Listing;
-use crate::codec::key::{KeyBuf, KeyReader, prefix_end, table};
 use crate::codec::value;
-use crate::cursor::Cursor;
 use crate::error::{Result, StateError};
-use crate::limits::BATCH_OPS_MAX;
-use crate::record::{Millis, Page};
+use crate::kv::key::{KeyBuf, KeyReader, prefix_end, table};
+use crate::page::{Page, PageRequest};
+use crate::record::Millis;
+use crate::rules::{check_batch, check_instance, check_tray, check_tray_key};
 use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 
 use super::commit::Txn;
-use super::{Store, check_id, check_limit, check_size};
+use super::{KvStore, check_id, check_limit};
 
 /// Who to wake for a marked tray: the value of both marked indexes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -78,26 +78,6 @@ pub(crate) fn read_tray_key(r: &mut KeyReader<'_>) -> Result<TrayKey> {
     })
 }
 
-pub(crate) fn check_instance(i: &InstanceKey) -> Result<()> {
-    check_id("ns", &i.ns)?;
-    check_id("id", &i.id)
-}
-
-pub(crate) fn check_tray_key(k: &TrayKey) -> Result<()> {
-    check_id("ns", &k.ns)?;
-    check_id("id", &k.id)?;
-    check_id("tray_ns", &k.tray_ns)?;
-    check_id("tray_id", &k.tray_id)
-}
-
-/// A tray names the worker that wrote it, so a sweeper knows whom to wake:
-/// `env` and `hostname` are ids (K1), and the doc is bounded (K2).
-pub(crate) fn check_tray(t: &Tray, max: usize) -> Result<()> {
-    check_size("tray doc", t.doc.len(), max)?;
-    check_id("env", &t.env)?;
-    check_id("hostname", &t.hostname)
-}
-
 pub(crate) fn read_epoch(txn: &Txn<'_>, i: &InstanceKey) -> Result<u64> {
     txn.get(&epoch_key(i))?
         .map(|v| value::decode(&v, "epoch"))
@@ -150,7 +130,7 @@ fn set_tray(txn: &mut Txn<'_>, k: &TrayKey, new: Option<&Tray>) -> Result<bool> 
     Ok(old.is_some())
 }
 
-impl TrayStore for Store {
+impl TrayStore for KvStore {
     fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
         check_tray_key(key)?;
         let key = key.clone();
@@ -180,37 +160,7 @@ impl TrayStore for Store {
     }
 
     fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
-        check_instance(instance)?;
-        if ops.len() > BATCH_OPS_MAX {
-            return Err(StateError::invalid(format!(
-                "batch: at most {BATCH_OPS_MAX} ops, got {}",
-                ops.len()
-            )));
-        }
-        let mut total = 0usize;
-        for op in &ops {
-            let (tray_ns, tray_id) = match op {
-                TrayOp::Put {
-                    tray_ns,
-                    tray_id,
-                    tray,
-                } => {
-                    check_tray(tray, self.opts.record_bytes_max)?;
-                    total += tray.doc.len();
-                    (tray_ns, tray_id)
-                }
-                TrayOp::Delete { tray_ns, tray_id } => (tray_ns, tray_id),
-            };
-            check_id("tray_ns", tray_ns)?;
-            check_id("tray_id", tray_id)?;
-        }
-        // A whole batch is one engine write; bound it like a record times
-        // the batch limit's share, so one call cannot stall the store.
-        check_size(
-            "tray batch docs",
-            total,
-            self.opts.record_bytes_max.saturating_mul(64),
-        )?;
+        check_batch(instance, &ops, self.opts.record_bytes_max)?;
         let instance = instance.clone();
         self.submit(move |txn| {
             fence(txn, &instance, epoch)?;
@@ -259,15 +209,14 @@ impl TrayStore for Store {
         &self,
         instance: &InstanceKey,
         epoch: u64,
-        limit: usize,
-        cursor: Option<&Cursor>,
+        page: &PageRequest,
     ) -> Result<Page<(TrayKey, Tray)>> {
         check_instance(instance)?;
-        check_limit(limit)?;
+        check_limit(page.limit)?;
         let prefix = instance_trays(instance);
         // E6: a cursor of another listing fails before the fence below can
         // advance the epoch, so the failed call changes nothing.
-        if let Some(c) = cursor {
+        if let Some(c) = &page.cursor {
             crate::codec::cursor::decode(&self.secret, Listing::Trays, &prefix, c)?;
         }
         // The fence check (which may advance the epoch) goes through the
@@ -279,8 +228,7 @@ impl TrayStore for Store {
             &prefix,
             &prefix,
             &prefix_end(&prefix),
-            cursor,
-            limit,
+            page,
             |k, v| {
                 let mut r = KeyReader::new(k, table::TRAY)?;
                 let key = read_tray_key(&mut r)?;
@@ -290,12 +238,7 @@ impl TrayStore for Store {
         )
     }
 
-    fn marked_trays(
-        &self,
-        env: Option<&str>,
-        limit: usize,
-        cursor: Option<&Cursor>,
-    ) -> Result<Page<MarkedTray>> {
+    fn marked_trays(&self, env: Option<&str>, page: &PageRequest) -> Result<Page<MarkedTray>> {
         if let Some(e) = env {
             check_id("env", e)?;
         }
@@ -311,8 +254,7 @@ impl TrayStore for Store {
             &prefix,
             &prefix,
             &prefix_end(&prefix),
-            cursor,
-            limit,
+            page,
             |k, v| {
                 let mut r = KeyReader::new(k, table_byte)?;
                 if table_byte == table::MARKED_BY_ENV {
@@ -355,18 +297,13 @@ impl TrayStore for Store {
         })
     }
 
-    fn due_alarms(
-        &self,
-        now: Millis,
-        limit: usize,
-        cursor: Option<&Cursor>,
-    ) -> Result<Page<Alarm>> {
+    fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
         let lo = KeyBuf::table(table::ALARM_BY_DUE).done();
         let hi = match now.checked_add(1) {
             Some(n) => KeyBuf::table(table::ALARM_BY_DUE).u64(n).done(),
             None => prefix_end(&lo),
         };
-        self.scan_page(Listing::Alarms, &lo, &lo, &hi, cursor, limit, |k, _| {
+        self.scan_page(Listing::Alarms, &lo, &lo, &hi, page, |k, _| {
             let mut r = KeyReader::new(k, table::ALARM_BY_DUE)?;
             let due_at = r.u64()?;
             let instance = InstanceKey {

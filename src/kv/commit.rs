@@ -20,15 +20,15 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use crate::engine::{Engine, Write};
 use crate::error::{Result, StateError};
+use crate::kv::engine::{Engine, Write};
 use crate::limits::GROUP_JOBS_MAX;
 use crate::sync::{Arc, Mutex};
 
 /// Pending writes keyed by engine key; `None` deletes.
 pub(crate) type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
-/// Store-wide counters owned by the commit lock.
+/// KvStore-wide counters owned by the commit lock.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Counters {
     /// The next run `seq` to hand out.

@@ -1,0 +1,101 @@
+//! Operator functions every backend implements: listing sessions,
+//! counting, checking, retention, export and import. The CLI runs over
+//! these (and the two store traits) only, so it works on every backend.
+
+use std::collections::BTreeMap;
+
+use crate::entry::Entry;
+use crate::error::Result;
+use crate::page::{Page, PageRequest, Pages};
+use crate::record::{Millis, RunState, SessionRecord};
+
+/// Operator functions: what an admin tool or a maintenance job needs, on
+/// every backend (the CLI holds a `Box<dyn Store>`).
+pub trait StoreAdmin: Send + Sync {
+    /// One page of a tenant's sessions, in session-id order (byte order of
+    /// the ids), with the L rules: every session that exists for the whole
+    /// walk is visited exactly once, the last page has no cursor, and a
+    /// cursor is bound to its tenant.
+    fn list_sessions(&self, tenant: &str, page: &PageRequest) -> Result<Page<SessionRecord>>;
+    /// True when the store holds no record of any kind.
+    fn is_empty(&self) -> Result<bool>;
+    /// Counts runs per tenant and state, sessions, trays and alarms.
+    fn stats(&self) -> Result<StoreStats>;
+    /// Walks every record and index entry and reports every inconsistency.
+    /// Reading is all it does; run it on a quiet store.
+    fn verify(&self) -> Result<VerifyReport>;
+    /// Retention: deletes the tenant's finished runs (completed, failed,
+    /// cancelled) last written before `finished_before` and returns how
+    /// many. Never touches an unfinished run; safe while workers run.
+    fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64>;
+    /// One page of every record of the store, for export: runs, sessions,
+    /// epochs, trays, alarms, each in key order. Walk it with the cursor.
+    fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>>;
+    /// Writes exported entries into an **empty** store (`Invalid`
+    /// otherwise), keeping versions, `seq`s and timestamps, so export →
+    /// import → export gives the same entries. Every entry meets the checks
+    /// of a write (ids, sizes, scrubbing, a unique `seq` per tenant).
+    /// Returns how many entries were imported. An error from the iterator
+    /// stops the import and is returned.
+    fn import(&self, entries: &mut dyn Iterator<Item = Result<Entry>>) -> Result<u64>;
+
+    /// Every session of a tenant, page after page.
+    fn iter_sessions<'a>(&'a self, tenant: &'a str) -> Pages<'a, SessionRecord> {
+        Pages::new(move |req| self.list_sessions(tenant, req))
+    }
+    /// Every record of the store, in export order, page after page.
+    fn iter_export(&self) -> Pages<'_, Entry> {
+        Pages::new(move |req| self.export_page(req))
+    }
+}
+
+/// What [`StoreAdmin::verify`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Runs checked.
+    pub runs: u64,
+    /// Sessions checked.
+    pub sessions: u64,
+    /// Trays checked.
+    pub trays: u64,
+    /// Alarms checked.
+    pub alarms: u64,
+    /// Engine entries read in all.
+    pub entries: u64,
+    /// Every inconsistency, one line each; empty when the store is sound.
+    pub problems: Vec<String>,
+}
+
+impl VerifyReport {
+    /// True when nothing was found wrong.
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Counts of one tenant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantStats {
+    /// Runs per state.
+    pub runs_by_state: BTreeMap<RunState, u64>,
+    /// Sessions.
+    pub sessions: u64,
+}
+
+/// What [`StoreAdmin::stats`] counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Per tenant, in tenant order.
+    pub tenants: BTreeMap<String, TenantStats>,
+    /// Trays of all instances.
+    pub trays: u64,
+    /// Of which marked.
+    pub marked_trays: u64,
+    /// Alarms set.
+    pub alarms: u64,
+    /// Bytes on disk (0 in memory and on server backends).
+    pub disk_bytes: u64,
+    /// Which backend answered and what an `Ok` survives there, for
+    /// operators (for example `file: fdatasync per commit group`).
+    pub backend: String,
+}

@@ -1,0 +1,40 @@
+//! Export entries: every record of a store, one entry each, in the same
+//! shape on every backend (the export file's lines, `import`'s input).
+
+use serde::{Deserialize, Serialize};
+
+use crate::record::{Millis, RunRecord, SessionRecord};
+use crate::tray::{InstanceKey, Tray, TrayKey};
+
+/// One exported record. Serialized as one JSON object per line with a
+/// `kind` field (`run`, `session`, `epoch`, `tray`, `alarm`); see the
+/// README's "Export format".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Entry {
+    /// A run, exactly as stored.
+    Run(RunRecord),
+    /// A session, exactly as stored.
+    Session(SessionRecord),
+    /// An instance's stored epoch.
+    Epoch {
+        /// The instance.
+        instance: InstanceKey,
+        /// Its epoch.
+        epoch: u64,
+    },
+    /// A tray.
+    Tray {
+        /// Its key.
+        key: TrayKey,
+        /// Its contents.
+        tray: Tray,
+    },
+    /// An instance's alarm.
+    Alarm {
+        /// The instance.
+        instance: InstanceKey,
+        /// When it is due.
+        due_at: Millis,
+    },
+}

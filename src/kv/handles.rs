@@ -1,0 +1,222 @@
+//! The two public handles on the key-value store: [`MemoryStore`] (in the
+//! process) and [`FileStore`] (one directory on disk). Each holds a
+//! [`KvStore`] and hands every trait call to it, so both run one logic.
+
+use std::path::Path;
+
+use super::KvStore;
+use super::engine::memory::MemoryEngine;
+use crate::admin::{StoreAdmin, StoreStats, VerifyReport};
+use crate::api::{StateStore, TrayStore};
+use crate::entry::Entry;
+use crate::error::Result;
+use crate::options::Options;
+use crate::page::{Page, PageRequest};
+use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
+use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+
+/// The in-process backend: every record lives in this process's memory and
+/// is gone when the store is dropped. For tests, examples and caches; the
+/// rules are the file store's, without a disk.
+///
+/// ```
+/// use agentstate::{MemoryStore, RunKey, RunRecord, StateStore};
+/// let store = MemoryStore::new();
+/// store.put_run(RunRecord::new(RunKey::new("acme", "run_1"), "planner"))?;
+/// # Ok::<(), agentstate::StateError>(())
+/// ```
+#[derive(Debug)]
+pub struct MemoryStore(KvStore);
+
+/// The embedded file backend: one directory on disk, one process at a time
+/// (rule D3), and an `Ok` means the write was synced ([`Durability`](crate::Durability)).
+/// Share one handle between the threads of a process (wrap it in an `Arc`).
+///
+/// ```
+/// use agentstate::{FileStore, RunKey, RunRecord, StateStore};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = FileStore::open(dir.path().join("state"))?;
+/// store.put_run(RunRecord::new(RunKey::new("acme", "run_1"), "planner"))?;
+/// # Ok::<(), agentstate::StateError>(())
+/// ```
+#[derive(Debug)]
+pub struct FileStore(KvStore);
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty in-memory store with the system clock.
+    pub fn new() -> MemoryStore {
+        Self::with_options(Options::default())
+    }
+
+    /// An empty in-memory store. The file store's options (durability,
+    /// salvage) mean nothing here and are ignored.
+    pub fn with_options(opts: Options) -> MemoryStore {
+        let engine = MemoryEngine::default();
+        MemoryStore(
+            KvStore::assemble(Box::new(engine), opts, None)
+                .expect("a new memory store cannot fail to start"),
+        )
+    }
+
+    /// Groups committed since the store was made.
+    pub fn commits(&self) -> u64 {
+        self.0.commits()
+    }
+}
+
+impl FileStore {
+    /// Opens (creating if needed) the file store at `path`, a directory.
+    pub fn open(path: impl AsRef<Path>) -> Result<FileStore> {
+        Self::open_with(path, Options::default())
+    }
+
+    /// Opens (creating if needed) the file store at `path` with options.
+    pub fn open_with(path: impl AsRef<Path>, opts: Options) -> Result<FileStore> {
+        super::file::open(path.as_ref(), opts).map(FileStore)
+    }
+
+    /// The store's directory.
+    pub fn path(&self) -> &Path {
+        self.0.path().expect("a file store has a path")
+    }
+
+    /// Groups committed since the store was created.
+    pub fn commits(&self) -> u64 {
+        self.0.commits()
+    }
+
+    /// Deletes a run's `seq` index entry and nothing else, leaving the
+    /// store inconsistent on purpose. Only for tests of `verify` and the
+    /// tools built on it; never call it on a store you care about.
+    #[doc(hidden)]
+    pub fn __unindex_run_for_tests(&self, key: &RunKey) -> Result<()> {
+        self.0.unindex_run_for_tests(key)
+    }
+}
+
+/// Hands every trait call of a handle to its `KvStore`.
+macro_rules! forward_to_kv {
+    ($handle:ty) => {
+        impl StateStore for $handle {
+            fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
+                self.0.put_run(record)
+            }
+            fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
+                self.0.get_run(key)
+            }
+            fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
+                self.0.patch_run(key, delta)
+            }
+            fn list_runs(&self, query: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
+                self.0.list_runs(query, page)
+            }
+            fn put_session(&self, record: SessionRecord) -> Result<SessionRecord> {
+                self.0.put_session(record)
+            }
+            fn get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+                self.0.get_session(key)
+            }
+            fn delete_session(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
+                self.0.delete_session(key, cascade)
+            }
+        }
+
+        impl TrayStore for $handle {
+            fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
+                self.0.read_tray(key, epoch)
+            }
+            fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
+                self.0.write_tray(key, epoch, tray)
+            }
+            fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
+                self.0.delete_tray(key, epoch)
+            }
+            fn apply_batch(
+                &self,
+                instance: &InstanceKey,
+                epoch: u64,
+                ops: Vec<TrayOp>,
+            ) -> Result<()> {
+                self.0.apply_batch(instance, epoch, ops)
+            }
+            fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
+                self.0.release(instance, epoch)
+            }
+            fn list_trays(
+                &self,
+                instance: &InstanceKey,
+                epoch: u64,
+                page: &PageRequest,
+            ) -> Result<Page<(TrayKey, Tray)>> {
+                self.0.list_trays(instance, epoch, page)
+            }
+            fn marked_trays(
+                &self,
+                env: Option<&str>,
+                page: &PageRequest,
+            ) -> Result<Page<MarkedTray>> {
+                self.0.marked_trays(env, page)
+            }
+            fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
+                self.0.epoch(instance)
+            }
+            fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
+                self.0.set_alarm(instance, epoch, due_at)
+            }
+            fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
+                self.0.due_alarms(now, page)
+            }
+            fn ack_alarm(
+                &self,
+                instance: &InstanceKey,
+                epoch: u64,
+                due_at: Millis,
+            ) -> Result<bool> {
+                self.0.ack_alarm(instance, epoch, due_at)
+            }
+        }
+
+        impl StoreAdmin for $handle {
+            fn list_sessions(
+                &self,
+                tenant: &str,
+                page: &PageRequest,
+            ) -> Result<Page<SessionRecord>> {
+                self.0.list_sessions(tenant, page)
+            }
+            fn is_empty(&self) -> Result<bool> {
+                self.0.is_empty()
+            }
+            fn stats(&self) -> Result<StoreStats> {
+                self.0.stats()
+            }
+            fn verify(&self) -> Result<VerifyReport> {
+                self.0.verify()
+            }
+            fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
+                self.0.prune(tenant, finished_before)
+            }
+            fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
+                self.0.export_page(page)
+            }
+            fn import(&self, entries: &mut dyn Iterator<Item = Result<Entry>>) -> Result<u64> {
+                self.0.import(entries)
+            }
+        }
+    };
+}
+
+forward_to_kv!(MemoryStore);
+forward_to_kv!(FileStore);
+
+const _: () = {
+    const fn is_send_sync<T: Send + Sync>() {}
+    is_send_sync::<MemoryStore>();
+    is_send_sync::<FileStore>();
+};

@@ -1,0 +1,38 @@
+//! Listing a tenant's sessions, for operators and tools (the CLI's
+//! `sessions list`).
+
+use crate::codec::cursor::Listing;
+use crate::error::Result;
+use crate::kv::key::{KeyBuf, KeyReader, prefix_end, table};
+use crate::page::{Page, PageRequest};
+use crate::record::{SessionKey, SessionRecord};
+
+use super::sessions::decode_session;
+use super::{KvStore, check_id};
+
+impl KvStore {
+    /// One page of a tenant's sessions, in session-id order (see
+    /// `StoreAdmin::list_sessions`); a page costs O(limit).
+    pub(crate) fn list_sessions(
+        &self,
+        tenant: &str,
+        page: &PageRequest,
+    ) -> Result<Page<SessionRecord>> {
+        check_id("tenant", tenant)?;
+        let prefix = KeyBuf::table(table::SESSION).str(tenant).done();
+        self.scan_page(
+            Listing::Sessions,
+            &prefix,
+            &prefix,
+            &prefix_end(&prefix),
+            page,
+            |k, v| {
+                let mut r = KeyReader::new(k, table::SESSION)?;
+                let key = SessionKey::new(r.str()?, r.str()?);
+                r.end()?;
+                let s = decode_session(v, &key)?;
+                Ok(Some(s))
+            },
+        )
+    }
+}

@@ -1,0 +1,94 @@
+//! How a store is opened: options every backend reads (clock, record
+//! limit, scrubber) and the file store's own (durability, salvage).
+
+use std::sync::Arc as StdArc;
+
+use crate::clock::{Clock, SystemClock};
+use crate::limits::RECORD_BYTES_MAX_DEFAULT;
+use crate::scrub::Scrubber;
+
+/// What an acknowledged write survives (file store only; the memory store
+/// keeps nothing past its process).
+///
+/// | mode | process crash (`kill -9`) | OS crash / power loss |
+/// |---|---|---|
+/// | `Immediate` (default) | survives | survives, on disks that honour `fdatasync` |
+/// | `Buffered` | survives | may lose the last writes (never a torn one) |
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Every acknowledged write was synced (`fdatasync`) before `Ok`; writers
+    /// that arrive together share one sync.
+    #[default]
+    Immediate,
+    /// Writes reach the operating system before `Ok` but are not synced. A
+    /// process crash loses nothing; an OS crash or power cut can lose the
+    /// most recent acknowledged writes (whole groups, never part of one).
+    Buffered,
+}
+
+/// How a store is opened.
+#[derive(Clone)]
+pub struct Options {
+    pub(crate) clock: StdArc<dyn Clock>,
+    pub(crate) record_bytes_max: usize,
+    pub(crate) scrubber: Scrubber,
+    pub(crate) durability: Durability,
+    pub(crate) salvage: bool,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("record_bytes_max", &self.record_bytes_max)
+            .field("durability", &self.durability)
+            .field("salvage", &self.salvage)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            clock: StdArc::new(SystemClock),
+            record_bytes_max: RECORD_BYTES_MAX_DEFAULT,
+            scrubber: Scrubber::default(),
+            durability: Durability::Immediate,
+            salvage: false,
+        }
+    }
+}
+
+impl Options {
+    /// System clock, 1 MiB records, default scrubber, `Durability::Immediate`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// The clock `created_at`/`updated_at` are read from.
+    pub fn clock(mut self, clock: StdArc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+    /// The largest encoded record or tray doc (K2), at least 4 KiB.
+    pub fn record_bytes_max(mut self, bytes: usize) -> Self {
+        self.record_bytes_max = bytes.max(4096);
+        self
+    }
+    /// The scrubber applied to every run written (X1).
+    pub fn scrubber(mut self, scrubber: Scrubber) -> Self {
+        self.scrubber = scrubber;
+        self
+    }
+    /// What an `Ok` survives (file store).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+    /// Open a file store even when it recovered to less than it had
+    /// acknowledged (D8). For operators rescuing what is left; the store's
+    /// high-water mark is reset to what was recovered.
+    pub fn salvage(mut self, salvage: bool) -> Self {
+        self.salvage = salvage;
+        self
+    }
+}

@@ -1,0 +1,155 @@
+//! What a write stores, decided from what is stored: the version rules
+//! (R2, S1), the amounts a put may not move (R6), commuting additions (R4),
+//! and the checks an imported entry meets. Pure functions: the backend
+//! reads, calls one of these, and writes the answer in the same atomic
+//! step as the read.
+
+use crate::entry::Entry;
+use crate::error::{Result, StateError};
+use crate::record::{Millis, RunRecord, SessionRecord, StateDelta};
+use crate::scrub::Scrubber;
+
+use super::check::{check_instance, check_record, check_session_key, check_tray, check_tray_key};
+
+/// R2/S1: a write of `expected` against `stored` (the stored version, if
+/// any) may go ahead, or is the `Conflict` that carries both numbers.
+pub(crate) fn check_version(expected: u64, stored: Option<u64>) -> Result<()> {
+    match (expected, stored) {
+        (0, None) => Ok(()),
+        (n, Some(s)) if n == s && n > 0 => Ok(()),
+        (n, s) => Err(StateError::Conflict {
+            expected: n,
+            actual: s.unwrap_or(0),
+        }),
+    }
+}
+
+/// A run as created: version 1, its `seq`, both times `now`.
+pub(crate) fn created_run(record: RunRecord, seq: u64, now: Millis) -> RunRecord {
+    RunRecord {
+        version: 1,
+        seq,
+        created_at: now,
+        updated_at: now,
+        ..record
+    }
+}
+
+/// R6: the accumulating field a put would move, if any.
+pub(crate) fn moved_amount(stored: &RunRecord, new: &RunRecord) -> Option<&'static str> {
+    if stored.usage != new.usage {
+        Some("usage")
+    } else if stored.cost_micros != new.cost_micros {
+        Some("cost_micros")
+    } else if stored.iterations != new.iterations {
+        Some("iterations")
+    } else if stored.messages_read != new.messages_read {
+        Some("messages_read")
+    } else {
+        None
+    }
+}
+
+/// A run as updated by a put whose version matched `stored` (R2, R6; the
+/// session is fixed at create).
+pub(crate) fn updated_run(stored: &RunRecord, record: RunRecord, now: Millis) -> Result<RunRecord> {
+    if let Some(field) = moved_amount(stored, &record) {
+        return Err(StateError::invalid(format!(
+            "{field}: put_run cannot change an accumulating amount; use patch_run"
+        )));
+    }
+    if stored.session_id != record.session_id {
+        return Err(StateError::invalid("session_id: fixed at create"));
+    }
+    Ok(RunRecord {
+        version: stored.version + 1,
+        seq: stored.seq,
+        created_at: stored.created_at,
+        updated_at: now,
+        ..record
+    })
+}
+
+fn add(field: &str, a: u64, b: u64) -> Result<u64> {
+    a.checked_add(b)
+        .ok_or_else(|| StateError::invalid(format!("{field}: adding {b} to {a} overflows u64")))
+}
+
+/// R4: `old` plus `delta`, one version later; an overflow is `Invalid` and
+/// nothing is written.
+pub(crate) fn patched_run(old: &RunRecord, delta: &StateDelta, now: Millis) -> Result<RunRecord> {
+    let mut new = old.clone();
+    new.usage.input_tokens = add(
+        "usage.input_tokens",
+        old.usage.input_tokens,
+        delta.usage.input_tokens,
+    )?;
+    new.usage.output_tokens = add(
+        "usage.output_tokens",
+        old.usage.output_tokens,
+        delta.usage.output_tokens,
+    )?;
+    new.cost_micros = add("cost_micros", old.cost_micros, delta.cost_micros)?;
+    new.iterations = add("iterations", old.iterations, delta.iterations)?;
+    new.messages_read = add("messages_read", old.messages_read, delta.messages_read)?;
+    new.version = old.version + 1;
+    new.updated_at = now;
+    Ok(new)
+}
+
+/// S1: a session as written by a put whose version matched `stored`.
+pub(crate) fn next_session(
+    stored: Option<&SessionRecord>,
+    record: SessionRecord,
+    now: Millis,
+) -> Result<SessionRecord> {
+    check_version(record.version, stored.map(|s| s.version))?;
+    Ok(match stored {
+        None => SessionRecord {
+            version: 1,
+            created_at: now,
+            updated_at: now,
+            ..record
+        },
+        Some(s) => SessionRecord {
+            version: s.version + 1,
+            created_at: s.created_at,
+            updated_at: now,
+            ..record
+        },
+    })
+}
+
+/// An imported entry meets every rule a write meets: ids (K1), sizes (K2),
+/// pending calls (K5), and scrubbing (X1). Returns the entry to store.
+pub(crate) fn checked_entry(e: Entry, scrubber: &Scrubber, max: usize) -> Result<Entry> {
+    Ok(match e {
+        Entry::Run(r) => {
+            check_record(&r)?;
+            if r.seq == 0 || r.version == 0 {
+                return Err(StateError::invalid(format!(
+                    "run {}: seq and version must be at least 1",
+                    r.key.run_id
+                )));
+            }
+            Entry::Run(scrubber.scrub_run(&r))
+        }
+        Entry::Session(s) => {
+            check_session_key(&s.key)?;
+            Entry::Session(s)
+        }
+        Entry::Epoch { instance, epoch } => {
+            check_instance(&instance)?;
+            Entry::Epoch { instance, epoch }
+        }
+        Entry::Alarm { instance, due_at } => {
+            check_instance(&instance)?;
+            Entry::Alarm { instance, due_at }
+        }
+        Entry::Tray { key, tray } => {
+            check_tray_key(&key)?;
+            check_tray(&tray, max)?;
+            Entry::Tray { key, tray }
+        }
+    })
+}
