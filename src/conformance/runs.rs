@@ -1,0 +1,716 @@
+//! R — runs: keys, versions and conflicts, racing writers, commuting
+//! patches, what a record holds (R1–R8).
+
+use super::Factory;
+use super::helpers::*;
+use crate::{
+    Approval, Missing, RunKey, RunRecord, RunState, SessionKey, StateDelta, StateError, StateQuery,
+    ToolCall, Usage,
+};
+
+/// R1: every read and write names its `RunKey`, and touches only that run.
+pub fn r1_run_key_names_every_read_and_write(make: Factory<'_>) {
+    let c = open(make);
+    let s = &*c.store;
+    let (ta, tb) = (unique("r1a"), unique("r1b"));
+    let runs = [
+        (RunKey::new(&ta, "x"), "agent-ax"),
+        (RunKey::new(&tb, "x"), "agent-bx"),
+        (RunKey::new(&ta, "y"), "agent-ay"),
+    ];
+    for (k, agent) in &runs {
+        let r = create(s, RunRecord::new(k.clone(), *agent));
+        assert_eq!(
+            &r.key, k,
+            "R1: put_run returns the run of the key it was handed"
+        );
+    }
+    for (k, agent) in &runs {
+        let r = must_get(s, k);
+        assert_eq!(
+            (&r.key, r.agent_name.as_str()),
+            (k, *agent),
+            "R1: get_run {k:?} reads its own run"
+        );
+    }
+    let [(ax, _), (bx, _), (ay, _)] = &runs;
+
+    // A patch names one run: the same run id in another tenant, and another
+    // run of the same tenant, do not move.
+    let p = ok(
+        s.patch_run(
+            bx,
+            StateDelta {
+                iterations: 3,
+                ..Default::default()
+            },
+        ),
+        "R1: patch_run",
+    );
+    assert_eq!(&p.key, bx, "R1: patch_run returns the run it patched");
+    for k in [ax, ay] {
+        let r = must_get(s, k);
+        assert_eq!(
+            (r.iterations, r.version),
+            (0, 1),
+            "R1: patching {bx:?} moved {k:?}"
+        );
+    }
+
+    // An update names one run.
+    let u = update(s, ax, |r| r.state = RunState::Running);
+    assert_eq!(&u.key, ax, "R1: put_run returns the run it updated");
+    for k in [bx, ay] {
+        assert_eq!(
+            must_get(s, k).state,
+            RunState::Pending,
+            "R1: updating {ax:?} moved {k:?}"
+        );
+    }
+
+    // Keys never written read nothing, in a known tenant and an unknown one.
+    assert_eq!(
+        get(s, &RunKey::new(&ta, "z")),
+        None,
+        "R1: a run never written reads None"
+    );
+    assert_eq!(
+        get(s, &RunKey::new(unique("r1c"), "x")),
+        None,
+        "R1: a tenant never written reads None"
+    );
+
+    // A listing names its tenant.
+    let a = keys(&walk_runs(s, &StateQuery::new(&ta)));
+    assert_eq!(
+        sorted(&a),
+        sorted(&[ax.clone(), ay.clone()]),
+        "R1: list_runs of tenant {ta:?}"
+    );
+    let b = keys(&walk_runs(s, &StateQuery::new(&tb)));
+    assert_eq!(b, vec![bx.clone()], "R1: list_runs of tenant {tb:?}");
+}
+
+/// R2: version 0 creates; version n commits at n + 1 iff n is stored;
+/// `Conflict { expected, actual }` otherwise (`actual: 0` when gone); the
+/// stored record is returned, with the store's own seq and times.
+pub fn r2_put_run_versions_and_conflicts(make: Factory<'_>) {
+    let c = open(make);
+    let s = &*c.store;
+    let t = unique("r2");
+    let key = RunKey::new(&t, "run");
+
+    // Create: the caller's seq and times are ignored.
+    c.clock.set(T0 + 10);
+    let mut rec = RunRecord::new(key.clone(), "planner");
+    (rec.seq, rec.created_at, rec.updated_at) = (u64::MAX, 5, 6);
+    let v1 = create(s, rec);
+    assert_eq!(v1.version, 1, "R2: a create commits version 1");
+    assert_eq!(
+        (v1.created_at, v1.updated_at),
+        (T0 + 10, T0 + 10),
+        "R2/R7: create times come from the store's clock"
+    );
+    assert_ne!(
+        v1.seq,
+        u64::MAX,
+        "R2/R7: seq is the store's counter, not the caller's"
+    );
+    assert_eq!(
+        get(s, &key).as_ref(),
+        Some(&v1),
+        "R2: put_run returns the stored record"
+    );
+
+    // A second create conflicts.
+    let e = expect_err!(
+        s.put_run(RunRecord::new(key.clone(), "other")),
+        StateError::Conflict {
+            expected: 0,
+            actual: 1
+        },
+        "R2: creating an existing run"
+    );
+    assert!(!e.is_retryable(), "E1: Conflict is not retryable");
+    assert_eq!(
+        get(s, &key).as_ref(),
+        Some(&v1),
+        "E6: a refused create changed the run"
+    );
+
+    // Update from the stored version.
+    c.clock.set(T0 + 20);
+    let mut u = v1.clone();
+    u.state = RunState::Running;
+    (u.seq, u.created_at, u.updated_at) = (u64::MAX - 1, 1, 2);
+    let v2 = ok(s.put_run(u), "R2: updating from the stored version");
+    assert_eq!(v2.version, 2, "R2: an update from n commits n + 1");
+    assert_eq!(v2.state, RunState::Running, "R2: the update was stored");
+    assert_eq!(v2.seq, v1.seq, "R2/R7: seq is assigned at create and kept");
+    assert_eq!(
+        (v2.created_at, v2.updated_at),
+        (T0 + 10, T0 + 20),
+        "R2/R7: created_at kept, updated_at from the clock"
+    );
+    assert_eq!(
+        get(s, &key).as_ref(),
+        Some(&v2),
+        "R2: put_run returns the stored record"
+    );
+
+    // A stale version, a version from the future, a run that never was.
+    let mut stale = v1.clone();
+    stale.state = RunState::Paused;
+    expect_err!(
+        s.put_run(stale),
+        StateError::Conflict {
+            expected: 1,
+            actual: 2
+        },
+        "R2: updating from a stale version"
+    );
+    let mut ahead = v2.clone();
+    ahead.version = 5;
+    expect_err!(
+        s.put_run(ahead),
+        StateError::Conflict {
+            expected: 5,
+            actual: 2
+        },
+        "R2: updating from a version never stored"
+    );
+    assert_eq!(
+        get(s, &key).as_ref(),
+        Some(&v2),
+        "E6: refused updates changed the run"
+    );
+    let missing = RunKey::new(&t, "missing");
+    let mut ghost = RunRecord::new(missing.clone(), "planner");
+    ghost.version = 3;
+    expect_err!(
+        s.put_run(ghost),
+        StateError::Conflict {
+            expected: 3,
+            actual: 0
+        },
+        "R2: updating a run that never existed"
+    );
+    assert_eq!(get(s, &missing), None, "R2: an update never creates");
+
+    // A run that is gone (its session was deleted with it): actual 0.
+    let sk = SessionKey::new(&t, "s");
+    create_session(s, &sk);
+    let doomed = create(
+        s,
+        RunRecord::new(RunKey::new(&t, "doomed"), "planner").with_session("s"),
+    );
+    ok(s.delete_session(&sk, true), "R2: cascade delete");
+    let mut gone = doomed.clone();
+    gone.state = RunState::Running;
+    expect_err!(
+        s.put_run(gone),
+        StateError::Conflict {
+            expected: 1,
+            actual: 0
+        },
+        "R2: updating a run that is gone"
+    );
+    assert_eq!(
+        get(s, &doomed.key),
+        None,
+        "R2: an update of a deleted run re-created it"
+    );
+
+    // A later create gets a later seq.
+    let later = create(s, RunRecord::new(RunKey::new(&t, "later"), "planner"));
+    assert!(
+        later.seq > v1.seq,
+        "R2/R7: seq counts creates: {} then {}",
+        v1.seq,
+        later.seq
+    );
+}
+
+/// R3: racing creators — exactly one wins; racing updaters from the same
+/// version — exactly one wins. Real threads, thousands of rounds.
+pub fn r3_racing_writers_exactly_one_wins(make: Factory<'_>) {
+    let c = open(make);
+    let s = &*c.store;
+    let t = unique("r3");
+    let lanes = 4;
+    let per_lane = rounds(500);
+    race_versions(
+        "R3",
+        lanes,
+        per_lane,
+        |lane, round| RunKey::new(&t, format!("{lane}-{round}")),
+        |k| {
+            s.put_run(RunRecord::new(k.clone(), "racer"))
+                .map(|r| r.version)
+        },
+        |k| get(s, k),
+        |current, label| {
+            let mut r = current.expect("both creates returned before the update race");
+            r.agent_name = label.to_string();
+            s.put_run(r).map(|r| r.version)
+        },
+        |k| {
+            let r = must_get(s, k);
+            (r.version, r.agent_name)
+        },
+    );
+}
+
+/// R4: a patch adds amounts, bumps the version by one and returns the new
+/// record; a missing run is `NotFound` and never created; an overflowing
+/// addition is `Invalid` and writes nothing.
+pub fn r4_patch_adds_amounts_and_never_creates(make: Factory<'_>) {
+    let c = open(make);
+    let s = &*c.store;
+    let t = unique("r4");
+    let key = RunKey::new(&t, "run");
+    let mut rec = run_in(key.clone(), "planner", RunState::Running);
+    rec.pending_tool_calls = vec![tool_call("call-1", r#"{"city":"Paris"}"#)];
+    rec.approval = Some(Approval {
+        id: "ap-1".into(),
+        prompt: "go?".into(),
+    });
+    let before = create(s, rec);
+
+    c.clock.set(T0 + 100);
+    let d = StateDelta {
+        usage: Usage {
+            input_tokens: 10,
+            output_tokens: 20,
+        },
+        cost_micros: 1_500,
+        iterations: 1,
+        messages_read: 4,
+    };
+    let p = ok(s.patch_run(&key, d), "R4: patch_run");
+    let mut want = before.clone();
+    want.usage = Usage {
+        input_tokens: 10,
+        output_tokens: 20,
+    };
+    (want.cost_micros, want.iterations, want.messages_read) = (1_500, 1, 4);
+    want.version = 2;
+    want.updated_at = T0 + 100;
+    assert_eq!(
+        p, want,
+        "R4: a patch adds the amounts, bumps the version, sets updated_at and moves nothing else"
+    );
+    assert_eq!(
+        get(s, &key).as_ref(),
+        Some(&p),
+        "R4: patch_run returns the stored record"
+    );
+
+    let p = ok(s.patch_run(&key, d), "R4: second patch");
+    assert_eq!(
+        (
+            p.usage,
+            p.cost_micros,
+            p.iterations,
+            p.messages_read,
+            p.version
+        ),
+        (
+            Usage {
+                input_tokens: 20,
+                output_tokens: 40
+            },
+            3_000,
+            2,
+            8,
+            3
+        ),
+        "R4: patches add up"
+    );
+    let p = ok(s.patch_run(&key, StateDelta::default()), "R4: empty patch");
+    assert_eq!(
+        p.version, 4,
+        "R4: every patch bumps the version, even an empty one"
+    );
+
+    // A missing run is NotFound, and stays missing.
+    let missing = RunKey::new(&t, "missing");
+    expect_err!(
+        s.patch_run(&missing, d),
+        StateError::NotFound(Missing::Run(ref k)) if *k == missing,
+        "R4: patching a missing run"
+    );
+    assert_eq!(get(s, &missing), None, "R4: a patch never creates a run");
+    assert_eq!(
+        keys(&walk_runs(s, &StateQuery::new(&t))),
+        vec![key.clone()],
+        "R4: a patch never creates a run"
+    );
+
+    // Overflow, field by field: Invalid, and nothing written (not even the
+    // other, harmless amounts of the same delta).
+    type Field = (
+        &'static str,
+        &'static [&'static str],
+        fn(&mut StateDelta, u64),
+    );
+    let fields: [Field; 5] = [
+        ("usage.input_tokens", &["input tokens", "usage"], |d, n| {
+            d.usage.input_tokens = n
+        }),
+        (
+            "usage.output_tokens",
+            &["output tokens", "usage"],
+            |d, n| d.usage.output_tokens = n,
+        ),
+        ("cost_micros", &["cost micros", "cost"], |d, n| {
+            d.cost_micros = n
+        }),
+        ("iterations", &["iterations"], |d, n| d.iterations = n),
+        ("messages_read", &["messages read"], |d, n| {
+            d.messages_read = n
+        }),
+    ];
+    for (i, (name, names, set)) in fields.iter().enumerate() {
+        let k = RunKey::new(&t, format!("overflow-{i}"));
+        create(s, RunRecord::new(k.clone(), "planner"));
+        let mut full = StateDelta::default();
+        set(&mut full, u64::MAX);
+        ok(
+            s.patch_run(&k, full),
+            format_args!("R4: patching {name} to u64::MAX"),
+        );
+        let stored = must_get(s, &k);
+        let mut over = StateDelta {
+            usage: Usage {
+                input_tokens: 5,
+                output_tokens: 5,
+            },
+            cost_micros: 5,
+            iterations: 5,
+            messages_read: 5,
+        };
+        set(&mut over, 1);
+        let e = expect_err!(
+            s.patch_run(&k, over),
+            StateError::Invalid { .. },
+            "R4: {name} overflowing u64"
+        );
+        assert_names(&e, names, format_args!("R4: {name} overflowing u64"));
+        assert_eq!(
+            get(s, &k).as_ref(),
+            Some(&stored),
+            "R4/E6: an overflowing patch wrote something ({name})"
+        );
+    }
+}
+
+/// R5: patches commute — 4 threads × 250 patches give exactly the sums,
+/// and the final version counts every committed write (patches plus the
+/// puts of a fifth thread that updates the same run meanwhile).
+pub fn r5_patches_commute(make: Factory<'_>) {
+    let c = open(make);
+    let s = &*c.store;
+    let key = RunKey::new(unique("r5"), "run");
+    create(s, run_in(key.clone(), "planner", RunState::Running));
+    let threads = 4u64;
+    let per = rounds(250) as u64;
+    let puts = rounds(25);
+    let delta = |t: u64, i: u64| StateDelta {
+        usage: Usage {
+            input_tokens: t + 1,
+            output_tokens: i + 1,
+        },
+        cost_micros: t * 1_000 + i,
+        iterations: 1,
+        messages_read: t + 1,
+    };
+    std::thread::scope(|sc| {
+        for t in 0..threads {
+            let key = &key;
+            sc.spawn(move || {
+                let mut last = 0;
+                for i in 0..per {
+                    let r = ok(
+                        s.patch_run(key, delta(t, i)),
+                        format_args!("R5: patch {i} of thread {t}"),
+                    );
+                    assert!(
+                        r.version > last,
+                        "R5: versions seen by one patcher must grow: {last} then {}",
+                        r.version
+                    );
+                    last = r.version;
+                }
+            });
+        }
+        let key = &key;
+        sc.spawn(move || {
+            for i in 0..puts {
+                update(s, key, |r| {
+                    r.approval = Some(Approval {
+                        id: format!("ap-{i}"),
+                        prompt: "ok?".into(),
+                    })
+                });
+            }
+        });
+    });
+    let mut want = Usage::default();
+    let (mut cost, mut msgs) = (0u64, 0u64);
+    for t in 0..threads {
+        for i in 0..per {
+            let d = delta(t, i);
+            want.input_tokens += d.usage.input_tokens;
+            want.output_tokens += d.usage.output_tokens;
+            cost += d.cost_micros;
+            msgs += d.messages_read;
+        }
+    }
+    let r = must_get(s, &key);
+    assert_eq!(
+        (r.usage, r.cost_micros, r.iterations, r.messages_read),
+        (want, cost, threads * per, msgs),
+        "R5: concurrent patches must sum exactly"
+    );
+    assert_eq!(
+        r.version,
+        1 + threads * per + puts as u64,
+        "R5: the version counts the create, every patch and every committed put"
+    );
+    assert_eq!(
+        r.approval.map(|a| a.id),
+        Some(format!("ap-{}", puts - 1)),
+        "R5: the last put's change survives the patches"
+    );
+}
+
+/// R6: `put_run` never moves `usage`, `cost_micros`, `iterations` or
+/// `messages_read` of an existing run: `Invalid` naming the field.
+pub fn r6_put_never_moves_amounts(make: Factory<'_>) {
+    let c = open(make);
+    let s = &*c.store;
+    let key = RunKey::new(unique("r6"), "run");
+    create(s, RunRecord::new(key.clone(), "planner"));
+    let d = StateDelta {
+        usage: Usage {
+            input_tokens: 5,
+            output_tokens: 6,
+        },
+        cost_micros: 7,
+        iterations: 8,
+        messages_read: 9,
+    };
+    ok(s.patch_run(&key, d), "R6: patch");
+    let cur = must_get(s, &key);
+    type Move = (&'static str, fn(&mut RunRecord));
+    let moves: [Move; 9] = [
+        ("usage", |r| r.usage.input_tokens += 1),
+        ("usage", |r| r.usage.output_tokens += 1),
+        ("usage", |r| r.usage = Usage::default()),
+        ("cost_micros", |r| r.cost_micros += 1_000),
+        ("cost_micros", |r| r.cost_micros = 0),
+        ("iterations", |r| r.iterations += 1),
+        ("iterations", |r| r.iterations -= 1),
+        ("messages_read", |r| r.messages_read += 1),
+        ("messages_read", |r| r.messages_read = 0),
+    ];
+    for (field, mv) in moves {
+        let mut r = cur.clone();
+        r.state = RunState::Running; // a legitimate change alongside
+        mv(&mut r);
+        let e = expect_err!(
+            s.put_run(r),
+            StateError::Invalid { .. },
+            "R6: put_run moving {field}"
+        );
+        assert_names(&e, &[field], format_args!("R6: put_run moving {field}"));
+        assert_eq!(
+            get(s, &key).as_ref(),
+            Some(&cur),
+            "R6/E6: a refused put moved the run ({field})"
+        );
+    }
+    // The same amounts with other changes are fine.
+    let r = update(s, &key, |r| r.state = RunState::Running);
+    assert_eq!(
+        (r.usage, r.cost_micros, r.iterations, r.messages_read),
+        (
+            cur.usage,
+            cur.cost_micros,
+            cur.iterations,
+            cur.messages_read
+        ),
+        "R6: an update that keeps the amounts keeps them"
+    );
+}
+
+/// R7: a run holds state, agent, session, message cursor, pending tool
+/// calls (`mid_tool_call`), usage, cost, iterations, approval,
+/// `created_at`/`updated_at` from the store's clock, and its `seq`.
+pub fn r7_record_holds_what_resumes_a_run(make: Factory<'_>) {
+    let c = open(make);
+    let s = &*c.store;
+    let t = unique("r7");
+    let sk = SessionKey::new(&t, "sess");
+    create_session(s, &sk);
+    let key = RunKey::new(&t, "run");
+    let mut rec =
+        run_in(key.clone(), "researcher", RunState::AwaitingApproval).with_session("sess");
+    rec.pending_tool_calls = vec![
+        tool_call("call-1", r#"{"city":"Paris","days":3}"#),
+        ToolCall {
+            id: "call-2".into(),
+            name: "fetch".into(),
+            arguments: r#"{"url":"https://example.com/a"}"#.into(),
+        },
+    ];
+    rec.approval = Some(Approval {
+        id: "ap-1".into(),
+        prompt: "Book the flight?".into(),
+    });
+    assert!(
+        rec.mid_tool_call(),
+        "R7: mid_tool_call is true while a call is pending"
+    );
+    c.clock.set(T0 + 1_000);
+    let v1 = create(s, rec.clone());
+    let mut want = rec.scrubbed();
+    (want.version, want.created_at, want.updated_at, want.seq) =
+        (1, T0 + 1_000, T0 + 1_000, v1.seq);
+    assert_eq!(
+        v1, want,
+        "R7: the stored run holds every field it was created with"
+    );
+    assert_eq!(
+        get(s, &key).as_ref(),
+        Some(&v1),
+        "R7: get_run reads what was stored"
+    );
+    assert!(
+        v1.mid_tool_call(),
+        "R7: a stored run with pending calls is mid tool call"
+    );
+
+    // Amounts through a patch, then an update that answers the calls.
+    c.clock.set(T0 + 2_000);
+    ok(
+        s.patch_run(
+            &key,
+            StateDelta {
+                usage: Usage {
+                    input_tokens: 3,
+                    output_tokens: 4,
+                },
+                cost_micros: 99,
+                iterations: 2,
+                messages_read: 6,
+            },
+        ),
+        "R7: patch",
+    );
+    c.clock.set(T0 + 3_000);
+    let v3 = update(s, &key, |r| {
+        r.state = RunState::Running;
+        r.pending_tool_calls.clear();
+        r.approval = None;
+    });
+    assert!(
+        !v3.mid_tool_call(),
+        "R7: no pending call, not mid tool call"
+    );
+    assert_eq!(
+        (v3.usage, v3.cost_micros, v3.iterations, v3.messages_read),
+        (
+            Usage {
+                input_tokens: 3,
+                output_tokens: 4
+            },
+            99,
+            2,
+            6
+        ),
+        "R7: amounts are held"
+    );
+    assert_eq!(
+        (v3.created_at, v3.updated_at, v3.seq, v3.version),
+        (T0 + 1_000, T0 + 3_000, v1.seq, 3),
+        "R7: times and seq"
+    );
+    assert_eq!(
+        v3.session_id.as_deref(),
+        Some("sess"),
+        "R7: the session is held"
+    );
+    assert_eq!(
+        get(s, &key).as_ref(),
+        Some(&v3),
+        "R7: get_run reads what was stored"
+    );
+
+    // The session id is fixed at create.
+    for other in [Some("other".to_string()), None] {
+        let mut r = v3.clone();
+        r.session_id = other.clone();
+        let e = expect_err!(
+            s.put_run(r),
+            StateError::Invalid { .. },
+            "R7: changing session_id to {other:?}"
+        );
+        assert_names(&e, &["session"], "R7: changing session_id");
+        assert_eq!(
+            get(s, &key).as_ref(),
+            Some(&v3),
+            "R7/E6: a refused session change moved the run"
+        );
+    }
+}
+
+/// R8: a run that names a session needs that session to exist at create.
+pub fn r8_run_session_must_exist(make: Factory<'_>) {
+    let c = open(make);
+    let s = &*c.store;
+    let (t, other) = (unique("r8"), unique("r8other"));
+    let key = RunKey::new(&t, "run");
+    expect_err!(
+        s.put_run(RunRecord::new(key.clone(), "planner").with_session("sess")),
+        StateError::NotFound(Missing::Session(ref k)) if *k == SessionKey::new(&t, "sess"),
+        "R8: creating a run in a missing session"
+    );
+    assert_eq!(get(s, &key), None, "R8/E6: the refused run was created");
+
+    // A session of the same id in another tenant does not count.
+    create_session(s, &SessionKey::new(&other, "sess"));
+    expect_err!(
+        s.put_run(RunRecord::new(key.clone(), "planner").with_session("sess")),
+        StateError::NotFound(Missing::Session(ref k)) if *k == SessionKey::new(&t, "sess"),
+        "R8: creating a run in a session of another tenant"
+    );
+    assert_eq!(get(s, &key), None, "R8/E6: the refused run was created");
+
+    let sk = SessionKey::new(&t, "sess");
+    create_session(s, &sk);
+    let r = create(
+        s,
+        RunRecord::new(key.clone(), "planner").with_session("sess"),
+    );
+    assert_eq!(
+        r.session_id.as_deref(),
+        Some("sess"),
+        "R8: a run in an existing session is created"
+    );
+
+    // Once the session is deleted, new runs cannot name it.
+    update(s, &key, |r| r.state = RunState::Completed);
+    ok(
+        s.delete_session(&sk, false),
+        "R8: deleting a session whose runs are finished",
+    );
+    let late = RunKey::new(&t, "late");
+    expect_err!(
+        s.put_run(RunRecord::new(late.clone(), "planner").with_session("sess")),
+        StateError::NotFound(Missing::Session(_)),
+        "R8: creating a run in a deleted session"
+    );
+    assert_eq!(get(s, &late), None, "R8/E6: the refused run was created");
+}
