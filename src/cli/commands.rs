@@ -3,8 +3,8 @@
 use std::io::Write;
 
 use agentstate::{
-    Cursor, InstanceKey, Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord,
-    StateError, StateQuery, StateStore, Store, Tray, TrayKey, TrayStore,
+    Cursor, InstanceKey, Millis, PageRequest, RunKey, RunRecord, RunState, SessionKey,
+    SessionRecord, StateError, StateQuery, Store, Tray, TrayKey,
 };
 use serde_json::json;
 
@@ -21,19 +21,20 @@ pub struct RunFilter {
     pub updated_before: Option<Millis>,
 }
 
-/// Walks a paged listing: `fetch(cursor)` returns one page. Stops after the
-/// first page unless `--all`, and then returns the cursor to go on from.
-/// Hands each page's items to `each`.
+/// Walks a paged listing: `fetch(request)` returns one page. Stops after
+/// the first page unless `--all`, and then returns the cursor to go on
+/// from. Hands each page's items to `each`.
 fn walk<T>(
     page: &PageArgs,
     what: &str,
-    mut fetch: impl FnMut(Option<&Cursor>) -> agentstate::Result<agentstate::Page<T>>,
+    mut fetch: impl FnMut(&PageRequest) -> agentstate::Result<agentstate::Page<T>>,
     mut each: impl FnMut(Vec<T>) -> Result<(), CliError>,
 ) -> Result<Option<Cursor>, CliError> {
     let mut cursor = page.cursor.clone().map(Cursor::from_text);
     let mut progress = Progress::new(what);
     let rest = loop {
-        let (items, next) = fetch(cursor.as_ref())?.into_parts();
+        let req = PageRequest::new(usize::from(page.limit)).with_cursor(cursor.take());
+        let (items, next) = fetch(&req)?.into_parts();
         progress.inc(items.len() as u64);
         each(items)?;
         match next {
@@ -102,7 +103,7 @@ fn run_row(t: &mut Table, r: &RunRecord) {
 
 /// `runs list`.
 pub fn runs_list(
-    store: &Store,
+    store: &dyn Store,
     f: RunFilter,
     page: &PageArgs,
     out: &mut dyn Write,
@@ -125,7 +126,7 @@ pub fn runs_list(
     let limit = usize::from(page.limit);
     let mut shown = 0usize;
     for tenant in &tenants {
-        let mut q = StateQuery::new(tenant.clone()).limit(limit);
+        let mut q = StateQuery::new(tenant.clone());
         q.state = f.state;
         q.session = f.session.clone();
         q.agent = f.agent.clone();
@@ -134,13 +135,13 @@ pub fn runs_list(
             let rest = walk(
                 page,
                 "runs",
-                |c| store.list_runs(&q.clone().cursor(c.cloned())),
+                |req| store.list_runs(&q, req),
                 |items| emit_runs(&items, page.json, &mut table, out),
             )?;
             return finish(&table, "runs", page.json, rest, out);
         }
         // Every tenant: `--limit` caps the whole listing unless `--all`.
-        let mut cursor = None;
+        let mut cursor: Option<Cursor> = None;
         loop {
             if !page.all && shown >= limit {
                 finish(&table, "runs", page.json, None, out)?;
@@ -150,7 +151,7 @@ pub fn runs_list(
             }
             let want = if page.all { limit } else { limit - shown };
             let (items, next) = store
-                .list_runs(&q.clone().limit(want).cursor(cursor))?
+                .list_runs(&q, &PageRequest::new(want).with_cursor(cursor))?
                 .into_parts();
             shown += items.len();
             emit_runs(&items, page.json, &mut table, out)?;
@@ -181,7 +182,7 @@ fn emit_runs(
 
 /// `runs show`.
 pub fn runs_show(
-    store: &Store,
+    store: &dyn Store,
     tenant: &str,
     run_id: &str,
     json: bool,
@@ -270,7 +271,7 @@ fn metadata(s: &SessionRecord) -> String {
 
 /// `sessions list`.
 pub fn sessions_list(
-    store: &Store,
+    store: &dyn Store,
     tenant: &str,
     page: &PageArgs,
     out: &mut dyn Write,
@@ -279,7 +280,7 @@ pub fn sessions_list(
     let rest = walk(
         page,
         "sessions",
-        |c| store.list_sessions(tenant, usize::from(page.limit), c),
+        |req| store.list_sessions(tenant, req),
         |items| {
             for s in items {
                 if page.json {
@@ -302,22 +303,21 @@ pub fn sessions_list(
 }
 
 /// Every run of a session, walking the session index.
-fn session_runs(store: &Store, tenant: &str, session_id: &str) -> Result<Vec<RunRecord>, CliError> {
-    let mut runs = Vec::new();
-    let mut q = StateQuery::new(tenant).session(session_id).limit(1000);
-    loop {
-        let (items, next) = store.list_runs(&q)?.into_parts();
-        runs.extend(items);
-        match next {
-            Some(c) => q = q.cursor(Some(c)),
-            None => return Ok(runs),
-        }
-    }
+fn session_runs(
+    store: &dyn Store,
+    tenant: &str,
+    session_id: &str,
+) -> Result<Vec<RunRecord>, CliError> {
+    let q = StateQuery::new(tenant).session(session_id);
+    Ok(store
+        .iter_runs(&q)
+        .page_size(1000)
+        .collect::<agentstate::Result<Vec<_>>>()?)
 }
 
 /// `sessions show`.
 pub fn sessions_show(
-    store: &Store,
+    store: &dyn Store,
     tenant: &str,
     session_id: &str,
     json: bool,
@@ -371,7 +371,7 @@ fn name_runs(runs: &[RunKey]) -> String {
 
 /// `sessions delete`.
 pub fn sessions_delete(
-    store: &Store,
+    store: &dyn Store,
     tenant: &str,
     session_id: &str,
     cascade: bool,
@@ -441,7 +441,7 @@ fn doc_preview(doc: &[u8]) -> String {
 
 /// `trays list`.
 pub fn trays_list(
-    store: &Store,
+    store: &dyn Store,
     ns: &str,
     id: &str,
     epoch: Option<u64>,
@@ -472,7 +472,7 @@ pub fn trays_list(
     let rest = walk(
         page,
         "trays",
-        |c| store.list_trays(&instance, epoch, usize::from(page.limit), c),
+        |req| store.list_trays(&instance, epoch, req),
         |items| {
             for (k, t) in items {
                 if page.json {
@@ -497,7 +497,7 @@ pub fn trays_list(
 
 /// `trays marked`.
 pub fn trays_marked(
-    store: &Store,
+    store: &dyn Store,
     env: Option<&str>,
     page: &PageArgs,
     out: &mut dyn Write,
@@ -513,7 +513,7 @@ pub fn trays_marked(
     let rest = walk(
         page,
         "marked trays",
-        |c| store.marked_trays(env, usize::from(page.limit), c),
+        |req| store.marked_trays(env, req),
         |items| {
             for m in items {
                 if page.json {
@@ -543,7 +543,7 @@ pub fn trays_marked(
 
 /// `alarms due`.
 pub fn alarms_due(
-    store: &Store,
+    store: &dyn Store,
     now: Millis,
     page: &PageArgs,
     out: &mut dyn Write,
@@ -557,7 +557,7 @@ pub fn alarms_due(
     let rest = walk(
         page,
         "due alarms",
-        |c| store.due_alarms(now, usize::from(page.limit), c),
+        |req| store.due_alarms(now, req),
         |items| {
             for a in items {
                 if page.json {
@@ -581,7 +581,7 @@ pub fn alarms_due(
 }
 
 /// `stats`.
-pub fn stats(store: &Store, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn stats(store: &dyn Store, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let s = with_spinner("counting", || store.stats())?;
     if json {
         let tenants: serde_json::Map<String, serde_json::Value> = s
@@ -604,7 +604,7 @@ pub fn stats(store: &Store, json: bool, out: &mut dyn Write) -> Result<(), CliEr
             out,
             &json!({
                 "tenants": tenants, "trays": s.trays, "marked_trays": s.marked_trays,
-                "alarms": s.alarms, "disk_bytes": s.disk_bytes,
+                "alarms": s.alarms, "disk_bytes": s.disk_bytes, "backend": s.backend,
             }),
         );
     }
@@ -657,11 +657,12 @@ pub fn stats(store: &Store, json: bool, out: &mut dyn Write) -> Result<(), CliEr
         bytes(s.disk_bytes),
         thousands(s.disk_bytes)
     )?;
+    writeln!(out, "backend   {}", s.backend)?;
     Ok(())
 }
 
 /// `verify`: exit 1 when anything is wrong.
-pub fn verify(store: &Store, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn verify(store: &dyn Store, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let r = with_spinner("verifying", || store.verify())?;
     if json {
         json_line(
@@ -700,7 +701,7 @@ pub fn verify(store: &Store, json: bool, out: &mut dyn Write) -> Result<(), CliE
 
 /// `prune`.
 pub fn prune(
-    store: &Store,
+    store: &dyn Store,
     tenant: &str,
     finished_before: Millis,
     dry_run: bool,
@@ -710,17 +711,12 @@ pub fn prune(
     if dry_run {
         let mut n = 0u64;
         for state in RunState::ALL.into_iter().filter(|s| s.is_finished()) {
-            let mut q = StateQuery::new(tenant)
+            let q = StateQuery::new(tenant)
                 .state(state)
-                .updated_before(finished_before)
-                .limit(1000);
-            loop {
-                let (items, next) = store.list_runs(&q)?.into_parts();
-                n += items.len() as u64;
-                match next {
-                    Some(c) => q = q.cursor(Some(c)),
-                    None => break,
-                }
+                .updated_before(finished_before);
+            for r in store.iter_runs(&q).page_size(1000) {
+                r?;
+                n += 1;
             }
         }
         writeln!(

@@ -10,9 +10,9 @@ use std::thread;
 use std::time::Instant;
 
 use agentstate::{
-    Approval, FileStore, InstanceKey, RunKey, RunRecord, RunState, SessionKey, SessionRecord,
-    StateDelta, StateError, StateQuery, StateStore, Store, ToolCall, Tray, TrayOp, TrayStore,
-    Usage,
+    Approval, FileStore, InstanceKey, PageRequest, RunKey, RunRecord, RunState, SessionKey,
+    SessionRecord, StateDelta, StateError, StateQuery, StateStore, StoreAdmin, ToolCall, Tray,
+    TrayOp, TrayStore, Usage,
 };
 
 use super::output::{micros, thousands};
@@ -37,7 +37,7 @@ type Walked = (Vec<usize>, Vec<(String, u64)>);
 
 /// The store plus what the demo counts.
 struct Demo {
-    store: Store,
+    store: FileStore,
     ops: AtomicU64,
     writes: AtomicU64,
     conflicts: AtomicU64,
@@ -45,7 +45,7 @@ struct Demo {
 
 impl Demo {
     /// A write: counted as an op, and as a durable write when acknowledged.
-    fn w<T>(&self, f: impl FnOnce(&Store) -> agentstate::Result<T>) -> agentstate::Result<T> {
+    fn w<T>(&self, f: impl FnOnce(&FileStore) -> agentstate::Result<T>) -> agentstate::Result<T> {
         self.ops.fetch_add(1, Ordering::Relaxed);
         let r = f(&self.store);
         if r.is_ok() {
@@ -55,7 +55,7 @@ impl Demo {
     }
 
     /// A read.
-    fn r<T>(&self, f: impl FnOnce(&Store) -> agentstate::Result<T>) -> agentstate::Result<T> {
+    fn r<T>(&self, f: impl FnOnce(&FileStore) -> agentstate::Result<T>) -> agentstate::Result<T> {
         self.ops.fetch_add(1, Ordering::Relaxed);
         f(&self.store)
     }
@@ -94,8 +94,15 @@ fn temp_path() -> PathBuf {
 /// `agentstate demo [--db PATH]`.
 pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
     let started = Instant::now();
-    let (path, temp) = match &cli.db {
-        Some(p) => (p.clone(), TempStore(None)),
+    let db = cli.db.as_deref().map(super::open::DbSpec::parse);
+    let (path, temp) = match &db {
+        Some(super::open::DbSpec::Path(p)) => (p.clone(), TempStore(None)),
+        Some(other) => {
+            return Err(CliError::usage(format!(
+                "demo: --db {} is not a directory; the demo runs on the embedded file store",
+                other.display()
+            )));
+        }
         None => {
             let p = temp_path();
             (p.clone(), TempStore(Some(p)))
@@ -469,7 +476,7 @@ fn alarms(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
         "  worker-2 set chat/room-42's alarm for {}",
         format_time(due_at)
     )?;
-    let due = d.r(|s| s.due_alarms(now_millis(), 10, None))?;
+    let due = d.r(|s| s.due_alarms(now_millis(), &PageRequest::new(10)))?;
     let names: Vec<String> = due
         .items()
         .iter()
@@ -479,7 +486,7 @@ fn alarms(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     if !d.w(|s| s.ack_alarm(&instance, 2, due_at))? {
         return Err(broken("the alarm's ack removed nothing"));
     }
-    let left = d.r(|s| s.due_alarms(now_millis(), 10, None))?;
+    let left = d.r(|s| s.due_alarms(now_millis(), &PageRequest::new(10)))?;
     writeln!(
         out,
         "  acknowledged after its work was done; due now: {}",
@@ -548,7 +555,7 @@ fn sweeper(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
         let mut cursor = None;
         loop {
             let (items, next) = d
-                .r(|s| s.marked_trays(env, PAGE, cursor.as_ref()))?
+                .r(|s| s.marked_trays(env, &PageRequest::new(PAGE).after(cursor.as_ref())))?
                 .into_parts();
             pages.push(items.len().to_string());
             for m in items {
@@ -618,14 +625,10 @@ fn listing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     })?;
     // Every run that exists before the walk, by seq.
     let mut before = BTreeMap::new();
-    let mut q = StateQuery::new(TENANT).limit(1000);
-    loop {
-        let (items, next) = d.r(|s| s.list_runs(&q))?.into_parts();
-        before.extend(items.into_iter().map(|r| (r.key.run_id, r.seq)));
-        match next {
-            Some(c) => q = q.cursor(Some(c)),
-            None => break,
-        }
+    let all = StateQuery::new(TENANT);
+    for r in d.store.iter_runs(&all).page_size(1000) {
+        let r = r?;
+        before.insert(r.key.run_id, r.seq);
     }
     writeln!(
         out,
@@ -669,13 +672,14 @@ fn listing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
         });
         let mut pages = Vec::new();
         let mut seen = Vec::new();
-        let mut q = StateQuery::new(TENANT).limit(PAGE);
+        let q = StateQuery::new(TENANT);
+        let mut req = PageRequest::new(PAGE);
         loop {
-            let (items, next) = d.r(|s| s.list_runs(&q))?.into_parts();
+            let (items, next) = d.r(|s| s.list_runs(&q, &req))?.into_parts();
             pages.push(items.len());
             seen.extend(items.into_iter().map(|r| (r.key.run_id, r.seq)));
             match next {
-                Some(c) => q = q.cursor(Some(c)),
+                Some(c) => req = req.with_cursor(Some(c)),
                 None => break,
             }
             if pages.len() * RUNS_PER_PAGE <= RUNS_DURING {
@@ -711,14 +715,10 @@ fn listing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
         return Err(broken("a listing walk skipped, repeated or reordered runs"));
     }
     let mut running = 0;
-    let mut q = StateQuery::new(TENANT).state(RunState::Running).limit(PAGE);
-    loop {
-        let (items, next) = d.r(|s| s.list_runs(&q))?.into_parts();
-        running += items.len();
-        match next {
-            Some(c) => q = q.cursor(Some(c)),
-            None => break,
-        }
+    let q = StateQuery::new(TENANT).state(RunState::Running);
+    for r in d.store.iter_runs(&q).page_size(PAGE) {
+        r?;
+        running += 1;
     }
     writeln!(
         out,
@@ -756,7 +756,7 @@ fn sessions(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     if d.r(|s| s.get_run(&RunKey::new(TENANT, "run-1")))?.is_some() {
         return Err(broken("a cascaded run survived"));
     }
-    let left = d.r(|s| s.list_runs(&StateQuery::new(TENANT).limit(1000)))?;
+    let left = d.r(|s| s.list_runs(&StateQuery::new(TENANT), &PageRequest::new(1000)))?;
     writeln!(
         out,
         "  {TENANT} keeps its {} runs outside the session",

@@ -7,17 +7,20 @@
 //! from a newer release, not empty where it must be).
 
 mod commands;
+mod copy;
 mod demo;
+mod open;
 mod output;
 mod time;
 mod transfer;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use agentstate::{FileStore, Millis, Options, PersistenceReason, RunState, StateError, Store};
+use agentstate::{Millis, Options, PersistenceReason, RunState, StateError, Store};
 use clap::{Args, Parser, Subcommand};
+use open::{DbSpec, Open};
 
 /// Durable state for AI-agent runtimes: look into, check, export, import and
 /// prune an agentstate file store, or run the demo.
@@ -29,10 +32,11 @@ or an RFC 3339 time (2026-11-30T12:00:00Z; without a zone, UTC).\n\
 Exit codes: 0 ok, 1 a check failed or the store said no, 2 bad usage or an unusable store."
 )]
 pub struct Cli {
-    /// The store's directory (the file store). `demo` uses a fresh temporary
-    /// one when this is not given.
-    #[arg(long, global = true, env = "AGENTSTATE_DB", value_name = "PATH")]
-    db: Option<PathBuf>,
+    /// The store: a directory (the file store), or a server backend's URL
+    /// (postgres://…, redis://…) when built with its feature. `demo` uses a
+    /// fresh temporary directory when this is not given.
+    #[arg(long, global = true, env = "AGENTSTATE_DB", value_name = "PATH|URL")]
+    db: Option<String>,
 
     /// Open a store whose journal was cut short (it recovered to less than
     /// it had acknowledged), keeping what is left.
@@ -78,6 +82,16 @@ enum Command {
         /// stdout when not given.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
+    },
+    /// Copy a whole store into an empty one, between any two backends, then
+    /// compare counts and per-record checksums.
+    Copy {
+        /// The store to read (a path or URL, like --db).
+        #[arg(long, value_name = "PATH|URL")]
+        from: String,
+        /// The empty store to write (created when absent).
+        #[arg(long, value_name = "PATH|URL")]
+        to: String,
     },
     /// Read an export into an empty store (created when absent).
     Import {
@@ -312,40 +326,19 @@ impl From<StateError> for CliError {
     }
 }
 
-/// How a command may open the store.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Open {
-    /// The store must already exist (read, check, delete).
-    Existing,
-    /// Create it when absent (import).
-    Create,
-}
-
 impl Cli {
-    fn db(&self) -> Result<&Path, CliError> {
-        self.db
-            .as_deref()
-            .ok_or_else(|| CliError::usage("no store given: pass --db PATH or set AGENTSTATE_DB"))
+    fn db(&self) -> Result<DbSpec, CliError> {
+        self.db.as_deref().map(DbSpec::parse).ok_or_else(|| {
+            CliError::usage("no store given: pass --db PATH|URL or set AGENTSTATE_DB")
+        })
     }
 
     fn options(&self) -> Options {
         Options::new().salvage(self.salvage)
     }
 
-    fn open(&self, how: Open) -> Result<Store, CliError> {
-        let path = self.db()?;
-        if how == Open::Existing {
-            let empty_dir = std::fs::read_dir(path)
-                .map(|mut d| d.next().is_none())
-                .unwrap_or(false);
-            if !path.exists() || empty_dir {
-                return Err(CliError::usage(format!(
-                    "no store at {} (check --db or AGENTSTATE_DB; `agentstate import` creates one)",
-                    path.display()
-                )));
-            }
-        }
-        Ok(FileStore::open_with(path, self.options())?)
+    fn open(&self, how: Open) -> Result<Box<dyn Store>, CliError> {
+        open::open(&self.db()?, self.options(), how)
     }
 }
 
@@ -383,7 +376,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
                     updated_before,
                     page,
                 } => commands::runs_list(
-                    &store,
+                    &*store,
                     commands::RunFilter {
                         tenant: tenant.clone(),
                         state: *state,
@@ -398,25 +391,25 @@ fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
                     tenant,
                     run_id,
                     json,
-                } => commands::runs_show(&store, tenant, run_id, *json, out),
+                } => commands::runs_show(&*store, tenant, run_id, *json, out),
             }
         }
         Command::Sessions(cmd) => {
             let store = cli.open(Open::Existing)?;
             match cmd {
                 SessionsCmd::List { tenant, page } => {
-                    commands::sessions_list(&store, tenant, page, out)
+                    commands::sessions_list(&*store, tenant, page, out)
                 }
                 SessionsCmd::Show {
                     tenant,
                     session_id,
                     json,
-                } => commands::sessions_show(&store, tenant, session_id, *json, out),
+                } => commands::sessions_show(&*store, tenant, session_id, *json, out),
                 SessionsCmd::Delete {
                     tenant,
                     session_id,
                     cascade,
-                } => commands::sessions_delete(&store, tenant, session_id, *cascade, out),
+                } => commands::sessions_delete(&*store, tenant, session_id, *cascade, out),
             }
         }
         Command::Trays(cmd) => {
@@ -427,30 +420,34 @@ fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
                     id,
                     epoch,
                     page,
-                } => commands::trays_list(&store, ns, id, *epoch, page, out),
+                } => commands::trays_list(&*store, ns, id, *epoch, page, out),
                 TraysCmd::Marked { env, page } => {
-                    commands::trays_marked(&store, env.as_deref(), page, out)
+                    commands::trays_marked(&*store, env.as_deref(), page, out)
                 }
             }
         }
         Command::Alarms(AlarmsCmd::Due { now, page }) => {
             let store = cli.open(Open::Existing)?;
-            commands::alarms_due(&store, now.unwrap_or_else(time::now_millis), page, out)
+            commands::alarms_due(&*store, now.unwrap_or_else(time::now_millis), page, out)
         }
-        Command::Stats { json } => commands::stats(&cli.open(Open::Existing)?, *json, out),
-        Command::Verify { json } => commands::verify(&cli.open(Open::Existing)?, *json, out),
+        Command::Stats { json } => commands::stats(&*cli.open(Open::Existing)?, *json, out),
+        Command::Verify { json } => commands::verify(&*cli.open(Open::Existing)?, *json, out),
         Command::Export { out: file } => {
-            transfer::export(&cli.open(Open::Existing)?, file.as_deref(), out)
+            transfer::export(&*cli.open(Open::Existing)?, file.as_deref(), out)
         }
         Command::Import { input } => {
-            transfer::import(&cli.open(Open::Create)?, input.as_deref(), out)
+            let db = cli.db()?.display();
+            transfer::import(&*cli.open(Open::Create)?, &db, input.as_deref(), out)
+        }
+        Command::Copy { from, to } => {
+            copy::run(&DbSpec::parse(from), &DbSpec::parse(to), cli.options(), out)
         }
         Command::Prune {
             tenant,
             finished_before,
             dry_run,
         } => commands::prune(
-            &cli.open(Open::Existing)?,
+            &*cli.open(Open::Existing)?,
             tenant,
             *finished_before,
             *dry_run,

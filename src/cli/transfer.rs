@@ -31,15 +31,13 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::Path;
 
-use agentstate::{Entry, Store};
+use agentstate::{Entry, StateError, Store};
 
 use super::CliError;
 use super::output::{Progress, thousands};
 
 /// The format version this build writes and reads.
 pub const EXPORT_FORMAT_VERSION: u64 = 1;
-/// Entries per `Store::import` call: one atomic group each.
-const IMPORT_BATCH: usize = 1000;
 /// Entries per export page.
 const EXPORT_PAGE: usize = 1000;
 
@@ -48,33 +46,23 @@ fn header() -> String {
 }
 
 /// Writes the whole store to `w`; returns the entries written.
-fn write_all(store: &Store, w: &mut dyn Write) -> Result<u64, CliError> {
+fn write_all(store: &dyn Store, w: &mut dyn Write) -> Result<u64, CliError> {
     writeln!(w, "{}", header())?;
     let mut progress = Progress::new("entries exported");
-    let mut cursor = None;
     let mut n = 0u64;
-    loop {
-        let (items, next) = store
-            .export_page(EXPORT_PAGE, cursor.as_ref())?
-            .into_parts();
-        for e in &items {
-            serde_json::to_writer(&mut *w, e)
-                .map_err(|e| CliError::io(format!("writing the export: {e}")))?;
-            w.write_all(b"\n")?;
-        }
-        n += items.len() as u64;
-        progress.inc(items.len() as u64);
-        match next {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
+    for e in store.iter_export().page_size(EXPORT_PAGE) {
+        serde_json::to_writer(&mut *w, &e?)
+            .map_err(|e| CliError::io(format!("writing the export: {e}")))?;
+        w.write_all(b"\n")?;
+        n += 1;
+        progress.inc(1);
     }
     progress.finish();
     Ok(n)
 }
 
 /// `export`: to `file` (written beside it, then renamed into place) or stdout.
-pub fn export(store: &Store, file: Option<&Path>, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn export(store: &dyn Store, file: Option<&Path>, out: &mut dyn Write) -> Result<(), CliError> {
     let Some(path) = file else {
         write_all(store, out)?;
         return Ok(());
@@ -107,12 +95,13 @@ pub fn export(store: &Store, file: Option<&Path>, out: &mut dyn Write) -> Result
     Ok(())
 }
 
-/// `import`: from `file` or stdin into the (empty) store.
-pub fn import(store: &Store, file: Option<&Path>, out: &mut dyn Write) -> Result<(), CliError> {
-    let db = store
-        .path()
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
+/// `import`: from `file` or stdin into the (empty) store `db`.
+pub fn import(
+    store: &dyn Store,
+    db: &str,
+    file: Option<&Path>,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     if !store.is_empty()? {
         return Err(CliError::usage(format!(
             "store {db} is not empty; import only into an empty store (pick a new --db path)"
@@ -136,63 +125,57 @@ pub fn import(store: &Store, file: Option<&Path>, out: &mut dyn Write) -> Result
     })?;
     check_header(&first, &source)?;
     let mut progress = Progress::new("entries imported");
-    let mut batch = Vec::with_capacity(IMPORT_BATCH);
-    let mut imported = 0u64;
-    // Batches commit as they fill: a failure leaves the batches before it.
-    let partial = |imported: u64| {
-        if imported == 0 {
-            "nothing was imported".to_string()
-        } else {
-            format!(
-                "the first {} entries were imported; delete {db} and import again once fixed",
-                thousands(imported)
-            )
-        }
-    };
-    for (i, line) in lines.enumerate() {
-        let lineno = i + 2;
-        let line = line.map_err(read_err)?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let entry: Entry = serde_json::from_str(&line).map_err(|e| {
-            CliError::usage(format!(
-                "{source} line {lineno}: not an export entry ({e}); {}",
-                partial(imported)
-            ))
-        })?;
-        batch.push(entry);
-        if batch.len() == IMPORT_BATCH {
-            let n = batch.len() as u64;
-            store.import(std::mem::take(&mut batch)).map_err(|e| {
-                CliError::usage(format!(
-                    "{source}, entries before line {}: {e}; {}",
-                    lineno + 1,
-                    partial(imported)
-                ))
-            })?;
-            imported += n;
-            progress.inc(n);
-        }
-    }
-    if !batch.is_empty() {
-        let n = batch.len() as u64;
-        store.import(batch).map_err(|e| {
-            CliError::usage(format!(
-                "{source}, last entries: {e}; {}",
-                partial(imported)
-            ))
-        })?;
-        imported += n;
-        progress.inc(n);
-    }
+    // The line being read, for the error message; a bad line stops the
+    // import (the store's `import` returns the iterator's error).
+    let lineno = std::cell::Cell::new(1usize);
+    let mut bad_line: Option<CliError> = None;
+    let mut entries = lines
+        .inspect(|_| lineno.set(lineno.get() + 1))
+        .filter(|line| !matches!(line, Ok(l) if l.trim().is_empty()))
+        .map(|line| {
+            let parsed = match line {
+                Err(e) => Err(read_err(e)),
+                Ok(line) => serde_json::from_str::<Entry>(&line).map_err(|e| {
+                    CliError::usage(format!(
+                        "{source} line {}: not an export entry ({e})",
+                        lineno.get()
+                    ))
+                }),
+            };
+            match parsed {
+                Ok(entry) => {
+                    progress.inc(1);
+                    Ok(entry)
+                }
+                Err(e) => {
+                    let what = e.message.clone();
+                    bad_line = Some(e);
+                    Err(StateError::Invalid { what })
+                }
+            }
+        });
+    let result = store.import(&mut entries);
+    drop(entries);
     progress.finish();
-    writeln!(
-        out,
-        "imported {} entries from {source} into {db}",
-        thousands(imported)
-    )?;
-    Ok(())
+    let partial = match store.is_empty() {
+        Ok(true) => "nothing was imported".to_string(),
+        _ => format!("some entries were imported: delete {db} and import again once fixed"),
+    };
+    match (result, bad_line) {
+        (Ok(n), _) => {
+            writeln!(
+                out,
+                "imported {} entries from {source} into {db}",
+                thousands(n)
+            )?;
+            Ok(())
+        }
+        (Err(_), Some(e)) => Err(CliError::usage(format!("{}; {partial}", e.message))),
+        (Err(e), None) => Err(CliError::usage(format!(
+            "{source}, at line {}: {e}; {partial}",
+            lineno.get()
+        ))),
+    }
 }
 
 fn check_header(line: &str, source: &str) -> Result<(), CliError> {

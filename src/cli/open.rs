@@ -1,0 +1,143 @@
+//! What `--db` names, and opening it: a path is the file store; a URL is
+//! a server backend (`postgres://…`, `redis://…`), available when the
+//! binary was built with that backend's feature. Every command then works
+//! on a `Box<dyn Store>`, whatever the backend.
+
+use std::path::PathBuf;
+
+use agentstate::{FileStore, Options, Store};
+
+use super::CliError;
+
+/// A store named on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DbSpec {
+    /// A file store's directory.
+    Path(PathBuf),
+    /// A server backend's URL; `scheme` is what stands before `://`.
+    Url { scheme: String, url: String },
+}
+
+impl DbSpec {
+    /// Reads `--db`: anything of the form `scheme://…` is a URL, the rest a
+    /// path.
+    pub fn parse(s: &str) -> DbSpec {
+        match s.split_once("://") {
+            Some((scheme, _))
+                if !scheme.is_empty()
+                    && scheme
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+            {
+                DbSpec::Url {
+                    scheme: scheme.to_ascii_lowercase(),
+                    url: s.to_string(),
+                }
+            }
+            _ => DbSpec::Path(PathBuf::from(s)),
+        }
+    }
+
+    /// For messages: the path, or the URL without its password.
+    pub fn display(&self) -> String {
+        match self {
+            DbSpec::Path(p) => p.display().to_string(),
+            DbSpec::Url { url, .. } => redact_password(url),
+        }
+    }
+}
+
+/// `scheme://user:secret@host/…` → `scheme://user:***@host/…`.
+pub fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (auth, tail) = rest.split_at(auth_end);
+    match auth.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+/// How a command may open the store.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Open {
+    /// The store must already exist (read, check, delete).
+    Existing,
+    /// Create it when absent (import, copy's target).
+    Create,
+}
+
+/// Opens the store `spec` names.
+pub fn open(spec: &DbSpec, opts: Options, how: Open) -> Result<Box<dyn Store>, CliError> {
+    match spec {
+        DbSpec::Path(path) => {
+            if how == Open::Existing {
+                let empty_dir = std::fs::read_dir(path)
+                    .map(|mut d| d.next().is_none())
+                    .unwrap_or(false);
+                if !path.exists() || empty_dir {
+                    return Err(CliError::usage(format!(
+                        "no store at {} (check --db or AGENTSTATE_DB; `agentstate import` creates one)",
+                        path.display()
+                    )));
+                }
+            }
+            Ok(Box::new(FileStore::open_with(path, opts)?))
+        }
+        DbSpec::Url { scheme, .. } => {
+            // Server backends add their arm here, behind their feature.
+            let feature = match scheme.as_str() {
+                "postgres" | "postgresql" => "postgres",
+                "redis" | "rediss" | "redis+unix" => "redis",
+                other => {
+                    return Err(CliError::usage(format!(
+                        "--db {}: unknown scheme {other}:// (give a directory for the file store, or a postgres:// or redis:// URL)",
+                        spec.display()
+                    )));
+                }
+            };
+            Err(CliError::usage(format!(
+                "--db {}: this agentstate was built without the `{feature}` feature (cargo install agentstate --features {feature})",
+                spec.display()
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_paths() {
+        assert_eq!(
+            DbSpec::parse("/tmp/state"),
+            DbSpec::Path("/tmp/state".into())
+        );
+        assert_eq!(DbSpec::parse("state"), DbSpec::Path("state".into()));
+        assert_eq!(
+            DbSpec::parse("a b://x"),
+            DbSpec::Path("a b://x".into()),
+            "not a scheme"
+        );
+        let DbSpec::Url { scheme, .. } = DbSpec::parse("PostgreSQL://u@h/db") else {
+            panic!("a URL")
+        };
+        assert_eq!(scheme, "postgresql");
+    }
+
+    #[test]
+    fn passwords_never_shown() {
+        assert_eq!(
+            redact_password("postgres://me:hunter2@db:5432/x?sslmode=off"),
+            "postgres://me:***@db:5432/x?sslmode=off"
+        );
+        assert_eq!(redact_password("redis://db:6379/0"), "redis://db:6379/0");
+        assert_eq!(redact_password("postgres://me@db/x"), "postgres://me@db/x");
+    }
+}
