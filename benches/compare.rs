@@ -53,8 +53,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use agentstate::{
-    Durability, FileStore, Options, RunKey, RunRecord, RunState, StateDelta, StateQuery,
-    StateStore, ToolCall, Usage,
+    Durability, FileStore, Options, PageRequest, RunKey, RunRecord, RunState, StateDelta,
+    StateQuery, StateStore, ToolCall, Usage,
 };
 
 const CHILD_ENV: &str = "AGENTSTATE_BENCH_CHILD";
@@ -743,20 +743,21 @@ fn load(store: &Arc<FileStore>, n: u64) {
     }
 }
 
-/// Walks a query page by page; returns per-page times (µs) and items seen.
-fn walk(store: &FileStore, q: StateQuery) -> (Vec<f64>, usize) {
+/// Walks a query page by page, `limit` runs a page; returns per-page times
+/// (µs) and items seen.
+fn walk(store: &FileStore, q: StateQuery, limit: usize) -> (Vec<f64>, usize) {
     let mut times = Vec::new();
     let mut seen = 0;
-    let mut q = q;
+    let mut page = PageRequest::new(limit);
     loop {
         let t = Instant::now();
-        let page = store.list_runs(&q).expect("list");
+        let got = store.list_runs(&q, &page).expect("list");
         times.push(t.elapsed().as_secs_f64() * 1e6);
-        let (items, cursor) = page.into_parts();
+        let (items, cursor) = got.into_parts();
         seen += items.len();
         std::hint::black_box(&items);
         match cursor {
-            Some(c) => q = q.cursor(Some(c)),
+            Some(c) => page = page.with_cursor(Some(c)),
             None => break,
         }
     }
@@ -782,10 +783,10 @@ fn listing(dir: &Path, s: Sizes) -> Listing {
     // Repeat the small walks so both sizes time about as many pages.
     let reps = (s.big / s.small).max(1);
     for _ in 0..reps {
-        let (t, seen) = walk(&small, StateQuery::new(TENANT));
+        let (t, seen) = walk(&small, StateQuery::new(TENANT), 100);
         assert_eq!(seen, s.small);
         page_small.extend(t);
-        let (t, seen) = walk(&small, reaper_query());
+        let (t, seen) = walk(&small, reaper_query(), 100);
         assert_eq!(seen, s.small.div_ceil(100));
         reaper_small.extend(t);
     }
@@ -798,12 +799,12 @@ fn listing(dir: &Path, s: Sizes) -> Listing {
     let big = FileStore::open_with(&big_dir, buffered()).expect("reopen big");
     // Two walks: the first runs while fjall may still flush and compact
     // what the reopen recovered; the second is the figure.
-    let (first, seen) = walk(&big, StateQuery::new(TENANT));
+    let (first, seen) = walk(&big, StateQuery::new(TENANT), 100);
     assert_eq!(seen, s.big);
-    let (reaper_first, _) = walk(&big, reaper_query());
-    let (page_big, seen) = walk(&big, StateQuery::new(TENANT));
+    let (reaper_first, _) = walk(&big, reaper_query(), 100);
+    let (page_big, seen) = walk(&big, StateQuery::new(TENANT), 100);
     assert_eq!(seen, s.big);
-    let (reaper_big, seen) = walk(&big, reaper_query());
+    let (reaper_big, seen) = walk(&big, reaper_query(), 100);
     assert_eq!(seen, s.big.div_ceil(100));
     drop(big);
 
@@ -949,7 +950,7 @@ fn child(spec: &str) {
     println!("CHILD load_s={:.3}", t.elapsed().as_secs_f64());
     println!("CHILD hwm_after_load_kib={}", vm_hwm_kib());
     let t = Instant::now();
-    let (_, seen) = walk(&store, StateQuery::new(TENANT).limit(1000));
+    let (_, seen) = walk(&store, StateQuery::new(TENANT), 1000);
     assert_eq!(seen as u64, n);
     println!("CHILD walk_s={:.3}", t.elapsed().as_secs_f64());
     println!("CHILD hwm_kib={}", vm_hwm_kib());

@@ -43,9 +43,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentstate::{
-    Approval, Cursor, Entry, FileStore, InstanceKey, RunKey, RunRecord, RunState, SessionKey,
-    SessionRecord, StateDelta, StateError, StateQuery, StateStore, ToolCall, Tray, TrayOp,
-    TrayStore, Usage,
+    Approval, Entry, FileStore, InstanceKey, RunKey, RunRecord, RunState, SessionKey,
+    SessionRecord, StateDelta, StateError, StateQuery, StateStore, StoreAdmin, ToolCall, Tray,
+    TrayOp, TrayStore, Usage,
 };
 use serde::{Deserialize, Serialize};
 
@@ -403,22 +403,12 @@ impl<'a> Worker<'a> {
         op.effects
             .insert(epoch_name(&self.inst), Some(Obj::Epoch(self.epoch)));
         emit_op("try", &op);
-        let mut cursor: Option<Cursor> = None;
-        loop {
-            match self
-                .store
-                .list_trays(&self.inst, self.epoch, 100, cursor.as_ref())
-            {
-                Ok(page) => {
-                    let (items, next) = page.into_parts();
-                    for (k, t) in items {
-                        if k.tray_ns == "b" {
-                            self.trays.insert(k.tray_id, t);
-                        }
-                    }
-                    match next {
-                        Some(c) => cursor = Some(c),
-                        None => break,
+        let store = self.store;
+        for item in store.iter_trays(&self.inst, self.epoch).page_size(100) {
+            match item {
+                Ok((k, t)) => {
+                    if k.tray_ns == "b" {
+                        self.trays.insert(k.tray_id, t);
                     }
                 }
                 Err(e) => self.fail(&op, &e),
@@ -1029,27 +1019,20 @@ fn same(a: Option<&Obj>, b: Option<&Obj>) -> bool {
 /// Reads every record of the store through its export listing.
 fn observe(store: &FileStore) -> Result<BTreeMap<String, Obj>, StateError> {
     let mut out = BTreeMap::new();
-    let mut cursor: Option<Cursor> = None;
-    loop {
-        let (items, next) = store.export_page(1000, cursor.as_ref())?.into_parts();
-        for e in items {
-            let (k, v) = match e {
-                Entry::Run(r) => (run_name(&r.key), Obj::Run(r)),
-                Entry::Session(s) => (session_name(&s.key), Obj::Session(s)),
-                Entry::Epoch { instance, epoch } => (epoch_name(&instance), Obj::Epoch(epoch)),
-                Entry::Tray { key, tray } => (
-                    format!("tray/{}/{}/{}/{}", key.ns, key.id, key.tray_ns, key.tray_id),
-                    Obj::Tray(tray),
-                ),
-                Entry::Alarm { instance, due_at } => (alarm_name(&instance), Obj::Alarm(due_at)),
-            };
-            out.insert(k, v);
-        }
-        match next {
-            Some(c) => cursor = Some(c),
-            None => return Ok(out),
-        }
+    for e in store.iter_export().page_size(1000) {
+        let (k, v) = match e? {
+            Entry::Run(r) => (run_name(&r.key), Obj::Run(r)),
+            Entry::Session(s) => (session_name(&s.key), Obj::Session(s)),
+            Entry::Epoch { instance, epoch } => (epoch_name(&instance), Obj::Epoch(epoch)),
+            Entry::Tray { key, tray } => (
+                format!("tray/{}/{}/{}/{}", key.ns, key.id, key.tray_ns, key.tray_id),
+                Obj::Tray(tray),
+            ),
+            Entry::Alarm { instance, due_at } => (alarm_name(&instance), Obj::Alarm(due_at)),
+        };
+        out.insert(k, v);
     }
+    Ok(out)
 }
 
 /// Checks the indexes through the public listings: every run once in the
@@ -1078,16 +1061,7 @@ fn check_listings(
         }
     }
     let walk = |q: StateQuery| -> Result<Vec<RunRecord>, StateError> {
-        let mut out = Vec::new();
-        let mut q = q.limit(1000);
-        loop {
-            let (items, next) = store.list_runs(&q)?.into_parts();
-            out.extend(items);
-            match next {
-                Some(c) => q = q.cursor(Some(c)),
-                None => return Ok(out),
-            }
-        }
+        store.iter_runs(&q).page_size(1000).collect()
     };
     let all = walk(StateQuery::new(TENANT))?;
     let listed: BTreeSet<String> = all.iter().map(|r| r.key.run_id.clone()).collect();
@@ -1127,21 +1101,12 @@ fn check_listings(
         }
     }
     let mut got = BTreeSet::new();
-    let mut cursor: Option<Cursor> = None;
-    loop {
-        let (items, next) = store
-            .marked_trays(None, 1000, cursor.as_ref())?
-            .into_parts();
-        for m in items {
-            got.insert(format!(
-                "tray/{}/{}/{}/{}",
-                m.key.ns, m.key.id, m.key.tray_ns, m.key.tray_id
-            ));
-        }
-        match next {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
+    for m in store.iter_marked_trays(None).page_size(1000) {
+        let m = m?;
+        got.insert(format!(
+            "tray/{}/{}/{}/{}",
+            m.key.ns, m.key.id, m.key.tray_ns, m.key.tray_id
+        ));
     }
     if got != marked {
         summary.fail(
@@ -1154,18 +1119,9 @@ fn check_listings(
         );
     }
     let mut got = BTreeSet::new();
-    let mut cursor: Option<Cursor> = None;
-    loop {
-        let (items, next) = store
-            .due_alarms(u64::MAX, 1000, cursor.as_ref())?
-            .into_parts();
-        for a in items {
-            got.insert((alarm_name(&a.instance), a.due_at));
-        }
-        match next {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
+    for a in store.iter_due_alarms(u64::MAX).page_size(1000) {
+        let a = a?;
+        got.insert((alarm_name(&a.instance), a.due_at));
     }
     if got != alarms {
         summary.fail(

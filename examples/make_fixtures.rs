@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use agentstate::{
     Approval, FileStore, InstanceKey, ManualClock, Options, RunKey, RunRecord, RunState,
-    SessionKey, SessionRecord, StateDelta, StateStore, ToolCall, Tray, TrayOp, TrayStore, Usage,
+    SessionKey, SessionRecord, StateDelta, StateStore, StoreAdmin, ToolCall, Tray, TrayOp,
+    TrayStore, Usage,
 };
 
 /// The clock's reading at the first write; every write advances it 1 s.

@@ -17,9 +17,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use agentstate::{
-    Alarm, Approval, Cursor, Durability, InstanceKey, ManualClock, MarkedTray, Missing, Options,
-    RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError, StateQuery,
-    StateStore, Store, Tray, TrayKey, TrayOp, TrayStore,
+    Alarm, Approval, Cursor, Durability, FileStore, InstanceKey, ManualClock, MarkedTray, Missing,
+    Options, Page, PageRequest, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,
+    StateError, StateQuery, StateStore, StoreAdmin, Tray, TrayKey, TrayOp, TrayStore,
 };
 
 use super::Input;
@@ -96,16 +96,17 @@ impl Query {
             limit: inp.pick(&LIMITS),
         }
     }
-    fn to_store(&self, cursor: Option<Cursor>) -> StateQuery {
+    fn to_store(&self) -> StateQuery {
         StateQuery {
             tenant: self.tenant.to_string(),
             state: self.state,
             session: self.session.map(str::to_string),
             agent: self.agent.map(str::to_string),
             updated_before: self.updated_before,
-            limit: self.limit,
-            cursor,
         }
+    }
+    fn page(&self, cursor: Option<&Cursor>) -> PageRequest {
+        PageRequest::new(self.limit).after(cursor)
     }
     fn matches(&self, r: &RunRecord) -> bool {
         r.key.tenant == self.tenant
@@ -618,14 +619,14 @@ struct Harness<'a> {
     path: &'a Path,
     opts: Options,
     clock: Arc<ManualClock>,
-    store: Option<Store>,
+    store: Option<FileStore>,
     model: Model,
     saved_cursor: Option<Cursor>,
     log: Vec<String>,
 }
 
 impl Harness<'_> {
-    fn store(&self) -> &Store {
+    fn store(&self) -> &FileStore {
         self.store.as_ref().expect("store is open")
     }
 
@@ -647,7 +648,7 @@ impl Harness<'_> {
         listing: Listing,
         model_items: impl Fn(&Model, Option<&Resume>) -> Vec<T>,
         resume: impl Fn(&T) -> Resume,
-        mut page: impl FnMut(&Store, Option<&Cursor>) -> agentstate::Result<agentstate::Page<T>>,
+        mut page: impl FnMut(&FileStore, Option<&Cursor>) -> agentstate::Result<Page<T>>,
     ) {
         let Listing {
             walk,
@@ -1031,7 +1032,7 @@ impl Harness<'_> {
                             .collect()
                     },
                     |r: &RunRecord| Resume::Seq(r.seq),
-                    |s, c| s.list_runs(&query.to_store(c.cloned())),
+                    |s, c| s.list_runs(&query.to_store(), &query.page(c)),
                 );
                 return;
             }
@@ -1170,7 +1171,7 @@ impl Harness<'_> {
                             .collect()
                     },
                     |(k, _): &(TrayKey, Tray)| Resume::Tray(tray_tuple(k)),
-                    |s, c| s.list_trays(&instance(inst), e, limit, c),
+                    |s, c| s.list_trays(&instance(inst), e, &PageRequest::new(limit).after(c)),
                 );
                 if advances {
                     self.model.epochs.insert(inst, e);
@@ -1196,7 +1197,7 @@ impl Harness<'_> {
                             .collect()
                     },
                     |t: &MarkedTray| Resume::Tray(tray_tuple(&t.key)),
-                    |s, c| s.marked_trays(env, limit, c),
+                    |s, c| s.marked_trays(env, &PageRequest::new(limit).after(c)),
                 );
                 return;
             }
@@ -1254,7 +1255,7 @@ impl Harness<'_> {
                     |a: &Alarm| {
                         Resume::Alarm(a.due_at, a.instance.ns.clone(), a.instance.id.clone())
                     },
-                    |s, c| s.due_alarms(at, limit, c),
+                    |s, c| s.due_alarms(at, &PageRequest::new(limit).after(c)),
                 );
                 return;
             }
@@ -1265,7 +1266,7 @@ impl Harness<'_> {
             }
             Op::Reopen => {
                 drop(self.store.take());
-                let store = Store::open_with(self.path, self.opts.clone());
+                let store = FileStore::open_with(self.path, self.opts.clone());
                 self.store = Some(store.unwrap_or_else(|e| {
                     panic!(
                         "reopen failed: {e}\nops so far:\n  {}",
@@ -1292,7 +1293,7 @@ pub fn run_at(data: &[u8], path: &Path, template: Option<&Path>) {
     if let Some(t) = template {
         copy_dir(t, path).expect("copy the template store");
     }
-    let store = Store::open_with(path, opts.clone()).expect("open a new file store");
+    let store = FileStore::open_with(path, opts.clone()).expect("open a new file store");
     let mut h = Harness {
         path,
         opts,
@@ -1324,7 +1325,7 @@ pub fn run_at(data: &[u8], path: &Path, template: Option<&Path>) {
 /// Makes an empty file store at `path` to copy with [`run_at`].
 pub fn make_template(path: &Path) {
     let opts = Options::new().durability(Durability::Buffered);
-    drop(Store::open_with(path, opts).expect("create the template store"));
+    drop(FileStore::open_with(path, opts).expect("create the template store"));
 }
 
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {

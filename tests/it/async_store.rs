@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use agentstate::{
-    Approval, AsyncStore, Clock, Durability, Entry, InstanceKey, MemoryStore, Options, RunKey,
-    RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError, StateQuery, StateStore,
-    Store, ToolCall, Tray, TrayOp, Usage,
+    Approval, AsyncStore, Clock, Durability, Entry, FileStore, InstanceKey, MemoryStore, Options,
+    PageRequest, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError,
+    StateQuery, Store, ToolCall, Tray, TrayOp, Usage,
 };
 
 fn tray(doc: &str, marked: bool) -> Tray {
@@ -22,7 +22,9 @@ fn tray(doc: &str, marked: bool) -> Tray {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn w1_every_method_answers_like_the_sync_store() {
-    let store = AsyncStore::memory();
+    // Kept as a `MemoryStore` too, for its commit count.
+    let memory = Arc::new(MemoryStore::new());
+    let store = AsyncStore::from(memory.clone() as Arc<dyn Store>);
     assert!(store.path().is_none());
     assert!(store.is_empty().await.unwrap());
     let sk = SessionKey::new("acme", "s1");
@@ -33,7 +35,7 @@ async fn w1_every_method_answers_like_the_sync_store() {
     assert_eq!(store.get_session(&sk).await.unwrap(), Some(session));
     assert_eq!(
         store
-            .list_sessions("acme", 10, None)
+            .list_sessions("acme", &PageRequest::new(10))
             .await
             .unwrap()
             .items()
@@ -58,7 +60,10 @@ async fn w1_every_method_answers_like_the_sync_store() {
         .unwrap();
     assert_eq!((run.version, run.iterations), (2, 2));
     assert_eq!(store.get_run(&key).await.unwrap(), Some(run.clone()));
-    let page = store.list_runs(&StateQuery::new("acme")).await.unwrap();
+    let page = store
+        .list_runs(&StateQuery::new("acme"), &PageRequest::default())
+        .await
+        .unwrap();
     assert_eq!(page.items(), [run]);
     // Errors come back as the sync store's errors.
     match store.put_run(RunRecord::new(key.clone(), "planner")).await {
@@ -92,7 +97,7 @@ async fn w1_every_method_answers_like_the_sync_store() {
     assert_eq!(store.epoch(&inst).await.unwrap(), 2);
     assert_eq!(
         store
-            .list_trays(&inst, 2, 10, None)
+            .list_trays(&inst, 2, &PageRequest::new(10))
             .await
             .unwrap()
             .items()
@@ -101,7 +106,7 @@ async fn w1_every_method_answers_like_the_sync_store() {
     );
     assert_eq!(
         store
-            .marked_trays(Some("prod"), 10, None)
+            .marked_trays(Some("prod"), &PageRequest::new(10))
             .await
             .unwrap()
             .items()
@@ -111,7 +116,7 @@ async fn w1_every_method_answers_like_the_sync_store() {
     store.release(&inst, 2).await.unwrap();
     assert!(
         store
-            .marked_trays(None, 10, None)
+            .marked_trays(None, &PageRequest::new(10))
             .await
             .unwrap()
             .items()
@@ -124,7 +129,10 @@ async fn w1_every_method_answers_like_the_sync_store() {
             .unwrap()
     );
     store.set_alarm(&inst, 2, 500).await.unwrap();
-    let due = store.due_alarms(1_000, 10, None).await.unwrap();
+    let due = store
+        .due_alarms(1_000, &PageRequest::new(10))
+        .await
+        .unwrap();
     assert_eq!(due.items().len(), 1);
     assert!(store.ack_alarm(&inst, 2, 500).await.unwrap());
 
@@ -132,11 +140,14 @@ async fn w1_every_method_answers_like_the_sync_store() {
     assert!(report.is_ok(), "{:?}", report.problems);
     let stats = store.stats().await.unwrap();
     assert_eq!(stats.trays, 1);
-    let exported = store.export_page(100, None).await.unwrap();
+    let exported = store.export_page(&PageRequest::new(100)).await.unwrap();
     let copy = AsyncStore::memory();
     copy.import(exported.items().to_vec()).await.unwrap();
     assert_eq!(
-        copy.export_page(100, None).await.unwrap().items(),
+        copy.export_page(&PageRequest::new(100))
+            .await
+            .unwrap()
+            .items(),
         exported.items()
     );
     let mut done = store.get_run(&key).await.unwrap().unwrap();
@@ -147,7 +158,7 @@ async fn w1_every_method_answers_like_the_sync_store() {
         store.delete_session(&sk, false).await.unwrap(),
         Vec::<RunKey>::new()
     );
-    assert!(store.commits().await.unwrap() > 0);
+    assert!(memory.commits() > 0);
     // The sync store underneath sees the same records.
     assert!(store.sync_store().get_run(&key).unwrap().is_none());
 }
@@ -356,7 +367,7 @@ async fn w3_dropped_futures_leave_whole_writes_or_none() {
         }
         let inst = InstanceKey::new("w", format!("{i:03}"));
         let n = store
-            .list_trays(&inst, 1, 100, None)
+            .list_trays(&inst, 1, &PageRequest::new(100))
             .await
             .unwrap()
             .items()
@@ -371,7 +382,7 @@ async fn w3_dropped_futures_leave_whole_writes_or_none() {
     assert!(report.is_ok(), "{:?}", report.problems);
     // A dropped future's write may still land: the count is whatever landed.
     let marked = store
-        .marked_trays(None, 1000, None)
+        .marked_trays(None, &PageRequest::new(1000))
         .await
         .unwrap()
         .items()
@@ -484,7 +495,7 @@ async fn w2_a_held_store_fails_to_open_and_the_wrapper_shares_one_handle() {
         store.close().await.unwrap(),
         "the last handle closes the store"
     );
-    let reopened = AsyncStore::from(Store::open(&path).unwrap());
+    let reopened = AsyncStore::from(FileStore::open(&path).unwrap());
     assert!(
         reopened
             .get_run(&RunKey::new("a", "r"))
@@ -492,9 +503,9 @@ async fn w2_a_held_store_fails_to_open_and_the_wrapper_shares_one_handle() {
             .unwrap()
             .is_some()
     );
-    let copy = AsyncStore::from(Arc::new(MemoryStore::new()));
+    let copy = AsyncStore::from(Arc::new(MemoryStore::new()) as Arc<dyn Store>);
     let entries: Vec<Entry> = reopened
-        .export_page(10, None)
+        .export_page(&PageRequest::new(10))
         .await
         .unwrap()
         .items()

@@ -1,5 +1,5 @@
 //! The `agentstate` binary, run for real on real stores in temp dirs, and
-//! `Store::prune`'s own rules.
+//! `StoreAdmin::prune`'s own rules.
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write as _;
@@ -8,9 +8,9 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Barrier};
 
 use agentstate::{
-    Approval, Entry, InstanceKey, ManualClock, Options, RunKey, RunRecord, RunState, SessionKey,
-    SessionRecord, StateDelta, StateError, StateQuery, StateStore, Store, ToolCall, Tray,
-    TrayStore,
+    Approval, Entry, FileStore, InstanceKey, ManualClock, MemoryStore, Options, PageRequest,
+    RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError, StateQuery,
+    StateStore, StoreAdmin, ToolCall, Tray, TrayStore,
 };
 
 /// 2023-11-14T22:13:20Z: when the fixture's first records were written.
@@ -114,7 +114,7 @@ fn tray(doc: &[u8], marked: bool, env: &str) -> Tray {
 /// - alarms: chat/room-1 at T0 + 10 min, chat/room-2 at T0 + 2 h.
 fn fixture(path: &Path) {
     let clock = Arc::new(ManualClock::new(T0));
-    let s = Store::open_with(path, clock_opts(&clock)).expect("open");
+    let s = FileStore::open_with(path, clock_opts(&clock)).expect("open");
     let mut s1 = SessionRecord::new(SessionKey::new("acme", "s1"));
     s1.metadata.insert("title".into(), "trip".into());
     s.put_session(s1).unwrap();
@@ -469,7 +469,7 @@ fn cli_sessions_list_show_and_delete() {
         1
     );
 
-    let s = Store::open(&db).unwrap();
+    let s = FileStore::open(&db).unwrap();
     assert!(
         s.get_session(&SessionKey::new("acme", "s1"))
             .unwrap()
@@ -558,7 +558,7 @@ fn cli_trays_and_alarms() {
     assert_eq!(all.len(), 2);
     assert_eq!(all[1]["due_at"], T0 + 2 * HOUR);
 
-    let s = Store::open(&db).unwrap();
+    let s = FileStore::open(&db).unwrap();
     assert_eq!(s.epoch(&InstanceKey::new("chat", "room-1")).unwrap(), 5);
     assert_eq!(s.epoch(&InstanceKey::new("chat", "room-2")).unwrap(), 1);
 }
@@ -605,7 +605,7 @@ fn cli_verify_exits_1_on_an_inconsistent_store() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("db");
     {
-        let s = Store::open(&db).unwrap();
+        let s = FileStore::open(&db).unwrap();
         let r = s
             .put_run(RunRecord::new(RunKey::new("acme", "a"), "planner"))
             .unwrap();
@@ -647,22 +647,16 @@ fn cli_import_refuses_a_seq_used_twice_and_bad_ids() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("tenant"), "{}", r.stderr);
     // Nothing of the refused batches landed.
-    assert!(Store::open(&db).unwrap().is_empty().unwrap());
+    assert!(FileStore::open(&db).unwrap().is_empty().unwrap());
 }
 
 /// Every entry of a store, via the library.
 fn entries(db: &Path) -> Vec<Entry> {
-    let s = Store::open(db).unwrap();
-    let mut out = Vec::new();
-    let mut cursor = None;
-    loop {
-        let (items, next) = s.export_page(3, cursor.as_ref()).unwrap().into_parts();
-        out.extend(items);
-        match next {
-            Some(c) => cursor = Some(c),
-            None => return out,
-        }
-    }
+    let s = FileStore::open(db).unwrap();
+    s.iter_export()
+        .page_size(3)
+        .collect::<agentstate::Result<_>>()
+        .unwrap()
 }
 
 #[test]
@@ -699,22 +693,28 @@ fn cli_export_import_round_trip_is_byte_identical() {
     assert_eq!(a.len(), 16);
     assert_eq!(a, b);
     {
-        let (s1, s2) = (Store::open(&db).unwrap(), Store::open(&db2).unwrap());
+        let (s1, s2) = (
+            FileStore::open(&db).unwrap(),
+            FileStore::open(&db2).unwrap(),
+        );
         for (t, id) in [("acme", "r1"), ("acme", "r3"), ("beta", "b2")] {
             let k = RunKey::new(t, id);
             assert_eq!(s1.get_run(&k).unwrap(), s2.get_run(&k).unwrap());
         }
         let room1 = InstanceKey::new("chat", "room-1");
         assert_eq!(s2.epoch(&room1).unwrap(), 3);
-        let marked = s2.marked_trays(None, 10, None).unwrap();
+        let marked = s2.marked_trays(None, &PageRequest::new(10)).unwrap();
         assert_eq!(marked.items().len(), 2, "the sweeper's index was rebuilt");
-        let due = s2.due_alarms(u64::MAX, 10, None).unwrap();
+        let due = s2.due_alarms(u64::MAX, &PageRequest::new(10)).unwrap();
         assert_eq!(due.items().len(), 2);
         assert_eq!(
-            s2.list_runs(&StateQuery::new("acme").state(RunState::Running))
-                .unwrap()
-                .items()
-                .len(),
+            s2.list_runs(
+                &StateQuery::new("acme").state(RunState::Running),
+                &PageRequest::default()
+            )
+            .unwrap()
+            .items()
+            .len(),
             1
         );
         assert!(s2.verify().unwrap().is_ok());
@@ -779,7 +779,7 @@ fn cli_prune_never_touches_unfinished_runs() {
     {
         // Old runs of every state, written at T0...
         let clock = Arc::new(ManualClock::new(T0));
-        let s = Store::open_with(&db, clock_opts(&clock)).unwrap();
+        let s = FileStore::open_with(&db, clock_opts(&clock)).unwrap();
         for st in RunState::ALL {
             let mut r = RunRecord::new(
                 RunKey::new("acme", format!("old-{}", st.as_str())),
@@ -794,7 +794,7 @@ fn cli_prune_never_touches_unfinished_runs() {
     }
     {
         // ...and finished runs written just now.
-        let s = Store::open(&db).unwrap();
+        let s = FileStore::open(&db).unwrap();
         for st in [RunState::Completed, RunState::Failed] {
             let mut r = RunRecord::new(
                 RunKey::new("acme", format!("new-{}", st.as_str())),
@@ -842,7 +842,7 @@ fn cli_prune_never_touches_unfinished_runs() {
         .contains("pruned 0")
     );
 
-    let s = Store::open(&db).unwrap();
+    let s = FileStore::open(&db).unwrap();
     for st in RunState::ALL {
         let there = s
             .get_run(&RunKey::new("acme", format!("old-{}", st.as_str())))
@@ -869,7 +869,7 @@ fn cli_prune_never_touches_unfinished_runs() {
 fn prune_deletes_old_finished_runs_while_a_listing_walks() {
     const RUNS: usize = 900;
     let clock = Arc::new(ManualClock::new(T0));
-    let s = Store::with_options(clock_opts(&clock));
+    let s = MemoryStore::with_options(clock_opts(&clock));
     // Old runs cycle through every state; every tenth finished one is
     // revived (moved back to running) while the prune runs.
     let mut old = Vec::new();
@@ -902,16 +902,10 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
         });
         let walker = scope.spawn(|| {
             start.wait();
-            let mut seen = Vec::new();
-            let mut q = StateQuery::new("acme").limit(7);
-            loop {
-                let (items, next) = s.list_runs(&q).unwrap().into_parts();
-                seen.extend(items.into_iter().map(|r| r.key.run_id));
-                match next {
-                    Some(c) => q = q.cursor(Some(c)),
-                    None => return seen,
-                }
-            }
+            s.iter_runs(&StateQuery::new("acme"))
+                .page_size(7)
+                .map(|r| r.unwrap().key.run_id)
+                .collect::<Vec<_>>()
         });
         let reviver = scope.spawn(|| {
             start.wait();
@@ -973,7 +967,9 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
         let want = !r.state.is_finished() || revived_ok.contains(&r.key.run_id);
         assert_eq!(there, want, "{} ({})", r.key.run_id, r.state.as_str());
     }
-    let left = s.list_runs(&StateQuery::new("acme").limit(1000)).unwrap();
+    let left = s
+        .list_runs(&StateQuery::new("acme"), &PageRequest::new(1000))
+        .unwrap();
     let by_state: BTreeMap<RunState, usize> =
         left.items().iter().fold(BTreeMap::new(), |mut m, r| {
             *m.entry(r.state).or_default() += 1;
@@ -994,7 +990,7 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
 #[test]
 fn cli_a_store_held_by_another_process_exits_2() {
     let (_dir, db) = fixture_dir();
-    let _held = Store::open(&db).unwrap();
+    let _held = FileStore::open(&db).unwrap();
     let r = cli(&["stats", "--db", p(&db)]);
     assert_eq!(r.code, 2);
     assert_eq!(
@@ -1051,7 +1047,7 @@ fn cli_bad_usage_exits_2() {
     let r = cli(&["runs", "list", "--tenant", "acme"]);
     assert_eq!(
         r.stderr,
-        "error: no store given: pass --db PATH or set AGENTSTATE_DB\n"
+        "error: no store given: pass --db PATH|URL or set AGENTSTATE_DB\n"
     );
     let r = cli(&["runs", "list", "--db", "/nonexistent/agentstate-store"]);
     assert!(

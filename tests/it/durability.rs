@@ -32,9 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentstate::{
-    Approval, Cursor, Entry, FileStore, InstanceKey, ManualClock, Options, PersistenceReason,
+    Approval, Entry, FileStore, InstanceKey, ManualClock, Options, PageRequest, PersistenceReason,
     RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError, StateQuery,
-    StateStore, ToolCall, Tray, TrayKey, TrayOp, TrayStore, Usage,
+    StateStore, StoreAdmin, ToolCall, Tray, TrayKey, TrayOp, TrayStore, Usage,
 };
 
 #[path = "../../examples/crash.rs"]
@@ -112,16 +112,7 @@ fn entry_key(e: &Entry) -> String {
 
 /// Every record of a store, through the export listing (`limit` a page).
 fn export_list(store: &FileStore, limit: usize) -> Result<Vec<Entry>, StateError> {
-    let mut out = Vec::new();
-    let mut cursor: Option<Cursor> = None;
-    loop {
-        let (items, next) = store.export_page(limit, cursor.as_ref())?.into_parts();
-        out.extend(items);
-        match next {
-            Some(c) => cursor = Some(c),
-            None => return Ok(out),
-        }
-    }
+    store.iter_export().page_size(limit).collect()
 }
 
 /// `export_list` by key; a key listed twice fails the test.
@@ -464,7 +455,9 @@ fn d4_golden_fixture_v1_opens_and_reads_exactly() {
     );
 
     // Listings: seq order, the state and session indexes.
-    let page = store.list_runs(&StateQuery::new("acme")).unwrap();
+    let page = store
+        .list_runs(&StateQuery::new("acme"), &PageRequest::default())
+        .unwrap();
     let ids: Vec<&str> = page.items().iter().map(|r| r.key.run_id.as_str()).collect();
     assert_eq!(
         ids,
@@ -479,11 +472,17 @@ fn d4_golden_fixture_v1_opens_and_reads_exactly() {
     );
     assert!(page.cursor().is_none());
     let running = store
-        .list_runs(&StateQuery::new("acme").state(RunState::Running))
+        .list_runs(
+            &StateQuery::new("acme").state(RunState::Running),
+            &PageRequest::default(),
+        )
         .unwrap();
     assert_eq!(running.items(), &runs[1..3]);
     let in_s1 = store
-        .list_runs(&StateQuery::new("acme").session("s1"))
+        .list_runs(
+            &StateQuery::new("acme").session("s1"),
+            &PageRequest::default(),
+        )
         .unwrap();
     let ids: Vec<&str> = in_s1
         .items()
@@ -491,7 +490,9 @@ fn d4_golden_fixture_v1_opens_and_reads_exactly() {
         .map(|r| r.key.run_id.as_str())
         .collect();
     assert_eq!(ids, ["r_running", "r_tools", "r_done"]);
-    let globex = store.list_runs(&StateQuery::new("globex")).unwrap();
+    let globex = store
+        .list_runs(&StateQuery::new("globex"), &PageRequest::default())
+        .unwrap();
     assert_eq!(globex.items(), &runs[6..]);
 
     // Trays, epochs, alarms.
@@ -499,7 +500,7 @@ fn d4_golden_fixture_v1_opens_and_reads_exactly() {
     let w2 = InstanceKey::new("workers", "w2");
     assert_eq!(store.epoch(&w1).unwrap(), 3);
     assert_eq!(store.epoch(&w2).unwrap(), 1);
-    let trays = store.list_trays(&w1, 3, 100, None).unwrap();
+    let trays = store.list_trays(&w1, 3, &PageRequest::new(100)).unwrap();
     let want_w1 = vec![
         (w1.tray("inbox", "t1"), tray(true, b"hello", "prod")),
         (w1.tray("inbox", "t2"), tray(false, b"world", "prod")),
@@ -511,13 +512,15 @@ fn d4_golden_fixture_v1_opens_and_reads_exactly() {
         store.read_tray(&w2.tray("state", "main"), 1).unwrap(),
         Some(tray(false, b"{\"n\":1}", "prod"))
     );
-    let marked = store.marked_trays(None, 100, None).unwrap();
+    let marked = store.marked_trays(None, &PageRequest::new(100)).unwrap();
     let keys: Vec<&TrayKey> = marked.items().iter().map(|m| &m.key).collect();
     assert_eq!(keys, [&w1.tray("inbox", "t1"), &w1.tray("state", "main")]);
-    let dev = store.marked_trays(Some("dev"), 100, None).unwrap();
+    let dev = store
+        .marked_trays(Some("dev"), &PageRequest::new(100))
+        .unwrap();
     assert_eq!(dev.items().len(), 1);
     assert_eq!(dev.items()[0].key, w1.tray("state", "main"));
-    let due = store.due_alarms(u64::MAX, 100, None).unwrap();
+    let due = store.due_alarms(u64::MAX, &PageRequest::new(100)).unwrap();
     let due: Vec<(&str, u64)> = due
         .items()
         .iter()
@@ -1766,7 +1769,7 @@ fn d9_a_reader_never_sees_part_of_a_tray_batch() {
         s.spawn(|| {
             let mut last = 0;
             while !done.load(Ordering::SeqCst) {
-                let page = store.marked_trays(None, 1000, None).unwrap();
+                let page = store.marked_trays(None, &PageRequest::new(1000)).unwrap();
                 let n = one_round(
                     "marked_trays",
                     page.items().iter().map(|m| m.key.tray_ns.as_str()),
@@ -1779,7 +1782,7 @@ fn d9_a_reader_never_sees_part_of_a_tray_batch() {
         s.spawn(|| {
             let mut last = 0;
             while !done.load(Ordering::SeqCst) {
-                let page = store.list_trays(&inst, 1, 1000, None).unwrap();
+                let page = store.list_trays(&inst, 1, &PageRequest::new(1000)).unwrap();
                 for (k, t) in page.items() {
                     assert_eq!(
                         t.doc,
@@ -1824,7 +1827,7 @@ fn d9_a_reader_never_sees_part_of_a_tray_batch() {
         "the readers never saw a batch"
     );
     // And the marked index moved with the trays, all or nothing.
-    let marked = store.marked_trays(None, 1000, None).unwrap();
+    let marked = store.marked_trays(None, &PageRequest::new(1000)).unwrap();
     assert_eq!(marked.items().len(), size / 2);
     assert!(
         marked

@@ -1,3 +1,4 @@
+mod api;
 #[cfg(feature = "async")]
 mod async_store;
 #[cfg(feature = "cli")]

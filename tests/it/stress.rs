@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use agentstate::{
-    InstanceKey, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError,
-    StateQuery, StateStore, Store, Tray, TrayOp, TrayStore,
+    FileStore, InstanceKey, PageRequest, RunKey, RunRecord, RunState, SessionKey, SessionRecord,
+    StateDelta, StateError, StateQuery, StateStore, StoreAdmin, Tray, TrayOp, TrayStore,
 };
 
 const THREADS: usize = 8;
@@ -87,8 +87,8 @@ enum Filter {
 }
 
 impl Filter {
-    fn query(&self, limit: usize) -> StateQuery {
-        let q = StateQuery::new(TENANT).limit(limit);
+    fn query(&self) -> StateQuery {
+        let q = StateQuery::new(TENANT);
         match self {
             Filter::All => q,
             Filter::State(s) => q.state(*s),
@@ -214,7 +214,13 @@ fn tray(doc: Vec<u8>, marked: bool) -> Tray {
 }
 
 /// One thread's part of the workload.
-fn worker(store: &Store, clock: &AtomicU64, thread: usize, ops: usize, seed: u64) -> Vec<Event> {
+fn worker(
+    store: &FileStore,
+    clock: &AtomicU64,
+    thread: usize,
+    ops: usize,
+    seed: u64,
+) -> Vec<Event> {
     let mut rng = Rng::new(seed ^ (thread as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut events = Vec::with_capacity(ops);
     let mut epochs = [0u64; INSTANCES];
@@ -320,16 +326,17 @@ fn worker(store: &Store, clock: &AtomicU64, thread: usize, ops: usize, seed: u64
                 let limit = 1 + rng.below(10) as usize;
                 let start = tick();
                 let mut seen = Seen::new();
-                let mut q = filter.query(limit);
+                let q = filter.query();
+                let mut req = PageRequest::new(limit);
                 let out = loop {
-                    match store.list_runs(&q) {
+                    match store.list_runs(&q, &req) {
                         Ok(page) => {
                             let (items, cursor) = page.into_parts();
                             seen.extend(items.into_iter().map(|r| {
                                 (r.key.run_id, r.seq, r.state, r.session_id, r.agent_name)
                             }));
                             match cursor {
-                                Some(c) => q = q.cursor(Some(c)),
+                                Some(c) => req = req.with_cursor(Some(c)),
                                 None => break Ok(Out::Walk(seen)),
                             }
                         }
@@ -640,7 +647,7 @@ impl Checker<'_> {
     }
 
     /// Final records against the history.
-    fn check_final_runs(&mut self, store: &Store, incs: &BTreeMap<(String, u64), Incarnation>) {
+    fn check_final_runs(&mut self, store: &FileStore, incs: &BTreeMap<(String, u64), Incarnation>) {
         let mut live = BTreeSet::new();
         for n in 0..RUNS {
             let run = run_id(n);
@@ -789,7 +796,7 @@ impl Checker<'_> {
         (walks, must_see)
     }
 
-    fn check_fences(&mut self, store: &Store) -> u64 {
+    fn check_fences(&mut self, store: &FileStore) -> u64 {
         let mut fence_lost = 0;
         for inst in 0..INSTANCES {
             // (epoch, event, is a write) of every acknowledged fenced call.
@@ -870,7 +877,7 @@ impl Checker<'_> {
 
     /// The final doc of each tray is the one its last acknowledged write
     /// left: no acknowledged write or delete of that tray began after it.
-    fn check_final_trays(&mut self, store: &Store, inst: usize, epoch: u64) {
+    fn check_final_trays(&mut self, store: &FileStore, inst: usize, epoch: u64) {
         for t in 0..TRAYS {
             // (event, Some(doc) for a write, None for a delete), acknowledged.
             let mut muts: Vec<(usize, Option<&[u8]>)> = Vec::new();
@@ -939,7 +946,7 @@ fn stress_history_is_linearizable_enough() {
         .unwrap_or(SEED_DEFAULT);
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("store");
-    let store = Arc::new(Store::open(&path).expect("open file store"));
+    let store = Arc::new(FileStore::open(&path).expect("open file store"));
     let clock = Arc::new(AtomicU64::new(1));
     let t0 = Instant::now();
     let handles: Vec<_> = (0..THREADS)
@@ -970,7 +977,9 @@ fn stress_history_is_linearizable_enough() {
     if !report.is_ok() {
         c.fail(format!("verify: {:?}", report.problems));
     }
-    let marked = store.marked_trays(None, 1000, None).expect("marked_trays");
+    let marked = store
+        .marked_trays(None, &PageRequest::new(1000))
+        .expect("marked_trays");
     for m in marked.items() {
         let t = store
             .epoch(&m.key.instance())
@@ -1033,7 +1042,7 @@ fn stress_history_is_linearizable_enough() {
         })
         .collect();
     drop(store);
-    let store = Store::open(&path).expect("reopen");
+    let store = FileStore::open(&path).expect("reopen");
     for (run, rec) in &expected {
         assert_eq!(
             &store
