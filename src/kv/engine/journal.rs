@@ -5,9 +5,20 @@
 //! sequence number, so a damaged sequence number can replay a batch out of
 //! order: a key then reads as an older version, with no error. This module
 //! reads the journal files fjall replayed (after fjall opened them, so
-//! after it cut off any torn tail) in file order, takes each key's last
-//! write in that order, and the engine must read exactly that back. A key
-//! that reads otherwise was reordered: the store is `Corrupt`.
+//! after it cut off any torn tail) and checks that replay order is file
+//! order:
+//!
+//! - the batches' sequence numbers strictly increase in file order (files
+//!   oldest first); a batch whose number moved past a neighbour's breaks
+//!   that, so every reordering inside the journals is caught;
+//! - the first batch of the oldest journal has no neighbour before it (its
+//!   journal's predecessor was flushed and removed): a number moved below
+//!   what was flushed would hide its writes behind older table data, so
+//!   each key it wrote must read back as its last write in file order.
+//!
+//! Either failing is `Corrupt`. The cost is one read of the journals (which
+//! fjall's own replay reads anyway) and one point read per key of one
+//! batch.
 //!
 //! The journal layout is fjall 3.1's (`src/journal/entry.rs`): a batch is
 //! `Start { tag 1, item count u32, seqno u64 }`, that many `Item { tag 2,
@@ -23,7 +34,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Result, StateError};
 
 /// Each key's last journaled write: `Some(value)` or `None` (deleted).
-pub(crate) type LastWrites = HashMap<Vec<u8>, Option<Vec<u8>>>;
+type LastWrites = HashMap<Vec<u8>, Option<Vec<u8>>>;
 
 const TAG_START: u8 = 1;
 const TAG_ITEM: u8 = 2;
@@ -70,13 +81,14 @@ enum Op<'a> {
     Clear(u64),
 }
 
-/// The next whole batch, or `None` at the end of what can be read.
-fn next_batch<'a>(b: &mut Bytes<'a>) -> Option<Vec<Op<'a>>> {
+/// The next whole batch and its sequence number, or `None` at the end of
+/// what can be read.
+fn next_batch<'a>(b: &mut Bytes<'a>) -> Option<(u64, Vec<Op<'a>>)> {
     if b.u8()? != TAG_START {
         return None;
     }
     let count = b.u32()?;
-    let _seqno = b.u64()?;
+    let seqno = b.u64()?;
     let mut ops = Vec::with_capacity(count.min(1 << 16) as usize);
     for _ in 0..count {
         match b.u8()? {
@@ -104,14 +116,13 @@ fn next_batch<'a>(b: &mut Bytes<'a>) -> Option<Vec<Op<'a>>> {
         return None;
     }
     let _checksum = b.u64()?;
-    (b.take(TRAILER.len())? == TRAILER).then_some(ops)
+    (b.take(TRAILER.len())? == TRAILER).then_some((seqno, ops))
 }
 
 /// The journal files of the database at `dir`, oldest first.
 fn journal_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let entries = std::fs::read_dir(dir).map_err(|e| {
-        StateError::unavailable(format!("listing {}: {e}", dir.display()), Some(e))
-    })?;
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| StateError::unavailable(format!("listing {}: {e}", dir.display()), Some(e)))?;
     let mut files: Vec<(u64, PathBuf)> = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| {
@@ -131,15 +142,28 @@ fn journal_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files.into_iter().map(|(_, p)| p).collect())
 }
 
-/// Every key of `keyspace` written in the journals under `dir`, with its
-/// last write in journal order. Keys whose last write cannot be read (a
-/// compressed value) are left out. A file that is gone was flushed and
-/// removed by the engine meanwhile: what it held is in the tables.
-pub(crate) fn last_writes(dir: &Path, keyspace: u64) -> Result<LastWrites> {
-    let mut last = LastWrites::new();
+fn out_of_order(dir: &Path, why: &str) -> StateError {
+    StateError::corrupt(format!(
+        "the journal in {} replays out of order: {why} (a batch's sequence number is damaged); \
+         the store is not served",
+        dir.display()
+    ))
+}
+
+/// Checks the journals under `dir` (see the module docs); `read` reads a
+/// key of `keyspace` from the engine after its replay.
+pub(crate) fn check_replay(
+    dir: &Path,
+    keyspace: u64,
+    mut read: impl FnMut(&[u8]) -> Result<Option<Vec<u8>>>,
+) -> Result<()> {
+    // Each key of the oldest batch, with its last write in file order.
+    let mut first: Option<LastWrites> = None;
+    let mut prev: Option<u64> = None;
     for file in journal_files(dir)? {
         let buf = match std::fs::read(&file) {
             Ok(buf) => buf,
+            // Flushed and removed by the engine meanwhile.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => {
                 return Err(StateError::unavailable(
@@ -149,47 +173,49 @@ pub(crate) fn last_writes(dir: &Path, keyspace: u64) -> Result<LastWrites> {
             }
         };
         let mut b = Bytes { buf: &buf, at: 0 };
-        while let Some(ops) = next_batch(&mut b) {
+        while let Some((seqno, ops)) = next_batch(&mut b) {
+            if prev.is_some_and(|p| seqno <= p) {
+                return Err(out_of_order(
+                    dir,
+                    &format!("batch {seqno} follows batch {}", prev.unwrap_or(0)),
+                ));
+            }
+            prev = Some(seqno);
+            let seed = first.is_none();
+            let last = first.get_or_insert_with(LastWrites::new);
             for op in ops {
-                match op {
-                    Op::Put(ks, k, v) if ks == keyspace => {
-                        last.insert(k.to_vec(), Some(v.to_vec()));
+                let (ks, key, value) = match op {
+                    Op::Put(ks, k, v) => (ks, k, Some(Some(v))),
+                    Op::Delete(ks, k) => (ks, k, Some(None)),
+                    Op::Unknown(ks, k) => (ks, k, None),
+                    Op::Clear(ks) => {
+                        if ks == keyspace {
+                            last.clear();
+                        }
+                        continue;
                     }
-                    Op::Delete(ks, k) if ks == keyspace => {
-                        last.insert(k.to_vec(), None);
+                };
+                if ks != keyspace || !(seed || last.contains_key(key)) {
+                    continue;
+                }
+                match value {
+                    Some(v) => {
+                        last.insert(key.to_vec(), v.map(<[u8]>::to_vec));
                     }
-                    Op::Unknown(ks, k) if ks == keyspace => {
-                        last.remove(k);
+                    // A write the check cannot read: leave the key out.
+                    None => {
+                        last.remove(key);
                     }
-                    Op::Clear(ks) if ks == keyspace => last.clear(),
-                    _ => {}
                 }
             }
         }
     }
-    Ok(last)
-}
-
-/// Checks that `read` (the engine after its replay) returns each key's
-/// last journaled write.
-pub(crate) fn check_replay(
-    dir: &Path,
-    keyspace: u64,
-    mut read: impl FnMut(&[u8]) -> Result<Option<Vec<u8>>>,
-) -> Result<()> {
-    for (key, want) in last_writes(dir, keyspace)? {
-        let got = read(&key)?;
-        if got != want {
-            return Err(StateError::corrupt(format!(
-                "the journal in {} replayed out of order: a key reads {} instead of its last \
-                 journaled write (a batch's sequence number is damaged); the store is not served",
-                dir.display(),
-                if got.is_none() {
-                    "as deleted"
-                } else {
-                    "an older value"
-                }
-            )));
+    for (key, want) in first.unwrap_or_default() {
+        if read(&key)? != want {
+            return Err(out_of_order(
+                dir,
+                "a key of its oldest batch reads otherwise than its last journaled write",
+            ));
         }
     }
     Ok(())
@@ -199,7 +225,10 @@ pub(crate) fn check_replay(
 mod tests {
     use super::*;
 
-    fn batch(seqno: u64, items: &[(u64, &[u8], Option<&[u8]>)]) -> Vec<u8> {
+    /// A test item: keyspace, key, value (`None` deletes).
+    type Item<'a> = (u64, &'a [u8], Option<&'a [u8]>);
+
+    fn batch(seqno: u64, items: &[Item<'_>]) -> Vec<u8> {
         let mut out = vec![TAG_START];
         out.extend((items.len() as u32).to_le_bytes());
         out.extend(seqno.to_le_bytes());
@@ -221,33 +250,62 @@ mod tests {
         out
     }
 
+    fn write(dir: &Path, name: &str, batches: &[Vec<u8>]) {
+        std::fs::write(dir.join(name), batches.concat()).unwrap();
+    }
+
     #[test]
-    fn last_write_in_file_order_wins_and_torn_tails_are_ignored() {
+    fn replay_in_file_order_passes_and_torn_tails_are_ignored() {
         let dir = tempfile::tempdir().unwrap();
-        let mut j0 = batch(1, &[(1, b"a", Some(b"1")), (0, b"meta", Some(b"x"))]);
-        j0.extend(batch(2, &[(1, b"a", Some(b"2")), (1, b"b", Some(b"1"))]));
-        let mut j1 = batch(3, &[(1, b"b", None)]);
-        // A torn batch at the end: not counted.
-        let torn = batch(4, &[(1, b"a", Some(b"3"))]);
-        j1.extend(&torn[..torn.len() - 2]);
-        std::fs::write(dir.path().join("0.jnl"), j0).unwrap();
-        std::fs::write(dir.path().join("1.jnl"), j1).unwrap();
-        std::fs::write(dir.path().join("junk.txt"), b"x").unwrap();
-        let last = last_writes(dir.path(), 1).unwrap();
-        assert_eq!(last.len(), 2);
-        assert_eq!(last[&b"a".to_vec()], Some(b"2".to_vec()));
-        assert_eq!(last[&b"b".to_vec()], None);
-        // The engine agrees: fine. It reads an older value: Corrupt.
-        let ok = |k: &[u8]| Ok(last.get(k).cloned().flatten());
-        check_replay(dir.path(), 1, ok).unwrap();
-        let old = |k: &[u8]| Ok(if k == b"a" { Some(b"1".to_vec()) } else { None });
-        let err = check_replay(dir.path(), 1, old).unwrap_err();
-        assert!(matches!(err, StateError::Corrupt { .. }), "{err:?}");
+        let d = dir.path();
+        let torn = batch(9, &[(1, b"a", Some(b"9"))]);
+        write(
+            d,
+            "0.jnl",
+            &[
+                batch(2, &[(1, b"a", Some(b"1")), (0, b"meta", Some(b"x"))]),
+                batch(3, &[(1, b"a", Some(b"2")), (1, b"b", Some(b"1"))]),
+            ],
+        );
+        write(
+            d,
+            "1.jnl",
+            &[
+                batch(5, &[(1, b"b", None)]),
+                torn[..torn.len() - 2].to_vec(),
+            ],
+        );
+        std::fs::write(d.join("junk.txt"), b"x").unwrap();
+        // The oldest batch wrote `a`; its last write is "2".
+        let engine = |k: &[u8]| Ok((k == b"a").then(|| b"2".to_vec()));
+        check_replay(d, 1, engine).unwrap();
+        // `a` reads older (the oldest batch hid behind flushed data).
+        let older = |k: &[u8]| Ok((k == b"a").then(|| b"0".to_vec()));
+        let e = check_replay(d, 1, older).unwrap_err();
+        assert!(matches!(e, StateError::Corrupt { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn a_batch_numbered_past_a_neighbour_is_corrupt() {
+        for (name, seqnos) in [("within a file", [2, 7, 4]), ("across files", [2, 3, 3])] {
+            let dir = tempfile::tempdir().unwrap();
+            let [a, b, c] = seqnos;
+            write(dir.path(), "0.jnl", &[batch(a, &[]), batch(b, &[])]);
+            write(dir.path(), "1.jnl", &[batch(c, &[])]);
+            let e = check_replay(dir.path(), 1, |_| Ok(None)).unwrap_err();
+            assert!(e.to_string().contains("out of order"), "{name}: {e}");
+        }
     }
 
     #[test]
     fn garbage_is_read_as_no_batches_never_a_panic() {
-        for bytes in [&b""[..], b"\x01", b"\x01\xff\xff\xff\xff", b"\x02\x00", &[1; 64]] {
+        for bytes in [
+            &b""[..],
+            b"\x01",
+            b"\x01\xff\xff\xff\xff",
+            b"\x02\x00",
+            &[1; 64],
+        ] {
             let mut b = Bytes { buf: bytes, at: 0 };
             assert!(next_batch(&mut b).is_none());
         }
