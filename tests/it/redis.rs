@@ -282,3 +282,34 @@ fn race(store: &RedisStore, role: &str, n: usize) -> Vec<String> {
     }
     lines
 }
+
+/// The scripts' u64 arithmetic is exact at the edge: amounts near
+/// u64::MAX add up exactly, and one past it is `Invalid` with nothing
+/// written.
+#[test]
+fn patch_arithmetic_exact_near_u64_max() {
+    let store = RedisStore::connect(&crate::redis_server::shared_url(0)).expect("connect");
+    let key = RunKey::new(format!("u64-{}", std::process::id()), "edge");
+    let mut r = RunRecord::new(key.clone(), "a");
+    r.cost_micros = u64::MAX - 3;
+    r.usage.input_tokens = (1 << 53) + 1;
+    r.iterations = u32::MAX as u64;
+    store.put_run(r).expect("create near the edge");
+    let d = StateDelta {
+        cost_micros: 3,
+        iterations: 1,
+        usage: agentstate::Usage { input_tokens: 2, output_tokens: u64::MAX },
+        ..Default::default()
+    };
+    let got = store.patch_run(&key, d).expect("exact up to u64::MAX");
+    assert_eq!(got.cost_micros, u64::MAX);
+    assert_eq!(got.usage.input_tokens, (1 << 53) + 3);
+    assert_eq!(got.usage.output_tokens, u64::MAX);
+    assert_eq!(got.iterations, 1 << 32);
+    let one = StateDelta { cost_micros: 1, ..Default::default() };
+    match store.patch_run(&key, one) {
+        Err(StateError::Invalid { what }) => assert!(what.contains("cost_micros"), "{what}"),
+        other => panic!("overflow must be Invalid, got {other:?}"),
+    }
+    assert_eq!(store.get_run(&key).expect("get"), Some(got), "nothing written");
+}

@@ -188,3 +188,15 @@ pub fn shared_url(db: u32) -> String {
         .get_or_init(|| Server::start(&temp_dir("shared"), &[]))
         .url(db)
 }
+
+/// Empties one database of a server (`redis-cli FLUSHDB`), for a test that
+/// needs an empty store.
+pub fn flush(url: &str) {
+    let ok = Command::new("redis-cli")
+        .args(["-u", url, "FLUSHDB"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("redis-cli: {e}; install it: {INSTALL}"))
+        .success();
+    assert!(ok, "redis-cli FLUSHDB on {url} failed");
+}
