@@ -81,12 +81,12 @@ pub use error::{Missing, PersistenceReason, Result, StateError};
 pub use kv::{FileStore, MemoryStore};
 pub use options::{Durability, Options};
 pub use page::{Page, PageRequest, Pages};
-#[cfg(feature = "redis")]
-pub use redis_store::{RedisOptions, RedisStore};
 pub use record::{
     Approval, Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,
     StateQuery, ToolCall, Usage,
 };
+#[cfg(feature = "redis")]
+pub use redis_store::{RedisOptions, RedisStore};
 pub use retry::{RetryPolicy, StateStoreExt};
 pub use scrub::{REDACTED, Scrubber};
 pub use tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};

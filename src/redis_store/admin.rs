@@ -39,7 +39,9 @@ impl RedisStore {
             .query(&mut **conn)
             .map_err(map_err)?;
         t.into_iter()
-            .map(|t| String::from_utf8(t).map_err(|_| StateError::corrupt("redis: tenant not UTF-8")))
+            .map(|t| {
+                String::from_utf8(t).map_err(|_| StateError::corrupt("redis: tenant not UTF-8"))
+            })
             .collect()
     }
 
@@ -53,7 +55,13 @@ impl RedisStore {
     }
 
     /// Members of a lexicographic sorted set after `after`, at most `n`.
-    fn lex_after(&self, conn: &mut Conn, key: &[u8], after: Option<&[u8]>, n: usize) -> Result<Vec<Vec<u8>>> {
+    fn lex_after(
+        &self,
+        conn: &mut Conn,
+        key: &[u8],
+        after: Option<&[u8]>,
+        n: usize,
+    ) -> Result<Vec<Vec<u8>>> {
         let from = match after {
             Some(a) => {
                 let mut f = b"(".to_vec();
@@ -74,7 +82,13 @@ impl RedisStore {
     }
 
     /// (member, seq) of a seq-scored sorted set after `after`, at most `n`.
-    fn seq_after(&self, conn: &mut Conn, key: &[u8], after: Option<u64>, n: usize) -> Result<Vec<(Vec<u8>, u64)>> {
+    fn seq_after(
+        &self,
+        conn: &mut Conn,
+        key: &[u8],
+        after: Option<u64>,
+        n: usize,
+    ) -> Result<Vec<(Vec<u8>, u64)>> {
         let from = after.map_or("-inf".to_string(), |s| format!("({s}"));
         let r: Vec<(Vec<u8>, Vec<u8>)> = cmd("ZRANGEBYSCORE")
             .arg(key)
@@ -262,7 +276,9 @@ impl StoreAdmin for RedisStore {
                                 let after = match &inner {
                                     Some(i) => Some(u64::from_be_bytes(
                                         i.as_slice().try_into().map_err(|_| {
-                                            StateError::invalid("cursor: position outside this listing")
+                                            StateError::invalid(
+                                                "cursor: position outside this listing",
+                                            )
                                         })?,
                                     )),
                                     None => None,
@@ -276,20 +292,32 @@ impl StoreAdmin for RedisStore {
                                     let v = self.hget(&mut conn, &keys::run(&p, &run_id), "v")?;
                                     if let Some(v) = v {
                                         let r = decode_run(&v, &RunKey::new(t.clone(), run_id))?;
-                                        out.push((export_pos(1, t.as_bytes(), &pos), Entry::Run(r)));
+                                        out.push((
+                                            export_pos(1, t.as_bytes(), &pos),
+                                            Entry::Run(r),
+                                        ));
                                     }
                                 }
                                 got
                             } else {
-                                let ids = self.lex_after(&mut conn, &keys::sessions(&p), inner.as_deref(), n)?;
+                                let ids = self.lex_after(
+                                    &mut conn,
+                                    &keys::sessions(&p),
+                                    inner.as_deref(),
+                                    n,
+                                )?;
                                 let got = ids.len();
                                 for id in ids {
                                     inner = Some(id.clone());
                                     let sid = text(&id);
                                     let v = self.hget(&mut conn, &keys::session(&p, &sid), "v")?;
                                     if let Some(v) = v {
-                                        let s = decode_session(&v, &SessionKey::new(t.clone(), sid))?;
-                                        out.push((export_pos(2, t.as_bytes(), &id), Entry::Session(s)));
+                                        let s =
+                                            decode_session(&v, &SessionKey::new(t.clone(), sid))?;
+                                        out.push((
+                                            export_pos(2, t.as_bytes(), &id),
+                                            Entry::Session(s),
+                                        ));
                                     }
                                 }
                                 got
@@ -315,7 +343,10 @@ impl StoreAdmin for RedisStore {
                             let e = if phase == 3 {
                                 Entry::Epoch { instance, epoch: n }
                             } else {
-                                Entry::Alarm { instance, due_at: n }
+                                Entry::Alarm {
+                                    instance,
+                                    due_at: n,
+                                }
                             };
                             out.push((export_pos(phase, b"", i), e));
                             if out.len() >= want {
@@ -337,7 +368,8 @@ impl StoreAdmin for RedisStore {
                         };
                         loop {
                             let n = (want - out.len()).min(CHUNK);
-                            let members = self.lex_after(&mut conn, &keys::trays_of(i), inner.as_deref(), n)?;
+                            let members =
+                                self.lex_after(&mut conn, &keys::trays_of(i), inner.as_deref(), n)?;
                             let got = members.len();
                             for m in members {
                                 inner = Some(m.clone());
@@ -492,8 +524,14 @@ impl RedisStore {
         let mut p_ = Vec::new();
         for t in self.tenants(&mut conn)? {
             let p = keys::tenant(&t);
-            let counter: Option<Vec<u8>> = cmd("GET").arg(keys::seq(&p)).query(&mut *conn).map_err(map_err)?;
-            let counter = counter.map(|c| num(&c, "seq counter")).transpose()?.unwrap_or(0);
+            let counter: Option<Vec<u8>> = cmd("GET")
+                .arg(keys::seq(&p))
+                .query(&mut *conn)
+                .map_err(map_err)?;
+            let counter = counter
+                .map(|c| num(&c, "seq counter"))
+                .transpose()?
+                .unwrap_or(0);
             let mut after = None;
             loop {
                 let ids = self.seq_after(&mut conn, &keys::runs(&p), after, CHUNK)?;
@@ -540,16 +578,25 @@ impl RedisStore {
                         p_.push(format!("{name}: field ss disagrees with the record"));
                     }
                     if r.seq != *seq || r.seq == 0 || r.seq > counter {
-                        p_.push(format!("{name}: seq {} outside 1..={counter} or not its index score", r.seq));
+                        p_.push(format!(
+                            "{name}: seq {} outside 1..={counter} or not its index score",
+                            r.seq
+                        ));
                     }
                     let mut want_in = vec![keys::by_state(&p, r.state)];
                     if let Some(s) = &r.session_id {
                         want_in.push(keys::by_session(&p, s));
                     }
                     for idx in want_in {
-                        let score: Option<f64> = cmd("ZSCORE").arg(&idx).arg(id).query(&mut *conn).map_err(map_err)?;
+                        let score: Option<f64> = cmd("ZSCORE")
+                            .arg(&idx)
+                            .arg(id)
+                            .query(&mut *conn)
+                            .map_err(map_err)?;
                         if score != Some(r.seq as f64) {
-                            p_.push(format!("{name}: state or session index entry missing or wrong"));
+                            p_.push(format!(
+                                "{name}: state or session index entry missing or wrong"
+                            ));
                         }
                     }
                 }
@@ -563,11 +610,14 @@ impl RedisStore {
                 by_state += self.zcard(&mut conn, &keys::by_state(&p, st))?;
             }
             if by_state != runs {
-                p_.push(format!("tenant {t}: {by_state} state index entries for {runs} runs"));
+                p_.push(format!(
+                    "tenant {t}: {by_state} state index entries for {runs} runs"
+                ));
             }
             let mut after: Option<Vec<u8>> = None;
             loop {
-                let ids = self.lex_after(&mut conn, &keys::sessions(&p), after.as_deref(), CHUNK)?;
+                let ids =
+                    self.lex_after(&mut conn, &keys::sessions(&p), after.as_deref(), CHUNK)?;
                 for id in &ids {
                     after = Some(id.clone());
                     rep.entries += 1;
@@ -576,7 +626,9 @@ impl RedisStore {
                     match self.hget(&mut conn, &keys::session(&p, &sid), "v")? {
                         None => p_.push(format!("session {t}/{sid}: listed but missing")),
                         Some(v) => {
-                            if let Err(e) = decode_session(&v, &SessionKey::new(t.clone(), sid.clone())) {
+                            if let Err(e) =
+                                decode_session(&v, &SessionKey::new(t.clone(), sid.clone()))
+                            {
                                 p_.push(format!("session {t}/{sid}: {e}"));
                             }
                         }
@@ -597,23 +649,26 @@ impl RedisStore {
                 .query(&mut *conn)
                 .map_err(map_err)?;
             rep.entries += 1;
-            if let Some(e) = ih.get("ep") {
-                if num(e, "epoch").is_err() {
-                    p_.push(format!("{name}: epoch undecodable"));
-                }
+            if ih.get("ep").is_some_and(|e| num(e, "epoch").is_err()) {
+                p_.push(format!("{name}: epoch undecodable"));
             }
             if let (Some(al), Some(am)) = (ih.get("al"), ih.get("am")) {
                 alarms += 1;
                 rep.alarms += 1;
                 let due = num(al, "alarm").unwrap_or(u64::MAX);
-                let score: Option<f64> = cmd("ZSCORE").arg(keys::due()).arg(am).query(&mut *conn).map_err(map_err)?;
+                let score: Option<f64> = cmd("ZSCORE")
+                    .arg(keys::due())
+                    .arg(am)
+                    .query(&mut *conn)
+                    .map_err(map_err)?;
                 if score.is_none() || am != &keys::alarm_member(due, &inst) {
                     p_.push(format!("{name}: alarm without its due-index entry"));
                 }
             }
             let mut after: Option<Vec<u8>> = None;
             loop {
-                let members = self.lex_after(&mut conn, &keys::trays_of(&i), after.as_deref(), CHUNK)?;
+                let members =
+                    self.lex_after(&mut conn, &keys::trays_of(&i), after.as_deref(), CHUNK)?;
                 for m in &members {
                     after = Some(m.clone());
                     rep.entries += 1;
@@ -631,9 +686,15 @@ impl RedisStore {
                             let mut full = i.clone();
                             full.extend_from_slice(m);
                             for idx in [keys::marked(), keys::marked_env(&t.env)] {
-                                let s: Option<f64> = cmd("ZSCORE").arg(&idx).arg(&full).query(&mut *conn).map_err(map_err)?;
+                                let s: Option<f64> = cmd("ZSCORE")
+                                    .arg(&idx)
+                                    .arg(&full)
+                                    .query(&mut *conn)
+                                    .map_err(map_err)?;
                                 if s.is_none() {
-                                    p_.push(format!("{name}: marked tray missing from the sweeper's index"));
+                                    p_.push(format!(
+                                        "{name}: marked tray missing from the sweeper's index"
+                                    ));
                                 }
                             }
                         }
@@ -647,7 +708,9 @@ impl RedisStore {
         }
         let in_index = self.zcard(&mut conn, &keys::marked())?;
         if in_index != marked {
-            p_.push(format!("sweeper index has {in_index} entries for {marked} marked trays"));
+            p_.push(format!(
+                "sweeper index has {in_index} entries for {marked} marked trays"
+            ));
         }
         let due = self.zcard(&mut conn, &keys::due())?;
         if due != alarms {
@@ -659,7 +722,5 @@ impl RedisStore {
 }
 
 fn not_found_instance(i: &InstanceKey) -> impl FnOnce() -> Missing + '_ {
-    move || {
-        Missing::Tray(i.tray("", ""))
-    }
+    move || Missing::Tray(i.tray("", ""))
 }

@@ -14,7 +14,9 @@ use crate::record::{
     Approval, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateQuery,
     ToolCall, Usage,
 };
-use crate::rules::{check_id, check_limit, check_record, check_run_key, check_session_key, check_size};
+use crate::rules::{
+    check_id, check_limit, check_record, check_run_key, check_session_key, check_size,
+};
 
 use super::scripts::{DELETE_SESSION, LIST_RUNS, PATCH_RUN, PUT_RUN, PUT_SESSION};
 use super::{RedisStore, keys, map_err};
@@ -199,7 +201,11 @@ pub(super) fn num(b: &[u8], what: &str) -> Result<u64> {
 }
 
 /// The refusals every script may answer, as errors; `Ok(rest)` for `ok`.
-pub(super) fn outcome(reply: Reply, missing: impl FnOnce() -> Missing, expected: u64) -> Result<Reply> {
+pub(super) fn outcome(
+    reply: Reply,
+    missing: impl FnOnce() -> Missing,
+    expected: u64,
+) -> Result<Reply> {
     let mut it = reply.into_iter();
     let status = it.next().unwrap_or_default();
     let rest: Reply = it.collect();
@@ -329,7 +335,8 @@ impl StateStore for RedisStore {
             .arg(max.to_string())
             .invoke(&mut *conn)
             .map_err(map_err)?;
-        let rest = outcome(reply, || Missing::Run(key.clone()), 0).map_err(|e| with_limit(e, max))?;
+        let rest =
+            outcome(reply, || Missing::Run(key.clone()), 0).map_err(|e| with_limit(e, max))?;
         let v = rest
             .first()
             .ok_or_else(|| StateError::corrupt("redis: patch_run answered no record"))?;
@@ -378,7 +385,7 @@ impl StateStore for RedisStore {
                 .arg(LIST_SCAN_CAP.to_string())
                 .invoke(&mut *conn)
                 .map_err(map_err)?;
-            if reply.len() < 2 || reply.len() % 2 != 0 {
+            if reply.len() < 2 || !reply.len().is_multiple_of(2) {
                 return Err(StateError::corrupt("redis: list_runs answer malformed"));
             }
             let exhausted = reply[1] == b"1";
@@ -388,7 +395,9 @@ impl StateStore for RedisStore {
                 let r: StoredRun = value::decode(&pair[1], "run")?;
                 let key = r.head.key.clone();
                 if key.tenant != q.tenant {
-                    return Err(StateError::corrupt("redis: a run index names another tenant's run"));
+                    return Err(StateError::corrupt(
+                        "redis: a run index names another tenant's run",
+                    ));
                 }
                 let run = decode_run(&pair[1], &key)?;
                 items.push((seq, run));
@@ -431,8 +440,12 @@ impl StateStore for RedisStore {
             .arg(max.to_string())
             .invoke(&mut *conn)
             .map_err(map_err)?;
-        let rest = outcome(reply, || Missing::Session(record.key.clone()), record.version)
-            .map_err(|e| with_limit(e, max))?;
+        let rest = outcome(
+            reply,
+            || Missing::Session(record.key.clone()),
+            record.version,
+        )
+        .map_err(|e| with_limit(e, max))?;
         let v = rest
             .first()
             .ok_or_else(|| StateError::corrupt("redis: put_session answered no record"))?;

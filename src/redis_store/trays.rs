@@ -10,7 +10,9 @@ use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
 use crate::page::{Page, PageRequest};
 use crate::record::Millis;
-use crate::rules::{check_batch, check_id, check_instance, check_limit, check_tray, check_tray_key};
+use crate::rules::{
+    check_batch, check_id, check_instance, check_limit, check_tray, check_tray_key,
+};
 use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 
 use super::runs::{Reply, head, num, outcome};
@@ -152,7 +154,9 @@ impl TrayStore for RedisStore {
                     tray_ns,
                     tray_id,
                     tray,
-                } => call.arg("p").tray(keys::tray_member(tray_ns, tray_id), tray),
+                } => call
+                    .arg("p")
+                    .tray(keys::tray_member(tray_ns, tray_id), tray),
                 TrayOp::Delete { tray_ns, tray_id } => {
                     call.arg("d").arg(keys::tray_member(tray_ns, tray_id))
                 }
@@ -191,7 +195,7 @@ impl TrayStore for RedisStore {
             .arg((page.limit + 1).to_string())
             .run(self)?;
         let rest = outcome(reply, not_tray, epoch)?;
-        if rest.len() % 2 != 0 {
+        if !rest.len().is_multiple_of(2) {
             return Err(StateError::corrupt("redis: list_trays answer malformed"));
         }
         let mut items = Vec::with_capacity(rest.len() / 2);
@@ -205,12 +209,9 @@ impl TrayStore for RedisStore {
         let more = items.len() > page.limit;
         items.truncate(page.limit);
         let cursor = match (more, items.last()) {
-            (true, Some((m, _))) => Some(cursor_codec::encode(
-                &self.secret,
-                Listing::Trays,
-                &inst,
-                m,
-            )),
+            (true, Some((m, _))) => {
+                Some(cursor_codec::encode(&self.secret, Listing::Trays, &inst, m))
+            }
             _ => None,
         };
         Page::new(items.into_iter().map(|(_, t)| t).collect(), cursor)
@@ -244,7 +245,7 @@ impl TrayStore for RedisStore {
             .arg((page.limit + 1).to_string())
             .invoke(&mut *conn)
             .map_err(map_err)?;
-        if reply.len() % 3 != 0 {
+        if !reply.len().is_multiple_of(3) {
             return Err(StateError::corrupt("redis: marked_trays answer malformed"));
         }
         let mut items = Vec::with_capacity(reply.len() / 3);
@@ -286,7 +287,9 @@ impl TrayStore for RedisStore {
             .arg("ep")
             .query(&mut *conn)
             .map_err(map_err)?;
-        e.map(|e| num(&e, "epoch")).transpose().map(|e| e.unwrap_or(0))
+        e.map(|e| num(&e, "epoch"))
+            .transpose()
+            .map(|e| e.unwrap_or(0))
     }
 
     fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
@@ -335,7 +338,9 @@ impl TrayStore for RedisStore {
             let due_at = u64::from_be_bytes(m[..8].try_into().expect("8 bytes"));
             let (instance, rest) = keys::read_inst(&m[8..])?;
             if !rest.is_empty() {
-                return Err(StateError::corrupt("redis: trailing bytes in an alarm member"));
+                return Err(StateError::corrupt(
+                    "redis: trailing bytes in an alarm member",
+                ));
             }
             items.push((m, Alarm { instance, due_at }));
         }

@@ -1106,7 +1106,10 @@ fn cli_copy_file_to_redis_and_back() {
     let out = ok(&["copy", "--from", p(&db), "--to", &url]);
     assert!(out.contains("verified"), "{out}");
     let stats = ok(&["--db", &url, "stats"]);
-    assert!(stats.contains("appendfsync always"), "stats shows the mode: {stats}");
+    assert!(
+        stats.contains("appendfsync always"),
+        "stats shows the mode: {stats}"
+    );
     let verify = ok(&["--db", &url, "verify"]);
     assert!(!verify.is_empty());
     let back = dir.path().join("back");
@@ -1119,5 +1122,8 @@ fn cli_copy_file_to_redis_and_back() {
     b.sort_by_key(key);
     assert_eq!(a, b, "file → redis → file keeps every entry");
     let again = cli(&["copy", "--from", p(&db), "--to", &url]);
-    assert_ne!(again.code, 0, "copy into a non-empty redis store is refused");
+    assert_ne!(
+        again.code, 0,
+        "copy into a non-empty redis store is refused"
+    );
 }

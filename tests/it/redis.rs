@@ -13,17 +13,31 @@ use crate::redis_server::{Server, temp_dir};
 fn require_fsync_refuses_everysec() {
     let server = Server::start(&temp_dir("everysec"), &["--appendfsync", "everysec"]);
     let e = RedisStore::connect(&server.url(0)).expect_err("everysec must be refused");
-    assert!(e.is_retryable() || matches!(e, StateError::Persistence { .. }), "{e:?}");
+    assert!(
+        e.is_retryable() || matches!(e, StateError::Persistence { .. }),
+        "{e:?}"
+    );
     let msg = e.to_string();
-    assert!(msg.contains("appendfsync always"), "names the setting: {msg}");
+    assert!(
+        msg.contains("appendfsync always"),
+        "names the setting: {msg}"
+    );
     assert!(msg.contains("everysec"), "names what it found: {msg}");
     let s = RedisStore::connect_with(&server.url(0), RedisOptions::new().require_fsync(false))
         .expect("require_fsync(false) connects");
     let backend = s.stats().expect("stats").backend;
-    assert!(backend.contains("everysec"), "stats shows the mode: {backend}");
+    assert!(
+        backend.contains("everysec"),
+        "stats shows the mode: {backend}"
+    );
     let fsynced = Server::start(&temp_dir("always"), &[]);
     let s = RedisStore::connect(&fsynced.url(0)).expect("appendfsync always connects");
-    assert!(s.stats().expect("stats").backend.contains("appendfsync always"));
+    assert!(
+        s.stats()
+            .expect("stats")
+            .backend
+            .contains("appendfsync always")
+    );
     let _ = Options::new();
 }
 
@@ -64,7 +78,13 @@ fn worker(store: &RedisStore, t: usize, stop: &AtomicBool) -> Acked {
             Ok(_) => a.creates.push(id),
             Err(_) => return a,
         }
-        match store.patch_run(&patched, StateDelta { cost_micros: 1, ..Default::default() }) {
+        match store.patch_run(
+            &patched,
+            StateDelta {
+                cost_micros: 1,
+                ..Default::default()
+            },
+        ) {
             Ok(_) => a.patches += 1,
             Err(_) => {
                 a.patch_in_flight = true;
@@ -112,7 +132,10 @@ fn sigkill_during_workload_keeps_every_acknowledged_write() {
         let store = Arc::new(RedisStore::connect_with(&server.url(0), opts()).expect("connect"));
         for t in 0..8 {
             store
-                .put_run(RunRecord::new(RunKey::new("crash", format!("t{t}-patched")), "agent"))
+                .put_run(RunRecord::new(
+                    RunKey::new("crash", format!("t{t}-patched")),
+                    "agent",
+                ))
                 .expect("create the patched run");
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -124,17 +147,26 @@ fn sigkill_during_workload_keeps_every_acknowledged_write() {
             .collect();
         std::thread::sleep(Duration::from_millis(1500));
         server.kill9();
-        let acked: Vec<Acked> = handles.into_iter().map(|h| h.join().expect("worker")).collect();
+        let acked: Vec<Acked> = handles
+            .into_iter()
+            .map(|h| h.join().expect("worker"))
+            .collect();
         stop.store(true, Ordering::Relaxed);
         let total: usize = acked.iter().map(|a| a.creates.len()).sum();
-        assert!(total > 8, "the workload ran before the kill ({total} creates)");
+        assert!(
+            total > 8,
+            "the workload ran before the kill ({total} creates)"
+        );
         drop(store);
         server.restart();
         let store = RedisStore::connect_with(&server.url(0), opts()).expect("reconnect");
         for (t, a) in acked.iter().enumerate() {
             for id in &a.creates {
                 assert!(
-                    store.get_run(&RunKey::new("crash", id)).expect("get").is_some(),
+                    store
+                        .get_run(&RunKey::new("crash", id))
+                        .expect("get")
+                        .is_some(),
                     "acknowledged create {id} lost"
                 );
             }
@@ -157,7 +189,10 @@ fn sigkill_during_workload_keeps_every_acknowledged_write() {
             let docs: Vec<Vec<u8>> = trays.items().iter().map(|(_, t)| t.doc.clone()).collect();
             if let Some(first) = docs.first() {
                 assert_eq!(docs.len(), 4, "thread {t}: a batch half-applied: {docs:?}");
-                assert!(docs.iter().all(|d| d == first), "thread {t}: a batch half-applied: {docs:?}");
+                assert!(
+                    docs.iter().all(|d| d == first),
+                    "thread {t}: a batch half-applied: {docs:?}"
+                );
                 let n: u64 = String::from_utf8_lossy(first).parse().expect("doc");
                 assert!(
                     Some(n) == a.last_batch || Some(n) == a.batch_in_flight,
@@ -170,7 +205,11 @@ fn sigkill_during_workload_keeps_every_acknowledged_write() {
             }
         }
         let report = store.verify().expect("verify");
-        assert!(report.is_ok(), "verify after the crash: {:?}", report.problems);
+        assert!(
+            report.is_ok(),
+            "verify after the crash: {:?}",
+            report.problems
+        );
     }
 }
 
@@ -201,7 +240,12 @@ fn two_processes_race_exactly_one_winner() {
     let out = temp_dir("race").with_extension("txt");
     std::fs::create_dir_all(out.parent().expect("parent")).expect("dir");
     let mut child = std::process::Command::new(std::env::current_exe().expect("exe"))
-        .args(["--exact", "redis::two_processes_race_exactly_one_winner", "--test-threads", "1"])
+        .args([
+            "--exact",
+            "redis::two_processes_race_exactly_one_winner",
+            "--test-threads",
+            "1",
+        ])
         .env(ROLE, format!("child:{tenant}"))
         .env("AGENTSTATE_REDIS_RACE_URL", &url)
         .env("AGENTSTATE_REDIS_RACE_OUT", &out)
@@ -209,7 +253,10 @@ fn two_processes_race_exactly_one_winner() {
         .spawn()
         .expect("spawn the second process");
     let mine = race(&store, &format!("parent:{tenant}"), n);
-    assert!(child.wait().expect("child").success(), "the second process failed");
+    assert!(
+        child.wait().expect("child").success(),
+        "the second process failed"
+    );
     let theirs: Vec<String> = std::fs::read_to_string(&out)
         .expect("child's results")
         .lines()
@@ -233,8 +280,14 @@ fn two_processes_race_exactly_one_winner() {
             contested += 1;
         }
         let inst = InstanceKey::new(&tenant, format!("i{k}"));
-        assert_eq!(store.epoch(&inst).expect("epoch"), 2 * k as u64 + 2, "round {k}: e+1 stored");
-        let t = store.read_tray(&inst.tray("t", "x"), 2 * k as u64 + 2).expect("read");
+        assert_eq!(
+            store.epoch(&inst).expect("epoch"),
+            2 * k as u64 + 2,
+            "round {k}: e+1 stored"
+        );
+        let t = store
+            .read_tray(&inst.tray("t", "x"), 2 * k as u64 + 2)
+            .expect("read");
         assert_eq!(
             t.map(|t| t.doc),
             Some(b"e+1".to_vec()),
@@ -259,7 +312,10 @@ fn race(store: &RedisStore, role: &str, n: usize) -> Vec<String> {
         r.version = 1;
         let updated = match store.put_run(r) {
             Ok(_) => true,
-            Err(StateError::Conflict { expected: 1, actual: 2 }) => false,
+            Err(StateError::Conflict {
+                expected: 1,
+                actual: 2,
+            }) => false,
             Err(e) => panic!("{who} round {k}: updater got {e:?}"),
         };
         // The parent holds e+1, the child e.
@@ -269,16 +325,27 @@ fn race(store: &RedisStore, role: &str, n: usize) -> Vec<String> {
         let wrote = match store.write_tray(
             &inst.tray("t", "x"),
             epoch,
-            Tray { marked: false, doc: doc.to_vec(), env: "e".into(), hostname: "h".into() },
+            Tray {
+                marked: false,
+                doc: doc.to_vec(),
+                env: "e".into(),
+                hostname: "h".into(),
+            },
         ) {
             Ok(()) => true,
             Err(StateError::FenceLost { caller, stored }) => {
-                assert!(!high && caller == epoch && stored == epoch + 1, "{who}: {caller}/{stored}");
+                assert!(
+                    !high && caller == epoch && stored == epoch + 1,
+                    "{who}: {caller}/{stored}"
+                );
                 false
             }
             Err(e) => panic!("{who} round {k}: fenced write got {e:?}"),
         };
-        lines.push(format!("{} {} {}", created as u8, updated as u8, wrote as u8));
+        lines.push(format!(
+            "{} {} {}",
+            created as u8, updated as u8, wrote as u8
+        ));
     }
     lines
 }
@@ -298,7 +365,10 @@ fn patch_arithmetic_exact_near_u64_max() {
     let d = StateDelta {
         cost_micros: 3,
         iterations: 1,
-        usage: agentstate::Usage { input_tokens: 2, output_tokens: u64::MAX },
+        usage: agentstate::Usage {
+            input_tokens: 2,
+            output_tokens: u64::MAX,
+        },
         ..Default::default()
     };
     let got = store.patch_run(&key, d).expect("exact up to u64::MAX");
@@ -306,10 +376,17 @@ fn patch_arithmetic_exact_near_u64_max() {
     assert_eq!(got.usage.input_tokens, (1 << 53) + 3);
     assert_eq!(got.usage.output_tokens, u64::MAX);
     assert_eq!(got.iterations, 1 << 32);
-    let one = StateDelta { cost_micros: 1, ..Default::default() };
+    let one = StateDelta {
+        cost_micros: 1,
+        ..Default::default()
+    };
     match store.patch_run(&key, one) {
         Err(StateError::Invalid { what }) => assert!(what.contains("cost_micros"), "{what}"),
         other => panic!("overflow must be Invalid, got {other:?}"),
     }
-    assert_eq!(store.get_run(&key).expect("get"), Some(got), "nothing written");
+    assert_eq!(
+        store.get_run(&key).expect("get"),
+        Some(got),
+        "nothing written"
+    );
 }

@@ -94,7 +94,10 @@ impl Server {
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            match RedisStore::connect_with(&self.url(0), RedisOptions::new().pool_size(1).require_fsync(false)) {
+            match RedisStore::connect_with(
+                &self.url(0),
+                RedisOptions::new().pool_size(1).require_fsync(false),
+            ) {
                 Ok(_) => return,
                 Err(e) if Instant::now() > deadline => {
                     panic!("redis-server on port {} did not start: {e}", self.port)
@@ -178,7 +181,13 @@ pub fn shared_url(db: u32) -> String {
         // The named server's own database number is replaced by `db`.
         let base = url.trim_end_matches('/');
         let base = match base.rsplit_once('/') {
-            Some((b, tail)) if tail.parse::<u32>().is_ok() && b.contains("://") && b.split("://").nth(1).is_some_and(|h| !h.is_empty()) => b.to_string(),
+            Some((b, tail))
+                if tail.parse::<u32>().is_ok()
+                    && b.contains("://")
+                    && b.split("://").nth(1).is_some_and(|h| !h.is_empty()) =>
+            {
+                b.to_string()
+            }
             _ => base.to_string(),
         };
         return format!("{base}/{db}");
