@@ -7,4 +7,8 @@ mod cli;
 mod conformance;
 mod durability;
 mod fuzz_regressions;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(feature = "redis")]
+mod redis_server;
 mod stress;
