@@ -59,6 +59,7 @@ mod record;
 mod retry;
 mod rules;
 mod scrub;
+mod scrub_prefilter;
 pub(crate) mod sync;
 mod tray;
 
