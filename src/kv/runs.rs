@@ -185,11 +185,11 @@ impl StateStore for KvStore {
             let new = match &stored {
                 None => {
                     // R8: a run's session exists at create.
-                    if let (Some(s), Some(at)) = (&record.session_id, &session) {
-                        if txn.get(at)?.is_none() {
-                            let sk = SessionKey::new(record.key.tenant.clone(), s.clone());
-                            return Err(StateError::NotFound(Missing::Session(sk)));
-                        }
+                    if let (Some(s), Some(at)) = (&record.session_id, &session)
+                        && txn.get(at)?.is_none()
+                    {
+                        let sk = SessionKey::new(record.key.tenant.clone(), s.clone());
+                        return Err(StateError::NotFound(Missing::Session(sk)));
                     }
                     let seq = txn.next_seq;
                     txn.next_seq += 1;
