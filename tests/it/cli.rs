@@ -871,7 +871,7 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
     let clock = Arc::new(ManualClock::new(T0));
     let s = MemoryStore::with_options(clock_opts(&clock));
     // Old runs cycle through every state; every tenth finished one is
-    // revived (moved back to running) while the prune runs.
+    // touched (written again, still finished: R9) while the prune runs.
     let mut old = Vec::new();
     for i in 0..RUNS {
         let mut r = RunRecord::new(RunKey::new("acme", format!("old-{i:04}")), "planner");
@@ -913,7 +913,7 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
                 .iter()
                 .map(|r| {
                     let mut r = r.clone();
-                    r.state = RunState::Running;
+                    r.agent_name = "touched".into();
                     (r.key.clone(), s.put_run(r))
                 })
                 .collect::<Vec<_>>()
@@ -939,15 +939,16 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
         assert!(seen.contains(format!("new-{i:03}").as_str()));
     }
 
-    // A revived run either lost the race (pruned first: Conflict, actual 0)
-    // or won it and was kept, running.
+    // A touched run either lost the race (pruned first: Conflict, actual 0)
+    // or won it and was kept: updated now, so no longer old, and finished.
     let mut revived_ok = HashSet::new();
     for (k, res) in &revived {
         match res {
             Ok(r) => {
+                let kept = s.get_run(k).unwrap().expect("a touched run is kept");
                 assert_eq!(
-                    s.get_run(k).unwrap().map(|r| r.state),
-                    Some(RunState::Running),
+                    (kept.state, kept.agent_name.as_str()),
+                    (r.state, "touched"),
                     "{}",
                     r.key.run_id
                 );
@@ -957,7 +958,7 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
                 expected: 1,
                 actual: 0,
             }) => assert!(s.get_run(k).unwrap().is_none()),
-            Err(e) => panic!("reviving {}: {e}", k.run_id),
+            Err(e) => panic!("touching {}: {e}", k.run_id),
         }
     }
     let finished_old = old.iter().filter(|r| r.state.is_finished()).count() as u64;
@@ -975,9 +976,13 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
             *m.entry(r.state).or_default() += 1;
             m
         });
+    let touched_completed = revived
+        .iter()
+        .filter(|(_, res)| matches!(res, Ok(r) if r.state == RunState::Completed))
+        .count();
     assert_eq!(
         by_state.get(&RunState::Completed),
-        Some(&50),
+        Some(&(50 + touched_completed)),
         "recent finished runs kept: {by_state:?}"
     );
     assert!(s.get_run(&RunKey::new("beta", "old")).unwrap().is_some());
