@@ -314,6 +314,16 @@ impl From<StateError> for CliError {
             } => CliError::usage(format!(
                 "{text} (check the disk's space and permissions, then try again)"
             )),
+            StateError::Persistence {
+                reason: PersistenceReason::ReadOnly,
+                ..
+            } => CliError::usage(format!(
+                "{text} (the file system is read-only: remount it read-write or pick another --db path)"
+            )),
+            StateError::Persistence {
+                reason: PersistenceReason::InvalidPath,
+                ..
+            } => CliError::usage(format!("{text} (pick another --db path)")),
             StateError::Persistence { .. } | StateError::Invalid { .. } => CliError::usage(text),
             StateError::FenceLost { stored, .. } => CliError::failed(format!(
                 "{text} (a newer worker holds this instance; use --epoch {stored} or higher)"

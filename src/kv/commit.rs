@@ -210,8 +210,7 @@ impl Committer {
 
     fn run_group(sink: &dyn Sink, counters: &mut Counters, group: Vec<Box<dyn Job>>) {
         if let Some(err) = sink.refused() {
-            let msg = err.to_string();
-            let make = move || StateError::unavailable(msg.clone(), None);
+            let make = move || err.replicate();
             for job in group {
                 job.finish(Some(&make));
             }
@@ -251,8 +250,9 @@ impl Committer {
                 }
             }
             Err(e) => {
-                let msg = e.to_string();
-                let make = move || StateError::unavailable(msg.clone(), None);
+                // Each caller gets the error itself (variant, text, source),
+                // not its text wrapped again.
+                let make = move || e.replicate();
                 for job in jobs {
                     job.finish(Some(&make));
                 }

@@ -6,5 +6,6 @@ mod cli;
 #[cfg(feature = "conformance")]
 mod conformance;
 mod durability;
+mod errors;
 mod fuzz_regressions;
 mod stress;
