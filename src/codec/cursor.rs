@@ -182,56 +182,55 @@ mod tests {
                                      binding in proptest::collection::vec(any::<u8>(), 0..16)) {
             let c = encode(&S, Listing::Export, &binding, &pos);
             prop_assert_eq!(decode(&S, Listing::Export, &binding, &c).unwrap(), pos);
-            for bad in crate::codec::cursor::mutations(c.as_str()) {
+            for bad in mutations(c.as_str()) {
                 prop_assert!(decode(&S, Listing::Export, &binding, &Cursor(bad)).is_err());
             }
         }
     }
-}
 
-/// Every single-character and single-byte alteration of a cursor's text:
-/// each character replaced by every other printable ASCII character,
-/// each byte of its raw form flipped bit by bit (re-encoded), every
-/// truncation, and extensions by one character. For the L6 tests.
-#[cfg(test)]
-pub(crate) fn mutations(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let chars: Vec<char> = text.chars().collect();
-    for i in 0..chars.len() {
-        for c in (0x20u8..0x7f).map(char::from) {
-            if c != chars[i] {
+    /// Every single-character and single-byte alteration of a cursor's text:
+    /// each character replaced by every other printable ASCII character,
+    /// each byte of its raw form flipped bit by bit (re-encoded), every
+    /// truncation, and extensions by one character. For the L6 tests.
+    fn mutations(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let chars: Vec<char> = text.chars().collect();
+        for i in 0..chars.len() {
+            for c in (0x20u8..0x7f).map(char::from) {
+                if c != chars[i] {
+                    let mut m = chars.clone();
+                    m[i] = c;
+                    out.push(m.into_iter().collect());
+                }
+            }
+            for bad in ['=', '\n', 'é'] {
                 let mut m = chars.clone();
-                m[i] = c;
+                m[i] = bad;
                 out.push(m.into_iter().collect());
             }
         }
-        for bad in ['=', '\n', 'é'] {
-            let mut m = chars.clone();
-            m[i] = bad;
-            out.push(m.into_iter().collect());
-        }
-    }
-    if let Ok(raw) = URL_SAFE_NO_PAD.decode(text) {
-        for i in 0..raw.len() {
-            for bit in 0..8 {
-                let mut m = raw.clone();
-                m[i] ^= 1 << bit;
-                out.push(URL_SAFE_NO_PAD.encode(&m));
+        if let Ok(raw) = URL_SAFE_NO_PAD.decode(text) {
+            for i in 0..raw.len() {
+                for bit in 0..8 {
+                    let mut m = raw.clone();
+                    m[i] ^= 1 << bit;
+                    out.push(URL_SAFE_NO_PAD.encode(&m));
+                }
             }
+            for n in 0..raw.len() {
+                out.push(URL_SAFE_NO_PAD.encode(&raw[..n]));
+            }
+            let mut longer = raw.clone();
+            longer.push(0);
+            out.push(URL_SAFE_NO_PAD.encode(&longer));
         }
-        for n in 0..raw.len() {
-            out.push(URL_SAFE_NO_PAD.encode(&raw[..n]));
+        for n in 0..chars.len() {
+            out.push(chars[..n].iter().collect());
         }
-        let mut longer = raw.clone();
-        longer.push(0);
-        out.push(URL_SAFE_NO_PAD.encode(&longer));
+        for c in ['A', 'a', '0', '-', '_', '=', ' ', '\n'] {
+            out.push(format!("{text}{c}"));
+            out.push(format!("{c}{text}"));
+        }
+        out
     }
-    for n in 0..chars.len() {
-        out.push(chars[..n].iter().collect());
-    }
-    for c in ['A', 'a', '0', '-', '_', '=', ' ', '\n'] {
-        out.push(format!("{text}{c}"));
-        out.push(format!("{c}{text}"));
-    }
-    out
 }

@@ -343,6 +343,9 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
             f.rewrite_hwm(commits)?;
         }
     }
+    // An import a crash cut short: finished if it was being published,
+    // deleted if it was still being staged.
+    store.recover_import()?;
     Ok(store)
 }
 

@@ -8,4 +8,5 @@ mod conformance;
 mod durability;
 mod errors;
 mod fuzz_regressions;
+mod hardening;
 mod stress;
