@@ -169,3 +169,159 @@ fn x3_a_secret_used_as_a_key_never_reaches_the_disk() {
         }
     }
 }
+
+mod cursors {
+    use agentstate::{
+        Cursor, InstanceKey, MemoryStore, PageRequest, RunKey, RunRecord, SessionKey,
+        SessionRecord, StateError, StateQuery, StateStore, StoreAdmin, Tray, TrayOp, TrayStore,
+    };
+    use proptest::prelude::*;
+
+    /// A store with `n` of everything, and a first-page cursor of every
+    /// listing with the call that continues it.
+    type Continue<'a> = Box<dyn Fn(&Cursor) -> agentstate::Result<usize> + 'a>;
+
+    fn listings<'a>(
+        s: &'a MemoryStore,
+        tenant: &str,
+        limit: usize,
+    ) -> Vec<(&'static str, Cursor, Continue<'a>)> {
+        let t = tenant.to_string();
+        let i = InstanceKey::new(format!("ns-{tenant}"), "i");
+        let req = move |c: Option<&Cursor>| PageRequest::new(limit).after(c);
+        let mut out: Vec<(&'static str, Cursor, Continue<'a>)> = Vec::new();
+        let q = StateQuery::new(&t);
+        let first = s.list_runs(&q, &req(None)).unwrap();
+        let (q2, t2, t3, i2) = (q.clone(), t.clone(), t.clone(), i.clone());
+        out.push((
+            "runs",
+            first.cursor().unwrap().clone(),
+            Box::new(move |c| s.list_runs(&q2, &req(Some(c))).map(|p| p.items().len())),
+        ));
+        let qa = StateQuery::new(&t).agent("planner");
+        let first = s.list_runs(&qa, &req(None)).unwrap();
+        out.push((
+            "runs by agent",
+            first.cursor().unwrap().clone(),
+            Box::new(move |c| s.list_runs(&qa, &req(Some(c))).map(|p| p.items().len())),
+        ));
+        let first = s.list_sessions(&t, &req(None)).unwrap();
+        out.push((
+            "sessions",
+            first.cursor().unwrap().clone(),
+            Box::new(move |c| s.list_sessions(&t2, &req(Some(c))).map(|p| p.items().len())),
+        ));
+        let first = s.list_trays(&i, 1, &req(None)).unwrap();
+        out.push((
+            "trays",
+            first.cursor().unwrap().clone(),
+            Box::new(move |c| s.list_trays(&i2, 1, &req(Some(c))).map(|p| p.items().len())),
+        ));
+        let env = format!("env-{t3}");
+        let first = s.marked_trays(Some(&env), &req(None)).unwrap();
+        out.push((
+            "marked",
+            first.cursor().unwrap().clone(),
+            Box::new(move |c| {
+                s.marked_trays(Some(&env), &req(Some(c)))
+                    .map(|p| p.items().len())
+            }),
+        ));
+        let first = s.due_alarms(u64::MAX, &req(None)).unwrap();
+        out.push((
+            "alarms",
+            first.cursor().unwrap().clone(),
+            Box::new(move |c| {
+                s.due_alarms(u64::MAX, &req(Some(c)))
+                    .map(|p| p.items().len())
+            }),
+        ));
+        let first = s.export_page(&req(None)).unwrap();
+        out.push((
+            "export",
+            first.cursor().unwrap().clone(),
+            Box::new(move |c| s.export_page(&req(Some(c))).map(|p| p.items().len())),
+        ));
+        out
+    }
+
+    fn store(tenant: &str, n: usize) -> MemoryStore {
+        let s = MemoryStore::new();
+        for k in 0..n {
+            s.put_session(SessionRecord::new(SessionKey::new(tenant, format!("s{k}"))))
+                .unwrap();
+            s.put_run(RunRecord::new(
+                RunKey::new(tenant, format!("r{k}")),
+                "planner",
+            ))
+            .unwrap();
+            s.set_alarm(
+                &InstanceKey::new(format!("ns-{tenant}"), format!("a{k}")),
+                1,
+                k as u64,
+            )
+            .unwrap();
+        }
+        let ops = (0..n)
+            .map(|k| TrayOp::Put {
+                tray_ns: "t".into(),
+                tray_id: format!("{k}"),
+                tray: Tray {
+                    marked: true,
+                    doc: vec![1, 2, 3],
+                    env: format!("env-{tenant}"),
+                    hostname: "h".into(),
+                },
+            })
+            .collect();
+        s.apply_batch(&InstanceKey::new(format!("ns-{tenant}"), "i"), 1, ops)
+            .unwrap();
+        s
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// L6: a real cursor of every listing, altered by one byte, one
+        /// character, a cut or an extension, is `Invalid`; the untouched
+        /// cursor still pages on; no cursor shows its tenant.
+        #[test]
+        fn l6_every_alteration_of_a_real_cursor_is_invalid(
+            tenant in "[a-z]{8,16}",
+            n in 3usize..12,
+            limit in 1usize..3,
+            edits in proptest::collection::vec((any::<usize>(), 0x20u8..0x7f, any::<u8>()), 8),
+        ) {
+            let s = store(&tenant, n);
+            for (what, cur, next) in listings(&s, &tenant, limit) {
+                let text = cur.as_str();
+                prop_assert!(!text.contains(&tenant), "{what}: {text} shows the tenant");
+                let hex: String = tenant.bytes().map(|b| format!("{b:02x}")).collect();
+                prop_assert!(!text.to_lowercase().contains(&hex), "{what}: {text} shows the tenant as hex");
+                prop_assert!(next(&cur).is_ok(), "{what}: the untouched cursor");
+                for &(at, ch, byte) in &edits {
+                    let mut bytes = text.as_bytes().to_vec();
+                    let i = at % bytes.len();
+                    let mut altered = Vec::new();
+                    // One character replaced.
+                    if bytes[i] != ch {
+                        let mut b = bytes.clone();
+                        b[i] = ch;
+                        altered.push(String::from_utf8(b).unwrap());
+                    }
+                    // One byte (of the text) flipped, kept valid UTF-8.
+                    bytes[i] ^= 1 << (byte % 7);
+                    altered.push(String::from_utf8_lossy(&bytes).into_owned());
+                    // Cut and extended.
+                    altered.push(text[..i].to_string());
+                    altered.push(format!("{}{}{}", &text[..i], ch as char, &text[i..]));
+                    for bad in altered.into_iter().filter(|b| b != text) {
+                        match next(&Cursor::from_text(bad.clone())) {
+                            Err(StateError::Invalid { .. }) => {}
+                            other => prop_assert!(false, "{what}: {bad:?} (from {text}) gave {other:?}"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
