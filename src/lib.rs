@@ -31,6 +31,9 @@
 //!   `spawn_blocking`.
 //! - `conformance`: `agentstate::conformance`, the public conformance suite
 //!   a third-party backend runs against itself.
+//! - `redis`: `RedisStore`, the Redis backend (every write one Lua script on
+//!   the server; an `Ok` survives a server crash only with `appendfsync
+//!   always`, which `connect` checks).
 //!
 //! ## Durability
 //! See [`Durability`] and the README's "Durability" section.
@@ -56,6 +59,8 @@ pub mod limits;
 mod options;
 mod page;
 mod record;
+#[cfg(feature = "redis")]
+mod redis_store;
 mod retry;
 mod rules;
 mod scrub;
@@ -80,6 +85,8 @@ pub use record::{
     Approval, Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,
     StateQuery, ToolCall, Usage,
 };
+#[cfg(feature = "redis")]
+pub use redis_store::{RedisOptions, RedisStore};
 pub use retry::{RetryPolicy, StateStoreExt};
 pub use scrub::{REDACTED, Scrubber};
 pub use tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};

@@ -9,4 +9,8 @@ mod durability;
 mod errors;
 mod fuzz_regressions;
 mod hardening;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(feature = "redis")]
+mod redis_server;
 mod stress;
