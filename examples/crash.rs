@@ -484,6 +484,10 @@ impl<'a> Worker<'a> {
         if next.approval.is_some() {
             next.state = RunState::AwaitingApproval;
         }
+        // R9: a finished run stays finished.
+        if r.state.is_finished() {
+            next.state = r.state;
+        }
         next
     }
 

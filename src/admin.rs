@@ -37,6 +37,11 @@ pub trait StoreAdmin: Send + Sync {
     /// of a write (ids, sizes, scrubbing, a unique `seq` per tenant).
     /// Returns how many entries were imported. An error from the iterator
     /// stops the import and is returned.
+    ///
+    /// All or nothing: nothing of the import is visible until the iterator
+    /// has ended and every entry passed its checks; after any error the
+    /// store is exactly as it was (empty). A crash during an import leaves
+    /// it empty or holding the whole import, never part of it.
     fn import(&self, entries: &mut dyn Iterator<Item = Result<Entry>>) -> Result<u64>;
 
     /// Every session of a tenant, page after page.

@@ -15,6 +15,27 @@ pub enum PersistenceReason {
     /// The record or doc is larger than the store's limit. Not retryable: the
     /// record stays too large.
     TooLarge,
+    /// The file system holding the store is read-only (`EROFS`). Not
+    /// retryable: remount it read-write, or use another path.
+    ReadOnly,
+    /// The file system refuses the store's path itself: a file name too long
+    /// for it (`ENAMETOOLONG`), a component that is not a directory, or a name
+    /// it cannot hold. Not retryable: pick another path.
+    InvalidPath,
+}
+
+impl PersistenceReason {
+    /// The reason an I/O error of this kind gives: read-only file systems
+    /// and unusable paths are not retryable; everything else (a full disk,
+    /// a failed sync, an interrupted call) is `Unavailable`.
+    pub fn of_io(e: &std::io::Error) -> Self {
+        use std::io::ErrorKind as K;
+        match e.kind() {
+            K::ReadOnlyFilesystem => PersistenceReason::ReadOnly,
+            K::InvalidFilename | K::NotADirectory => PersistenceReason::InvalidPath,
+            _ => PersistenceReason::Unavailable,
+        }
+    }
 }
 
 /// What a [`StateError::NotFound`] could not find (rule E2).
@@ -60,7 +81,7 @@ pub enum StateError {
     /// The write could not be persisted (E3).
     #[error("persistence failed ({reason:?}): {detail}")]
     Persistence {
-        /// Unavailable (retryable) or TooLarge (not).
+        /// Unavailable (retryable), or TooLarge, ReadOnly, InvalidPath (not).
         reason: PersistenceReason,
         /// What happened, for a human.
         detail: String,
@@ -106,11 +127,18 @@ pub enum StateError {
         /// The newest version this build reads.
         supported: u8,
     },
-    /// Another process holds the store at this path (D3).
-    #[error("store {} is already open in another process", path.display())]
+    /// The store at this path is already open (D3): in another process, or
+    /// (`this_process`) through another handle of this one.
+    #[error(
+        "store {} is already open {}",
+        path.display(),
+        if *this_process { "in this process (drop the other handle first)" } else { "in another process" }
+    )]
     Locked {
         /// The store's path.
         path: PathBuf,
+        /// True when this process holds it (another open handle).
+        this_process: bool,
     },
 }
 
@@ -148,6 +176,57 @@ impl StateError {
             reason: PersistenceReason::Unavailable,
             detail: detail.into(),
             source,
+        }
+    }
+
+    /// An I/O error while `doing` something: its reason from its kind
+    /// ([`PersistenceReason::of_io`]), the detail saying what was being done
+    /// and what the OS said (once), and the error itself as `source()`.
+    pub(crate) fn io(doing: impl std::fmt::Display, e: std::io::Error) -> Self {
+        StateError::Persistence {
+            reason: PersistenceReason::of_io(&e),
+            detail: format!("{doing}: {e}"),
+            source: Some(e),
+        }
+    }
+
+    /// The same error again, for each caller of a failed commit group: the
+    /// same variant and text, and a `source()` of the same kind and OS code.
+    pub(crate) fn replicate(&self) -> StateError {
+        use StateError as E;
+        match self {
+            E::Conflict { expected, actual } => E::Conflict {
+                expected: *expected,
+                actual: *actual,
+            },
+            E::NotFound(m) => E::NotFound(m.clone()),
+            E::Persistence {
+                reason,
+                detail,
+                source,
+            } => E::Persistence {
+                reason: *reason,
+                detail: detail.clone(),
+                source: source.as_ref().map(|io| match io.raw_os_error() {
+                    Some(code) => std::io::Error::from_raw_os_error(code),
+                    None => std::io::Error::new(io.kind(), io.to_string()),
+                }),
+            },
+            E::InUse { runs } => E::InUse { runs: runs.clone() },
+            E::FenceLost { caller, stored } => E::FenceLost {
+                caller: *caller,
+                stored: *stored,
+            },
+            E::Invalid { what } => E::Invalid { what: what.clone() },
+            E::Corrupt { what } => E::Corrupt { what: what.clone() },
+            E::UnsupportedFormat { found, supported } => E::UnsupportedFormat {
+                found: *found,
+                supported: *supported,
+            },
+            E::Locked { path, this_process } => E::Locked {
+                path: path.clone(),
+                this_process: *this_process,
+            },
         }
     }
 }

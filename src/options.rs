@@ -35,6 +35,7 @@ pub struct Options {
     pub(crate) scrubber: Scrubber,
     pub(crate) durability: Durability,
     pub(crate) salvage: bool,
+    pub(crate) create_parents: bool,
 }
 
 impl std::fmt::Debug for Options {
@@ -43,6 +44,7 @@ impl std::fmt::Debug for Options {
             .field("record_bytes_max", &self.record_bytes_max)
             .field("durability", &self.durability)
             .field("salvage", &self.salvage)
+            .field("create_parents", &self.create_parents)
             .finish_non_exhaustive()
     }
 }
@@ -55,6 +57,7 @@ impl Default for Options {
             scrubber: Scrubber::default(),
             durability: Durability::Immediate,
             salvage: false,
+            create_parents: false,
         }
     }
 }
@@ -89,6 +92,14 @@ impl Options {
     /// high-water mark is reset to what was recovered.
     pub fn salvage(mut self, salvage: bool) -> Self {
         self.salvage = salvage;
+        self
+    }
+    /// Create the missing parent directories of a new file store's path
+    /// (default: no — a path whose parent does not exist is refused with
+    /// `Invalid` naming the first missing directory, so a typo in a path
+    /// does not make a new empty store somewhere else).
+    pub fn create_parents(mut self, create: bool) -> Self {
+        self.create_parents = create;
         self
     }
 }

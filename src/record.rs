@@ -60,7 +60,9 @@ impl RunState {
         RunState::Cancelled,
     ];
 
-    /// True for `Completed`, `Failed` and `Cancelled`: states a run never leaves.
+    /// True for `Completed`, `Failed` and `Cancelled`: states a run never
+    /// leaves (rule R9). A `put_run` that moves a finished run to any other
+    /// state is `Invalid` naming the state; `patch_run` still adds to it.
     pub fn is_finished(self) -> bool {
         matches!(
             self,

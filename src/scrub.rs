@@ -35,9 +35,17 @@
 //!
 //! # Secret-shaped strings (X3)
 //!
-//! Inside every JSON string value (keys are left as they are), and in
-//! arguments that are not JSON, these shapes are replaced, and only them:
-//! surrounding text stays.
+//! Inside every JSON string value and every object key, and in arguments
+//! that are not JSON, these shapes are replaced, and only them: surrounding
+//! text stays.
+//!
+//! An object key is scrubbed like a string value: `{"sk_live_…": 1}` becomes
+//! `{"[REDACTED]": 1}`. So that no entry is lost, a scrubbed key that
+//! would equal another key of its object gets ` #2`, ` #3`, … appended
+//! (keys that did not change keep their names; renamed keys are numbered
+//! in the order of their original names). The value under such a key is
+//! scrubbed as usual (redacted whole when the old or the new name is a
+//! secret key).
 //!
 //! | shape | example of what is replaced |
 //! |---|---|
@@ -447,12 +455,29 @@ impl Scrubber {
     fn scrub_value(&self, value: &mut Value) {
         match value {
             Value::Object(map) => {
-                for (key, item) in map.iter_mut() {
-                    if self.is_secret_key(key) {
-                        *item = Value::String(REDACTED.to_owned());
-                    } else {
-                        self.scrub_value(item);
+                // Keys are scrubbed like string values (X3). A key that
+                // changes is renamed after the keys that do not, so a
+                // renamed key never displaces one that stays, and made
+                // unique within the object so no entry is lost.
+                let mut renamed = Vec::new();
+                for (key, item) in std::mem::take(map) {
+                    match self.fixed_point(&key, true) {
+                        None => {
+                            let item = self.scrubbed_item(&key, None, item);
+                            map.insert(key, item);
+                        }
+                        Some(clean) => renamed.push((clean, key, item)),
                     }
+                }
+                for (clean, key, item) in renamed {
+                    let item = self.scrubbed_item(&key, Some(&clean), item);
+                    let mut name = clean.clone();
+                    let mut n = 2u64;
+                    while map.contains_key(&name) {
+                        name = format!("{clean} #{n}");
+                        n += 1;
+                    }
+                    map.insert(name, item);
                 }
             }
             Value::Array(items) => items.iter_mut().for_each(|item| self.scrub_value(item)),
@@ -463,6 +488,18 @@ impl Scrubber {
             }
             Value::Number(_) | Value::Bool(_) | Value::Null => {}
         }
+    }
+
+    /// The value under `key` (renamed to `clean` when the key itself held
+    /// a secret): redacted whole when either name is a secret key (so the
+    /// second pass, which sees only the new name, decides the same way),
+    /// scrubbed otherwise.
+    fn scrubbed_item(&self, key: &str, clean: Option<&str>, mut item: Value) -> Value {
+        if self.is_secret_key(key) || clean.is_some_and(|c| self.is_secret_key(c)) {
+            return Value::String(REDACTED.to_owned());
+        }
+        self.scrub_value(&mut item);
+        item
     }
 
     /// Applies passes (shapes, and pairs first when `with_pairs`) until one
@@ -798,6 +835,59 @@ mod tests {
             pem("OPENSSH "),
             pem("ENCRYPTED "),
         ]
+    }
+
+    #[test]
+    fn secret_shaped_keys_are_redacted_and_no_entry_is_lost() {
+        for secret in shaped_secrets() {
+            let input = serde_json::json!({
+                secret.clone(): "value",
+                "city": "Paris",
+                "nested": { format!("id {secret}"): {"a": 1}, "[REDACTED]": true },
+                "list": [{ secret.clone(): 2, "[REDACTED]": 3, "[REDACTED] #2": 4 }],
+                "api_key": { secret.clone(): "x" },
+            })
+            .to_string();
+            let out = scrub(&input);
+            assert!(!out.contains(secret.as_str()), "{secret} kept in {out}");
+            let v: Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(v["city"], "Paris");
+            // A PEM block ends in `PRIVATE KEY-----`: a secret key name too.
+            let named = Scrubber::new().is_secret_key(&secret);
+            let or_redacted = |v: Value| if named { Value::from(REDACTED) } else { v };
+            assert_eq!(v[REDACTED], or_redacted("value".into()), "{secret}: {out}");
+            if !named {
+                assert_eq!(v["nested"]["id [REDACTED]"]["a"], 1, "{out}");
+            }
+            assert_eq!(v["nested"][REDACTED], true, "{out}");
+            let list = &v["list"][0];
+            assert_eq!(
+                list.as_object().unwrap().len(),
+                3,
+                "an entry was lost: {out}"
+            );
+            assert_eq!(list[REDACTED], 3, "a key that stays keeps its name: {out}");
+            assert_eq!(list["[REDACTED] #2"], 4, "{out}");
+            assert_eq!(list["[REDACTED] #3"], or_redacted(2.into()), "{out}");
+            assert_eq!(v["api_key"], REDACTED);
+        }
+        // Two secrets that scrub to one name: both entries stay.
+        let (a, b) = (format!("ghp_{}", fake(36)), format!("sk-{}", fake(48)));
+        let out = scrub_json(&serde_json::json!({ a.clone(): 1, b.clone(): 2 }).to_string());
+        let mut got: Vec<i64> = out
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        got.sort();
+        assert_eq!(got, [1, 2], "{out}");
+        // A key that holds a key=value secret, and a renamed key that names a
+        // secret key: its value is redacted too.
+        let out =
+            scrub_json(r#"{"password=hunter2":"x","sk_live_abcdefghijklmnopqrstuvwx token":"y"}"#);
+        assert_eq!(out["password=[REDACTED]"], "x");
+        assert_eq!(out["[REDACTED] token"], REDACTED);
     }
 
     #[test]

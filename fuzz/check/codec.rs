@@ -1,7 +1,9 @@
 //! The `codec` target: arbitrary bytes decoded as a stored run, session or
 //! tray, as a key, or as a cursor never panic; what decodes re-encodes to
 //! the same value; keys are injective and keep component order; a cursor
-//! decodes only with its own binding and not after any one change.
+//! decodes only with its own binding and not after any one change (a
+//! character replaced, a cut, a character added), and does not show its
+//! binding.
 
 use agentstate::fuzz_api::{
     decode_cursor, decode_key, decode_key_greedy, decode_run, decode_session, decode_tray,
@@ -146,17 +148,39 @@ pub fn run(data: &[u8]) {
                 decode_cursor(&other, &c).is_err(),
                 "cursor accepted with another binding"
             );
-            let text = c.as_str().as_bytes();
-            let at = (inp.u64() as usize) % text.len();
-            let mut bad = text.to_vec();
-            let hex = b"0123456789abcdef";
-            bad[at] =
-                hex[(hex.iter().position(|&h| h == bad[at]).unwrap_or(0) + 1 + inp.below(15)) % 16];
-            let bad = Cursor::from_text(String::from_utf8(bad).expect("hex is ASCII"));
-            assert!(
-                decode_cursor(&binding, &bad).is_err(),
-                "altered cursor {bad} accepted"
+            let text = c.as_str();
+            // Opaque: the binding (a tenant and filters) is not in the
+            // cursor, as text or in the bytes it decodes to.
+            if binding.len() >= 8 {
+                assert!(
+                    !text.as_bytes().windows(binding.len()).any(|w| w == binding),
+                    "cursor {text} shows its binding"
+                );
+            }
+            // Any one character replaced by any other printable one, a cut,
+            // or one more character: refused.
+            let chars: Vec<char> = text.chars().collect();
+            let at = (inp.u64() as usize) % chars.len();
+            let mut replaced = chars.clone();
+            let offset = 1 + inp.below(94) as u8;
+            replaced[at] = char::from(0x20 + ((chars[at] as u8 - 0x20 + offset) % 95));
+            let cut = inp.below(chars.len());
+            let mut extended = text.to_string();
+            extended.insert(
+                (inp.u64() as usize) % (chars.len() + 1),
+                char::from(0x20 + inp.below(95) as u8),
             );
+            for bad in [
+                replaced.iter().collect::<String>(),
+                chars[..cut].iter().collect(),
+                extended,
+            ] {
+                let bad = Cursor::from_text(bad);
+                assert!(
+                    decode_cursor(&binding, &bad).is_err(),
+                    "altered cursor {bad} (from {text}) accepted"
+                );
+            }
             let garbage = Cursor::from_text(String::from_utf8_lossy(inp.rest()).into_owned());
             let _ = decode_cursor(&binding, &garbage);
         }

@@ -840,6 +840,8 @@ impl Harness<'_> {
                                 || old.iterations != rec.iterations
                                 || old.messages_read != rec.messages_read
                                 || old.session_id != rec.session_id
+                                // R9: a finished run stays finished.
+                                || (old.state.is_finished() && old.state != rec.state)
                             {
                                 invalid()
                             } else {

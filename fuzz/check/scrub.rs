@@ -1,8 +1,10 @@
 //! The `scrub` target: arbitrary JSON and text through the default
 //! `Scrubber::scrub_arguments` never panics, is idempotent (X4), and never
 //! lets a planted secret through (X3): a GitHub token, an AWS access key
-//! id or an `sk-` key, planted as a string value anywhere in arbitrary JSON
-//! or as a word anywhere in arbitrary text.
+//! id or an `sk-` key, planted as a string value or an object key (alone
+//! or as a word of it) anywhere in arbitrary JSON, or as a word anywhere in
+//! arbitrary text; and a secret key is renamed, never dropped (an object
+//! keeps its number of entries).
 
 use agentstate::Scrubber;
 use serde_json::{Map, Value};
@@ -67,7 +69,15 @@ fn value(inp: &mut Input<'_>, depth: usize, plant: &mut Option<usize>, secret: &
         _ => {
             let mut m = Map::new();
             for _ in 0..inp.below(4) {
-                let k = if inp.bool() {
+                let k = if *plant == Some(0) && inp.below(3) == 0 {
+                    // The secret in key position.
+                    *plant = None;
+                    match inp.below(3) {
+                        0 => secret.to_string(),
+                        1 => format!("{} {secret}", inp.string(6).trim()),
+                        _ => format!("{secret} {}", inp.pick(&KEYS)),
+                    }
+                } else if inp.bool() {
                     inp.pick(&KEYS).to_string()
                 } else {
                     inp.string(8)
@@ -120,6 +130,17 @@ pub fn run(data: &[u8]) {
         assert!(
             !once.contains(&s),
             "planted secret {s} survived scrubbing of {text:?}: {once:?}"
+        );
+    }
+    // No entry is lost: a scrubbed key is renamed, unique in its object.
+    if let (Ok(Value::Object(before)), Ok(Value::Object(after))) = (
+        serde_json::from_str::<Value>(&text),
+        serde_json::from_str::<Value>(&once),
+    ) {
+        assert_eq!(
+            before.len(),
+            after.len(),
+            "an entry was lost scrubbing {text:?}: {once:?}"
         );
     }
 }

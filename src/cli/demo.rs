@@ -659,7 +659,11 @@ fn listing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
                     let mut r = d.r(|s| s.get_run(&k))?.ok_or_else(|| StateError::Invalid {
                         what: "a run vanished".into(),
                     })?;
-                    r.state = if r.state == RunState::Paused {
+                    // R9: a finished run stays finished (the put still
+                    // moves its `updated_at`).
+                    r.state = if r.state.is_finished() {
+                        r.state
+                    } else if r.state == RunState::Paused {
                         RunState::Running
                     } else {
                         RunState::Paused

@@ -98,6 +98,10 @@ enum Command {
         /// What to read; stdin when not given.
         #[arg(long = "in", value_name = "FILE")]
         input: Option<PathBuf>,
+        /// Import a format-2 export that has no trailer line (it cannot be
+        /// told whether it was cut short).
+        #[arg(long)]
+        allow_untrailed: bool,
     },
     /// Retention: delete a tenant's finished runs (completed, failed,
     /// cancelled) last written before a time. Unfinished runs are never
@@ -314,6 +318,16 @@ impl From<StateError> for CliError {
             } => CliError::usage(format!(
                 "{text} (check the disk's space and permissions, then try again)"
             )),
+            StateError::Persistence {
+                reason: PersistenceReason::ReadOnly,
+                ..
+            } => CliError::usage(format!(
+                "{text} (the file system is read-only: remount it read-write or pick another --db path)"
+            )),
+            StateError::Persistence {
+                reason: PersistenceReason::InvalidPath,
+                ..
+            } => CliError::usage(format!("{text} (pick another --db path)")),
             StateError::Persistence { .. } | StateError::Invalid { .. } => CliError::usage(text),
             StateError::FenceLost { stored, .. } => CliError::failed(format!(
                 "{text} (a newer worker holds this instance; use --epoch {stored} or higher)"
@@ -435,9 +449,27 @@ fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Export { out: file } => {
             transfer::export(&*cli.open(Open::Existing)?, file.as_deref(), out)
         }
-        Command::Import { input } => {
-            let db = cli.db()?.display();
-            transfer::import(&*cli.open(Open::Create)?, &db, input.as_deref(), out)
+        Command::Import {
+            input,
+            allow_untrailed,
+        } => {
+            let spec = cli.db()?;
+            let db = spec.display();
+            // A store this import creates is removed again if it fails, so
+            // a failed import leaves the path as it was.
+            let fresh = match &spec {
+                DbSpec::Path(p) if !p.exists() => Some(p.clone()),
+                _ => None,
+            };
+            let store = cli.open(Open::Create)?;
+            let r = transfer::import(&*store, &db, input.as_deref(), *allow_untrailed, out);
+            if r.is_err() {
+                drop(store);
+                if let Some(p) = fresh {
+                    let _ = std::fs::remove_dir_all(p);
+                }
+            }
+            r
         }
         Command::Copy { from, to } => {
             copy::run(&DbSpec::parse(from), &DbSpec::parse(to), cli.options(), out)

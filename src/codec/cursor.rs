@@ -1,22 +1,40 @@
 //! The cursor codec (rule L6).
 //!
-//! A cursor is hex text of `position ‖ mac`, where `position` is the engine
-//! key the page ended on and `mac` is SipHash-1-3, keyed by the store's
-//! secret, over the listing kind, the listing's binding (tenant and
-//! filters) and the position. A cursor handed to another listing, another
-//! tenant, other filters or another store, or altered in any way, fails the
-//! MAC and is `Invalid`.
+//! A cursor is the canonical base64url text (RFC 4648 §5, no padding) of
+//!
+//! ```text
+//! version (1 byte, = 2) ‖ nonce (24 bytes, random) ‖ XChaCha20-Poly1305(position) ‖ tag (16 bytes)
+//! ```
+//!
+//! `position` is the engine key the page ended on. It is encrypted and
+//! authenticated under a key derived (HKDF-SHA256, its own `info` label)
+//! from the store's secret, with the listing kind and the listing's
+//! binding (tenant and filters) as associated data. So a cursor reveals
+//! nothing but its length; one handed to another listing, another tenant,
+//! other filters or another store fails authentication; and since decoding
+//! is strict (only the one spelling `encode` writes is read, checked by
+//! re-encoding), a cursor altered in any way at all is `Invalid`.
+//! Cursors of format 1 (hex with a SipHash tag) are `Invalid` too: cursors
+//! are short-lived, and an upgrade only ends the walks in progress.
 
-use std::hash::Hasher;
-
-use siphasher::sip::SipHasher13;
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 
 use crate::cursor::Cursor;
 use crate::error::{Result, StateError};
 
 /// Largest position a cursor carries (a key of ours is far smaller).
 const POSITION_BYTES_MAX: usize = 8 * 1024;
-const MAC_BYTES: usize = 8;
+/// The format byte every cursor starts with.
+const VERSION: u8 = 2;
+const NONCE_BYTES: usize = 24;
+const TAG_BYTES: usize = 16;
+/// Domain separation of the cursor key from any other use of the secret.
+const KEY_INFO: &[u8] = b"agentstate cursor key v2";
+/// Prefix of the associated data.
+const AD_LABEL: &[u8] = b"agentstate cursor v2";
 
 /// Which listing issued a cursor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,13 +48,25 @@ pub(crate) enum Listing {
     Sessions = 6,
 }
 
-fn mac(secret: &[u8; 16], listing: Listing, binding: &[u8], position: &[u8]) -> u64 {
-    let mut h = SipHasher13::new_with_key(secret);
-    h.write_u8(listing as u8);
-    h.write_usize(binding.len());
-    h.write(binding);
-    h.write(position);
-    h.finish()
+/// The AEAD keyed by the 32-byte key derived from the store's secret.
+fn cipher(secret: &[u8; 16]) -> XChaCha20Poly1305 {
+    let hk = hkdf::Hkdf::<sha2::Sha256>::new(None, secret);
+    let mut key = [0u8; 32];
+    hk.expand(KEY_INFO, &mut key)
+        .expect("32 bytes is a valid HKDF-SHA256 output length");
+    XChaCha20Poly1305::new(&key.into())
+}
+
+/// Associated data: label, version, listing, and the length-prefixed
+/// binding (so no two (listing, binding) pairs share a byte string).
+fn associated(listing: Listing, binding: &[u8]) -> Vec<u8> {
+    let mut ad = Vec::with_capacity(AD_LABEL.len() + 10 + binding.len());
+    ad.extend_from_slice(AD_LABEL);
+    ad.push(VERSION);
+    ad.push(listing as u8);
+    ad.extend_from_slice(&(binding.len() as u64).to_le_bytes());
+    ad.extend_from_slice(binding);
+    ad
 }
 
 /// Makes the cursor for a page that ended at `position`.
@@ -47,12 +77,22 @@ pub(crate) fn encode(
     position: &[u8],
 ) -> Cursor {
     debug_assert!(position.len() <= POSITION_BYTES_MAX);
-    let m = mac(secret, listing, binding, position);
-    let mut text = String::with_capacity((position.len() + MAC_BYTES) * 2);
-    for b in position.iter().chain(m.to_le_bytes().iter()) {
-        text.push_str(&format!("{b:02x}"));
-    }
-    let c = Cursor(text);
+    let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
+    let ad = associated(listing, binding);
+    let sealed = cipher(secret)
+        .encrypt(
+            &nonce,
+            Payload {
+                msg: position,
+                aad: &ad,
+            },
+        )
+        .expect("XChaCha20-Poly1305 encrypts any message of our size");
+    let mut bytes = Vec::with_capacity(1 + NONCE_BYTES + sealed.len());
+    bytes.push(VERSION);
+    bytes.extend_from_slice(&nonce);
+    bytes.extend_from_slice(&sealed);
+    let c = Cursor(URL_SAFE_NO_PAD.encode(&bytes));
     debug_assert!(decode(secret, listing, binding, &c).is_ok_and(|p| p == position));
     c
 }
@@ -66,47 +106,131 @@ pub(crate) fn decode(
 ) -> Result<Vec<u8>> {
     let invalid = || {
         StateError::invalid(
-            "cursor: not issued by this listing (other tenant, filters or store, or altered)",
+            "cursor: not issued by this listing (other tenant, filters or store, altered, or from an older release)",
         )
     };
-    let text = cursor.as_str().as_bytes();
-    if !text.len().is_multiple_of(2)
-        || text.len() < 2 * (MAC_BYTES + 1)
-        || text.len() > 2 * (POSITION_BYTES_MAX + MAC_BYTES)
-    {
+    let text = cursor.as_str();
+    let max_text = (1 + NONCE_BYTES + POSITION_BYTES_MAX + TAG_BYTES).div_ceil(3) * 4;
+    if text.len() > max_text {
         return Err(invalid());
     }
-    let mut bytes = Vec::with_capacity(text.len() / 2);
-    for pair in text.chunks_exact(2) {
-        let hex = std::str::from_utf8(pair).map_err(|_| invalid())?;
-        bytes.push(u8::from_str_radix(hex, 16).map_err(|_| invalid())?);
-    }
-    let (position, m) = bytes.split_at(bytes.len() - MAC_BYTES);
-    let m = u64::from_le_bytes(m.try_into().expect("split gives 8 bytes"));
-    if mac(secret, listing, binding, position) != m {
+    let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| invalid())?;
+    // Exactly one spelling: the text must be what `encode` writes for
+    // these bytes (no padding, no stray trailing bits, no other alphabet).
+    if URL_SAFE_NO_PAD.encode(&bytes) != text {
         return Err(invalid());
     }
-    Ok(position.to_vec())
+    if bytes.len() < 1 + NONCE_BYTES + TAG_BYTES || bytes[0] != VERSION {
+        return Err(invalid());
+    }
+    let (nonce, sealed) = bytes[1..].split_at(NONCE_BYTES);
+    let ad = associated(listing, binding);
+    cipher(secret)
+        .decrypt(
+            XNonce::from_slice(nonce),
+            Payload {
+                msg: sealed,
+                aad: &ad,
+            },
+        )
+        .map_err(|_| invalid())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    const S: [u8; 16] = [7u8; 16];
 
     #[test]
     fn binds_listing_binding_and_secret() {
-        let s = [7u8; 16];
-        let c = encode(&s, Listing::Runs, b"acme", b"pos");
-        assert_eq!(decode(&s, Listing::Runs, b"acme", &c).unwrap(), b"pos");
-        assert!(decode(&s, Listing::Runs, b"other", &c).is_err());
-        assert!(decode(&s, Listing::Trays, b"acme", &c).is_err());
+        let c = encode(&S, Listing::Runs, b"acme", b"pos");
+        assert_eq!(decode(&S, Listing::Runs, b"acme", &c).unwrap(), b"pos");
+        assert!(decode(&S, Listing::Runs, b"other", &c).is_err());
+        assert!(decode(&S, Listing::Trays, b"acme", &c).is_err());
         assert!(decode(&[8u8; 16], Listing::Runs, b"acme", &c).is_err());
         for bad in ["", "zz", "0", &c.as_str()[2..], &c.as_str().to_uppercase()] {
-            let _ = decode(&s, Listing::Runs, b"acme", &Cursor(bad.to_string()));
+            assert!(decode(&S, Listing::Runs, b"acme", &Cursor(bad.to_string())).is_err());
         }
-        let mut t = c.as_str().to_string().into_bytes();
-        t[0] = if t[0] == b'0' { b'1' } else { b'0' };
-        let t = Cursor(String::from_utf8(t).unwrap());
-        assert!(decode(&s, Listing::Runs, b"acme", &t).is_err());
+    }
+
+    #[test]
+    fn a_cursor_of_format_1_is_invalid() {
+        // Hex of position ‖ SipHash tag, as releases before format 2 wrote.
+        for old in [
+            "01616300ff0102030405060708",
+            "0061636d6500000000000000010011223344556677",
+        ] {
+            assert!(decode(&S, Listing::Runs, b"acme", &Cursor(old.into())).is_err());
+        }
+    }
+
+    #[test]
+    fn each_cursor_is_fresh_and_hides_its_position() {
+        let a = encode(&S, Listing::Runs, b"acme", b"acme-position");
+        let b = encode(&S, Listing::Runs, b"acme", b"acme-position");
+        assert_ne!(a, b, "a random nonce per cursor");
+        let raw = URL_SAFE_NO_PAD.decode(a.as_str()).unwrap();
+        assert!(!raw.windows(4).any(|w| w == b"acme"));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(6))]
+        #[test]
+        fn every_mutation_is_invalid(pos in proptest::collection::vec(any::<u8>(), 0..64),
+                                     binding in proptest::collection::vec(any::<u8>(), 0..16)) {
+            let c = encode(&S, Listing::Export, &binding, &pos);
+            prop_assert_eq!(decode(&S, Listing::Export, &binding, &c).unwrap(), pos);
+            for bad in mutations(c.as_str()) {
+                prop_assert!(decode(&S, Listing::Export, &binding, &Cursor(bad)).is_err());
+            }
+        }
+    }
+
+    /// Every single-character and single-byte alteration of a cursor's text:
+    /// each character replaced by every other printable ASCII character,
+    /// each byte of its raw form flipped bit by bit (re-encoded), every
+    /// truncation, and extensions by one character. For the L6 tests.
+    fn mutations(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let chars: Vec<char> = text.chars().collect();
+        for i in 0..chars.len() {
+            for c in (0x20u8..0x7f).map(char::from) {
+                if c != chars[i] {
+                    let mut m = chars.clone();
+                    m[i] = c;
+                    out.push(m.into_iter().collect());
+                }
+            }
+            for bad in ['=', '\n', 'é'] {
+                let mut m = chars.clone();
+                m[i] = bad;
+                out.push(m.into_iter().collect());
+            }
+        }
+        if let Ok(raw) = URL_SAFE_NO_PAD.decode(text) {
+            for i in 0..raw.len() {
+                for bit in 0..8 {
+                    let mut m = raw.clone();
+                    m[i] ^= 1 << bit;
+                    out.push(URL_SAFE_NO_PAD.encode(&m));
+                }
+            }
+            for n in 0..raw.len() {
+                out.push(URL_SAFE_NO_PAD.encode(&raw[..n]));
+            }
+            let mut longer = raw.clone();
+            longer.push(0);
+            out.push(URL_SAFE_NO_PAD.encode(&longer));
+        }
+        for n in 0..chars.len() {
+            out.push(chars[..n].iter().collect());
+        }
+        for c in ['A', 'a', '0', '-', '_', '=', ' ', '\n'] {
+            out.push(format!("{text}{c}"));
+            out.push(format!("{c}{text}"));
+        }
+        out
     }
 }

@@ -198,6 +198,23 @@ pub fn e3_only_unavailable_is_retryable(make: Factory<'_>) {
         (
             StateError::Locked {
                 path: "/tmp/store".into(),
+                this_process: false,
+            },
+            false,
+        ),
+        (
+            StateError::Persistence {
+                reason: PersistenceReason::ReadOnly,
+                detail: "read-only file system".into(),
+                source: None,
+            },
+            false,
+        ),
+        (
+            StateError::Persistence {
+                reason: PersistenceReason::InvalidPath,
+                detail: "file name too long".into(),
+                source: None,
             },
             false,
         ),

@@ -36,8 +36,13 @@ pub fn l1_list_runs_in_seq_order_with_filters(make: Factory<'_>) {
         })
         .collect();
     let mut created = create_many(s, recs);
-    // A state change keeps a run's place in the listing (its seq).
-    for r in created.iter_mut().step_by(4) {
+    // A state change keeps a run's place in the listing (its seq). (A
+    // finished run stays finished: R9.)
+    for r in created
+        .iter_mut()
+        .step_by(4)
+        .filter(|r| !r.state.is_finished())
+    {
         let k = r.key.clone();
         *r = update(s, &k, |r| r.state = RunState::Running);
     }
@@ -617,31 +622,50 @@ fn assert_refused<T: std::fmt::Debug>(ctx: impl Display, f: impl FnOnce() -> Res
     }
 }
 
-/// Altered versions of a cursor's text: every character flipped in turn,
-/// truncations, extensions and garbage.
+/// Altered versions of a cursor's text: every character replaced in turn
+/// by every character of the base64url and base64 alphabets and a few
+/// others (case changes, `+`, `/`, `=`, space, non-ASCII), every
+/// truncation, extensions, and garbage.
 fn tampered(c: &Cursor) -> Vec<(String, Cursor)> {
     let chars: Vec<char> = c.as_str().chars().collect();
     let text = |cs: &[char]| cs.iter().collect::<String>();
+    let alphabet: Vec<char> = ('A'..='Z')
+        .chain('a'..='z')
+        .chain('0'..='9')
+        .chain("-_+/=. %\0\né".chars())
+        .collect();
     let mut out = Vec::new();
     for i in 0..chars.len() {
-        let mut cs = chars.clone();
-        cs[i] = if cs[i] == '0' { '1' } else { '0' };
-        out.push((format!("char {i} flipped"), text(&cs)));
+        for &r in &alphabet {
+            if r != chars[i] {
+                let mut cs = chars.clone();
+                cs[i] = r;
+                out.push((format!("char {i} set to {r:?}"), text(&cs)));
+            }
+        }
     }
     let n = chars.len();
-    for (what, cs) in [
-        ("last char cut", &chars[..n.saturating_sub(1)]),
-        ("cut in half", &chars[..n / 2]),
-        ("first char cut", &chars[n.min(1)..]),
-        ("one char left", &chars[..n.min(1)]),
-    ] {
-        out.push((what.to_string(), text(cs)));
+    for k in 0..n {
+        out.push((format!("cut to {k} chars"), text(&chars[..k])));
+        out.push((format!("first {k} chars cut"), text(&chars[k..])));
     }
     let whole = c.as_str();
     for (what, t) in [
-        ("a char added", format!("{whole}0")),
-        ("two chars added", format!("{whole}00")),
+        ("a char added", format!("{whole}A")),
+        ("a 0 added", format!("{whole}0")),
+        ("two chars added", format!("{whole}AA")),
+        ("four chars added", format!("{whole}AAAA")),
+        ("a char put before", format!("A{whole}")),
+        ("padding added", format!("{whole}=")),
+        ("padding added twice", format!("{whole}==")),
+        ("a newline added", format!("{whole}\n")),
         ("doubled", format!("{whole}{whole}")),
+        ("upper case", whole.to_uppercase()),
+        ("lower case", whole.to_lowercase()),
+        (
+            "standard alphabet",
+            whole.replace('-', "+").replace('_', "/"),
+        ),
         ("empty", String::new()),
         ("a space", " ".into()),
         ("padded", format!(" {whole} ")),
@@ -660,6 +684,62 @@ fn tampered(c: &Cursor) -> Vec<(String, Cursor)> {
         .filter(|(_, t)| t != whole)
         .map(|(w, t)| (w, Cursor::from_text(t)))
         .collect()
+}
+
+/// L6: a cursor shows nothing of its tenant (or of any name bound into
+/// it) in any encoding: not as text, not as hex (either case), not as
+/// base64 or base64url at any alignment, not in the bytes its text
+/// decodes to.
+#[track_caller]
+fn assert_hides(what: &str, c: &Cursor, names: &[&str]) {
+    let text = c.as_str();
+    for name in names {
+        let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+        let spellings = [name.to_string(), hex.clone(), hex.to_uppercase()];
+        for sp in &spellings {
+            assert!(
+                !text.contains(sp.as_str()) && !text.to_lowercase().contains(&sp.to_lowercase()),
+                "L6: {what} {text:?} shows {name:?} (as {sp:?}): a cursor is opaque"
+            );
+        }
+        // Base64 at every alignment: decode the text from each of the
+        // first four characters (either alphabet) and look for the bytes.
+        for skip in 0..4 {
+            let tail: Vec<u8> = text.bytes().skip(skip).collect();
+            let decoded = base64_any(&tail);
+            assert!(
+                !decoded.windows(name.len()).any(|w| w == name.as_bytes()),
+                "L6: {what} {text:?} holds {name:?} in base64: a cursor is opaque"
+            );
+        }
+    }
+}
+
+/// Lenient base64 (standard and url alphabets, no padding): the bytes
+/// that whole groups of four known characters decode to.
+fn base64_any(text: &[u8]) -> Vec<u8> {
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'-' | b'+' => 62,
+            b'_' | b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let mut out = Vec::new();
+    for g in text.chunks_exact(4) {
+        let Some(v) = g
+            .iter()
+            .try_fold(0u32, |acc, &c| val(c).map(|x| acc << 6 | x))
+        else {
+            out.push(0); // a break: no name spans it
+            continue;
+        };
+        out.extend_from_slice(&v.to_be_bytes()[1..]);
+    }
+    out
 }
 
 /// L6: a cursor is opaque and bound to its listing, tenant and filters;
@@ -864,6 +944,47 @@ pub fn l6_cursor_bound_to_listing_and_untampered(make: Factory<'_>) {
         s.list_runs(&qa, &after(3, &acur))
     });
 
+    let secur = ok(
+        s.list_sessions(&ta, &PageRequest::new(1)),
+        "L6: list_sessions",
+    )
+    .cursor()
+    .cloned()
+    .expect("L6: more sessions follow");
+    let xcur = ok(s.export_page(&PageRequest::new(2)), "L6: export_page")
+        .cursor()
+        .cloned()
+        .expect("L6: more entries follow");
+    ok(
+        s.list_sessions(&ta, &PageRequest::new(1).after(Some(&secur))),
+        "L6: a sessions cursor continues its listing",
+    );
+    assert_refused("L6: tenant A's sessions cursor with tenant B", || {
+        s.list_sessions(&tb, &PageRequest::new(1).after(Some(&secur)))
+    });
+    assert_refused("L6: a sessions cursor on list_runs", || {
+        s.list_runs(&qa, &after(3, &secur))
+    });
+    assert_refused("L6: an export cursor on list_sessions", || {
+        s.list_sessions(&ta, &PageRequest::new(1).after(Some(&xcur)))
+    });
+    assert_refused("L6: a runs cursor on export_page", || {
+        s.export_page(&PageRequest::new(2).after(Some(&cur)))
+    });
+
+    // Opaque: no cursor shows its tenant, instance or env.
+    for (what, c, names) in [
+        ("runs cursor", &cur, vec![ta.as_str()]),
+        ("state-filtered cursor", &fcur, vec![ta.as_str()]),
+        ("session cursor", &scur, vec![ta.as_str()]),
+        ("trays cursor", &tcur, vec![ns.as_str()]),
+        ("marked cursor", &mcur, vec![env1.as_str(), ns.as_str()]),
+        ("every-env marked cursor", &ncur, vec![ns.as_str()]),
+        ("sessions cursor", &secur, vec![ta.as_str()]),
+    ] {
+        assert_hides(what, c, &names);
+    }
+
     // Altered cursors, on every listing.
     for (what, bad) in tampered(&cur) {
         assert_refused(format_args!("L6: runs cursor, {what}"), || {
@@ -886,6 +1007,16 @@ pub fn l6_cursor_bound_to_listing_and_untampered(make: Factory<'_>) {
     for (what, bad) in tampered(&acur) {
         assert_refused(format_args!("L6: alarms cursor, {what}"), || {
             s.due_alarms(20, &PageRequest::new(2).after(Some(&bad)))
+        });
+    }
+    for (what, bad) in tampered(&secur) {
+        assert_refused(format_args!("L6: sessions cursor, {what}"), || {
+            s.list_sessions(&ta, &PageRequest::new(1).after(Some(&bad)))
+        });
+    }
+    for (what, bad) in tampered(&xcur) {
+        assert_refused(format_args!("L6: export cursor, {what}"), || {
+            s.export_page(&PageRequest::new(2).after(Some(&bad)))
         });
     }
     // Nothing above moved anything.

@@ -1,5 +1,5 @@
 //! R — runs: keys, versions and conflicts, racing writers, commuting
-//! patches, what a record holds (R1–R8).
+//! patches, what a record holds, sessions at create, finished runs (R1–R9).
 
 use super::Factory;
 use super::helpers::*;
@@ -713,4 +713,79 @@ pub fn r8_run_session_must_exist(make: Factory<'_>) {
         "R8: creating a run in a deleted session"
     );
     assert_eq!(get(s, &late), None, "R8/E6: the refused run was created");
+}
+
+/// R9: a finished run (completed, failed, cancelled) stays finished: a
+/// `put_run` moving it to any other state is `Invalid` naming the state and
+/// writes nothing; a put that keeps the state, and patches, still work.
+pub fn r9_finished_run_stays_finished(make: Factory<'_>) {
+    let c = open(make);
+    let s = &*c.store;
+    let t = unique("r9");
+    for (n, &done) in RunState::ALL
+        .iter()
+        .filter(|st| st.is_finished())
+        .enumerate()
+    {
+        let key = RunKey::new(&t, format!("run-{n}"));
+        create(s, RunRecord::new(key.clone(), "planner"));
+        update(s, &key, |r| r.state = RunState::Running);
+        let finished = update(s, &key, |r| r.state = done);
+        assert_eq!(finished.state, done, "R9: a run moves into {done:?}");
+        for &to in RunState::ALL.iter().filter(|&&st| st != done) {
+            let mut revived = finished.clone();
+            revived.state = to;
+            let e = expect_err!(
+                s.put_run(revived),
+                StateError::Invalid { .. },
+                "R9: put_run moving a {done:?} run to {to:?}"
+            );
+            for name in ["state", done.as_str()] {
+                assert_names(
+                    &e,
+                    &[name],
+                    format_args!("R9: moving a {done:?} run to {to:?}"),
+                );
+            }
+            assert_eq!(
+                get(s, &key).as_ref(),
+                Some(&finished),
+                "R9/E6: the refused put of a {done:?} run to {to:?} wrote something"
+            );
+        }
+        // The same state, other fields: still a put.
+        let renamed = update(s, &key, |r| r.agent_name = "reporter".into());
+        assert_eq!(
+            (renamed.state, renamed.version),
+            (done, finished.version + 1),
+            "R9: a put that keeps a {done:?} run {done:?} is written"
+        );
+        // Spend that happened is recorded.
+        let patched = ok(
+            s.patch_run(
+                &key,
+                StateDelta {
+                    cost_micros: 5,
+                    iterations: 1,
+                    ..StateDelta::default()
+                },
+            ),
+            format_args!("R9: patching a {done:?} run"),
+        );
+        assert_eq!(
+            (
+                patched.state,
+                patched.cost_micros,
+                patched.iterations,
+                patched.version
+            ),
+            (
+                done,
+                renamed.cost_micros + 5,
+                renamed.iterations + 1,
+                renamed.version + 1
+            ),
+            "R9: a patch adds to a {done:?} run and leaves it {done:?}"
+        );
+    }
 }

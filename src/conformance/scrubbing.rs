@@ -351,6 +351,42 @@ pub fn x3_secret_shapes_redacted_anywhere(make: Factory<'_>) {
             );
         }
     }
+
+    // A secret used as an object key, at the top and nested, and two that
+    // scrub to the same name: no key is persisted, no entry is lost.
+    let stripe = format!("sk_live_{}", "aB3dE5fG7hJ9kL1mN2pQ4rS6");
+    let keyed = serde_json::json!({
+        stripe.clone(): "value",
+        "config": { "auth": { ghp.clone(): { "scopes": "repo" } }, "city": "Paris" },
+        "pair": { ghp.clone(): 1, slack.clone(): 2 },
+    })
+    .to_string();
+    let key = RunKey::new(unique("x3keys"), "run");
+    let mut rec = RunRecord::new(key.clone(), "planner");
+    rec.pending_tool_calls = vec![tool_call("keys", &keyed)];
+    create(s, rec);
+    let key_secrets = vec![stripe.clone(), ghp.clone(), slack.clone()];
+    for (at, stored) in stored_arguments(s, &key) {
+        assert_clean(
+            &stored,
+            &key_secrets,
+            &["Paris", "value"],
+            format_args!("X3: a secret as an object key, {at}"),
+        );
+        let v: serde_json::Value = serde_json::from_str(&stored).unwrap_or_else(|e| {
+            panic!("X3: {at}: scrubbed JSON arguments must stay JSON ({e}): {stored:?}")
+        });
+        assert_eq!(
+            v.as_object().map(|o| o.len()),
+            Some(3),
+            "X3: {at}: a redacted key is kept (renamed), not dropped: {stored}"
+        );
+        assert_eq!(
+            v["pair"].as_object().map(|o| o.len()),
+            Some(2),
+            "X3: {at}: two secret keys of one object stay two entries: {stored}"
+        );
+    }
 }
 
 /// X4: scrubbing is idempotent (scrubbing stored arguments changes nothing)

@@ -49,24 +49,40 @@ pub(crate) struct Txn<'a> {
     writes: Overlay,
     /// The next `seq`; a job that creates a run takes it and bumps it.
     pub(crate) next_seq: u64,
+    /// When set, every key this job reads or writes is moved into the
+    /// import's staging table (see `kv::transfer`): the job sees and
+    /// builds the staged records, and nothing of the live tables.
+    pub(crate) staged: bool,
 }
 
 impl<'a> Txn<'a> {
+    /// The key as stored: under the staging table when `staged`.
+    fn at(&self, key: &[u8]) -> Vec<u8> {
+        if self.staged {
+            crate::kv::key::staged(key)
+        } else {
+            key.to_vec()
+        }
+    }
+
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        if let Some(v) = self.writes.get(key) {
+        let key = self.at(key);
+        if let Some(v) = self.writes.get(&key) {
             return Ok(v.clone());
         }
-        if let Some(v) = self.group.get(key) {
+        if let Some(v) = self.group.get(&key) {
             return Ok(v.clone());
         }
-        self.engine.get(key)
+        self.engine.get(&key)
     }
 
     pub(crate) fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        let key = if self.staged { self.at(&key) } else { key };
         self.writes.insert(key, Some(value));
     }
 
     pub(crate) fn delete(&mut self, key: Vec<u8>) {
+        let key = if self.staged { self.at(&key) } else { key };
         self.writes.insert(key, None);
     }
 
@@ -78,6 +94,21 @@ impl<'a> Txn<'a> {
         end: &[u8],
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        if self.staged {
+            let (start, end) = (self.at(start), self.at(end));
+            let unstaged = Txn {
+                engine: self.engine,
+                group: self.group,
+                writes: self.writes.clone(),
+                next_seq: self.next_seq,
+                staged: false,
+            };
+            return Ok(unstaged
+                .scan(&start, &end, limit)?
+                .into_iter()
+                .map(|(k, v)| (k[1..].to_vec(), v))
+                .collect());
+        }
         let range = (Bound::Included(start), Bound::Excluded(end));
         // Each pending entry hides at most one engine entry, so asking the
         // engine for that many more is always enough.
@@ -259,8 +290,7 @@ impl Committer {
 
     fn run_group(sink: &dyn Sink, counters: &mut Counters, group: Vec<Box<dyn Job>>) {
         if let Some(err) = sink.refused() {
-            let msg = err.to_string();
-            let make = move || StateError::unavailable(msg.clone(), None);
+            let make = move || err.replicate();
             for job in group {
                 job.finish(Some(&make));
             }
@@ -275,6 +305,7 @@ impl Committer {
                 group: &overlay,
                 writes: Overlay::new(),
                 next_seq,
+                staged: false,
             };
             if job.run(&mut txn) {
                 next_seq = txn.next_seq;
@@ -300,8 +331,9 @@ impl Committer {
                 }
             }
             Err(e) => {
-                let msg = e.to_string();
-                let make = move || StateError::unavailable(msg.clone(), None);
+                // Each caller gets the error itself (variant, text, source),
+                // not its text wrapped again.
+                let make = move || e.replicate();
                 for job in jobs {
                     job.finish(Some(&make));
                 }

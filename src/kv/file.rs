@@ -114,7 +114,66 @@ impl Hwm {
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> StateError {
-    StateError::unavailable(format!("{what} {}: {e}", path.display()), Some(e))
+    StateError::io(format_args!("{what} {}", path.display()), e)
+}
+
+/// The longest file name most file systems hold (ext4, xfs, btrfs, tmpfs).
+const NAME_BYTES_MAX: usize = 255;
+
+/// The name of the directory a creation of `name` builds beside it:
+/// `.NAME.creating-PID`, with NAME shortened (and a hash of the whole name
+/// added) when that would not fit in a file name, so every store name the
+/// file system accepts can be created.
+pub(crate) fn creating_prefix(name: &std::ffi::OsStr) -> String {
+    use std::hash::{Hash, Hasher};
+    let lossy = name.to_string_lossy();
+    // ".", ".creating-" and a pid of up to 10 digits.
+    if 1 + lossy.len() + 10 + 10 <= NAME_BYTES_MAX {
+        return format!(".{lossy}.creating-");
+    }
+    let mut h = siphasher::sip::SipHasher13::new();
+    name.hash(&mut h);
+    let mut cut = 160;
+    while !lossy.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(".{}~{:016x}.creating-", &lossy[..cut], h.finish())
+}
+
+/// Refuses a store path whose parent directories are missing (unless
+/// `create_parents`, which creates them) or where a component is a file,
+/// naming the first directory that is missing or the component that is a
+/// file.
+fn check_parents(path: &Path, parent: &Path, create_parents: bool) -> Result<()> {
+    let ancestors: Vec<&Path> = parent.ancestors().collect();
+    for dir in ancestors.into_iter().rev() {
+        if dir.as_os_str().is_empty() {
+            continue;
+        }
+        match fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(StateError::invalid(format!(
+                    "store path {}: {} is a file, not a directory",
+                    path.display(),
+                    dir.display()
+                )));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if create_parents {
+                    return fs::create_dir_all(parent).map_err(|e| io_err("creating", parent, e));
+                }
+                return Err(StateError::invalid(format!(
+                    "store path {}: directory {} does not exist (create it first, \
+                     or open with Options::create_parents(true))",
+                    path.display(),
+                    dir.display()
+                )));
+            }
+            Err(e) => return Err(io_err("reading", dir, e)),
+        }
+    }
+    Ok(())
 }
 
 fn sync_dir(path: &Path) -> Result<()> {
@@ -192,12 +251,8 @@ fn create(path: &Path, opts: &Options) -> Result<()> {
     let name = path.file_name().ok_or_else(|| {
         StateError::invalid(format!("store path {} has no file name", path.display()))
     })?;
-    fs::create_dir_all(&parent).map_err(|e| io_err("creating", &parent, e))?;
-    let tmp = parent.join(format!(
-        ".{}.creating-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    check_parents(path, &parent, opts.create_parents)?;
+    let tmp = parent.join(format!("{}{}", creating_prefix(name), std::process::id()));
     if tmp.exists() {
         fs::remove_dir_all(&tmp).map_err(|e| io_err("removing", &tmp, e))?;
     }
@@ -239,7 +294,7 @@ fn sweep_stale_creations(path: &Path) {
     } else {
         parent
     };
-    let prefix = format!(".{}.creating-", name.to_string_lossy());
+    let prefix = creating_prefix(name);
     let Ok(entries) = fs::read_dir(parent) else {
         return;
     };
@@ -273,6 +328,7 @@ fn lock(path: &Path) -> Result<File> {
             Err(std::fs::TryLockError::WouldBlock) => {
                 return Err(StateError::Locked {
                     path: path.to_path_buf(),
+                    this_process: false,
                 });
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(io_err("locking", &lock_path, e)),
@@ -305,6 +361,7 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
     {
         return Err(StateError::Locked {
             path: path.to_path_buf(),
+            this_process: true,
         });
     }
     let unregister = |e| {
@@ -355,6 +412,9 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
             f.rewrite_hwm(commits)?;
         }
     }
+    // An import a crash cut short: finished if it was being published,
+    // deleted if it was still being staged.
+    store.recover_import()?;
     Ok(store)
 }
 

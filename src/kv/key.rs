@@ -35,6 +35,18 @@ pub(crate) mod table {
     pub const ALARM: u8 = 0x40;
     /// (due_at, ns, id) → ().
     pub const ALARM_BY_DUE: u8 = 0x41;
+    /// An import being built: the whole key of a live table after this
+    /// byte (see `kv::transfer`). Past every exported table, so listings,
+    /// exports, `is_empty` and `verify` never see it.
+    pub const STAGE: u8 = 0x7F;
+}
+
+/// `key` moved into the staging table.
+pub(crate) fn staged(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.push(table::STAGE);
+    k.extend_from_slice(key);
+    k
 }
 
 /// Meta keys (table META, then one byte).
@@ -43,6 +55,9 @@ pub(crate) mod meta {
     pub const NEXT_SEQ: &[u8] = &[super::table::META, b's'];
     pub const COMMITS: &[u8] = &[super::table::META, b'c'];
     pub const SECRET: &[u8] = &[super::table::META, b'k'];
+    /// Present while a staged import is being moved into the live tables:
+    /// holds the `next_seq` the store has once it is (see `kv::transfer`).
+    pub const PUBLISHING: &[u8] = &[super::table::META, b'i'];
 }
 
 const ESC: u8 = 0x00;

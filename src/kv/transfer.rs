@@ -18,7 +18,7 @@ use super::commit::Txn;
 use super::runs::{RunKeys, by_seq_key, read_run, session_key, write_run};
 use super::trays::{alarm_due_key, alarm_key, epoch_key, read_tray_key, tray_key};
 
-/// Entries an import commits as one atomic group.
+/// Entries an import stages (and later publishes) per atomic group.
 const IMPORT_GROUP: usize = 1000;
 
 /// The primary tables, in export order.
@@ -83,19 +83,52 @@ impl KvStore {
     }
 
     /// Writes exported entries into an empty store (see
-    /// `StoreAdmin::import`), in atomic groups of `IMPORT_GROUP` entries.
+    /// `StoreAdmin::import`), all or nothing.
+    ///
+    /// The entries are checked and written, in groups of `IMPORT_GROUP`,
+    /// into the staging table (`table::STAGE`), which no listing, export or
+    /// read sees. Only when the iterator has ended without an error and
+    /// every entry passed its checks is the staging table moved into the
+    /// live tables ("publishing"). On any error the staged entries are
+    /// deleted and the store is as it was. Crash safety (file store): the
+    /// first publishing group writes `meta::PUBLISHING`, the last deletes
+    /// it; an open that finds it finishes the move, and an open that finds
+    /// staged entries without it deletes them (`recover_import`).
     pub(crate) fn import(&self, entries: &mut dyn Iterator<Item = Result<Entry>>) -> Result<u64> {
         if !self.is_empty()? {
             return Err(StateError::invalid(
                 "import: the store is not empty; import into a new store",
             ));
         }
+        // Leftovers of an earlier failed import (whose clean-up failed).
+        self.discard_staged()?;
+        match self.stage(entries) {
+            Ok((n, next_seq)) => {
+                self.publish(next_seq)?;
+                Ok(n)
+            }
+            Err(e) => {
+                // Nothing was published; what was staged goes. Should this
+                // fail too, the next open of a file store deletes it.
+                let _ = self.discard_staged();
+                Err(e)
+            }
+        }
+    }
+
+    /// Stages every entry; returns how many, and the `next_seq` the store
+    /// needs once they are live.
+    fn stage(&self, entries: &mut dyn Iterator<Item = Result<Entry>>) -> Result<(u64, u64)> {
         let mut n = 0u64;
+        let mut next_seq = 0u64;
         let mut group = Vec::with_capacity(IMPORT_GROUP);
         loop {
             let next = entries.next().transpose()?;
             let done = next.is_none();
             if let Some(e) = next {
+                if let Entry::Run(r) = &e {
+                    next_seq = next_seq.max(r.seq.saturating_add(1));
+                }
                 group.push(e);
             }
             if group.len() == IMPORT_GROUP || (done && !group.is_empty()) {
@@ -103,8 +136,78 @@ impl KvStore {
                 self.import_group(std::mem::take(&mut group))?;
             }
             if done {
-                return Ok(n);
+                return Ok((n, next_seq));
             }
+        }
+    }
+
+    /// Up to `IMPORT_GROUP` staged pairs, from the engine.
+    fn staged_chunk(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let lo = [table::STAGE];
+        let hi = [table::STAGE + 1];
+        self.engine.scan(&lo, &hi, IMPORT_GROUP)
+    }
+
+    /// Deletes every staged entry.
+    fn discard_staged(&self) -> Result<()> {
+        loop {
+            let chunk = self.staged_chunk()?;
+            if chunk.is_empty() {
+                return Ok(());
+            }
+            self.submit(move |txn: &mut Txn<'_>| {
+                for (k, _) in chunk {
+                    txn.delete(k);
+                }
+                Ok(())
+            })?;
+        }
+    }
+
+    /// Moves the staged entries into the live tables. The memory store
+    /// does it in one group (it cannot crash half-way, and readers see the
+    /// import appear at once); the file store in groups, the first of
+    /// which writes `meta::PUBLISHING` (holding `next_seq`) and the last
+    /// deletes it, so a crash in between is finished at the next open.
+    fn publish(&self, next_seq: u64) -> Result<()> {
+        let whole = self.file.is_none();
+        let mut first = true;
+        loop {
+            let chunk = if whole {
+                let (lo, hi) = ([table::STAGE], [table::STAGE + 1]);
+                self.engine.scan(&lo, &hi, usize::MAX)?
+            } else {
+                self.staged_chunk()?
+            };
+            let last = whole || chunk.len() < IMPORT_GROUP;
+            let mark = first && !last;
+            self.submit(move |txn: &mut Txn<'_>| {
+                for (k, v) in chunk {
+                    txn.put(k[1..].to_vec(), v);
+                    txn.delete(k);
+                }
+                if mark {
+                    txn.put(meta::PUBLISHING.to_vec(), value::encode(&next_seq));
+                }
+                if last {
+                    txn.next_seq = txn.next_seq.max(next_seq);
+                    txn.delete(meta::PUBLISHING.to_vec());
+                }
+                Ok(())
+            })?;
+            if last {
+                return Ok(());
+            }
+            first = false;
+        }
+    }
+
+    /// At open: finishes an import a crash cut short while publishing, or
+    /// deletes one that never got that far.
+    pub(crate) fn recover_import(&self) -> Result<()> {
+        match self.engine.get(meta::PUBLISHING)? {
+            Some(v) => self.publish(value::decode(&v, "import next seq")?),
+            None => self.discard_staged(),
         }
     }
 
@@ -118,6 +221,8 @@ impl KvStore {
             .map(|e| checked_entry(e, &self.opts.scrubber, max))
             .collect::<Result<Vec<_>>>()?;
         self.submit(move |txn: &mut Txn<'_>| {
+            // Every read and write below is of the staging table.
+            txn.staged = true;
             let exists = |txn: &Txn<'_>, k: &[u8]| -> Result<()> {
                 match txn.get(k)? {
                     Some(_) => Err(StateError::Conflict {
@@ -142,7 +247,6 @@ impl KvStore {
                                 r.key.run_id, r.seq, r.key.tenant
                             )));
                         }
-                        txn.next_seq = txn.next_seq.max(r.seq + 1);
                         write_run(txn, None, &r, max, RunKeys::of(&r.key))?;
                     }
                     Entry::Session(s) => {

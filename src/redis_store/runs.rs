@@ -256,6 +256,16 @@ impl RedisStore {
     }
 }
 
+/// The finished states (R9) as `put_run.lua` reads them: `tag:name,…`.
+fn finished_tags() -> String {
+    RunState::ALL
+        .iter()
+        .filter(|s| s.is_finished())
+        .map(|s| format!("{}:{}", keys::state_tag(*s), s.as_str()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Entries of an index one `list_runs` script call reads at most.
 const LIST_SCAN_CAP: usize = 4096;
 
@@ -291,6 +301,8 @@ impl StateStore for RedisStore {
             .arg(record.cost_micros.to_string())
             .arg(record.iterations.to_string())
             .arg(max.to_string())
+            .arg(finished_tags())
+            .arg(record.state.as_str())
             .invoke(&mut *conn)
             .map_err(map_err)?;
         if reply.first().map(Vec::as_slice) == Some(b"nosession") {

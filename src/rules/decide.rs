@@ -50,9 +50,18 @@ pub(crate) fn moved_amount(stored: &RunRecord, new: &RunRecord) -> Option<&'stat
     }
 }
 
-/// A run as updated by a put whose version matched `stored` (R2, R6; the
-/// session is fixed at create).
+/// A run as updated by a put whose version matched `stored` (R2, R6, R9;
+/// the session is fixed at create).
 pub(crate) fn updated_run(stored: &RunRecord, record: RunRecord, now: Millis) -> Result<RunRecord> {
+    if stored.state.is_finished() && record.state != stored.state {
+        return Err(StateError::invalid(format!(
+            "state: run {} is {} and stays {} (a finished run is never moved to {}; R9)",
+            stored.key.run_id,
+            stored.state.as_str(),
+            stored.state.as_str(),
+            record.state.as_str()
+        )));
+    }
     if let Some(field) = moved_amount(stored, &record) {
         return Err(StateError::invalid(format!(
             "{field}: put_run cannot change an accumulating amount; use patch_run"

@@ -480,7 +480,10 @@ async fn w2_a_held_store_fails_to_open_and_the_wrapper_shares_one_handle() {
     let path = dir.path().join("db");
     let store = AsyncStore::open(&path).await.unwrap();
     match AsyncStore::open(&path).await {
-        Err(StateError::Locked { path: p }) => assert_eq!(p, path),
+        Err(StateError::Locked {
+            path: p,
+            this_process,
+        }) => assert_eq!((p, this_process), (path.clone(), true)),
         other => panic!("{other:?}"),
     }
     // Clones share the one handle; the store closes with the last clone.

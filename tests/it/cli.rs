@@ -668,9 +668,15 @@ fn cli_export_import_round_trip_is_byte_identical() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     let one = std::fs::read(&f1).unwrap();
     let text = String::from_utf8(one.clone()).unwrap();
-    assert!(text.starts_with("{\"agentstate_export\":1}\n"), "{text}");
-    // 7 runs, 2 sessions, 2 epochs, 3 trays, 2 alarms.
-    assert_eq!(text.lines().count(), 1 + 7 + 2 + 2 + 3 + 2, "{text}");
+    assert!(text.starts_with("{\"agentstate_export\":2}\n"), "{text}");
+    // 7 runs, 2 sessions, 2 epochs, 3 trays, 2 alarms, and the trailer.
+    assert_eq!(text.lines().count(), 1 + 7 + 2 + 2 + 3 + 2 + 1, "{text}");
+    let cut = text.len() - trailer_len(&text);
+    assert_eq!(
+        with_trailer(&text[..cut]),
+        text,
+        "the trailer counts and hashes the rest"
+    );
     assert!(text.ends_with('\n'));
     // Stdout gives the same bytes as --out.
     assert_eq!(ok(&["export", "--db", p(&db)]).as_bytes(), one.as_slice());
@@ -738,9 +744,9 @@ fn cli_export_import_round_trip_is_byte_identical() {
         "{}",
         r.stderr
     );
-    let r = cli_stdin(&["import", "--db", p(&db4)], b"{\"agentstate_export\":2}\n");
+    let r = cli_stdin(&["import", "--db", p(&db4)], b"{\"agentstate_export\":3}\n");
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("format 2"), "{}", r.stderr);
+    assert!(r.stderr.contains("format 3"), "{}", r.stderr);
     let r = cli_stdin(
         &["import", "--db", p(&db4)],
         b"{\"agentstate_export\":1}\n{\"kind\":\"nope\"}\n",
@@ -759,17 +765,50 @@ fn cli_import_batches_a_larger_export() {
     // More entries than one import batch (1000), through stdin.
     let dir = tempfile::tempdir().unwrap();
     let mut text = String::from("{\"agentstate_export\":1}\n");
+    let mut body = String::new();
     for i in 0..2_345u64 {
         let mut r = RunRecord::new(RunKey::new("bulk", format!("run-{i:05}")), "planner");
         (r.version, r.seq, r.created_at, r.updated_at) = (1, i + 1, T0, T0);
-        text.push_str(&serde_json::to_string(&Entry::Run(r)).unwrap());
-        text.push('\n');
+        body.push_str(&serde_json::to_string(&Entry::Run(r)).unwrap());
+        body.push('\n');
     }
+    text.push_str(&body);
     let db = dir.path().join("db");
+    // Format 1 still imports, with a warning.
     let r = cli_stdin(&["import", "--db", p(&db)], text.as_bytes());
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.contains("imported 2,345 entries"), "{}", r.stdout);
-    assert_eq!(ok(&["export", "--db", p(&db)]), text);
+    assert!(
+        r.stderr.contains(
+            "is export format 1, which has no trailer: a file cut short cannot be noticed"
+        ),
+        "{}",
+        r.stderr
+    );
+    // And exports as format 2.
+    let two = with_trailer(&format!("{{\"agentstate_export\":2}}\n{body}"));
+    assert_eq!(ok(&["export", "--db", p(&db)]), two);
+}
+
+/// `text` (header and entry lines) with its format-2 trailer appended.
+fn with_trailer(text: &str) -> String {
+    use sha2::Digest;
+    let n = text.lines().count() - 1;
+    let sha: String = sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{text}{{\"agentstate_export_end\":{{\"entries\":{n},\"sha256\":\"{sha}\"}}}}\n")
+}
+
+/// The length of the last line of `text`, newline included.
+fn trailer_len(text: &str) -> usize {
+    text.trim_end_matches('\n')
+        .rsplit('\n')
+        .next()
+        .unwrap()
+        .len()
+        + 1
 }
 
 #[test]
@@ -871,7 +910,7 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
     let clock = Arc::new(ManualClock::new(T0));
     let s = MemoryStore::with_options(clock_opts(&clock));
     // Old runs cycle through every state; every tenth finished one is
-    // revived (moved back to running) while the prune runs.
+    // touched (written again, still finished: R9) while the prune runs.
     let mut old = Vec::new();
     for i in 0..RUNS {
         let mut r = RunRecord::new(RunKey::new("acme", format!("old-{i:04}")), "planner");
@@ -913,7 +952,7 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
                 .iter()
                 .map(|r| {
                     let mut r = r.clone();
-                    r.state = RunState::Running;
+                    r.agent_name = "touched".into();
                     (r.key.clone(), s.put_run(r))
                 })
                 .collect::<Vec<_>>()
@@ -939,15 +978,16 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
         assert!(seen.contains(format!("new-{i:03}").as_str()));
     }
 
-    // A revived run either lost the race (pruned first: Conflict, actual 0)
-    // or won it and was kept, running.
+    // A touched run either lost the race (pruned first: Conflict, actual 0)
+    // or won it and was kept: updated now, so no longer old, and finished.
     let mut revived_ok = HashSet::new();
     for (k, res) in &revived {
         match res {
             Ok(r) => {
+                let kept = s.get_run(k).unwrap().expect("a touched run is kept");
                 assert_eq!(
-                    s.get_run(k).unwrap().map(|r| r.state),
-                    Some(RunState::Running),
+                    (kept.state, kept.agent_name.as_str()),
+                    (r.state, "touched"),
                     "{}",
                     r.key.run_id
                 );
@@ -957,7 +997,7 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
                 expected: 1,
                 actual: 0,
             }) => assert!(s.get_run(k).unwrap().is_none()),
-            Err(e) => panic!("reviving {}: {e}", k.run_id),
+            Err(e) => panic!("touching {}: {e}", k.run_id),
         }
     }
     let finished_old = old.iter().filter(|r| r.state.is_finished()).count() as u64;
@@ -975,9 +1015,13 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
             *m.entry(r.state).or_default() += 1;
             m
         });
+    let touched_completed = revived
+        .iter()
+        .filter(|(_, res)| matches!(res, Ok(r) if r.state == RunState::Completed))
+        .count();
     assert_eq!(
         by_state.get(&RunState::Completed),
-        Some(&50),
+        Some(&(50 + touched_completed)),
         "recent finished runs kept: {by_state:?}"
     );
     assert!(s.get_run(&RunKey::new("beta", "old")).unwrap().is_some());
@@ -1092,6 +1136,182 @@ fn cli_db_goes_before_or_after_the_subcommand_or_in_the_env() {
             .unwrap(),
     );
     assert_eq!(other.code, 0, "{}", other.stderr);
+}
+
+/// A format-2 export of `n` runs (made by the binary).
+fn bulk_export(dir: &Path, n: u64) -> Vec<u8> {
+    let src = dir.join("src");
+    {
+        let opts = clock_opts(&Arc::new(ManualClock::new(T0)))
+            .durability(agentstate::Durability::Buffered);
+        let s = FileStore::open_with(&src, opts).unwrap();
+        let recs: Vec<RunRecord> = (0..n)
+            .map(|i| RunRecord::new(RunKey::new("bulk", format!("run-{i:05}")), "planner"))
+            .collect();
+        for chunk in recs.chunks(500) {
+            for r in chunk {
+                s.put_run(r.clone()).unwrap();
+            }
+        }
+    }
+    let r = cli(&["export", "--db", p(&src)]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    r.stdout.into_bytes()
+}
+
+#[test]
+fn cli_import_of_a_cut_file_is_refused_and_imports_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = bulk_export(dir.path(), 2_500);
+    let text = String::from_utf8(full.clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    // Cut at a line boundary: the last 100 lines dropped.
+    let cut = lines[..lines.len() - 100].join("\n") + "\n";
+    let db = dir.path().join("db");
+    // From a file, so the importer may stop reading early.
+    let input = dir.path().join("in.jsonl");
+    let import = |text: &[u8], extra: &[&str]| {
+        std::fs::write(&input, text).unwrap();
+        let mut args = vec!["import", "--db", p(&db), "--in", p(&input)];
+        args.extend_from_slice(extra);
+        cli(&args)
+    };
+    let r = import(cut.as_bytes(), &[]);
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(
+        r.stderr
+            .contains("ends without its trailer line after 2,401 entries")
+            && r.stderr.contains("cut short")
+            && r.stderr.contains("nothing was imported"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        !db.exists(),
+        "a failed import left a store at {}",
+        db.display()
+    );
+    // Allowed: imports what is there, with a warning.
+    let r = cli_stdin(
+        &["import", "--db", p(&db), "--allow-untrailed"],
+        cut.as_bytes(),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("imported 2,401 entries"), "{}", r.stdout);
+    assert!(r.stderr.contains("no trailer"), "{}", r.stderr);
+    std::fs::remove_dir_all(&db).unwrap();
+
+    // An altered entry line, a wrong count, data after the trailer, a
+    // damaged trailer: each refused, nothing imported.
+    let trailer = *lines.last().unwrap();
+    let body = &lines[..lines.len() - 1];
+    let altered = {
+        let mut b = body.to_vec();
+        let changed = b[1700].replace("\"version\":1", "\"version\":2");
+        b[1700] = &changed;
+        b.join("\n") + "\n" + trailer + "\n"
+    };
+    let miscounted =
+        body.join("\n") + "\n" + &trailer.replace("\"entries\":2500", "\"entries\":2499") + "\n";
+    let extra = text.clone() + lines[5] + "\n";
+    let damaged = body.join("\n") + "\n" + &trailer[..trailer.len() - 3] + "\n";
+    for (what, input, says) in [
+        ("altered", altered, "does not match the file"),
+        (
+            "miscounted",
+            miscounted,
+            "counts 2,499 entries but the file holds 2,500",
+        ),
+        ("extra", extra, "data after the trailer"),
+        ("damaged", damaged, "a damaged trailer"),
+    ] {
+        let r = import(input.as_bytes(), &[]);
+        assert_eq!(r.code, 2, "{what}: {}", r.stdout);
+        assert!(
+            r.stderr.contains(says) && r.stderr.contains("nothing was imported"),
+            "{what}: {}",
+            r.stderr
+        );
+        assert!(!db.exists(), "{what}: a failed import left a store");
+    }
+    // Into an existing empty store: it stays exactly as it was.
+    drop(FileStore::open(&db).unwrap());
+    let before = (entries(&db), std::fs::read_dir(&db).unwrap().count());
+    let mut bad = body.to_vec();
+    bad[1500] = "{\"kind\":\"run\"}";
+    let r = import((bad.join("\n") + "\n").as_bytes(), &[]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("line 1501") && r.stderr.contains("nothing was imported"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        (entries(&db), std::fs::read_dir(&db).unwrap().count()),
+        before
+    );
+    assert!(FileStore::open(&db).unwrap().verify().unwrap().is_ok());
+    // The whole file imports.
+    let r = import(&full, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(ok(&["export", "--db", p(&db)]).as_bytes(), full.as_slice());
+}
+
+#[test]
+fn cli_import_killed_at_any_moment_leaves_nothing_or_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 3_000;
+    let full = bulk_export(dir.path(), n);
+    let file = dir.path().join("all.jsonl");
+    std::fs::write(&file, &full).unwrap();
+    let rounds: u64 = std::env::var("AGENTSTATE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        * 4;
+    // How long a whole import takes, to spread the kills over it.
+    let t = std::time::Instant::now();
+    let r = cli(&[
+        "import",
+        "--db",
+        p(&dir.path().join("whole")),
+        "--in",
+        p(&file),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let whole = t.elapsed();
+    let (mut none, mut all) = (0, 0);
+    for i in 0..rounds {
+        let db = dir.path().join(format!("db{i}"));
+        let mut child = bin()
+            .args(["import", "--db", p(&db), "--in", p(&file)])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(whole.mul_f64((i as f64 + 0.5) / rounds as f64));
+        let _ = child.kill();
+        let _ = child.wait();
+        if !db.exists() {
+            none += 1;
+            continue;
+        }
+        let s = FileStore::open(&db).unwrap();
+        let got = s.iter_export().count() as u64;
+        assert!(
+            got == 0 || got == n,
+            "a killed import left {got} of {n} entries"
+        );
+        if got == n {
+            all += 1;
+        } else {
+            none += 1;
+        }
+        assert!(s.verify().unwrap().is_ok());
+    }
+    eprintln!(
+        "import ({whole:?} whole) killed {rounds} times: {none} left nothing, {all} everything"
+    );
 }
 
 /// `agentstate copy` from a file store to Redis and back: every record

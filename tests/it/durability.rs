@@ -187,7 +187,10 @@ fn d3_child_entry() {
     let ms = t.elapsed().as_millis();
     let line = match &r {
         Ok(_) => format!("d3 opened {ms}"),
-        Err(StateError::Locked { path }) => format!("d3 locked {ms} {}", path.display()),
+        Err(StateError::Locked {
+            path,
+            this_process: false,
+        }) => format!("d3 locked {ms} {}", path.display()),
         Err(e) => format!("d3 error {ms} {e}"),
     };
     let mut out = std::io::stdout().lock();
@@ -238,7 +241,23 @@ fn d3_a_second_open_fails_at_once_naming_the_path() {
     for p in [path.clone(), dir.path().join(".").join("store")] {
         let t = Instant::now();
         match FileStore::open(&p) {
-            Err(StateError::Locked { path: named }) => assert_eq!(named, p),
+            Err(
+                e @ StateError::Locked {
+                    this_process: true, ..
+                },
+            ) => {
+                let StateError::Locked { path: named, .. } = &e else {
+                    unreachable!()
+                };
+                assert_eq!(named, &p);
+                assert_eq!(
+                    e.to_string(),
+                    format!(
+                        "store {} is already open in this process (drop the other handle first)",
+                        p.display()
+                    )
+                );
+            }
             other => panic!("second open in-process: {other:?}"),
         }
         assert!(

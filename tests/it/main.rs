@@ -6,7 +6,9 @@ mod cli;
 #[cfg(feature = "conformance")]
 mod conformance;
 mod durability;
+mod errors;
 mod fuzz_regressions;
+mod hardening;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "redis")]

@@ -267,7 +267,11 @@ fn worker(
                     continue;
                 };
                 let read_version = rec.version;
-                let state = RunState::ALL[rng.below(RunState::ALL.len() as u64) as usize];
+                let mut state = RunState::ALL[rng.below(RunState::ALL.len() as u64) as usize];
+                // R9: a finished run stays finished.
+                if rec.state.is_finished() {
+                    state = rec.state;
+                }
                 rec.state = state;
                 let start = tick();
                 let out = store.put_run(rec);

@@ -40,9 +40,7 @@ impl std::fmt::Debug for FjallEngine {
 /// reopen), anything about the files' contents is `Corrupt`.
 pub(crate) fn map_err(e: fjall::Error) -> StateError {
     match e {
-        fjall::Error::Io(io) => {
-            StateError::unavailable(format!("engine I/O failed: {io}"), Some(io))
-        }
+        fjall::Error::Io(io) => StateError::io("engine I/O", io),
         fjall::Error::Poisoned => StateError::unavailable(
             "engine refuses writes after a failed sync; reopen the store",
             None,

@@ -1,12 +1,13 @@
 -- put_run: create (expected version 0) or versioned update of one run
--- (R2, R6, R8), its indexes and the tenant's seq, in one step.
+-- (R2, R6, R8, R9), its indexes and the tenant's seq, in one step.
 --
 -- KEYS: 1 run hash, 2 tenant seq counter, 3 runs by seq, 4 session hash,
 --       5 session's runs by seq (4 and 5 only read/written with a session)
 -- ARGV: 1 tenant key prefix, 2 run id, 3 expected version, 4 head bytes,
 --       5 head CRC, 6 state tag, 7 session id ('' for none), 8 agent,
 --       9 now, 10..14 messages_read, input_tokens, output_tokens,
---       cost_micros, iterations, 15 largest record in bytes
+--       cost_micros, iterations, 15 largest record in bytes,
+--       16 the finished states as `tag:name,…`, 17 the new state's name
 local run, prefix, id, expected = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local head, head_crc, state, session, agent, now = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local amounts = {ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14]}
@@ -41,6 +42,14 @@ end
 local ver, seq, old_state, old_session, ca = stored[1], stored[2], stored[3], stored[4], stored[5]
 -- R2: the stored version must be the one the caller read.
 if expected == '0' or expected ~= ver then return {'conflict', ver} end
+-- R9, as in rules::updated_run: a finished run stays finished.
+local finished = {}
+for tag, name in string.gmatch(ARGV[16], '(%d+):([%a_]+)') do finished[tag] = name end
+if finished[old_state] and old_state ~= state then
+  local was = finished[old_state]
+  return {'invalid', 'state: run ' .. id .. ' is ' .. was .. ' and stays ' .. was
+    .. ' (a finished run is never moved to ' .. ARGV[17] .. '; R9)'}
+end
 -- R6, in rules::moved_amount's order: usage, cost_micros, iterations,
 -- messages_read.
 local moved = nil
