@@ -55,6 +55,8 @@ mod kv;
 pub mod limits;
 mod options;
 mod page;
+#[cfg(feature = "postgres")]
+mod pg;
 mod record;
 mod retry;
 mod rules;
@@ -76,6 +78,8 @@ pub use error::{Missing, PersistenceReason, Result, StateError};
 pub use kv::{FileStore, MemoryStore};
 pub use options::{Durability, Options};
 pub use page::{Page, PageRequest, Pages};
+#[cfg(feature = "postgres")]
+pub use pg::{PgOptions, PostgresStore};
 pub use record::{
     Approval, Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,
     StateQuery, ToolCall, Usage,

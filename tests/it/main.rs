@@ -7,4 +7,8 @@ mod cli;
 mod conformance;
 mod durability;
 mod fuzz_regressions;
+#[cfg(feature = "postgres")]
+mod pg_server;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod stress;
