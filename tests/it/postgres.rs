@@ -80,8 +80,7 @@ fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is set for a child"))
 }
 
-/// Runs `test` of this binary again as a child with `vars`; returns its
-/// lines that start with `@@ `.
+/// Runs `test` of this binary again as a child with `vars`.
 fn spawn_child(test: &str, vars: &[(&str, String)]) -> std::process::Child {
     let mut c = Command::new(std::env::current_exe().expect("the test binary"));
     c.args([test, "--exact", "--nocapture", "--test-threads", "1"])
@@ -94,6 +93,7 @@ fn spawn_child(test: &str, vars: &[(&str, String)]) -> std::process::Child {
     c.spawn().expect("the test binary runs again")
 }
 
+/// Waits for a child; its report: what follows `@@ ` on each line.
 fn child_lines(child: std::process::Child, what: &str) -> Vec<String> {
     let o = child.wait_with_output().expect("the child ends");
     let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -105,7 +105,8 @@ fn child_lines(child: std::process::Child, what: &str) -> Vec<String> {
     );
     stdout
         .lines()
-        .filter_map(|l| l.strip_prefix("@@ ").map(str::to_string))
+        // The harness may print its `test … ` header on the same line.
+        .filter_map(|l| l.split_once("@@ ").map(|(_, r)| r.to_string()))
         .collect()
 }
 
