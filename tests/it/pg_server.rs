@@ -306,6 +306,8 @@ fn group_of(user: &str) -> String {
 /// second: when this process is gone it stops the server (SIGQUIT to the
 /// postmaster is an immediate shutdown) and removes its directory. A test
 /// binary has no global teardown, and a server must not outlive its tests.
+// The watchdog is meant to outlive this process: nobody waits for it.
+#[allow(clippy::zombie_processes)]
 fn watchdog(root: &Path) {
     let script = format!(
         "while kill -0 {pid} 2>/dev/null; do sleep 1; done; \

@@ -633,7 +633,7 @@ fn server_killed_mid_workload() {
                     i += 1;
                     let before = phase.load(Ordering::SeqCst);
                     let t0 = Instant::now();
-                    let r = if i % 2 == 0 {
+                    let r = if i.is_multiple_of(2) {
                         s.patch_run(
                             &key,
                             StateDelta {
