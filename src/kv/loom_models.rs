@@ -28,8 +28,8 @@ use std::sync::Mutex as StdMutex;
 
 use loom::thread;
 
-use super::commit::{Committer, Counters, Sink};
 use super::Options;
+use super::commit::{Committer, Counters, Sink};
 use crate::api::TrayStore;
 use crate::error::{PersistenceReason, Result, StateError};
 use crate::kv::engine::memory::MemoryEngine;
