@@ -178,6 +178,11 @@ fn main() {
         );
         return;
     }
+    #[cfg(feature = "redis")]
+    if only.as_deref() == Some("redis") {
+        redis_section(sizes);
+        return;
+    }
     if only.as_deref() == Some("writers") {
         let mut d = Durable::default();
         writers(&dir, sizes, &mut d);
@@ -202,6 +207,8 @@ fn main() {
 
     let elapsed = started.elapsed();
     report(sizes, &d, &l, elapsed);
+    #[cfg(feature = "redis")]
+    redis_section(sizes);
     if pg {
         run_pg(quick);
     } else {
@@ -228,6 +235,134 @@ fn run_pg(quick: bool) {
 fn run_pg(_quick: bool) {
     println!(
         "PostgreSQL section: this bench was built without the postgres feature (cargo bench --features postgres -- --pg)"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Redis
+
+/// The Redis backend beside the others, when `AGENTSTATE_BENCH_REDIS_URL`
+/// names a server (run with `--features redis`; a server with
+/// `appendfsync always`, or the numbers mean nothing for durability):
+/// 1 writer create/put/patch, 8 writers creating, and the reaper's first
+/// page at 100k runs (`AGENTSTATE_BENCH_REDIS_RUNS` to change).
+#[cfg(feature = "redis")]
+fn redis_section(s: Sizes) {
+    use agentstate::{RedisOptions, RedisStore, StateDelta};
+    let Ok(url) = std::env::var("AGENTSTATE_BENCH_REDIS_URL") else {
+        println!(
+            "redis: skipped (set AGENTSTATE_BENCH_REDIS_URL to a server with appendfsync always)"
+        );
+        return;
+    };
+    let store = Arc::new(
+        RedisStore::connect_with(&url, RedisOptions::new().pool_size(16))
+            .expect("connect to redis"),
+    );
+    let run = format!("bench-{}-{}", std::process::id(), now_ms());
+    println!("\n## redis ({})", store.durability());
+    let n = s.ops;
+    let t1 = format!("{run}-1");
+    let (mut c, mut p, mut q) = (Vec::new(), Vec::new(), Vec::new());
+    let mut stored = Vec::with_capacity(n);
+    for i in 0..n {
+        timed(&mut c, || {
+            stored.push(
+                store
+                    .put_run(record(&t1, run_id(i as u64), RunState::Pending))
+                    .expect("create"),
+            )
+        });
+    }
+    for r in stored.iter_mut() {
+        let mut next = r.clone();
+        next.state = RunState::Running;
+        timed(&mut p, || *r = store.put_run(next).expect("put"));
+        let key = r.key.clone();
+        timed(&mut q, || {
+            *r = store
+                .patch_run(
+                    &key,
+                    StateDelta {
+                        cost_micros: 7,
+                        ..Default::default()
+                    },
+                )
+                .expect("patch")
+        });
+    }
+    println!(
+        "1 writer: create {:.0}/s, put {:.0}/s, patch {:.0}/s ({n} each)",
+        rate(&c),
+        rate(&p),
+        rate(&q)
+    );
+    let per = s.ops_per_writer8;
+    let t = Instant::now();
+    let handles: Vec<_> = (0..8)
+        .map(|w| {
+            let store = store.clone();
+            let tenant = format!("{run}-8w{w}");
+            std::thread::spawn(move || {
+                for i in 0..per as u64 {
+                    store
+                        .put_run(record(&tenant, run_id(i), RunState::Pending))
+                        .expect("create");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("writer");
+    }
+    println!(
+        "8 writers: create {:.0}/s ({} each)",
+        per_sec(8 * per, t.elapsed()),
+        per
+    );
+    let runs: u64 = std::env::var("AGENTSTATE_BENCH_REDIS_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let tenant = format!("{run}-reaper");
+    let t = Instant::now();
+    let handles: Vec<_> = (0..8u64)
+        .map(|w| {
+            let store = store.clone();
+            let tenant = tenant.clone();
+            std::thread::spawn(move || {
+                let mut i = w;
+                while i < runs {
+                    store
+                        .put_run(record(&tenant, run_id(i), listing_state(i)))
+                        .expect("load");
+                    i += 8;
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("loader");
+    }
+    let load = t.elapsed();
+    let q = StateQuery::new(&tenant)
+        .state(RunState::Running)
+        .updated_before(now_ms() + 3_600_000);
+    let mut first = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let page = store
+            .list_runs(&q, &PageRequest::new(100))
+            .expect("reaper page");
+        first.push(t.elapsed().as_secs_f64() * 1e6);
+        std::hint::black_box(page);
+    }
+    let st = stats(first);
+    println!(
+        "reaper first page (100 running runs) at {runs} runs: median {:.0} us, p90 {:.0} us (loaded in {:.1} s)",
+        st.median_us,
+        st.p90_us,
+        load.as_secs_f64()
     );
 }
 

@@ -16,8 +16,8 @@
 //! means the write was synced) share one implementation of these rules;
 //! `PostgresStore` (feature `postgres`) keeps them across the processes of
 //! a fleet on one PostgreSQL server (an `Ok` means the transaction
-//! committed with `synchronous_commit = on`). All pass one conformance
-//! suite.
+//! committed with `synchronous_commit = on`), and `RedisStore` (feature
+//! `redis`) on one Redis server. All pass one conformance suite.
 //!
 //! ```
 //! use agentstate::{MemoryStore, RunKey, RunRecord, StateDelta, StateStore};
@@ -38,6 +38,9 @@
 //! - `postgres`: `PostgresStore` and `PgOptions`, the PostgreSQL backend
 //!   (the sync `postgres` client with an `r2d2` pool); the CLI then takes
 //!   `--db postgres://…`.
+//! - `redis`: `RedisStore`, the Redis backend (every write one Lua script on
+//!   the server; an `Ok` survives a server crash only with `appendfsync
+//!   always`, which `connect` checks).
 //!
 //! ## Durability
 //! See [`Durability`] and the README's "Durability" section.
@@ -65,6 +68,8 @@ mod page;
 #[cfg(feature = "postgres")]
 mod pg;
 mod record;
+#[cfg(feature = "redis")]
+mod redis_store;
 mod retry;
 mod rules;
 mod scrub;
@@ -91,6 +96,8 @@ pub use record::{
     Approval, Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,
     StateQuery, ToolCall, Usage,
 };
+#[cfg(feature = "redis")]
+pub use redis_store::{RedisOptions, RedisStore};
 pub use retry::{RetryPolicy, StateStoreExt};
 pub use scrub::{REDACTED, Scrubber};
 pub use tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};

@@ -109,6 +109,21 @@ pub fn open(spec: &DbSpec, opts: Options, how: Open) -> Result<Box<dyn Store>, C
             }
             Ok(Box::new(store))
         }
+        #[cfg(feature = "redis")]
+        DbSpec::Url { scheme, url }
+            if matches!(scheme.as_str(), "redis" | "rediss" | "redis+unix") =>
+        {
+            // Every command works on a server store, new or not: a server
+            // database needs no creating. `require_fsync` stays on: the CLI
+            // refuses a server that could lose what it writes.
+            let _ = how;
+            let store = agentstate::RedisStore::connect_with(
+                url,
+                agentstate::RedisOptions::new().options(opts),
+            )
+            .map_err(|e| CliError::failed(format!("--db {}: {e}", spec.display())))?;
+            Ok(Box::new(store))
+        }
         DbSpec::Url { scheme, .. } => {
             // Server backends add their arm here, behind their feature.
             let feature = match scheme.as_str() {

@@ -142,6 +142,11 @@ impl<'a> KeyReader<'a> {
         self.rest = rest;
         Ok(n)
     }
+    /// The bytes not read yet.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn rest(&self) -> &'a [u8] {
+        self.rest
+    }
     /// True when every byte of the key was read.
     pub(crate) fn at_end(&self) -> bool {
         self.rest.is_empty()

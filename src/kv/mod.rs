@@ -188,7 +188,7 @@ fn read_meta<T: serde::de::DeserializeOwned>(engine: &dyn Engine, key: &[u8]) ->
 }
 
 /// 16 bytes nobody can guess, from the OS-seeded std hasher keys.
-fn new_secret() -> [u8; 16] {
+pub(crate) fn new_secret() -> [u8; 16] {
     use std::hash::{BuildHasher, Hasher};
     let mut out = [0u8; 16];
     for (i, chunk) in out.chunks_mut(8).enumerate() {

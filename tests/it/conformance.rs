@@ -125,3 +125,25 @@ mod postgres {
 
     agentstate::conformance_tests!(factory);
 }
+
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+
+    /// A store on the shared test server (database 0): the suite's checks
+    /// use fresh tenants and instances, so one server serves them all.
+    fn factory(clock: Arc<ManualClock>) -> Arc<dyn ConformanceStore> {
+        let url = crate::redis_server::shared_url(0);
+        Arc::new(
+            agentstate::RedisStore::connect_with(
+                &url,
+                agentstate::RedisOptions::new()
+                    .options(agentstate::Options::new().clock(clock))
+                    .pool_size(16),
+            )
+            .expect("connect to the test redis-server"),
+        )
+    }
+
+    agentstate::conformance_tests!(factory);
+}

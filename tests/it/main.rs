@@ -11,4 +11,8 @@ mod fuzz_regressions;
 mod pg_server;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(feature = "redis")]
+mod redis_server;
 mod stress;

@@ -1,0 +1,726 @@
+//! The operator functions on Redis (`StoreAdmin`): sessions listing,
+//! counts, checks, retention, export and import. The walks read the tenant
+//! registry and the instance index; they are admin work, O(records).
+
+use crate::admin::{StoreAdmin, StoreStats, TenantStats, VerifyReport};
+use crate::codec::cursor::{self as cursor_codec, Listing};
+use crate::entry::Entry;
+use crate::error::{Missing, Result, StateError};
+use crate::kv::key::KeyBuf;
+use crate::page::{Page, PageRequest};
+use crate::record::{Millis, RunKey, RunState, SessionKey, SessionRecord};
+use crate::rules::{check_id, check_limit, checked_entry};
+use crate::tray::InstanceKey;
+
+use super::runs::{
+    Reply, decode_run, decode_session, num, outcome, run_head, run_tail, seal, session_head,
+    session_tail, text,
+};
+use super::scripts::{IMPORT, PRUNE, READ_PAGES};
+use super::trays::{TrayCall, decode_tray};
+use super::{Conn, RedisStore, keys, map_err};
+
+/// Largest `seq` an import accepts: sorted-set scores are doubles, exact
+/// to 2^53.
+const SEQ_MAX: u64 = 1 << 53;
+/// Index entries read per command of a walk.
+const CHUNK: usize = 1000;
+
+fn cmd(name: &str) -> ::redis::Cmd {
+    ::redis::cmd(name)
+}
+
+impl RedisStore {
+    fn tenants(&self, conn: &mut Conn) -> Result<Vec<String>> {
+        let t: Vec<Vec<u8>> = cmd("ZRANGE")
+            .arg(keys::TENANTS)
+            .arg(0)
+            .arg(-1)
+            .query(&mut **conn)
+            .map_err(map_err)?;
+        t.into_iter()
+            .map(|t| {
+                String::from_utf8(t).map_err(|_| StateError::corrupt("redis: tenant not UTF-8"))
+            })
+            .collect()
+    }
+
+    fn instances(&self, conn: &mut Conn) -> Result<Vec<Vec<u8>>> {
+        cmd("ZRANGE")
+            .arg(keys::insts())
+            .arg(0)
+            .arg(-1)
+            .query(&mut **conn)
+            .map_err(map_err)
+    }
+
+    /// Members of a lexicographic sorted set after `after`, at most `n`.
+    fn lex_after(
+        &self,
+        conn: &mut Conn,
+        key: &[u8],
+        after: Option<&[u8]>,
+        n: usize,
+    ) -> Result<Vec<Vec<u8>>> {
+        let from = match after {
+            Some(a) => {
+                let mut f = b"(".to_vec();
+                f.extend_from_slice(a);
+                f
+            }
+            None => b"-".to_vec(),
+        };
+        cmd("ZRANGEBYLEX")
+            .arg(key)
+            .arg(from)
+            .arg("+")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(n)
+            .query(&mut **conn)
+            .map_err(map_err)
+    }
+
+    /// (member, seq) of a seq-scored sorted set after `after`, at most `n`.
+    fn seq_after(
+        &self,
+        conn: &mut Conn,
+        key: &[u8],
+        after: Option<u64>,
+        n: usize,
+    ) -> Result<Vec<(Vec<u8>, u64)>> {
+        let from = after.map_or("-inf".to_string(), |s| format!("({s}"));
+        let r: Vec<(Vec<u8>, Vec<u8>)> = cmd("ZRANGEBYSCORE")
+            .arg(key)
+            .arg(from)
+            .arg("+inf")
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(n)
+            .query(&mut **conn)
+            .map_err(map_err)?;
+        r.into_iter()
+            .map(|(m, s)| Ok((m, num(&s, "seq score")?)))
+            .collect()
+    }
+
+    fn hget(&self, conn: &mut Conn, key: &[u8], field: &str) -> Result<Option<Vec<u8>>> {
+        cmd("HGET")
+            .arg(key)
+            .arg(field)
+            .query(&mut **conn)
+            .map_err(map_err)
+    }
+
+    fn zcard(&self, conn: &mut Conn, key: &[u8]) -> Result<u64> {
+        cmd("ZCARD").arg(key).query(&mut **conn).map_err(map_err)
+    }
+}
+
+/// An export position: phase, group (tenant or instance), inner position.
+fn export_pos(phase: u8, group: &[u8], inner: &[u8]) -> Vec<u8> {
+    let mut p = vec![phase];
+    p.extend((group.len() as u32).to_be_bytes());
+    p.extend_from_slice(group);
+    p.extend_from_slice(inner);
+    p
+}
+
+fn read_export_pos(p: &[u8]) -> Option<(u8, Vec<u8>, Vec<u8>)> {
+    let (&phase, rest) = p.split_first()?;
+    let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+    let group = rest.get(4..4 + len)?.to_vec();
+    let inner = rest.get(4 + len..)?.to_vec();
+    (1..=5).contains(&phase).then_some((phase, group, inner))
+}
+
+impl StoreAdmin for RedisStore {
+    fn list_sessions(&self, tenant: &str, page: &PageRequest) -> Result<Page<SessionRecord>> {
+        check_id("tenant", tenant)?;
+        check_limit(page.limit)?;
+        let binding = KeyBuf::table(Listing::Sessions as u8).str(tenant).done();
+        let after = match &page.cursor {
+            Some(c) => cursor_codec::decode(&self.secret, Listing::Sessions, &binding, c)?,
+            None => Vec::new(),
+        };
+        let p = keys::tenant(tenant);
+        let mut conn = self.conn()?;
+        let reply: Reply = READ_PAGES
+            .key(keys::sessions(&p))
+            .arg("sessions")
+            .arg(keys::session_base(&p))
+            .arg(after)
+            .arg((page.limit + 1).to_string())
+            .invoke(&mut *conn)
+            .map_err(map_err)?;
+        let mut items = Vec::new();
+        for pair in reply.chunks_exact(2) {
+            let id = String::from_utf8(pair[0].clone())
+                .map_err(|_| StateError::corrupt("redis: session id not UTF-8"))?;
+            let s = decode_session(&pair[1], &SessionKey::new(tenant, id))?;
+            items.push((pair[0].clone(), s));
+        }
+        let more = items.len() > page.limit;
+        items.truncate(page.limit);
+        let cursor = match (more, items.last()) {
+            (true, Some((m, _))) => Some(cursor_codec::encode(
+                &self.secret,
+                Listing::Sessions,
+                &binding,
+                m,
+            )),
+            _ => None,
+        };
+        Page::new(items.into_iter().map(|(_, s)| s).collect(), cursor)
+    }
+
+    fn is_empty(&self) -> Result<bool> {
+        Ok(self.export_page(&PageRequest::new(1))?.items().is_empty())
+    }
+
+    fn stats(&self) -> Result<StoreStats> {
+        let mut conn = self.conn()?;
+        let mut s = StoreStats {
+            backend: format!("redis {}: {}", self.server, self.persistence.describe()),
+            ..Default::default()
+        };
+        for t in self.tenants(&mut conn)? {
+            let p = keys::tenant(&t);
+            let mut ts = TenantStats::default();
+            for st in RunState::ALL {
+                let n = self.zcard(&mut conn, &keys::by_state(&p, st))?;
+                if n > 0 {
+                    ts.runs_by_state.insert(st, n);
+                }
+            }
+            ts.sessions = self.zcard(&mut conn, &keys::sessions(&p))?;
+            if ts.sessions > 0 || !ts.runs_by_state.is_empty() {
+                s.tenants.insert(t, ts);
+            }
+        }
+        for i in self.instances(&mut conn)? {
+            s.trays += self.zcard(&mut conn, &keys::trays_of(&i))?;
+        }
+        s.marked_trays = self.zcard(&mut conn, &keys::marked())?;
+        s.alarms = self.zcard(&mut conn, &keys::due())?;
+        Ok(s)
+    }
+
+    fn verify(&self) -> Result<VerifyReport> {
+        self.verify_impl()
+    }
+
+    fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
+        check_id("tenant", tenant)?;
+        let p = keys::tenant(tenant);
+        let mut conn = self.conn()?;
+        let mut deleted = 0u64;
+        for st in RunState::ALL.into_iter().filter(|s| s.is_finished()) {
+            let index = keys::by_state(&p, st);
+            let mut after = None;
+            loop {
+                let chunk = self.seq_after(&mut conn, &index, after, 256)?;
+                let Some((_, last)) = chunk.last() else { break };
+                after = Some(*last);
+                let mut inv = PRUNE.prepare_invoke();
+                inv.key(keys::runs(&p))
+                    .arg(&p)
+                    .arg(finished_before.to_string());
+                for (id, _) in &chunk {
+                    inv.arg(id);
+                }
+                let n: String = inv.invoke(&mut *conn).map_err(map_err)?;
+                deleted += num(n.as_bytes(), "pruned count")?;
+                if chunk.len() < 256 {
+                    break;
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
+    fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
+        check_limit(page.limit)?;
+        let (start_phase, start_group, start_inner) = match &page.cursor {
+            None => (1, Vec::new(), None),
+            Some(c) => {
+                let pos = cursor_codec::decode(&self.secret, Listing::Export, b"export", c)?;
+                let (ph, g, i) = read_export_pos(&pos)
+                    .ok_or_else(|| StateError::invalid("cursor: position outside this listing"))?;
+                (ph, g, Some(i))
+            }
+        };
+        let want = page.limit + 1;
+        let mut conn = self.conn()?;
+        let mut out: Vec<(Vec<u8>, Entry)> = Vec::with_capacity(want);
+        let tenants = self.tenants(&mut conn)?;
+        let insts = self.instances(&mut conn)?;
+        'phases: for phase in start_phase..=5u8 {
+            let first = phase == start_phase;
+            match phase {
+                1 | 2 => {
+                    for t in &tenants {
+                        if first && t.as_bytes() < start_group.as_slice() {
+                            continue;
+                        }
+                        let mut inner = if first && t.as_bytes() == start_group.as_slice() {
+                            start_inner.clone()
+                        } else {
+                            None
+                        };
+                        let p = keys::tenant(t);
+                        loop {
+                            let n = (want - out.len()).min(CHUNK);
+                            let got = if phase == 1 {
+                                let after = match &inner {
+                                    Some(i) => Some(u64::from_be_bytes(
+                                        i.as_slice().try_into().map_err(|_| {
+                                            StateError::invalid(
+                                                "cursor: position outside this listing",
+                                            )
+                                        })?,
+                                    )),
+                                    None => None,
+                                };
+                                let ids = self.seq_after(&mut conn, &keys::runs(&p), after, n)?;
+                                let got = ids.len();
+                                for (id, seq) in ids {
+                                    let run_id = text(&id);
+                                    let pos = seq.to_be_bytes().to_vec();
+                                    inner = Some(pos.clone());
+                                    let v = self.hget(&mut conn, &keys::run(&p, &run_id), "v")?;
+                                    if let Some(v) = v {
+                                        let r = decode_run(&v, &RunKey::new(t.clone(), run_id))?;
+                                        out.push((
+                                            export_pos(1, t.as_bytes(), &pos),
+                                            Entry::Run(r),
+                                        ));
+                                    }
+                                }
+                                got
+                            } else {
+                                let ids = self.lex_after(
+                                    &mut conn,
+                                    &keys::sessions(&p),
+                                    inner.as_deref(),
+                                    n,
+                                )?;
+                                let got = ids.len();
+                                for id in ids {
+                                    inner = Some(id.clone());
+                                    let sid = text(&id);
+                                    let v = self.hget(&mut conn, &keys::session(&p, &sid), "v")?;
+                                    if let Some(v) = v {
+                                        let s =
+                                            decode_session(&v, &SessionKey::new(t.clone(), sid))?;
+                                        out.push((
+                                            export_pos(2, t.as_bytes(), &id),
+                                            Entry::Session(s),
+                                        ));
+                                    }
+                                }
+                                got
+                            };
+                            if out.len() >= want {
+                                break 'phases;
+                            }
+                            if got < n {
+                                break;
+                            }
+                        }
+                    }
+                }
+                3 | 5 => {
+                    for i in &insts {
+                        if first && start_inner.as_deref().is_some_and(|s| i.as_slice() <= s) {
+                            continue;
+                        }
+                        let (instance, _) = keys::read_inst(i)?;
+                        let field = if phase == 3 { "ep" } else { "al" };
+                        if let Some(v) = self.hget(&mut conn, &keys::instance(i), field)? {
+                            let n = num(&v, field)?;
+                            let e = if phase == 3 {
+                                Entry::Epoch { instance, epoch: n }
+                            } else {
+                                Entry::Alarm {
+                                    instance,
+                                    due_at: n,
+                                }
+                            };
+                            out.push((export_pos(phase, b"", i), e));
+                            if out.len() >= want {
+                                break 'phases;
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    for i in &insts {
+                        if first && i.as_slice() < start_group.as_slice() {
+                            continue;
+                        }
+                        let (instance, _) = keys::read_inst(i)?;
+                        let mut inner = if first && i == &start_group {
+                            start_inner.clone()
+                        } else {
+                            None
+                        };
+                        loop {
+                            let n = (want - out.len()).min(CHUNK);
+                            let members =
+                                self.lex_after(&mut conn, &keys::trays_of(i), inner.as_deref(), n)?;
+                            let got = members.len();
+                            for m in members {
+                                inner = Some(m.clone());
+                                let mut tk = keys::tray_base(i);
+                                tk.extend_from_slice(&m);
+                                if let Some(v) = self.hget(&mut conn, &tk, "v")? {
+                                    let (tray_ns, tray_id) = keys::read_tray_member(&m)?;
+                                    out.push((
+                                        export_pos(4, i, &m),
+                                        Entry::Tray {
+                                            key: instance.tray(tray_ns, tray_id),
+                                            tray: decode_tray(&v)?,
+                                        },
+                                    ));
+                                }
+                            }
+                            if out.len() >= want {
+                                break 'phases;
+                            }
+                            if got < n {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let more = out.len() > page.limit;
+        out.truncate(page.limit);
+        let cursor = match (more, out.last()) {
+            (true, Some((pos, _))) => Some(cursor_codec::encode(
+                &self.secret,
+                Listing::Export,
+                b"export",
+                pos,
+            )),
+            _ => None,
+        };
+        Page::new(out.into_iter().map(|(_, e)| e).collect(), cursor)
+    }
+
+    fn import(&self, entries: &mut dyn Iterator<Item = Result<Entry>>) -> Result<u64> {
+        if !self.is_empty()? {
+            return Err(StateError::invalid(
+                "import: the store is not empty; import into a new store",
+            ));
+        }
+        let max = self.max();
+        let mut n = 0u64;
+        for e in entries {
+            let e = checked_entry(e?, &self.opts.options.scrubber, max)?;
+            self.import_one(e)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+impl RedisStore {
+    fn import_one(&self, e: Entry) -> Result<()> {
+        match e {
+            Entry::Run(r) => {
+                if r.seq > SEQ_MAX {
+                    return Err(StateError::invalid(format!(
+                        "run {}: seq {} is past 2^53, the largest a Redis sorted set orders exactly",
+                        r.key.run_id, r.seq
+                    )));
+                }
+                let (h, crc) = run_head(&r);
+                let v = seal(&h, &run_tail(&r));
+                crate::rules::check_size("run record", v.len(), self.max())?;
+                let p = keys::tenant(&r.key.tenant);
+                let session = r.session_id.clone().unwrap_or_default();
+                let mut conn = self.conn()?;
+                self.register(&mut conn, &r.key.tenant)?;
+                let reply: Reply = IMPORT
+                    .key(keys::run(&p, &r.key.run_id))
+                    .key(keys::seq(&p))
+                    .key(keys::runs(&p))
+                    .key(keys::by_session(&p, &session))
+                    .arg("run")
+                    .arg(&p)
+                    .arg(&r.key.run_id)
+                    .arg(v)
+                    .arg(h.len().to_string())
+                    .arg(crc.to_string())
+                    .arg(r.version.to_string())
+                    .arg(r.seq.to_string())
+                    .arg(keys::state_tag(r.state))
+                    .arg(&session)
+                    .arg(&r.agent_name)
+                    .arg(r.created_at.to_string())
+                    .arg(r.updated_at.to_string())
+                    .arg(r.messages_read.to_string())
+                    .arg(r.usage.input_tokens.to_string())
+                    .arg(r.usage.output_tokens.to_string())
+                    .arg(r.cost_micros.to_string())
+                    .arg(r.iterations.to_string())
+                    .invoke(&mut *conn)
+                    .map_err(map_err)?;
+                if reply.first().map(Vec::as_slice) == Some(b"seqused") {
+                    return Err(StateError::invalid(format!(
+                        "run {}: seq {} is already used in tenant {}",
+                        r.key.run_id, r.seq, r.key.tenant
+                    )));
+                }
+                outcome(reply, || Missing::Run(r.key.clone()), 0)?;
+            }
+            Entry::Session(s) => {
+                let (h, _) = session_head(&s);
+                let v = seal(&h, &session_tail(&s));
+                crate::rules::check_size("session record", v.len(), self.max())?;
+                let p = keys::tenant(&s.key.tenant);
+                let mut conn = self.conn()?;
+                self.register(&mut conn, &s.key.tenant)?;
+                let reply: Reply = IMPORT
+                    .key(keys::session(&p, &s.key.session_id))
+                    .key(keys::sessions(&p))
+                    .arg("session")
+                    .arg(&s.key.session_id)
+                    .arg(v)
+                    .arg(s.version.to_string())
+                    .arg(s.created_at.to_string())
+                    .invoke(&mut *conn)
+                    .map_err(map_err)?;
+                outcome(reply, || Missing::Session(s.key.clone()), 0)?;
+            }
+            Entry::Epoch { instance, epoch } => {
+                let reply = TrayCall::new(&instance, "import_epoch", epoch).run(self)?;
+                outcome(reply, not_found_instance(&instance), 0)?;
+            }
+            Entry::Tray { key, tray } => {
+                let reply = TrayCall::new(&key.instance(), "import_tray", 0)
+                    .tray(keys::tray_member_of(&key), &tray)
+                    .run(self)?;
+                outcome(reply, not_found_instance(&key.instance()), 0)?;
+            }
+            Entry::Alarm { instance, due_at } => {
+                let reply = TrayCall::new(&instance, "import_alarm", 0)
+                    .arg(keys::alarm_member(due_at, &instance))
+                    .arg(due_at.to_string())
+                    .run(self)?;
+                outcome(reply, not_found_instance(&instance), 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn verify_impl(&self) -> Result<VerifyReport> {
+        let mut rep = VerifyReport::default();
+        let mut conn = self.conn()?;
+        let mut p_ = Vec::new();
+        for t in self.tenants(&mut conn)? {
+            let p = keys::tenant(&t);
+            let counter: Option<Vec<u8>> = cmd("GET")
+                .arg(keys::seq(&p))
+                .query(&mut *conn)
+                .map_err(map_err)?;
+            let counter = counter
+                .map(|c| num(&c, "seq counter"))
+                .transpose()?
+                .unwrap_or(0);
+            let mut after = None;
+            loop {
+                let ids = self.seq_after(&mut conn, &keys::runs(&p), after, CHUNK)?;
+                for (id, seq) in &ids {
+                    after = Some(*seq);
+                    rep.entries += 1;
+                    rep.runs += 1;
+                    let run_id = text(id);
+                    let h: std::collections::HashMap<String, Vec<u8>> = cmd("HGETALL")
+                        .arg(keys::run(&p, &run_id))
+                        .query(&mut *conn)
+                        .map_err(map_err)?;
+                    let name = format!("run {t}/{run_id}");
+                    let Some(v) = h.get("v") else {
+                        p_.push(format!("{name}: listed in the seq index but missing"));
+                        continue;
+                    };
+                    let r = match decode_run(v, &RunKey::new(t.clone(), run_id.clone())) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            p_.push(format!("{name}: {e}"));
+                            continue;
+                        }
+                    };
+                    let mirrors: [(&str, String); 11] = [
+                        ("ver", r.version.to_string()),
+                        ("seq", r.seq.to_string()),
+                        ("st", keys::state_tag(r.state)),
+                        ("ag", r.agent_name.clone()),
+                        ("ca", r.created_at.to_string()),
+                        ("ua", r.updated_at.to_string()),
+                        ("mr", r.messages_read.to_string()),
+                        ("it", r.usage.input_tokens.to_string()),
+                        ("ot", r.usage.output_tokens.to_string()),
+                        ("co", r.cost_micros.to_string()),
+                        ("ir", r.iterations.to_string()),
+                    ];
+                    for (f, want) in mirrors {
+                        if h.get(f).map(|v| v.as_slice()) != Some(want.as_bytes()) {
+                            p_.push(format!("{name}: field {f} disagrees with the record"));
+                        }
+                    }
+                    if h.get("ss").map(|v| text(v)) != r.session_id {
+                        p_.push(format!("{name}: field ss disagrees with the record"));
+                    }
+                    if r.seq != *seq || r.seq == 0 || r.seq > counter {
+                        p_.push(format!(
+                            "{name}: seq {} outside 1..={counter} or not its index score",
+                            r.seq
+                        ));
+                    }
+                    let mut want_in = vec![keys::by_state(&p, r.state)];
+                    if let Some(s) = &r.session_id {
+                        want_in.push(keys::by_session(&p, s));
+                    }
+                    for idx in want_in {
+                        let score: Option<f64> = cmd("ZSCORE")
+                            .arg(&idx)
+                            .arg(id)
+                            .query(&mut *conn)
+                            .map_err(map_err)?;
+                        if score != Some(r.seq as f64) {
+                            p_.push(format!(
+                                "{name}: state or session index entry missing or wrong"
+                            ));
+                        }
+                    }
+                }
+                if ids.len() < CHUNK {
+                    break;
+                }
+            }
+            let runs = self.zcard(&mut conn, &keys::runs(&p))?;
+            let mut by_state = 0;
+            for st in RunState::ALL {
+                by_state += self.zcard(&mut conn, &keys::by_state(&p, st))?;
+            }
+            if by_state != runs {
+                p_.push(format!(
+                    "tenant {t}: {by_state} state index entries for {runs} runs"
+                ));
+            }
+            let mut after: Option<Vec<u8>> = None;
+            loop {
+                let ids =
+                    self.lex_after(&mut conn, &keys::sessions(&p), after.as_deref(), CHUNK)?;
+                for id in &ids {
+                    after = Some(id.clone());
+                    rep.entries += 1;
+                    rep.sessions += 1;
+                    let sid = text(id);
+                    match self.hget(&mut conn, &keys::session(&p, &sid), "v")? {
+                        None => p_.push(format!("session {t}/{sid}: listed but missing")),
+                        Some(v) => {
+                            if let Err(e) =
+                                decode_session(&v, &SessionKey::new(t.clone(), sid.clone()))
+                            {
+                                p_.push(format!("session {t}/{sid}: {e}"));
+                            }
+                        }
+                    }
+                }
+                if ids.len() < CHUNK {
+                    break;
+                }
+            }
+        }
+        let mut marked = 0u64;
+        let mut alarms = 0u64;
+        for i in self.instances(&mut conn)? {
+            let (inst, _) = keys::read_inst(&i)?;
+            let name = format!("instance {}/{}", inst.ns, inst.id);
+            let ih: std::collections::HashMap<String, Vec<u8>> = cmd("HGETALL")
+                .arg(keys::instance(&i))
+                .query(&mut *conn)
+                .map_err(map_err)?;
+            rep.entries += 1;
+            if ih.get("ep").is_some_and(|e| num(e, "epoch").is_err()) {
+                p_.push(format!("{name}: epoch undecodable"));
+            }
+            if let (Some(al), Some(am)) = (ih.get("al"), ih.get("am")) {
+                alarms += 1;
+                rep.alarms += 1;
+                let due = num(al, "alarm").unwrap_or(u64::MAX);
+                let score: Option<f64> = cmd("ZSCORE")
+                    .arg(keys::due())
+                    .arg(am)
+                    .query(&mut *conn)
+                    .map_err(map_err)?;
+                if score.is_none() || am != &keys::alarm_member(due, &inst) {
+                    p_.push(format!("{name}: alarm without its due-index entry"));
+                }
+            }
+            let mut after: Option<Vec<u8>> = None;
+            loop {
+                let members =
+                    self.lex_after(&mut conn, &keys::trays_of(&i), after.as_deref(), CHUNK)?;
+                for m in &members {
+                    after = Some(m.clone());
+                    rep.entries += 1;
+                    rep.trays += 1;
+                    let mut tk = keys::tray_base(&i);
+                    tk.extend_from_slice(m);
+                    let Some(v) = self.hget(&mut conn, &tk, "v")? else {
+                        p_.push(format!("{name}: tray index names a missing tray"));
+                        continue;
+                    };
+                    match decode_tray(&v) {
+                        Err(e) => p_.push(format!("{name}: tray: {e}")),
+                        Ok(t) if t.marked => {
+                            marked += 1;
+                            let mut full = i.clone();
+                            full.extend_from_slice(m);
+                            for idx in [keys::marked(), keys::marked_env(&t.env)] {
+                                let s: Option<f64> = cmd("ZSCORE")
+                                    .arg(&idx)
+                                    .arg(&full)
+                                    .query(&mut *conn)
+                                    .map_err(map_err)?;
+                                if s.is_none() {
+                                    p_.push(format!(
+                                        "{name}: marked tray missing from the sweeper's index"
+                                    ));
+                                }
+                            }
+                        }
+                        Ok(_) => {}
+                    }
+                }
+                if members.len() < CHUNK {
+                    break;
+                }
+            }
+        }
+        let in_index = self.zcard(&mut conn, &keys::marked())?;
+        if in_index != marked {
+            p_.push(format!(
+                "sweeper index has {in_index} entries for {marked} marked trays"
+            ));
+        }
+        let due = self.zcard(&mut conn, &keys::due())?;
+        if due != alarms {
+            p_.push(format!("due index has {due} entries for {alarms} alarms"));
+        }
+        rep.problems = p_;
+        Ok(rep)
+    }
+}
+
+fn not_found_instance(i: &InstanceKey) -> impl FnOnce() -> Missing + '_ {
+    move || Missing::Tray(i.tray("", ""))
+}

@@ -1,0 +1,134 @@
+//! Key names and sorted-set members (see the table in `mod.rs`). Every id
+//! inside a key is either its last component or escaped and terminated by
+//! the key codec (`kv::key`), so no two keys share bytes (K6). Members of
+//! lexicographic sorted sets use the key codec too, so their byte order is
+//! the order of their components.
+
+use crate::kv::key::KeyBuf;
+use crate::record::RunState;
+use crate::tray::{InstanceKey, TrayKey};
+
+/// The cursor secret.
+pub(crate) const SECRET: &str = "as:{meta}:secret";
+/// Every tenant that has (or had) records, by name.
+pub(crate) const TENANTS: &str = "as:{meta}:tenants";
+
+/// `as:{t<tenant>}:`: the prefix, and hash tag, of every key of a tenant.
+/// The `t` keeps the tag non-empty whatever the tenant.
+pub(crate) fn tenant(t: &str) -> Vec<u8> {
+    let mut k = b"as:{".to_vec();
+    k.extend(KeyBuf::table(b't').str(t).done());
+    k.extend_from_slice(b"}:");
+    k
+}
+
+fn join(prefix: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    let mut k = prefix.to_vec();
+    for p in parts {
+        k.extend_from_slice(p);
+    }
+    k
+}
+
+pub(crate) fn run(p: &[u8], run_id: &str) -> Vec<u8> {
+    join(p, &[b"r:", run_id.as_bytes()])
+}
+pub(crate) fn seq(p: &[u8]) -> Vec<u8> {
+    join(p, &[b"seq"])
+}
+pub(crate) fn runs(p: &[u8]) -> Vec<u8> {
+    join(p, &[b"runs"])
+}
+pub(crate) fn by_state(p: &[u8], s: RunState) -> Vec<u8> {
+    join(p, &[b"st:", state_tag(s).as_bytes()])
+}
+pub(crate) fn by_session(p: &[u8], session: &str) -> Vec<u8> {
+    join(p, &[b"ss:", session.as_bytes()])
+}
+pub(crate) fn session(p: &[u8], session_id: &str) -> Vec<u8> {
+    join(p, &[b"s:", session_id.as_bytes()])
+}
+pub(crate) fn sessions(p: &[u8]) -> Vec<u8> {
+    join(p, &[b"sessions"])
+}
+/// The prefix of a tenant's session hashes (`session` without the id).
+pub(crate) fn session_base(p: &[u8]) -> Vec<u8> {
+    join(p, &[b"s:"])
+}
+
+/// A state as the scripts see it: its tag in decimal.
+pub(crate) fn state_tag(s: RunState) -> String {
+    s.tag().to_string()
+}
+
+const TRAYS: &[u8] = b"as:{trays}:";
+
+/// An instance as a member (of the instance index, and the head of a
+/// marked-tray or alarm member).
+pub(crate) fn inst(i: &InstanceKey) -> Vec<u8> {
+    KeyBuf::table(b'i').str(&i.ns).str(&i.id).done()
+}
+/// A tray within its instance, as a member.
+pub(crate) fn tray_member(tray_ns: &str, tray_id: &str) -> Vec<u8> {
+    KeyBuf::table(b'y').str(tray_ns).str(tray_id).done()
+}
+pub(crate) fn tray_member_of(k: &TrayKey) -> Vec<u8> {
+    tray_member(&k.tray_ns, &k.tray_id)
+}
+/// An alarm's member in the due index: due_at big-endian, then the instance.
+pub(crate) fn alarm_member(due_at: u64, i: &InstanceKey) -> Vec<u8> {
+    let mut m = due_at.to_be_bytes().to_vec();
+    m.extend(inst(i));
+    m
+}
+
+pub(crate) fn instance(inst: &[u8]) -> Vec<u8> {
+    join(TRAYS, &[b"i:", inst])
+}
+pub(crate) fn insts() -> Vec<u8> {
+    join(TRAYS, &[b"insts"])
+}
+pub(crate) fn trays_of(inst: &[u8]) -> Vec<u8> {
+    join(TRAYS, &[b"yz:", inst])
+}
+pub(crate) fn marked_of(inst: &[u8]) -> Vec<u8> {
+    join(TRAYS, &[b"ym:", inst])
+}
+/// The prefix of an instance's tray hashes (a tray member follows).
+pub(crate) fn tray_base(inst: &[u8]) -> Vec<u8> {
+    join(TRAYS, &[b"y:", inst])
+}
+/// The prefix of every tray hash (an instance and tray member follow).
+pub(crate) fn all_tray_base() -> Vec<u8> {
+    join(TRAYS, &[b"y:"])
+}
+pub(crate) fn marked() -> Vec<u8> {
+    join(TRAYS, &[b"m"])
+}
+/// The prefix of the per-env marked indexes (the env follows).
+pub(crate) fn marked_env_base() -> Vec<u8> {
+    join(TRAYS, &[b"me:"])
+}
+pub(crate) fn marked_env(env: &str) -> Vec<u8> {
+    join(TRAYS, &[b"me:", env.as_bytes()])
+}
+pub(crate) fn due() -> Vec<u8> {
+    join(TRAYS, &[b"a"])
+}
+
+/// Reads an instance member back (`inst`), returning the rest.
+pub(crate) fn read_inst(m: &[u8]) -> crate::error::Result<(InstanceKey, &[u8])> {
+    let mut r = crate::kv::key::KeyReader::new(m, b'i')?;
+    let ns = r.str()?;
+    let id = r.str()?;
+    let rest = r.rest();
+    Ok((InstanceKey { ns, id }, rest))
+}
+
+/// Reads a tray member back (`tray_member`).
+pub(crate) fn read_tray_member(m: &[u8]) -> crate::error::Result<(String, String)> {
+    let mut r = crate::kv::key::KeyReader::new(m, b'y')?;
+    let t = (r.str()?, r.str()?);
+    r.end()?;
+    Ok(t)
+}

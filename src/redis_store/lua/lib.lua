@@ -1,0 +1,121 @@
+-- Helpers every write script of the Redis backend shares (prepended to
+-- each script by `scripts.rs`).
+--
+-- u64 values never pass through Lua numbers (doubles, exact only to 2^53):
+-- they travel as canonical decimal strings and are computed on as two
+-- 32-bit limbs (hi, lo), each exact in a double.
+
+local TWO32 = 4294967296
+
+-- A decimal string as limbs; nil when it is not a u64.
+local function limbs(s)
+  if type(s) ~= 'string' or #s == 0 or #s > 20 then return nil end
+  local hi, lo = 0, 0
+  for i = 1, #s do
+    local d = string.byte(s, i) - 48
+    if d < 0 or d > 9 then return nil end
+    lo = lo * 10 + d
+    local carry = math.floor(lo / TWO32)
+    lo = lo - carry * TWO32
+    hi = hi * 10 + carry
+    if hi >= TWO32 then return nil end
+  end
+  return hi, lo
+end
+
+-- Limbs as a canonical decimal string.
+local function dec(hi, lo)
+  if hi == 0 then return string.format('%.0f', lo) end
+  local digits = {}
+  while hi > 0 or lo > 0 do
+    local r = hi % 10
+    hi = (hi - r) / 10
+    local x = r * TWO32 + lo
+    local d = x % 10
+    lo = (x - d) / 10
+    digits[#digits + 1] = string.char(48 + d)
+  end
+  return string.reverse(table.concat(digits))
+end
+
+-- a + b on decimal strings; nil on overflow past u64 (the caller refuses).
+local function add_dec(a, b)
+  local ah, al = limbs(a)
+  local bh, bl = limbs(b)
+  if ah == nil or bh == nil then error('agentstate: not a u64: ' .. tostring(a) .. ' + ' .. tostring(b)) end
+  local lo = al + bl
+  local c = 0
+  if lo >= TWO32 then lo = lo - TWO32; c = 1 end
+  local hi = ah + bh + c
+  if hi >= TWO32 then return nil end
+  return dec(hi, lo)
+end
+
+-- a < b on decimal strings, exactly.
+local function lt_dec(a, b)
+  local ah, al = limbs(a)
+  local bh, bl = limbs(b)
+  if ah == nil or bh == nil then error('agentstate: not a u64: ' .. tostring(a) .. ' < ' .. tostring(b)) end
+  return ah < bh or (ah == bh and al < bl)
+end
+
+-- The postcard varint (LEB128) of a decimal u64.
+local function varint(s)
+  local hi, lo = limbs(s)
+  if hi == nil then error('agentstate: not a u64: ' .. tostring(s)) end
+  local out = {}
+  while hi > 0 or lo >= 128 do
+    local b = lo % 128
+    out[#out + 1] = string.char(b + 128)
+    local hb = hi % 128
+    lo = (lo - b) / 128 + hb * 33554432
+    hi = (hi - hb) / 128
+  end
+  out[#out + 1] = string.char(lo)
+  return table.concat(out)
+end
+
+-- CRC-32 (IEEE, the one crc32fast computes) of head .. s, given the CRC of
+-- head: the client checksums the (large) head, the script only the tail.
+local function crc32(crc, s)
+  local r = bit.bnot(crc)
+  for i = 1, #s do
+    r = bit.bxor(r, string.byte(s, i))
+    for _ = 1, 8 do
+      r = bit.bxor(bit.rshift(r, 1), bit.band(0xEDB88320, -bit.band(r, 1)))
+    end
+  end
+  r = bit.bnot(r)
+  if r < 0 then r = r + TWO32 end
+  return r
+end
+
+local function le32(n)
+  local b0 = n % 256
+  n = (n - b0) / 256
+  local b1 = n % 256
+  n = (n - b1) / 256
+  local b2 = n % 256
+  local b3 = (n - b2) / 256
+  return string.char(b0, b1, b2, b3)
+end
+
+-- A stored value in the crate's codec: head (format byte and the fields
+-- the client encoded) .. tail (the fields the script owns) .. CRC-32.
+local function seal(head, head_crc, tail)
+  return head .. tail .. le32(crc32(tonumber(head_crc), tail))
+end
+
+-- T2: a caller below the stored epoch loses (returns the refusal); at or
+-- above it, the stored epoch advances to the caller's. `inst` is the
+-- instance's member in the instance index.
+local function fence(ikey, insts, inst, epoch)
+  local stored = redis.call('HGET', ikey, 'ep')
+  if not stored then stored = '0' end
+  if lt_dec(epoch, stored) then return {'fence', stored} end
+  if lt_dec(stored, epoch) then
+    redis.call('HSET', ikey, 'ep', epoch)
+    redis.call('ZADD', insts, 0, inst)
+  end
+  return nil
+end

@@ -1,0 +1,510 @@
+//! Runs and sessions on Redis (rules R, S, L, X): the stored layouts, and
+//! each write as one script call.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::StateStore;
+use crate::codec::cursor::{self as cursor_codec, Listing};
+use crate::codec::value::{self, FORMAT_VERSION};
+use crate::error::{Missing, Result, StateError};
+use crate::page::{Page, PageRequest};
+use crate::record::{
+    Approval, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateQuery,
+    ToolCall, Usage,
+};
+use crate::rules::{
+    check_id, check_limit, check_record, check_run_key, check_session_key, check_size,
+};
+
+use super::scripts::{DELETE_SESSION, LIST_RUNS, PATCH_RUN, PUT_RUN, PUT_SESSION};
+use super::{RedisStore, keys, map_err};
+
+/// The fields of a run the caller gives, encoded by the client.
+#[derive(Serialize)]
+struct RunHeadRef<'a> {
+    key: &'a RunKey,
+    state: RunState,
+    agent_name: &'a str,
+    session_id: &'a Option<String>,
+    pending_tool_calls: &'a [ToolCall],
+    approval: &'a Option<Approval>,
+}
+
+#[derive(Deserialize)]
+struct RunHead {
+    key: RunKey,
+    state: RunState,
+    agent_name: String,
+    session_id: Option<String>,
+    pending_tool_calls: Vec<ToolCall>,
+    approval: Option<Approval>,
+}
+
+/// The fields a script writes (postcard varints), after the head.
+#[derive(Serialize, Deserialize)]
+pub(super) struct RunTail {
+    messages_read: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+    cost_micros: u64,
+    iterations: u64,
+    version: u64,
+    created_at: u64,
+    updated_at: u64,
+    seq: u64,
+}
+
+#[derive(Deserialize)]
+struct StoredRun {
+    head: RunHead,
+    tail: RunTail,
+}
+
+#[derive(Serialize)]
+struct SessionHeadRef<'a> {
+    key: &'a SessionKey,
+    metadata: &'a BTreeMap<String, String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SessionTail {
+    version: u64,
+    created_at: u64,
+    updated_at: u64,
+}
+
+#[derive(Deserialize)]
+struct StoredSession {
+    key: SessionKey,
+    metadata: BTreeMap<String, String>,
+    tail: SessionTail,
+}
+
+/// A head: the format byte and the postcard encoding of `v`, and its CRC.
+pub(super) fn head<T: Serialize>(v: &T) -> (Vec<u8>, u32) {
+    // postcard's std serializer only fails on types serde cannot express.
+    let h = postcard::to_extend(v, vec![FORMAT_VERSION]).expect("stored types always serialize");
+    let crc = crc32fast::hash(&h);
+    (h, crc)
+}
+
+/// A whole value from its head and tail, as the scripts seal it (import).
+pub(super) fn seal(head: &[u8], tail: &[u8]) -> Vec<u8> {
+    let mut v = head.to_vec();
+    v.extend_from_slice(tail);
+    let crc = crc32fast::hash(&v);
+    v.extend_from_slice(&crc.to_le_bytes());
+    v
+}
+
+pub(super) fn run_head(r: &RunRecord) -> (Vec<u8>, u32) {
+    head(&RunHeadRef {
+        key: &r.key,
+        state: r.state,
+        agent_name: &r.agent_name,
+        session_id: &r.session_id,
+        pending_tool_calls: &r.pending_tool_calls,
+        approval: &r.approval,
+    })
+}
+
+pub(super) fn run_tail(r: &RunRecord) -> Vec<u8> {
+    postcard::to_stdvec(&RunTail {
+        messages_read: r.messages_read,
+        input_tokens: r.usage.input_tokens,
+        output_tokens: r.usage.output_tokens,
+        cost_micros: r.cost_micros,
+        iterations: r.iterations,
+        version: r.version,
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+        seq: r.seq,
+    })
+    .expect("stored types always serialize")
+}
+
+pub(super) fn session_head(s: &SessionRecord) -> (Vec<u8>, u32) {
+    head(&SessionHeadRef {
+        key: &s.key,
+        metadata: &s.metadata,
+    })
+}
+
+pub(super) fn session_tail(s: &SessionRecord) -> Vec<u8> {
+    postcard::to_stdvec(&SessionTail {
+        version: s.version,
+        created_at: s.created_at,
+        updated_at: s.updated_at,
+    })
+    .expect("stored types always serialize")
+}
+
+/// Decodes and checks a stored run (format byte, CRC, its key).
+pub(super) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
+    let s: StoredRun = value::decode(bytes, "run")?;
+    if &s.head.key != key {
+        return Err(StateError::corrupt(format!(
+            "run stored under {}/{} names another key",
+            key.tenant, key.run_id
+        )));
+    }
+    let (h, t) = (s.head, s.tail);
+    Ok(RunRecord {
+        key: h.key,
+        version: t.version,
+        state: h.state,
+        agent_name: h.agent_name,
+        session_id: h.session_id,
+        messages_read: t.messages_read,
+        pending_tool_calls: h.pending_tool_calls,
+        usage: Usage {
+            input_tokens: t.input_tokens,
+            output_tokens: t.output_tokens,
+        },
+        cost_micros: t.cost_micros,
+        iterations: t.iterations,
+        approval: h.approval,
+        created_at: t.created_at,
+        updated_at: t.updated_at,
+        seq: t.seq,
+    })
+}
+
+pub(super) fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRecord> {
+    let s: StoredSession = value::decode(bytes, "session")?;
+    if &s.key != key {
+        return Err(StateError::corrupt("session stored under another key"));
+    }
+    Ok(SessionRecord {
+        key: s.key,
+        version: s.tail.version,
+        metadata: s.metadata,
+        created_at: s.tail.created_at,
+        updated_at: s.tail.updated_at,
+    })
+}
+
+/// What a script answered: its first element names the outcome.
+pub(super) type Reply = Vec<Vec<u8>>;
+
+pub(super) fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+pub(super) fn num(b: &[u8], what: &str) -> Result<u64> {
+    std::str::from_utf8(b)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| StateError::corrupt(format!("redis: {what} is not a number")))
+}
+
+/// The refusals every script may answer, as errors; `Ok(rest)` for `ok`.
+pub(super) fn outcome(
+    reply: Reply,
+    missing: impl FnOnce() -> Missing,
+    expected: u64,
+) -> Result<Reply> {
+    let mut it = reply.into_iter();
+    let status = it.next().unwrap_or_default();
+    let rest: Reply = it.collect();
+    match status.as_slice() {
+        b"ok" => Ok(rest),
+        b"conflict" => Err(StateError::Conflict {
+            expected,
+            actual: num(rest.first().map_or(&b""[..], |v| v), "stored version")?,
+        }),
+        b"notfound" => Err(StateError::NotFound(missing())),
+        b"fence" => Err(StateError::FenceLost {
+            caller: expected,
+            stored: num(rest.first().map_or(&b""[..], |v| v), "stored epoch")?,
+        }),
+        b"invalid" => Err(StateError::invalid(text(
+            rest.first().map_or(&b""[..], |v| v),
+        ))),
+        b"toolarge" => Err(StateError::too_large(format!(
+            "record is {} bytes, the limit is",
+            text(rest.first().map_or(&b""[..], |v| v))
+        ))),
+        other => Err(StateError::corrupt(format!(
+            "redis: unexpected script answer {:?}",
+            text(other)
+        ))),
+    }
+}
+
+impl RedisStore {
+    fn list_binding(q: &StateQuery) -> Vec<u8> {
+        use crate::kv::key::KeyBuf;
+        let mut b = KeyBuf::table(Listing::Runs as u8).str(&q.tenant);
+        b = match q.state {
+            Some(s) => b.u8(1).u8(s.tag()),
+            None => b.u8(0),
+        };
+        for opt in [&q.session, &q.agent] {
+            b = match opt {
+                Some(s) => b.u8(1).str(s),
+                None => b.u8(0),
+            };
+        }
+        b = match q.updated_before {
+            Some(t) => b.u8(1).u64(t),
+            None => b.u8(0),
+        };
+        b.done()
+    }
+}
+
+/// Entries of an index one `list_runs` script call reads at most.
+const LIST_SCAN_CAP: usize = 4096;
+
+impl StateStore for RedisStore {
+    fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
+        check_record(&record)?;
+        let record = self.opts.options.scrubber.scrub_run(&record);
+        let max = self.max();
+        let (h, crc) = run_head(&record);
+        check_size("run record", h.len() + value::OVERHEAD_BYTES - 1, max)?;
+        let p = keys::tenant(&record.key.tenant);
+        let session = record.session_id.clone().unwrap_or_default();
+        let mut conn = self.conn()?;
+        self.register(&mut conn, &record.key.tenant)?;
+        let reply: Reply = PUT_RUN
+            .key(keys::run(&p, &record.key.run_id))
+            .key(keys::seq(&p))
+            .key(keys::runs(&p))
+            .key(keys::session(&p, &session))
+            .key(keys::by_session(&p, &session))
+            .arg(&p)
+            .arg(&record.key.run_id)
+            .arg(record.version.to_string())
+            .arg(&h)
+            .arg(crc.to_string())
+            .arg(keys::state_tag(record.state))
+            .arg(&session)
+            .arg(&record.agent_name)
+            .arg(self.now().to_string())
+            .arg(record.messages_read.to_string())
+            .arg(record.usage.input_tokens.to_string())
+            .arg(record.usage.output_tokens.to_string())
+            .arg(record.cost_micros.to_string())
+            .arg(record.iterations.to_string())
+            .arg(max.to_string())
+            .invoke(&mut *conn)
+            .map_err(map_err)?;
+        if reply.first().map(Vec::as_slice) == Some(b"nosession") {
+            return Err(StateError::NotFound(Missing::Session(SessionKey::new(
+                record.key.tenant.clone(),
+                session,
+            ))));
+        }
+        let rest = outcome(reply, || Missing::Run(record.key.clone()), record.version)
+            .map_err(|e| with_limit(e, max))?;
+        let v = rest
+            .first()
+            .ok_or_else(|| StateError::corrupt("redis: put_run answered no record"))?;
+        decode_run(v, &record.key)
+    }
+
+    fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
+        check_run_key(key)?;
+        let p = keys::tenant(&key.tenant);
+        let mut conn = self.conn()?;
+        let v: Option<Vec<u8>> = ::redis::cmd("HGET")
+            .arg(keys::run(&p, &key.run_id))
+            .arg("v")
+            .query(&mut *conn)
+            .map_err(map_err)?;
+        v.map(|v| decode_run(&v, key)).transpose()
+    }
+
+    fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
+        check_run_key(key)?;
+        let p = keys::tenant(&key.tenant);
+        let max = self.max();
+        let mut conn = self.conn()?;
+        let reply: Reply = PATCH_RUN
+            .key(keys::run(&p, &key.run_id))
+            .arg(self.now().to_string())
+            .arg(delta.messages_read.to_string())
+            .arg(delta.usage.input_tokens.to_string())
+            .arg(delta.usage.output_tokens.to_string())
+            .arg(delta.cost_micros.to_string())
+            .arg(delta.iterations.to_string())
+            .arg(max.to_string())
+            .invoke(&mut *conn)
+            .map_err(map_err)?;
+        let rest =
+            outcome(reply, || Missing::Run(key.clone()), 0).map_err(|e| with_limit(e, max))?;
+        let v = rest
+            .first()
+            .ok_or_else(|| StateError::corrupt("redis: patch_run answered no record"))?;
+        decode_run(v, key)
+    }
+
+    fn list_runs(&self, q: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
+        check_id("tenant", &q.tenant)?;
+        if let Some(s) = &q.session {
+            check_id("session", s)?;
+        }
+        if let Some(a) = &q.agent {
+            check_id("agent", a)?;
+        }
+        check_limit(page.limit)?;
+        let binding = Self::list_binding(q);
+        let mut after = match &page.cursor {
+            None => String::new(),
+            Some(c) => {
+                let pos = cursor_codec::decode(&self.secret, Listing::Runs, &binding, c)?;
+                let pos: [u8; 8] = pos
+                    .try_into()
+                    .map_err(|_| StateError::invalid("cursor: position outside this listing"))?;
+                u64::from_be_bytes(pos).to_string()
+            }
+        };
+        let p = keys::tenant(&q.tenant);
+        // The narrowest index that answers the query (L5).
+        let index = match (&q.session, q.state) {
+            (Some(s), _) => keys::by_session(&p, s),
+            (None, Some(st)) => keys::by_state(&p, st),
+            (None, None) => keys::runs(&p),
+        };
+        let mut conn = self.conn()?;
+        let mut items: Vec<(u64, RunRecord)> = Vec::with_capacity(page.limit + 1);
+        loop {
+            let reply: Reply = LIST_RUNS
+                .key(&index)
+                .arg(&p)
+                .arg(&after)
+                .arg((page.limit + 1 - items.len()).to_string())
+                .arg(q.state.map(keys::state_tag).unwrap_or_default())
+                .arg(q.session.clone().unwrap_or_default())
+                .arg(q.agent.clone().unwrap_or_default())
+                .arg(q.updated_before.map(|t| t.to_string()).unwrap_or_default())
+                .arg(LIST_SCAN_CAP.to_string())
+                .invoke(&mut *conn)
+                .map_err(map_err)?;
+            if reply.len() < 2 || !reply.len().is_multiple_of(2) {
+                return Err(StateError::corrupt("redis: list_runs answer malformed"));
+            }
+            let exhausted = reply[1] == b"1";
+            let last = text(&reply[0]);
+            for pair in reply[2..].chunks_exact(2) {
+                let seq = num(&pair[0], "run seq")?;
+                let r: StoredRun = value::decode(&pair[1], "run")?;
+                let key = r.head.key.clone();
+                if key.tenant != q.tenant {
+                    return Err(StateError::corrupt(
+                        "redis: a run index names another tenant's run",
+                    ));
+                }
+                let run = decode_run(&pair[1], &key)?;
+                items.push((seq, run));
+            }
+            if items.len() > page.limit || exhausted || last.is_empty() {
+                break;
+            }
+            after = last;
+        }
+        let more = items.len() > page.limit;
+        items.truncate(page.limit);
+        let cursor = match (more, items.last()) {
+            (true, Some((seq, _))) => Some(cursor_codec::encode(
+                &self.secret,
+                Listing::Runs,
+                &binding,
+                &seq.to_be_bytes(),
+            )),
+            _ => None,
+        };
+        Page::new(items.into_iter().map(|(_, r)| r).collect(), cursor)
+    }
+
+    fn put_session(&self, record: SessionRecord) -> Result<SessionRecord> {
+        check_session_key(&record.key)?;
+        let max = self.max();
+        let (h, crc) = session_head(&record);
+        check_size("session record", h.len() + value::OVERHEAD_BYTES - 1, max)?;
+        let p = keys::tenant(&record.key.tenant);
+        let mut conn = self.conn()?;
+        self.register(&mut conn, &record.key.tenant)?;
+        let reply: Reply = PUT_SESSION
+            .key(keys::session(&p, &record.key.session_id))
+            .key(keys::sessions(&p))
+            .arg(&record.key.session_id)
+            .arg(record.version.to_string())
+            .arg(&h)
+            .arg(crc.to_string())
+            .arg(self.now().to_string())
+            .arg(max.to_string())
+            .invoke(&mut *conn)
+            .map_err(map_err)?;
+        let rest = outcome(
+            reply,
+            || Missing::Session(record.key.clone()),
+            record.version,
+        )
+        .map_err(|e| with_limit(e, max))?;
+        let v = rest
+            .first()
+            .ok_or_else(|| StateError::corrupt("redis: put_session answered no record"))?;
+        decode_session(v, &record.key)
+    }
+
+    fn get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+        check_session_key(key)?;
+        let p = keys::tenant(&key.tenant);
+        let mut conn = self.conn()?;
+        let v: Option<Vec<u8>> = ::redis::cmd("HGET")
+            .arg(keys::session(&p, &key.session_id))
+            .arg("v")
+            .query(&mut *conn)
+            .map_err(map_err)?;
+        v.map(|v| decode_session(&v, key)).transpose()
+    }
+
+    fn delete_session(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
+        check_session_key(key)?;
+        let p = keys::tenant(&key.tenant);
+        let mut conn = self.conn()?;
+        let reply: Reply = DELETE_SESSION
+            .key(keys::session(&p, &key.session_id))
+            .key(keys::sessions(&p))
+            .key(keys::by_session(&p, &key.session_id))
+            .key(keys::runs(&p))
+            .arg(&p)
+            .arg(&key.session_id)
+            .arg(if cascade { "1" } else { "0" })
+            .invoke(&mut *conn)
+            .map_err(map_err)?;
+        let to_keys = |ids: &[Vec<u8>]| -> Result<Vec<RunKey>> {
+            ids.iter()
+                .map(|id| {
+                    String::from_utf8(id.clone())
+                        .map(|id| RunKey::new(key.tenant.clone(), id))
+                        .map_err(|_| StateError::corrupt("redis: a run id is not UTF-8"))
+                })
+                .collect()
+        };
+        if reply.first().map(Vec::as_slice) == Some(b"inuse") {
+            return Err(StateError::InUse {
+                runs: to_keys(&reply[1..])?,
+            });
+        }
+        let rest = outcome(reply, || Missing::Session(key.clone()), 0)?;
+        to_keys(&rest)
+    }
+}
+
+/// A script's `toolarge` names the limit too.
+pub(super) fn with_limit(e: StateError, max: usize) -> StateError {
+    match e {
+        StateError::Persistence {
+            reason: crate::error::PersistenceReason::TooLarge,
+            detail,
+            ..
+        } => StateError::too_large(format!("{detail} {max}")),
+        e => e,
+    }
+}

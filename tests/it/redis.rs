@@ -1,0 +1,392 @@
+//! The Redis backend against real servers: durability settings, a SIGKILL
+//! of the server during an 8-thread workload, and two OS processes racing.
+//! (The conformance suite runs on it in `conformance.rs`.)
+
+use agentstate::{Options, RedisOptions, RedisStore, StateError, StoreAdmin};
+
+use crate::redis_server::{Server, temp_dir};
+
+/// `require_fsync` (the default) refuses a server with `appendfsync
+/// everysec`, naming the setting; without it the store connects and says
+/// what an `Ok` survives.
+#[test]
+fn require_fsync_refuses_everysec() {
+    let server = Server::start(&temp_dir("everysec"), &["--appendfsync", "everysec"]);
+    let e = RedisStore::connect(&server.url(0)).expect_err("everysec must be refused");
+    assert!(
+        e.is_retryable() || matches!(e, StateError::Persistence { .. }),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("appendfsync always"),
+        "names the setting: {msg}"
+    );
+    assert!(msg.contains("everysec"), "names what it found: {msg}");
+    let s = RedisStore::connect_with(&server.url(0), RedisOptions::new().require_fsync(false))
+        .expect("require_fsync(false) connects");
+    let backend = s.stats().expect("stats").backend;
+    assert!(
+        backend.contains("everysec"),
+        "stats shows the mode: {backend}"
+    );
+    let fsynced = Server::start(&temp_dir("always"), &[]);
+    let s = RedisStore::connect(&fsynced.url(0)).expect("appendfsync always connects");
+    assert!(
+        s.stats()
+            .expect("stats")
+            .backend
+            .contains("appendfsync always")
+    );
+    let _ = Options::new();
+}
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use agentstate::{
+    InstanceKey, PageRequest, RunKey, RunRecord, StateDelta, StateStore, Tray, TrayOp, TrayStore,
+};
+
+fn rounds(default: usize) -> usize {
+    std::env::var("AGENTSTATE_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse::<usize>().ok())
+        .map_or(default, |m| default * m.max(1))
+}
+
+/// What one worker thread saw acknowledged before the server died.
+#[derive(Default, Debug)]
+struct Acked {
+    creates: Vec<String>,
+    patches: u64,
+    /// A patch whose answer was lost (it may or may not have applied).
+    patch_in_flight: bool,
+    last_batch: Option<u64>,
+    batch_in_flight: Option<u64>,
+}
+
+fn worker(store: &RedisStore, t: usize, stop: &AtomicBool) -> Acked {
+    let mut a = Acked::default();
+    let patched = RunKey::new("crash", format!("t{t}-patched"));
+    let inst = InstanceKey::new("crash", format!("t{t}"));
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let id = format!("t{t}-{i}");
+        match store.put_run(RunRecord::new(RunKey::new("crash", &id), "agent")) {
+            Ok(_) => a.creates.push(id),
+            Err(_) => return a,
+        }
+        match store.patch_run(
+            &patched,
+            StateDelta {
+                cost_micros: 1,
+                ..Default::default()
+            },
+        ) {
+            Ok(_) => a.patches += 1,
+            Err(_) => {
+                a.patch_in_flight = true;
+                return a;
+            }
+        }
+        let ops = (0..4)
+            .map(|k| TrayOp::Put {
+                tray_ns: "b".into(),
+                tray_id: format!("{k}"),
+                tray: Tray {
+                    marked: k % 2 == 0,
+                    doc: i.to_string().into_bytes(),
+                    env: "e".into(),
+                    hostname: "h".into(),
+                },
+            })
+            .collect();
+        match store.apply_batch(&inst, 1, ops) {
+            Ok(()) => a.last_batch = Some(i),
+            Err(_) => {
+                a.batch_in_flight = Some(i);
+                return a;
+            }
+        }
+        i += 1;
+    }
+    a
+}
+
+/// SIGKILL of the server during an 8-thread workload, then a restart on
+/// the same dir: every acknowledged write is there, none is half-applied
+/// (a batch is all or nothing; a patched sum is the acknowledged patches
+/// plus at most the one in flight).
+#[test]
+fn sigkill_during_workload_keeps_every_acknowledged_write() {
+    for round in 0..rounds(1) {
+        let mut server = Server::start(&temp_dir(&format!("crash{round}")), &[]);
+        let opts = || {
+            RedisOptions::new()
+                .pool_size(8)
+                .io_timeout(Duration::from_secs(5))
+                .connect_timeout(Duration::from_secs(2))
+        };
+        let store = Arc::new(RedisStore::connect_with(&server.url(0), opts()).expect("connect"));
+        for t in 0..8 {
+            store
+                .put_run(RunRecord::new(
+                    RunKey::new("crash", format!("t{t}-patched")),
+                    "agent",
+                ))
+                .expect("create the patched run");
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let handles: Vec<_> = (0..8)
+            .map(|t| {
+                let (store, stop) = (store.clone(), stop.clone());
+                std::thread::spawn(move || worker(&store, t, &stop))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(1500));
+        server.kill9();
+        let acked: Vec<Acked> = handles
+            .into_iter()
+            .map(|h| h.join().expect("worker"))
+            .collect();
+        stop.store(true, Ordering::Relaxed);
+        let total: usize = acked.iter().map(|a| a.creates.len()).sum();
+        assert!(
+            total > 8,
+            "the workload ran before the kill ({total} creates)"
+        );
+        drop(store);
+        server.restart();
+        let store = RedisStore::connect_with(&server.url(0), opts()).expect("reconnect");
+        for (t, a) in acked.iter().enumerate() {
+            for id in &a.creates {
+                assert!(
+                    store
+                        .get_run(&RunKey::new("crash", id))
+                        .expect("get")
+                        .is_some(),
+                    "acknowledged create {id} lost"
+                );
+            }
+            let cost = store
+                .get_run(&RunKey::new("crash", format!("t{t}-patched")))
+                .expect("get")
+                .expect("patched run")
+                .cost_micros;
+            let hi = a.patches + u64::from(a.patch_in_flight);
+            assert!(
+                (a.patches..=hi).contains(&cost),
+                "thread {t}: cost {cost}, acknowledged {} patches (+{} in flight)",
+                a.patches,
+                u64::from(a.patch_in_flight)
+            );
+            let inst = InstanceKey::new("crash", format!("t{t}"));
+            let trays = store
+                .list_trays(&inst, 1, &PageRequest::new(10))
+                .expect("list trays");
+            let docs: Vec<Vec<u8>> = trays.items().iter().map(|(_, t)| t.doc.clone()).collect();
+            if let Some(first) = docs.first() {
+                assert_eq!(docs.len(), 4, "thread {t}: a batch half-applied: {docs:?}");
+                assert!(
+                    docs.iter().all(|d| d == first),
+                    "thread {t}: a batch half-applied: {docs:?}"
+                );
+                let n: u64 = String::from_utf8_lossy(first).parse().expect("doc");
+                assert!(
+                    Some(n) == a.last_batch || Some(n) == a.batch_in_flight,
+                    "thread {t}: trays hold batch {n}, acknowledged {:?}, in flight {:?}",
+                    a.last_batch,
+                    a.batch_in_flight
+                );
+            } else {
+                assert_eq!(a.last_batch, None, "thread {t}: acknowledged batch lost");
+            }
+        }
+        let report = store.verify().expect("verify");
+        assert!(
+            report.is_ok(),
+            "verify after the crash: {:?}",
+            report.problems
+        );
+    }
+}
+
+/// Two OS processes (this test binary run again as a child) racing
+/// creators, updaters and epochs e/e+1 on one server: exactly one winner
+/// per round, and the holder of e never succeeds after e+1 was stored.
+#[test]
+fn two_processes_race_exactly_one_winner() {
+    const ROLE: &str = "AGENTSTATE_REDIS_RACE_ROLE";
+    let n = rounds(200);
+    if let Ok(role) = std::env::var(ROLE) {
+        // The child: race as the process that holds epoch e (odd) rounds.
+        let url = std::env::var("AGENTSTATE_REDIS_RACE_URL").expect("url");
+        let out = std::env::var("AGENTSTATE_REDIS_RACE_OUT").expect("out");
+        let store = RedisStore::connect(&url).expect("child connects");
+        let lines = race(&store, &role, n);
+        std::fs::write(out, lines.join("\n")).expect("write results");
+        return;
+    }
+    let url = crate::redis_server::shared_url(0);
+    let tenant = format!("race-{}", std::process::id());
+    let store = RedisStore::connect(&url).expect("connect");
+    for k in 0..n {
+        store
+            .put_run(RunRecord::new(RunKey::new(&tenant, format!("u{k}")), "a"))
+            .expect("the updaters' runs");
+    }
+    let out = temp_dir("race").with_extension("txt");
+    std::fs::create_dir_all(out.parent().expect("parent")).expect("dir");
+    let mut child = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .args([
+            "--exact",
+            "redis::two_processes_race_exactly_one_winner",
+            "--test-threads",
+            "1",
+        ])
+        .env(ROLE, format!("child:{tenant}"))
+        .env("AGENTSTATE_REDIS_RACE_URL", &url)
+        .env("AGENTSTATE_REDIS_RACE_OUT", &out)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the second process");
+    let mine = race(&store, &format!("parent:{tenant}"), n);
+    assert!(
+        child.wait().expect("child").success(),
+        "the second process failed"
+    );
+    let theirs: Vec<String> = std::fs::read_to_string(&out)
+        .expect("child's results")
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(theirs.len(), mine.len(), "both raced every round");
+    let mut contested = 0;
+    for (k, (a, b)) in mine.iter().zip(&theirs).enumerate() {
+        let (a, b): (Vec<&str>, Vec<&str>) = (a.split(' ').collect(), b.split(' ').collect());
+        assert_eq!(
+            (a[0] == "1") as u8 + (b[0] == "1") as u8,
+            1,
+            "round {k}: creators {a:?} / {b:?}"
+        );
+        assert_eq!(
+            (a[1] == "1") as u8 + (b[1] == "1") as u8,
+            1,
+            "round {k}: updaters {a:?} / {b:?}"
+        );
+        if a[2] == "0" || b[2] == "0" {
+            contested += 1;
+        }
+        let inst = InstanceKey::new(&tenant, format!("i{k}"));
+        assert_eq!(
+            store.epoch(&inst).expect("epoch"),
+            2 * k as u64 + 2,
+            "round {k}: e+1 stored"
+        );
+        let t = store
+            .read_tray(&inst.tray("t", "x"), 2 * k as u64 + 2)
+            .expect("read");
+        assert_eq!(
+            t.map(|t| t.doc),
+            Some(b"e+1".to_vec()),
+            "round {k}: the e holder's write landed after e+1's"
+        );
+    }
+    let _ = contested;
+}
+
+/// One process's side of the race; a line per round: created, updated,
+/// fenced write ok (1/0).
+fn race(store: &RedisStore, role: &str, n: usize) -> Vec<String> {
+    let (who, tenant) = role.split_once(':').expect("role");
+    let high = who == "parent";
+    let mut lines = Vec::with_capacity(n);
+    for k in 0..n {
+        let created = store
+            .put_run(RunRecord::new(RunKey::new(tenant, format!("c{k}")), who))
+            .is_ok();
+        let key = RunKey::new(tenant, format!("u{k}"));
+        let mut r = RunRecord::new(key, who);
+        r.version = 1;
+        let updated = match store.put_run(r) {
+            Ok(_) => true,
+            Err(StateError::Conflict {
+                expected: 1,
+                actual: 2,
+            }) => false,
+            Err(e) => panic!("{who} round {k}: updater got {e:?}"),
+        };
+        // The parent holds e+1, the child e.
+        let inst = InstanceKey::new(tenant, format!("i{k}"));
+        let epoch = 2 * k as u64 + 1 + u64::from(high);
+        let doc: &[u8] = if high { b"e+1" } else { b"e" };
+        let wrote = match store.write_tray(
+            &inst.tray("t", "x"),
+            epoch,
+            Tray {
+                marked: false,
+                doc: doc.to_vec(),
+                env: "e".into(),
+                hostname: "h".into(),
+            },
+        ) {
+            Ok(()) => true,
+            Err(StateError::FenceLost { caller, stored }) => {
+                assert!(
+                    !high && caller == epoch && stored == epoch + 1,
+                    "{who}: {caller}/{stored}"
+                );
+                false
+            }
+            Err(e) => panic!("{who} round {k}: fenced write got {e:?}"),
+        };
+        lines.push(format!(
+            "{} {} {}",
+            created as u8, updated as u8, wrote as u8
+        ));
+    }
+    lines
+}
+
+/// The scripts' u64 arithmetic is exact at the edge: amounts near
+/// u64::MAX add up exactly, and one past it is `Invalid` with nothing
+/// written.
+#[test]
+fn patch_arithmetic_exact_near_u64_max() {
+    let store = RedisStore::connect(&crate::redis_server::shared_url(0)).expect("connect");
+    let key = RunKey::new(format!("u64-{}", std::process::id()), "edge");
+    let mut r = RunRecord::new(key.clone(), "a");
+    r.cost_micros = u64::MAX - 3;
+    r.usage.input_tokens = (1 << 53) + 1;
+    r.iterations = u32::MAX as u64;
+    store.put_run(r).expect("create near the edge");
+    let d = StateDelta {
+        cost_micros: 3,
+        iterations: 1,
+        usage: agentstate::Usage {
+            input_tokens: 2,
+            output_tokens: u64::MAX,
+        },
+        ..Default::default()
+    };
+    let got = store.patch_run(&key, d).expect("exact up to u64::MAX");
+    assert_eq!(got.cost_micros, u64::MAX);
+    assert_eq!(got.usage.input_tokens, (1 << 53) + 3);
+    assert_eq!(got.usage.output_tokens, u64::MAX);
+    assert_eq!(got.iterations, 1 << 32);
+    let one = StateDelta {
+        cost_micros: 1,
+        ..Default::default()
+    };
+    match store.patch_run(&key, one) {
+        Err(StateError::Invalid { what }) => assert!(what.contains("cost_micros"), "{what}"),
+        other => panic!("overflow must be Invalid, got {other:?}"),
+    }
+    assert_eq!(
+        store.get_run(&key).expect("get"),
+        Some(got),
+        "nothing written"
+    );
+}

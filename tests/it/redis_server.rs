@@ -1,0 +1,211 @@
+//! Throwaway `redis-server`s for the tests: the shared one (started on
+//! first use, one per test binary) or one a test owns (to kill and
+//! restart). Each runs on a free loopback port, in a temp dir, with
+//! `appendonly yes` and `appendfsync always`, under a shell watchdog that
+//! stops it when the test process is gone (a test binary has no global
+//! teardown). `AGENTSTATE_TEST_REDIS_URL` names a server to use instead of
+//! the shared one. A missing `redis-server` fails the tests with the
+//! command that installs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use agentstate::{RedisOptions, RedisStore};
+
+const INSTALL: &str = "apt-get update && apt-get install -y redis-server";
+
+/// A server the tests started.
+pub struct Server {
+    pub port: u16,
+    pub dir: PathBuf,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl Server {
+    /// Starts a server in `dir` (kept across restarts), with extra
+    /// `--name value` settings.
+    pub fn start(dir: &Path, extra: &[&str]) -> Server {
+        std::fs::create_dir_all(dir).expect("create the server's dir");
+        let port = free_port();
+        let mut s = Server {
+            port,
+            dir: dir.to_path_buf(),
+            child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.spawn();
+        s
+    }
+
+    pub fn url(&self, db: u32) -> String {
+        format!("redis://127.0.0.1:{}/{db}", self.port)
+    }
+
+    fn spawn(&mut self) {
+        let bin = which("redis-server").unwrap_or_else(|| {
+            panic!("redis-server is not installed; the Redis tests need it: {INSTALL}")
+        });
+        let mut args = vec![
+            "--port".to_string(),
+            self.port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--dir".into(),
+            self.dir.display().to_string(),
+            "--appendonly".into(),
+            "yes".into(),
+            "--appendfsync".into(),
+            "always".into(),
+            "--save".into(),
+            "".into(),
+            "--daemonize".into(),
+            "no".into(),
+            "--logfile".into(),
+            self.dir.join("redis.log").display().to_string(),
+        ];
+        args.extend(self.extra.iter().cloned());
+        let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+        // The watchdog: the server runs as the shell's child; when the test
+        // process (our pid) is gone, the shell kills it and exits. `exec`
+        // is not used so the loop can outlive a dead parent.
+        let script = format!(
+            "{} {} & r=$!; echo $r > '{}'; while kill -0 {} 2>/dev/null && kill -0 $r 2>/dev/null; do sleep 0.5; done; kill -9 $r 2>/dev/null; wait $r",
+            bin.display(),
+            quoted.join(" "),
+            self.dir.join("server.pid").display(),
+            std::process::id()
+        );
+        let _ = std::fs::remove_file(self.dir.join("server.pid"));
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the redis-server watchdog");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match RedisStore::connect_with(
+                &self.url(0),
+                RedisOptions::new().pool_size(1).require_fsync(false),
+            ) {
+                Ok(_) => return,
+                Err(e) if Instant::now() > deadline => {
+                    panic!("redis-server on port {} did not start: {e}", self.port)
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// The server's own pid (not the watchdog's).
+    pub fn pid(&self) -> u32 {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(p) = std::fs::read_to_string(self.dir.join("server.pid"))
+                && let Ok(p) = p.trim().parse()
+            {
+                return p;
+            }
+            assert!(Instant::now() < deadline, "redis-server wrote no pid");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILLs the server (a crash: nothing flushed that was not already).
+    pub fn kill9(&mut self) {
+        let pid = self.pid();
+        let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same dir and port.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "restart after kill9");
+        self.spawn();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.kill9();
+        }
+    }
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A fresh temp dir for a server, under the target's temp dir.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "redis-{name}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// The URL of the shared server, database `db` (0 for the conformance
+/// suite; other tests that need an empty store take their own database).
+pub fn shared_url(db: u32) -> String {
+    if let Ok(url) = std::env::var("AGENTSTATE_TEST_REDIS_URL") {
+        // The named server's own database number is replaced by `db`.
+        let base = url.trim_end_matches('/');
+        let base = match base.rsplit_once('/') {
+            Some((b, tail))
+                if tail.parse::<u32>().is_ok()
+                    && b.contains("://")
+                    && b.split("://").nth(1).is_some_and(|h| !h.is_empty()) =>
+            {
+                b.to_string()
+            }
+            _ => base.to_string(),
+        };
+        return format!("{base}/{db}");
+    }
+    static SHARED: OnceLock<Server> = OnceLock::new();
+    SHARED
+        .get_or_init(|| Server::start(&temp_dir("shared"), &[]))
+        .url(db)
+}
+
+/// Empties one database of a server (`redis-cli FLUSHDB`), for a test that
+/// needs an empty store.
+pub fn flush(url: &str) {
+    let ok = Command::new("redis-cli")
+        .args(["-u", url, "FLUSHDB"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("redis-cli: {e}; install it: {INSTALL}"))
+        .success();
+    assert!(ok, "redis-cli FLUSHDB on {url} failed");
+}
