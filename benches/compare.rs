@@ -1427,6 +1427,7 @@ fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
     );
     res("fjall_vs_floor", rate(&d.fjall) / rate(&d.floor));
     res("durable_vs_fjall", rate(&d.create) / rate(&d.fjall));
+    res("put_vs_floor", rate(&d.put) / rate(&d.floor_b));
     res(
         "put_vs_sqlite_update",
         rate(&d.put) / rate(&d.sqlite_update),

@@ -73,6 +73,7 @@ mod redis_store;
 mod retry;
 mod rules;
 mod scrub;
+mod scrub_prefilter;
 pub(crate) mod sync;
 mod tray;
 

@@ -76,13 +76,14 @@
 //!   left alone, so every change strictly shrinks the unredacted text and the
 //!   loop ends; no built-in shape matches `[REDACTED]`, and
 //!   [`Scrubber::with_pattern`] refuses patterns that do.
-//! - Valid JSON is parsed, scrubbed as a value and written back with
-//!   `serde_json::to_string` (compact; object keys sorted). `serde_json`'s
-//!   default float parser is fast, not exact: a float it would not read back
-//!   bit-for-bit from its own output is nudged to the nearest float that it
-//!   does (a few dozen ULPs away at most; were none found within 4096 ULPs,
-//!   the number would be kept as a string of its digits), so the second
-//!   pass parses exactly what the first one wrote.
+//! - Arguments in which no rule can find anything come back exactly as
+//!   given, JSON layout included: a one-pass prefilter
+//!   (`src/scrub_prefilter.rs`) rejects them before any parsing.
+//! - Other valid JSON is parsed, scrubbed as a value and written back with
+//!   `serde_json::to_string` (compact; object keys sorted). `serde_json`
+//!   is built with `float_roundtrip`: it reads every float it writes back
+//!   to the same bits, so the second pass parses exactly what the first
+//!   one wrote.
 //! - Text that is not JSON (malformed, or nested deeper than `serde_json`'s
 //!   recursion limit of 128) is scrubbed as plain text. If redaction turned
 //!   it into valid JSON (say a PEM block holding a raw control character
@@ -93,7 +94,7 @@ use std::ops::Range;
 use std::sync::{Arc, LazyLock};
 
 use regex::Regex;
-use serde_json::{Number, Value};
+use serde_json::Value;
 
 use crate::error::StateError;
 use crate::record::RunRecord;
@@ -149,11 +150,6 @@ const AUTH_SCHEMES: &[&str] = &[
     "ntlm",
     "token",
 ];
-
-/// How far (in ULPs, each way) a float that does not survive `serde_json`'s
-/// write-then-parse is nudged to find one that does. Measured on millions of
-/// random floats the farthest needed was under 64.
-const MAX_FLOAT_NUDGE_ULPS: usize = 4096;
 
 /// A built-in secret shape.
 struct Shape {
@@ -289,7 +285,8 @@ static FLAG: LazyLock<Regex> = LazyLock::new(|| {
 ///   ids, JWTs, URL passwords, and your own patterns; plus the values of
 ///   `key=value`, `key: value` and `--key value` pairs whose key names a
 ///   secret.
-/// - Scrubbing is idempotent and never panics. Valid JSON comes back as
+/// - Scrubbing is idempotent and never panics. Arguments with nothing to
+///   redact come back exactly as given; other valid JSON comes back as
 ///   compact JSON (`serde_json::to_string`, keys sorted).
 ///
 /// `Scrubber::default()` is cheap: the built-in rules are compiled once per
@@ -392,10 +389,14 @@ impl Scrubber {
     }
 
     /// Scrubs tool-call arguments: as JSON when `text` is valid JSON (the
-    /// result is then compact JSON with sorted keys), as plain text
+    /// result is then compact JSON with sorted keys, unless nothing in it
+    /// could be redacted: then it is `text` as given), as plain text
     /// otherwise. Idempotent; never panics.
     #[must_use]
     pub fn scrub_arguments(&self, text: &str) -> String {
+        if self.is_default() && !crate::scrub_prefilter::may_hold_secret(text) {
+            return text.to_owned();
+        }
         if let Some(json) = self.scrub_json(text) {
             return json;
         }
@@ -428,8 +429,7 @@ impl Scrubber {
     }
 
     /// True when [`scrub_arguments`](Self::scrub_arguments) would return
-    /// `text` unchanged. JSON that is not compact, or whose keys are not
-    /// sorted, is not clean.
+    /// `text` unchanged.
     #[must_use]
     pub fn is_clean(&self, text: &str) -> bool {
         self.scrub_arguments(text) == text
@@ -461,12 +461,7 @@ impl Scrubber {
                     *text = clean;
                 }
             }
-            Value::Number(number) => {
-                if let Some(stable) = stable_number(number) {
-                    *value = stable;
-                }
-            }
-            Value::Bool(_) | Value::Null => {}
+            Value::Number(_) | Value::Bool(_) | Value::Null => {}
         }
     }
 
@@ -531,6 +526,11 @@ impl Scrubber {
             }
         }
         ranges
+    }
+
+    /// The built-in rules only: the prefilter knows them.
+    fn is_default(&self) -> bool {
+        Arc::ptr_eq(&self.rules, &DEFAULT_RULES) && self.secret_keys.is_empty()
     }
 
     /// Whether a key names a secret (the rule in the module docs).
@@ -712,44 +712,6 @@ fn value_span(text: &str, start: usize) -> Option<(Range<usize>, usize)> {
         _ => return None,
     };
     (!range.is_empty()).then_some((range, resume))
-}
-
-/// A number the next pass will parse back exactly, when `number` is not one
-/// (see the module docs); `None` when it already is.
-fn stable_number(number: &Number) -> Option<Value> {
-    // Integers (i64/u64) always read back exactly.
-    if !number.is_f64() {
-        return None;
-    }
-    let value = number.as_f64()?;
-    if reads_back(value) {
-        return None;
-    }
-    let (mut up, mut down) = (value, value);
-    for _ in 0..MAX_FLOAT_NUDGE_ULPS {
-        up = up.next_up();
-        down = down.next_down();
-        for candidate in [down, up] {
-            if reads_back(candidate) {
-                return Number::from_f64(candidate).map(Value::Number);
-            }
-        }
-    }
-    // Never seen in practice; a string reads back exactly, so the output
-    // stays stable and the digits are kept.
-    Some(Value::String(number.to_string()))
-}
-
-/// Whether `serde_json` parses its own rendering of `value` back to the same
-/// bits (its default parser is fast, not always exact).
-fn reads_back(value: f64) -> bool {
-    let Some(number) = Number::from_f64(value) else {
-        return false;
-    };
-    serde_json::from_str::<Number>(&number.to_string())
-        .ok()
-        .and_then(|parsed| parsed.as_f64())
-        .is_some_and(|parsed| parsed.to_bits() == value.to_bits())
 }
 
 #[cfg(test)]
@@ -1104,7 +1066,8 @@ mod tests {
         );
         assert!(!Scrubber::new().is_clean(args));
         // Scalars are JSON too.
-        assert_eq!(scrub(" 42 "), "42");
+        assert_eq!(scrub(" 42 "), " 42 ", "nothing to redact: as given");
+        assert_eq!(scrub(r#"{"b": 1, "a": 2}"#), r#"{"b": 1, "a": 2}"#);
         assert_eq!(
             scrub(&format!("\"{}\"", format_args!("ghp_{}", fake(36)))),
             "\"[REDACTED]\""
@@ -1112,27 +1075,32 @@ mod tests {
     }
 
     #[test]
-    fn floats_serde_json_misreads_are_made_stable() {
-        // serde_json's default parser reads this one back one ULP off.
-        let args = r#"{"x":1.0715660391465826e-75}"#;
+    fn floats_survive_the_json_path_bit_for_bit() {
+        // serde_json's default parser reads this one back one ULP off;
+        // with `float_roundtrip` it is exact. The secret key sends the
+        // arguments down the JSON path (past the prefilter).
+        let args = r#"{"password":"x","x":1.0715660391465826e-75}"#;
         let out = scrub(args);
         let x = serde_json::from_str::<Value>(&out).expect("json")["x"]
             .as_f64()
             .expect("still a number");
-        assert!((x - 1.071_566_039_146_582_6e-75).abs() < 1e-88);
-        // Random bit patterns: every finite float stays stable.
+        assert_eq!(x.to_bits(), 1.071_566_039_146_582_6e-75_f64.to_bits());
+        // Random bit patterns: every finite float comes back exactly.
         let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
         for _ in 0..2000 {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
             let value = f64::from_bits(state);
-            let Some(number) = Number::from_f64(value) else {
+            let Some(number) = serde_json::Number::from_f64(value) else {
                 continue;
             };
-            let args = format!(r#"{{"v":[{number}]}}"#);
+            let args = format!(r#"{{"token":1,"v":[{number}]}}"#);
             let out = scrub(&args);
-            assert!(out.starts_with(r#"{"v":["#), "{out}");
+            let back = serde_json::from_str::<Value>(&out).expect("json")["v"][0]
+                .as_f64()
+                .expect("a number");
+            assert_eq!(back.to_bits(), value.to_bits(), "{out}");
         }
     }
 
@@ -1488,7 +1456,8 @@ mod tests {
         assert!(scrubber.is_clean("plain words"));
         assert!(!scrubber.is_clean(r#"{"password":"x"}"#));
         assert!(!scrubber.is_clean("token=abc"));
-        assert!(!scrubber.is_clean(r#"{ "a": 1 }"#));
+        assert!(scrubber.is_clean(r#"{ "b": 1, "a": 1 }"#));
+        assert!(!scrubber.is_clean(r#"{ "a": 1, "token": "x" }"#));
     }
 
     fn send_sync<T: Send + Sync>() {}

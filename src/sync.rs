@@ -34,6 +34,41 @@ mod imp {
             self.0.write()
         }
     }
+
+    /// A condition variable over [`Mutex`]'s guards, taking and giving the
+    /// guard back by value (loom's shape).
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(parking_lot::Condvar);
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Condvar(parking_lot::Condvar::new())
+        }
+        /// Blocks until notified.
+        pub(crate) fn wait<'a, T>(
+            &self,
+            mut guard: parking_lot::MutexGuard<'a, T>,
+        ) -> parking_lot::MutexGuard<'a, T> {
+            self.0.wait(&mut guard);
+            guard
+        }
+        /// Blocks until notified or `timeout` passed; `mutex` is the one
+        /// `guard` locks (the loom shim needs it).
+        pub(crate) fn wait_timeout<'a, T>(
+            &self,
+            _mutex: &'a Mutex<T>,
+            mut guard: parking_lot::MutexGuard<'a, T>,
+            timeout: std::time::Duration,
+        ) -> parking_lot::MutexGuard<'a, T> {
+            self.0.wait_for(&mut guard, timeout);
+            guard
+        }
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
 }
 
 #[cfg(loom)]
@@ -66,6 +101,41 @@ mod imp {
         }
         pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
             self.0.write().expect("loom rwlock poisoned")
+        }
+    }
+
+    /// loom's condition variable behind the same surface.
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(loom::sync::Condvar);
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Condvar(loom::sync::Condvar::new())
+        }
+        pub(crate) fn wait<'a, T>(
+            &self,
+            guard: loom::sync::MutexGuard<'a, T>,
+        ) -> loom::sync::MutexGuard<'a, T> {
+            self.0.wait(guard).expect("loom mutex poisoned")
+        }
+        /// loom does not model time, and its own `wait_timeout` never times
+        /// out. A timeout may be as short as nothing, so this one lets go
+        /// of the lock and takes it again: every other thread may run in
+        /// between, which is all a timed-out wait promises.
+        pub(crate) fn wait_timeout<'a, T>(
+            &self,
+            mutex: &'a Mutex<T>,
+            guard: loom::sync::MutexGuard<'a, T>,
+            _timeout: std::time::Duration,
+        ) -> loom::sync::MutexGuard<'a, T> {
+            drop(guard);
+            loom::thread::yield_now();
+            mutex.lock()
+        }
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
         }
     }
 }

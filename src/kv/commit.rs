@@ -1,29 +1,34 @@
 //! Group commit: the one path every write takes.
 //!
-//! A caller queues a job, then takes the commit lock. Whoever holds the lock
-//! is the leader: it drains the queue, runs each job against the engine plus
-//! the writes of the jobs before it in the group, applies the whole group as
-//! one atomic batch with one sync, and only then answers every caller. A
-//! caller that gets the lock and finds its answer already there was served
-//! by an earlier leader and leaves. While a leader syncs, the next group
-//! gathers in the queue, so N writers share syncs (rule D2). The lock is
-//! let go fairly (to the longest waiter): callers just answered leave at
-//! once instead of waiting through the sync of a group of one that a
-//! barging caller would otherwise lead, and their next requests gather into
-//! one group (8 writers: 1.6 creates per sync before, 6.4 after).
+//! A caller queues a job (after doing, in its own thread, all the work that
+//! needs no lock: validation, scrubbing, keys). When no group is running,
+//! the caller becomes the leader: it drains the queue, runs each job against
+//! the engine plus the writes of the jobs before it in the group, applies
+//! the whole group as one atomic batch with one sync, writes every job's
+//! answer into its slot, and then wakes every waiting caller with one
+//! `notify_all`: answered callers leave, and one of the others leads the
+//! next group. While a leader syncs, the next group gathers in the queue,
+//! so N writers share syncs (rule D2).
 //!
-//! Invariant: while a caller holds the commit lock, its job is either
-//! answered or still in the queue — never lost, never answered twice.
+//! A new leader that finds fewer jobs queued than the last group held waits
+//! for them a moment (at most half the last group's time, and 500 µs):
+//! the callers just answered are on their way back with their next
+//! requests, and without the wait the first of them would lead a group of
+//! one and the rest would pay its sync.
+//!
+//! Invariant: a caller's job is either answered or still in the queue while
+//! no group runs — never lost, never answered twice.
 //! Invariant: a job's `Ok` is delivered only after its group's batch was
 //! committed; a job whose own checks fail contributes no writes.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::time::{Duration, Instant};
 
 use crate::error::{Result, StateError};
 use crate::kv::engine::{Engine, Write};
 use crate::limits::GROUP_JOBS_MAX;
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Condvar, Mutex};
 
 /// Pending writes keyed by engine key; `None` deletes.
 pub(crate) type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
@@ -96,20 +101,6 @@ impl<'a> Txn<'a> {
     }
 }
 
-/// Lets go of the commit lock by handing it to the longest waiter (FIFO),
-/// so callers answered by the group just committed learn it and leave
-/// before a new leader can take the lock for a group of one and make them
-/// wait through its sync; their next requests then queue up together.
-#[cfg(not(loom))]
-fn unlock_fair<T>(guard: parking_lot::MutexGuard<'_, T>) {
-    parking_lot::MutexGuard::unlock_fair(guard);
-}
-
-#[cfg(loom)]
-fn unlock_fair<T>(guard: loom::sync::MutexGuard<'_, T>) {
-    drop(guard);
-}
-
 /// A queued request: runs inside a group, answers after the commit.
 trait Job: Send {
     /// Runs the request; returns its writes when it succeeded.
@@ -161,22 +152,53 @@ pub(crate) trait Sink: Send + Sync {
     fn engine(&self) -> &dyn Engine;
 }
 
-/// The commit queue and lock.
-pub(crate) struct Committer {
-    queue: Mutex<Vec<Box<dyn Job>>>,
-    lock: Mutex<Counters>,
+/// What the queue mutex guards.
+struct Queue {
+    jobs: Vec<Box<dyn Job>>,
+    /// A leader is running a group (from draining it to answering it).
+    leading: bool,
+    /// Jobs in the last group: the writers expected back for the next one.
+    last_group: usize,
+    /// How long the last group took from drain to answers.
+    last_took: Duration,
+    /// While a leader gathers: the queue length it waits for (0: none).
+    gather_until: usize,
 }
+
+/// The commit queue, the leader's flag and the counters.
+pub(crate) struct Committer {
+    queue: Mutex<Queue>,
+    /// Notified once per answered group: every waiter then looks at its
+    /// own slot (answered ones leave, one of the others leads next).
+    answered: Condvar,
+    /// Notified when a gathering leader's group is full.
+    arrived: Condvar,
+    /// Held by the leader while it runs a group.
+    counters: Mutex<Counters>,
+}
+
+/// The longest a leader waits for the writers of the last group to queue
+/// again; never more than half the time the last group took.
+const GATHER_MAX: Duration = Duration::from_micros(500);
 
 impl Committer {
     pub(crate) fn new(counters: Counters) -> Self {
         Committer {
-            queue: Mutex::new(Vec::new()),
-            lock: Mutex::new(counters),
+            queue: Mutex::new(Queue {
+                jobs: Vec::new(),
+                leading: false,
+                last_group: 0,
+                last_took: Duration::ZERO,
+                gather_until: 0,
+            }),
+            answered: Condvar::new(),
+            arrived: Condvar::new(),
+            counters: Mutex::new(counters),
         }
     }
 
     pub(crate) fn counters(&self) -> Counters {
-        *self.lock.lock()
+        *self.counters.lock()
     }
 
     /// Runs `f` in a group and returns its answer once the group committed.
@@ -186,25 +208,52 @@ impl Committer {
         F: FnOnce(&mut Txn<'_>) -> Result<T> + Send + 'static,
     {
         let slot: Slot<T> = Arc::new(Mutex::new(None));
-        self.queue.lock().push(Box::new(TypedJob {
+        let mut q = self.queue.lock();
+        q.jobs.push(Box::new(TypedJob {
             f: Some(f),
             out: None,
             slot: slot.clone(),
         }));
-        // A leader keeps the lock until a group it led answered it.
-        let mut counters = self.lock.lock();
+        if q.gather_until != 0 && q.jobs.len() >= q.gather_until {
+            self.arrived.notify_one();
+        }
         loop {
+            // Answers are written before the group's `answered` notice,
+            // under no lock but the slot's own.
             if let Some(answer) = slot.lock().take() {
-                unlock_fair(counters);
                 return answer;
             }
+            if q.leading {
+                q = self.answered.wait(q);
+                continue;
+            }
             // Our job is still queued (see the invariant): lead a group.
-            let group: Vec<Box<dyn Job>> = {
-                let mut q = self.queue.lock();
-                let n = q.len().min(GROUP_JOBS_MAX);
-                q.drain(..n).collect()
-            };
-            Self::run_group(sink, &mut counters, group);
+            q.leading = true;
+            // The writers just answered are coming back with their next
+            // requests; a group that waits a moment for them shares one
+            // sync instead of paying one of its own.
+            let want = q.last_group.min(GROUP_JOBS_MAX);
+            if q.jobs.len() < want && !q.last_took.is_zero() {
+                q.gather_until = want;
+                let window = (q.last_took / 2).min(GATHER_MAX);
+                q = self.arrived.wait_timeout(&self.queue, q, window);
+                q.gather_until = 0;
+            }
+            let n = q.jobs.len().min(GROUP_JOBS_MAX);
+            let group: Vec<Box<dyn Job>> = q.jobs.drain(..n).collect();
+            drop(q);
+            let started = Instant::now();
+            {
+                let mut counters = self.counters.lock();
+                Self::run_group(sink, &mut counters, group);
+            }
+            let took = started.elapsed();
+            q = self.queue.lock();
+            q.leading = false;
+            q.last_group = n;
+            q.last_took = took;
+            // One wake-up for the whole group.
+            self.answered.notify_all();
         }
     }
 

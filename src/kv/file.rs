@@ -6,9 +6,10 @@
 //! - `AGENTSTATE` — the marker: `agentstate store format N`.
 //! - `LOCK` — held with `flock` by the process that has the store open.
 //! - `HWM` — the high-water mark: the number of groups committed, written
-//!   (temp file, fsync, rename) at most every 200 ms after a commit and at
-//!   close; it never runs ahead of the journal because it is written only
-//!   after the commits it counts were synced.
+//!   (temp file, fsync, rename) at most every 200 ms while writing, by a
+//!   thread of its own (off the commit path), and at close; it never runs
+//!   ahead of the journal because it is only ever handed a count of groups
+//!   whose sync returned.
 //! - `db/` — the fjall database.
 
 use std::collections::HashSet;
@@ -18,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{LazyLock, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::{Durability, KvStore, Options};
 use crate::codec::value::FORMAT_VERSION;
@@ -44,12 +45,72 @@ pub(crate) struct FileState {
     path: PathBuf,
     canonical: PathBuf,
     _lock: File,
-    hwm: Mutex<HwmState>,
+    hwm: std::sync::Arc<Hwm>,
+    /// The thread that writes the mark, started by the first commit.
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// The high-water mark, shared with its writer thread.
+struct Hwm {
+    dir: PathBuf,
+    state: Mutex<HwmState>,
+    /// Wakes the writer: a newer synced count, or closing.
+    wake: Condvar,
+    /// Held while the file is written, so writes never interleave.
+    io: Mutex<()>,
 }
 
 struct HwmState {
+    /// The highest count of synced groups handed over.
+    synced: u64,
+    /// The count the file holds.
     written: u64,
+    /// When the file was last written.
     at: Instant,
+    closing: bool,
+}
+
+impl Hwm {
+    /// Writes `commits` as the mark, if it is newer than what the file holds.
+    fn write(&self, commits: u64) -> Result<()> {
+        let _io = self.io.lock();
+        if commits <= self.state.lock().written {
+            return Ok(());
+        }
+        write_atomic(&self.dir, HWM, format!("{commits}\n").as_bytes())?;
+        let mut h = self.state.lock();
+        h.written = h.written.max(commits);
+        h.at = Instant::now();
+        Ok(())
+    }
+
+    /// The writer thread: at most one mark every `HWM_INTERVAL`, each the
+    /// latest synced count at the time.
+    fn run(&self) {
+        let mut h = self.state.lock();
+        loop {
+            if h.closing {
+                return;
+            }
+            if h.synced > h.written {
+                let wait = HWM_INTERVAL.saturating_sub(h.at.elapsed());
+                if wait.is_zero() {
+                    let commits = h.synced;
+                    drop(h);
+                    // A failed mark write weakens only the D8 check, never
+                    // data; the next commit tries again after the interval.
+                    if self.write(commits).is_err() {
+                        self.state.lock().at = Instant::now();
+                    }
+                    h = self.state.lock();
+                } else {
+                    self.wake.wait_for(&mut h, wait);
+                }
+            } else {
+                self.wake.wait(&mut h);
+            }
+        }
+    }
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> StateError {
@@ -265,10 +326,18 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
         path: path.to_path_buf(),
         canonical: canonical.clone(),
         _lock: lock_file,
-        hwm: Mutex::new(HwmState {
-            written: hwm,
-            at: Instant::now(),
+        hwm: std::sync::Arc::new(Hwm {
+            dir: path.to_path_buf(),
+            state: Mutex::new(HwmState {
+                synced: hwm,
+                written: hwm,
+                at: Instant::now(),
+                closing: false,
+            }),
+            wake: Condvar::new(),
+            io: Mutex::new(()),
         }),
+        writer: Mutex::new(None),
     };
     let store = KvStore::assemble(Box::new(engine), opts, Some(state))?;
     let commits = store.commits();
@@ -294,36 +363,74 @@ impl FileState {
         &self.path
     }
 
-    /// After a synced commit: rewrite the mark if the last write is old.
+    /// After a synced commit: hands the count to the mark's writer thread
+    /// (started here the first time), which writes it within
+    /// `HWM_INTERVAL`. Only counts of synced groups may come here (D8).
     pub(crate) fn committed(&self, commits: u64) {
-        let mut h = self.hwm.lock();
-        if h.at.elapsed() >= HWM_INTERVAL && commits > h.written {
-            // A failed mark write weakens only the D8 check, never data.
-            if write_atomic(&self.path, HWM, format!("{commits}\n").as_bytes()).is_ok() {
-                h.written = commits;
+        let notify = {
+            let mut h = self.hwm.state.lock();
+            if commits <= h.synced {
+                return;
             }
-            h.at = Instant::now();
+            // The writer waits for work when it has written all it had,
+            // and otherwise sleeps out the interval on its own: wake it
+            // only in the first case (once per mark, not per commit).
+            let idle = h.synced == h.written;
+            h.synced = commits;
+            idle || h.at.elapsed() >= HWM_INTERVAL
+        };
+        let mut writer = self.writer.lock();
+        if writer.is_none() {
+            let hwm = std::sync::Arc::clone(&self.hwm);
+            match std::thread::Builder::new()
+                .name("agentstate-hwm".into())
+                .spawn(move || hwm.run())
+            {
+                Ok(handle) => *writer = Some(handle),
+                // No thread: write it here, as before, so the mark moves.
+                Err(_) => {
+                    let _ = self.hwm.write(commits);
+                    return;
+                }
+            }
+        }
+        drop(writer);
+        if notify {
+            self.hwm.wake.notify_one();
         }
     }
 
+    /// Stops the writer thread, if one runs.
+    fn stop_writer(&self) {
+        let handle = self.writer.lock().take();
+        if let Some(handle) = handle {
+            self.hwm.state.lock().closing = true;
+            self.hwm.wake.notify_one();
+            let _ = handle.join();
+        }
+    }
+
+    /// Salvage: sets the mark to `commits`, lower than what it held.
     fn rewrite_hwm(&self, commits: u64) -> Result<()> {
-        write_atomic(&self.path, HWM, format!("{commits}\n").as_bytes())?;
-        let mut h = self.hwm.lock();
-        h.written = commits;
-        h.at = Instant::now();
+        let _io = self.hwm.io.lock();
+        write_atomic(&self.hwm.dir, HWM, format!("{commits}\n").as_bytes())?;
+        let mut h = self.hwm.state.lock();
+        (h.synced, h.written, h.at) = (commits, commits, Instant::now());
         Ok(())
     }
 
     /// At close: record the final mark (only when every write was synced).
     pub(crate) fn close(&self, commits: u64, healthy: bool) {
-        if healthy && commits > self.hwm.lock().written {
-            let _ = self.rewrite_hwm(commits);
+        self.stop_writer();
+        if healthy {
+            let _ = self.hwm.write(commits);
         }
     }
 }
 
 impl Drop for FileState {
     fn drop(&mut self) {
+        self.stop_writer();
         OPEN_PATHS
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -14,8 +14,9 @@
 //! on a planted bug: a failed commit answering `Ok`, two concurrent
 //! leaders, the fence check in its own commit, jobs drained and dropped.
 //!
-//! What is modelled is only what we wrote: `Committer` (queue, commit lock,
-//! answer slots, leader hand-off), `MemoryEngine` and the store's fence
+//! What is modelled is only what we wrote: `Committer` (queue, leader flag,
+//! answer slots, the one `notify_all` per group, the leader's gathering
+//! wait), `MemoryEngine` and the store's fence
 //! path over the memory engine. fjall is not loom-aware and is not modelled;
 //! the file store's group commit is the same `Committer`.
 //!
@@ -122,6 +123,54 @@ fn is_unavailable<T>(r: &Result<T>) -> bool {
 
 fn seq_key(seq: u64) -> Vec<u8> {
     format!("seq/{seq}").into_bytes()
+}
+
+/// (a') Two callers that each come back with a second request as soon as
+/// the first is answered: the one-wake-up hand-off (`notify_all` once per
+/// group) and the new leader's wait for the last group's writers (the
+/// shim's timed wait, which may end at once) never lose a wake-up, never
+/// answer a request twice or not at all, and keep seqs gap-free.
+#[test]
+fn loom_commit_queue_callers_coming_back_are_all_answered() {
+    model(|| {
+        let sink = Arc::new(TestSink::new(None));
+        let committer = Arc::new(Committer::new(Counters {
+            next_seq: 1,
+            commits: 0,
+        }));
+        let caller = |id: u8| {
+            let (sink, committer) = (sink.clone(), committer.clone());
+            move || {
+                let mut seqs = Vec::new();
+                for _ in 0..2 {
+                    let seq = committer
+                        .submit(&*sink, move |txn| {
+                            let seq = txn.next_seq;
+                            txn.next_seq += 1;
+                            txn.put(seq_key(seq), vec![id]);
+                            Ok(seq)
+                        })
+                        .expect("no failure is injected");
+                    seqs.push(seq);
+                }
+                seqs
+            }
+        };
+        let t1 = thread::spawn(caller(1));
+        let mine = caller(0)();
+        let theirs = t1.join().unwrap();
+        assert!(mine[0] < mine[1] && theirs[0] < theirs[1]);
+        let all: BTreeSet<u64> = mine.iter().chain(&theirs).copied().collect();
+        assert_eq!(all, BTreeSet::from([1, 2, 3, 4]), "seqs not gap-free");
+        for (id, seqs) in [(0u8, &mine), (1, &theirs)] {
+            for &seq in seqs {
+                assert_eq!(sink.get(&seq_key(seq)), Some(vec![id]));
+            }
+        }
+        let c = committer.counters();
+        assert_eq!(c.next_seq, 5);
+        assert_eq!(c.commits, sink.log.lock().unwrap().len() as u64);
+    });
 }
 
 /// (a) Three callers on one committer: each gets exactly its own answer,

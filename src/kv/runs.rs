@@ -46,11 +46,31 @@ pub(crate) fn session_key(k: &SessionKey) -> Vec<u8> {
         .done()
 }
 
+/// A run's engine key and its index entries' value: all of a write that
+/// does not depend on what the store holds, so a caller builds it in its
+/// own thread before its job is queued.
+pub(crate) struct RunKeys {
+    key: Vec<u8>,
+    id: Vec<u8>,
+}
+
+impl RunKeys {
+    pub(crate) fn of(k: &RunKey) -> RunKeys {
+        RunKeys {
+            key: run_key(k),
+            id: value::encode(&k.run_id),
+        }
+    }
+}
+
 /// Reads and checks a stored run.
 pub(crate) fn read_run(txn: &Txn<'_>, key: &RunKey) -> Result<Option<RunRecord>> {
-    txn.get(&run_key(key))?
-        .map(|v| decode_run(&v, key))
-        .transpose()
+    read_run_at(txn, &run_key(key), key)
+}
+
+/// Reads and checks the run stored under the engine key `at`.
+fn read_run_at(txn: &Txn<'_>, at: &[u8], key: &RunKey) -> Result<Option<RunRecord>> {
+    txn.get(at)?.map(|v| decode_run(&v, key)).transpose()
 }
 
 pub(crate) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
@@ -65,16 +85,19 @@ pub(crate) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
 }
 
 /// Writes a run and the index entries it needs; `old` is what was stored.
+/// `keys` are `new.key`'s.
 pub(crate) fn write_run(
     txn: &mut Txn<'_>,
     old: Option<&RunRecord>,
     new: &RunRecord,
     max: usize,
+    keys: RunKeys,
 ) -> Result<()> {
     let bytes = value::encode(new);
     check_size("run record", bytes.len(), max)?;
     debug_assert!(decode_run(&bytes, &new.key).is_ok_and(|r| &r == new));
-    let id = value::encode(&new.key.run_id);
+    debug_assert!(keys.key == run_key(&new.key));
+    let RunKeys { key, id } = keys;
     let t = &new.key.tenant;
     match old {
         None => {
@@ -90,7 +113,7 @@ pub(crate) fn write_run(
         }
         Some(_) => {}
     }
-    txn.put(run_key(&new.key), bytes);
+    txn.put(key, bytes);
     Ok(())
 }
 
@@ -151,17 +174,22 @@ impl StateStore for KvStore {
         let record = self.opts.scrubber.scrub_run(&record);
         let now = self.now();
         let max = self.opts.record_bytes_max;
+        let keys = RunKeys::of(&record.key);
+        let session = record
+            .session_id
+            .as_ref()
+            .map(|s| session_key(&SessionKey::new(record.key.tenant.clone(), s.clone())));
         self.submit(move |txn| {
-            let stored = read_run(txn, &record.key)?;
+            let stored = read_run_at(txn, &keys.key, &record.key)?;
             check_version(record.version, stored.as_ref().map(|s| s.version))?;
             let new = match &stored {
                 None => {
                     // R8: a run's session exists at create.
-                    if let Some(s) = &record.session_id {
+                    if let (Some(s), Some(at)) = (&record.session_id, &session)
+                        && txn.get(at)?.is_none()
+                    {
                         let sk = SessionKey::new(record.key.tenant.clone(), s.clone());
-                        if txn.get(&session_key(&sk))?.is_none() {
-                            return Err(StateError::NotFound(Missing::Session(sk)));
-                        }
+                        return Err(StateError::NotFound(Missing::Session(sk)));
                     }
                     let seq = txn.next_seq;
                     txn.next_seq += 1;
@@ -169,7 +197,7 @@ impl StateStore for KvStore {
                 }
                 Some(s) => updated_run(s, record, now)?,
             };
-            write_run(txn, stored.as_ref(), &new, max)?;
+            write_run(txn, stored.as_ref(), &new, max, keys)?;
             Ok(new)
         })
     }
@@ -187,12 +215,13 @@ impl StateStore for KvStore {
         let key = key.clone();
         let now = self.now();
         let max = self.opts.record_bytes_max;
+        let keys = RunKeys::of(&key);
         self.submit(move |txn| {
-            let Some(old) = read_run(txn, &key)? else {
+            let Some(old) = read_run_at(txn, &keys.key, &key)? else {
                 return Err(StateError::NotFound(Missing::Run(key)));
             };
             let new = patched_run(&old, &delta, now)?;
-            write_run(txn, Some(&old), &new, max)?;
+            write_run(txn, Some(&old), &new, max, keys)?;
             Ok(new)
         })
     }

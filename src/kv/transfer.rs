@@ -15,7 +15,7 @@ use crate::tray::InstanceKey;
 
 use super::KvStore;
 use super::commit::Txn;
-use super::runs::{by_seq_key, read_run, session_key, write_run};
+use super::runs::{RunKeys, by_seq_key, read_run, session_key, write_run};
 use super::trays::{alarm_due_key, alarm_key, epoch_key, read_tray_key, tray_key};
 
 /// Entries an import commits as one atomic group.
@@ -143,7 +143,7 @@ impl KvStore {
                             )));
                         }
                         txn.next_seq = txn.next_seq.max(r.seq + 1);
-                        write_run(txn, None, &r, max)?;
+                        write_run(txn, None, &r, max, RunKeys::of(&r.key))?;
                     }
                     Entry::Session(s) => {
                         let k = session_key(&s.key);
