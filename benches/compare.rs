@@ -3,7 +3,15 @@
 //! ```text
 //! cargo bench --bench compare              # full: 1M-run listing and RSS
 //! cargo bench --bench compare -- --quick   # smaller counts, same RESULT names
+//! cargo bench --features postgres --bench compare -- --only pg   # PostgreSQL section alone
 //! ```
+//!
+//! PostgreSQL (feature `postgres`, with `--pg` or `AGENTSTATE_BENCH_PG=1`,
+//! or alone with `--only pg`): on one throwaway server (`fsync=on`,
+//! `synchronous_commit=on`; `AGENTSTATE_TEST_PG_DSN` names another),
+//! `PostgresStore`'s create, versioned put and patch against the same
+//! statements prepared and issued by hand over the same client, 1 and 8
+//! writers, and a reaper's page at 100k runs (`benches/support/pg.rs`).
 //!
 //! Everything runs in one process (plus one child for the RSS figure), in
 //! one temporary directory under the crate's `target/` directory (override
@@ -144,6 +152,13 @@ fn main() {
     );
     println!();
 
+    // The PostgreSQL section needs a server; it runs when asked for.
+    let pg = args.iter().any(|a| a == "--pg")
+        || std::env::var("AGENTSTATE_BENCH_PG").is_ok_and(|v| v == "1");
+    if only.as_deref() == Some("pg") {
+        run_pg(quick);
+        return;
+    }
     if only.as_deref() == Some("agentstate") {
         // For strace/perf: agentstate's one-writer create, put and patch only.
         let mut a = Agent::new(&dir.join("store1"));
@@ -194,6 +209,33 @@ fn main() {
     report(sizes, &d, &l, elapsed);
     #[cfg(feature = "redis")]
     redis_section(sizes);
+    if pg {
+        run_pg(quick);
+    } else {
+        println!();
+        println!(
+            "PostgreSQL section skipped: pass --pg or set AGENTSTATE_BENCH_PG=1 (build with --features postgres)"
+        );
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[path = "support/pg.rs"]
+mod pg_section;
+#[cfg(feature = "postgres")]
+#[path = "../tests/it/pg_server.rs"]
+mod pg_server;
+
+#[cfg(feature = "postgres")]
+fn run_pg(quick: bool) {
+    pg_section::run(quick);
+}
+
+#[cfg(not(feature = "postgres"))]
+fn run_pg(_quick: bool) {
+    println!(
+        "PostgreSQL section: this bench was built without the postgres feature (cargo bench --features postgres -- --pg)"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -11,9 +11,13 @@
 //!   [`StateError::FenceLost`] with nothing changed.
 //! - Tool-call arguments are scrubbed of secrets on every write.
 //!
-//! Two backends share one implementation of these rules: [`MemoryStore`]
-//! (in the process, for tests) and [`FileStore`] (one directory on disk, the
-//! embedded default; an `Ok` means the write was synced).
+//! The backends: [`MemoryStore`] (in the process, for tests) and
+//! [`FileStore`] (one directory on disk, the embedded default; an `Ok`
+//! means the write was synced) share one implementation of these rules;
+//! `PostgresStore` (feature `postgres`) keeps them across the processes of
+//! a fleet on one PostgreSQL server (an `Ok` means the transaction
+//! committed with `synchronous_commit = on`), and `RedisStore` (feature
+//! `redis`) on one Redis server. All pass one conformance suite.
 //!
 //! ```
 //! use agentstate::{MemoryStore, RunKey, RunRecord, StateDelta, StateStore};
@@ -31,6 +35,9 @@
 //!   `spawn_blocking`.
 //! - `conformance`: `agentstate::conformance`, the public conformance suite
 //!   a third-party backend runs against itself.
+//! - `postgres`: `PostgresStore` and `PgOptions`, the PostgreSQL backend
+//!   (the sync `postgres` client with an `r2d2` pool); the CLI then takes
+//!   `--db postgres://…`.
 //! - `redis`: `RedisStore`, the Redis backend (every write one Lua script on
 //!   the server; an `Ok` survives a server crash only with `appendfsync
 //!   always`, which `connect` checks).
@@ -58,6 +65,8 @@ mod kv;
 pub mod limits;
 mod options;
 mod page;
+#[cfg(feature = "postgres")]
+mod pg;
 mod record;
 #[cfg(feature = "redis")]
 mod redis_store;
@@ -82,6 +91,8 @@ pub use error::{Missing, PersistenceReason, Result, StateError};
 pub use kv::{FileStore, MemoryStore};
 pub use options::{Durability, Options};
 pub use page::{Page, PageRequest, Pages};
+#[cfg(feature = "postgres")]
+pub use pg::{PgOptions, PostgresStore};
 pub use record::{
     Approval, Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,
     StateQuery, ToolCall, Usage,

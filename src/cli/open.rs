@@ -89,6 +89,26 @@ pub fn open(spec: &DbSpec, opts: Options, how: Open) -> Result<Box<dyn Store>, C
             }
             Ok(Box::new(FileStore::open_with(path, opts)?))
         }
+        #[cfg(feature = "postgres")]
+        DbSpec::Url { scheme, url } if scheme == "postgres" || scheme == "postgresql" => {
+            let store = agentstate::PostgresStore::connect_with(
+                url,
+                agentstate::PgOptions::new().options(opts),
+            )?;
+            match how {
+                // Creates the schema when it is missing (idempotent).
+                Open::Create => store.setup()?,
+                Open::Existing => {
+                    if store.schema_version()?.is_none() {
+                        return Err(CliError::usage(format!(
+                            "no agentstate schema at {} (`agentstate import` or `agentstate copy` creates one)",
+                            spec.display()
+                        )));
+                    }
+                }
+            }
+            Ok(Box::new(store))
+        }
         #[cfg(feature = "redis")]
         DbSpec::Url { scheme, url }
             if matches!(scheme.as_str(), "redis" | "rediss" | "redis+unix") =>

@@ -1,6 +1,7 @@
-//! The public conformance suite (`agentstate::conformance`) on both
-//! backends: `memory::<rule>` and `file::<rule>`, one test per rule (made
-//! by `agentstate::conformance_tests!`, as a third-party backend adopts the
+//! The public conformance suite (`agentstate::conformance`) on every
+//! backend: `memory::<rule>`, `file::<rule>` and (feature `postgres`)
+//! `postgres::<rule>`, one test per rule (made by
+//! `agentstate::conformance_tests!`, as a third-party backend adopts the
 //! suite), so the test list reads as the rule list.
 
 use std::sync::Arc;
@@ -104,6 +105,22 @@ mod file {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
+    }
+
+    agentstate::conformance_tests!(factory);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+
+    /// A store on the tests' PostgreSQL server (started on first use, see
+    /// `pg_server`), over the suite's clock. Every store of this process
+    /// shares one schema: the suite never assumes an empty store.
+    fn factory(clock: Arc<ManualClock>) -> Arc<dyn ConformanceStore> {
+        Arc::new(crate::postgres::store(
+            agentstate::Options::new().clock(clock),
+        ))
     }
 
     agentstate::conformance_tests!(factory);

@@ -9,6 +9,10 @@ mod durability;
 mod errors;
 mod fuzz_regressions;
 mod hardening;
+#[cfg(feature = "postgres")]
+mod pg_server;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "redis")]

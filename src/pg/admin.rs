@@ -1,0 +1,609 @@
+//! The operator functions (`StoreAdmin`) on the server: session listing,
+//! counts, checks, retention, export and import.
+
+use crate::admin::{StoreAdmin, StoreStats, VerifyReport};
+use crate::codec::cursor::{self as cursor_codec, Listing};
+use crate::codec::value;
+use crate::entry::Entry;
+use crate::error::{Result, StateError};
+use crate::kv::key::{KeyBuf, KeyReader};
+use crate::page::{Page, PageRequest};
+use crate::record::{Millis, RunKey, RunState, SessionKey, SessionRecord};
+use crate::rules::{check_id, check_limit, checked_entry};
+use crate::tray::{InstanceKey, Tray, TrayKey};
+
+use super::conn::{Tx, TxResult};
+use super::runs::{decode_run, decode_session, seq_col, write_run};
+use super::trays::put_tray;
+use super::{PostgresStore, id_in, id_out, num, num_out};
+
+/// Entries an import commits as one transaction.
+const IMPORT_GROUP: usize = 1000;
+
+/// The tables of an export, in order; each is walked in key order (the
+/// same order as every other backend's export).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Table {
+    Runs = 1,
+    Sessions = 2,
+    Epochs = 3,
+    Trays = 4,
+    Alarms = 5,
+}
+
+const TABLES: [Table; 5] = [
+    Table::Runs,
+    Table::Sessions,
+    Table::Epochs,
+    Table::Trays,
+    Table::Alarms,
+];
+
+impl Table {
+    fn of(b: u8) -> Result<Table> {
+        TABLES
+            .into_iter()
+            .find(|t| *t as u8 == b)
+            .ok_or_else(|| StateError::invalid("cursor: bad position"))
+    }
+    /// The key columns, and the statement reading rows after a key.
+    fn sql(self, first: bool) -> String {
+        let (cols, key, table, filter) = match self {
+            Table::Runs => ("tenant, run_id, record", 2, "agentstate_runs", ""),
+            Table::Sessions => ("tenant, session_id, record", 2, "agentstate_sessions", ""),
+            // An epoch row at 0 reads like no row (T2); it is not a record.
+            Table::Epochs => ("ns, id, epoch::text", 2, "pinned_epoch", "epoch > 0"),
+            Table::Trays => (
+                "ns, id, tray_ns, tray_id, marked, doc, env, hostname",
+                4,
+                "pinned_tray_index",
+                "",
+            ),
+            Table::Alarms => ("ns, id, due_at::text", 2, "agentstate_alarms", ""),
+        };
+        let names: Vec<&str> = cols.split(", ").take(key).collect();
+        let names = names.join(", ");
+        let mut conds: Vec<String> = Vec::new();
+        if !filter.is_empty() {
+            conds.push(filter.to_string());
+        }
+        if !first {
+            let ps: Vec<String> = (0..key).map(|i| format!("${}", i + 2)).collect();
+            conds.push(format!("({names}) > ({})", ps.join(", ")));
+        }
+        let wh = if conds.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", conds.join(" AND "))
+        };
+        format!("SELECT {cols} FROM {{s}}{table} {wh} ORDER BY {names} LIMIT $1")
+    }
+}
+
+/// An export entry and its key, as read from a row of `t`.
+fn entry_of(t: Table, r: &postgres::Row) -> Result<(Vec<String>, Entry)> {
+    let s = |i: usize| id_out(r.get(i));
+    Ok(match t {
+        Table::Runs => {
+            let key = RunKey::new(s(0)?, s(1)?);
+            let run = decode_run(r.get(2), &key)?;
+            (vec![key.tenant, key.run_id], Entry::Run(run))
+        }
+        Table::Sessions => {
+            let key = SessionKey::new(s(0)?, s(1)?);
+            let sess = decode_session(r.get(2), &key)?;
+            (vec![key.tenant, key.session_id], Entry::Session(sess))
+        }
+        Table::Epochs => {
+            let instance = InstanceKey::new(s(0)?, s(1)?);
+            let epoch = num_out(r.get(2), "pinned_epoch.epoch")?;
+            (
+                vec![instance.ns.clone(), instance.id.clone()],
+                Entry::Epoch { instance, epoch },
+            )
+        }
+        Table::Trays => {
+            let key = TrayKey {
+                ns: s(0)?,
+                id: s(1)?,
+                tray_ns: s(2)?,
+                tray_id: s(3)?,
+            };
+            let tray = Tray {
+                marked: r.get(4),
+                doc: r.get(5),
+                env: s(6)?,
+                hostname: s(7)?,
+            };
+            (
+                vec![
+                    key.ns.clone(),
+                    key.id.clone(),
+                    key.tray_ns.clone(),
+                    key.tray_id.clone(),
+                ],
+                Entry::Tray { key, tray },
+            )
+        }
+        Table::Alarms => {
+            let instance = InstanceKey::new(s(0)?, s(1)?);
+            let due_at = num_out(r.get(2), "agentstate_alarms.due_at")?;
+            (
+                vec![instance.ns.clone(), instance.id.clone()],
+                Entry::Alarm { instance, due_at },
+            )
+        }
+    })
+}
+
+/// Rows of `t` after `after` (its key, unescaped), at most `limit`.
+fn rows_after(
+    tx: &mut Tx<'_>,
+    t: Table,
+    after: Option<&[String]>,
+    limit: i64,
+) -> TxResult<Vec<postgres::Row>> {
+    match after {
+        None => tx.query(&t.sql(true), &[&limit]),
+        Some(k) => {
+            let esc: Vec<String> = k.iter().map(|s| id_in(s).into_owned()).collect();
+            let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![&limit];
+            for e in &esc {
+                params.push(e);
+            }
+            tx.query(&t.sql(false), &params)
+        }
+    }
+}
+
+impl PostgresStore {
+    fn exists(tx: &mut Tx<'_>, sql: &str, key: &[&str]) -> TxResult<bool> {
+        let esc: Vec<String> = key.iter().map(|s| id_in(s).into_owned()).collect();
+        let params: Vec<&(dyn postgres::types::ToSql + Sync)> = esc
+            .iter()
+            .map(|e| e as &(dyn postgres::types::ToSql + Sync))
+            .collect();
+        Ok(!tx.query(sql, &params)?.is_empty())
+    }
+
+    /// One transaction of an import.
+    fn import_group(&self, entries: Vec<Entry>) -> Result<()> {
+        let max = self.max();
+        let entries = entries
+            .into_iter()
+            .map(|e| checked_entry(e, &self.opts.options.scrubber, max))
+            .collect::<Result<Vec<_>>>()?;
+        self.txn(|tx| {
+            let taken = || StateError::Conflict {
+                expected: 0,
+                actual: 1,
+            };
+            for e in &entries {
+                match e {
+                    Entry::Run(r) => {
+                        let rows = tx.query(
+                            "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2",
+                            &[&id_in(&r.key.tenant), &id_in(&r.key.run_id)],
+                        )?;
+                        if let Some(row) = rows.first() {
+                            let s = decode_run(row.get(0), &r.key)?;
+                            return Err(StateError::Conflict {
+                                expected: 0,
+                                actual: s.version,
+                            }
+                            .into());
+                        }
+                        let seq = seq_col(r.seq)?;
+                        let used = tx.query(
+                            "SELECT 1 FROM {s}agentstate_runs WHERE tenant = $1 AND seq = $2",
+                            &[&id_in(&r.key.tenant), &seq],
+                        )?;
+                        if !used.is_empty() {
+                            return Err(StateError::invalid(format!(
+                                "run {}: seq {} is already used in tenant {}",
+                                r.key.run_id, r.seq, r.key.tenant
+                            ))
+                            .into());
+                        }
+                        let next = seq_col(r.seq.saturating_add(1))?;
+                        tx.execute(
+                            "INSERT INTO {s}agentstate_counters AS c (tenant, next_seq) VALUES ($1, $2) \
+                             ON CONFLICT (tenant) DO UPDATE SET next_seq = GREATEST(c.next_seq, EXCLUDED.next_seq)",
+                            &[&id_in(&r.key.tenant), &next],
+                        )?;
+                        write_run(tx, r, true, max)?;
+                    }
+                    Entry::Session(s) => {
+                        if Self::exists(
+                            tx,
+                            "SELECT 1 FROM {s}agentstate_sessions WHERE tenant = $1 AND session_id = $2",
+                            &[&s.key.tenant, &s.key.session_id],
+                        )? {
+                            return Err(taken().into());
+                        }
+                        tx.execute(
+                            "INSERT INTO {s}agentstate_sessions (tenant, session_id, record) VALUES ($1, $2, $3)",
+                            &[&id_in(&s.key.tenant), &id_in(&s.key.session_id), &value::encode(s)],
+                        )?;
+                    }
+                    Entry::Epoch { instance, epoch } => {
+                        if Self::exists(
+                            tx,
+                            "SELECT 1 FROM {s}pinned_epoch WHERE ns = $1 AND id = $2 AND epoch > 0",
+                            &[&instance.ns, &instance.id],
+                        )? {
+                            return Err(taken().into());
+                        }
+                        tx.execute(
+                            "INSERT INTO {s}pinned_epoch (ns, id, epoch) VALUES ($1, $2, $3::text::numeric) \
+                             ON CONFLICT (ns, id) DO UPDATE SET epoch = EXCLUDED.epoch",
+                            &[&id_in(&instance.ns), &id_in(&instance.id), &num(*epoch)],
+                        )?;
+                    }
+                    Entry::Tray { key, tray } => {
+                        if Self::exists(
+                            tx,
+                            "SELECT 1 FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4",
+                            &[&key.ns, &key.id, &key.tray_ns, &key.tray_id],
+                        )? {
+                            return Err(taken().into());
+                        }
+                        put_tray(tx, key, tray)?;
+                    }
+                    Entry::Alarm { instance, due_at } => {
+                        if Self::exists(
+                            tx,
+                            "SELECT 1 FROM {s}agentstate_alarms WHERE ns = $1 AND id = $2",
+                            &[&instance.ns, &instance.id],
+                        )? {
+                            return Err(taken().into());
+                        }
+                        tx.execute(
+                            "INSERT INTO {s}agentstate_alarms (ns, id, due_at) VALUES ($1, $2, $3::text::numeric)",
+                            &[&id_in(&instance.ns), &id_in(&instance.id), &num(*due_at)],
+                        )?;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+impl StoreAdmin for PostgresStore {
+    fn list_sessions(&self, tenant: &str, page: &PageRequest) -> Result<Page<SessionRecord>> {
+        check_id("tenant", tenant)?;
+        check_limit(page.limit)?;
+        let secret = self.secret()?;
+        let binding = KeyBuf::table(Listing::Sessions as u8).str(tenant).done();
+        let after = page
+            .cursor
+            .as_ref()
+            .map(|c| {
+                let pos = cursor_codec::decode(&secret, Listing::Sessions, &binding, c)?;
+                let mut r = KeyReader::new(&pos, Listing::Sessions as u8)?;
+                let s = r.str()?;
+                r.end()?;
+                Ok::<_, StateError>(s)
+            })
+            .transpose()?;
+        let limit = (page.limit + 1) as i64;
+        let t = id_in(tenant);
+        let rows = self.txn(|tx| match &after {
+            None => tx.query(
+                "SELECT session_id, record FROM {s}agentstate_sessions WHERE tenant = $1 \
+                 ORDER BY session_id LIMIT $2",
+                &[&t, &limit],
+            ),
+            Some(a) => tx.query(
+                "SELECT session_id, record FROM {s}agentstate_sessions WHERE tenant = $1 \
+                 AND session_id > $3 ORDER BY session_id LIMIT $2",
+                &[&t, &limit, &id_in(a)],
+            ),
+        })?;
+        let mut items = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let key = SessionKey::new(tenant, id_out(r.get(0))?);
+            items.push(decode_session(r.get(1), &key)?);
+        }
+        let more = items.len() > page.limit;
+        items.truncate(page.limit);
+        let cursor = match (more, items.last()) {
+            (true, Some(s)) => Some(cursor_codec::encode(
+                &secret,
+                Listing::Sessions,
+                &binding,
+                &KeyBuf::table(Listing::Sessions as u8)
+                    .str(&s.key.session_id)
+                    .done(),
+            )),
+            _ => None,
+        };
+        Page::new(items, cursor)
+    }
+
+    fn is_empty(&self) -> Result<bool> {
+        Ok(self.export_page(&PageRequest::new(1))?.items().is_empty())
+    }
+
+    fn stats(&self) -> Result<StoreStats> {
+        let mut s = StoreStats {
+            backend: format!(
+                "postgres {} (schema {}): every Ok a committed transaction, synchronous_commit on",
+                self.display, self.opts.schema
+            ),
+            ..Default::default()
+        };
+        self.txn(|tx| {
+            let mut st = StoreStats::default();
+            for r in tx.query(
+                "SELECT tenant, state, count(*) FROM {s}agentstate_runs GROUP BY tenant, state",
+                &[],
+            )? {
+                let tenant = id_out(r.get(0))?;
+                let state: RunState = r.get::<_, String>(1).parse()?;
+                let n: i64 = r.get(2);
+                st.tenants
+                    .entry(tenant)
+                    .or_default()
+                    .runs_by_state
+                    .insert(state, n as u64);
+            }
+            for r in tx.query(
+                "SELECT tenant, count(*) FROM {s}agentstate_sessions GROUP BY tenant",
+                &[],
+            )? {
+                let n: i64 = r.get(1);
+                st.tenants.entry(id_out(r.get(0))?).or_default().sessions = n as u64;
+            }
+            let r = &tx.query(
+                "SELECT count(*), count(*) FILTER (WHERE marked) FROM {s}pinned_tray_index",
+                &[],
+            )?[0];
+            st.trays = r.get::<_, i64>(0) as u64;
+            st.marked_trays = r.get::<_, i64>(1) as u64;
+            let r = &tx.query("SELECT count(*) FROM {s}agentstate_alarms", &[])?[0];
+            st.alarms = r.get::<_, i64>(0) as u64;
+            s.tenants = st.tenants;
+            s.trays = st.trays;
+            s.marked_trays = st.marked_trays;
+            s.alarms = st.alarms;
+            Ok(())
+        })?;
+        Ok(s)
+    }
+
+    fn verify(&self) -> Result<VerifyReport> {
+        let mut rep = VerifyReport::default();
+        // Runs: each record decodes, names its row's key, and agrees with
+        // the columns the listings read.
+        let mut after: Option<Vec<String>> = None;
+        loop {
+            let rows = self.txn(|tx| {
+                let sql = match after {
+                    None => "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text \
+                             FROM {s}agentstate_runs ORDER BY tenant, run_id LIMIT 1000",
+                    Some(_) => "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text \
+                                FROM {s}agentstate_runs WHERE (tenant, run_id) > ($1, $2) ORDER BY tenant, run_id LIMIT 1000",
+                };
+                match &after {
+                    None => tx.query(sql, &[]),
+                    Some(k) => tx.query(sql, &[&id_in(&k[0]), &id_in(&k[1])]),
+                }
+            })?;
+            for r in &rows {
+                rep.entries += 1;
+                let key = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
+                after = Some(vec![key.tenant.clone(), key.run_id.clone()]);
+                let run = match decode_run(r.get(2), &key) {
+                    Ok(run) => run,
+                    Err(e) => {
+                        rep.problems
+                            .push(format!("run {}/{}: {e}", key.tenant, key.run_id));
+                        continue;
+                    }
+                };
+                rep.runs += 1;
+                let seq: i64 = r.get(3);
+                let state: String = r.get(4);
+                let session: Option<String> = r.get(5);
+                let agent: String = r.get(6);
+                let updated: String = r.get(7);
+                let session = session.map(id_out).transpose()?;
+                let mut bad = Vec::new();
+                if run.seq != seq as u64 {
+                    bad.push("seq");
+                }
+                if run.state.as_str() != state {
+                    bad.push("state");
+                }
+                if run.session_id != session {
+                    bad.push("session_id");
+                }
+                if run.agent_name != id_out(agent)? {
+                    bad.push("agent_name");
+                }
+                if run.updated_at.to_string() != updated {
+                    bad.push("updated_at");
+                }
+                if !bad.is_empty() {
+                    rep.problems.push(format!(
+                        "run {}/{}: columns {} differ from the record",
+                        key.tenant,
+                        key.run_id,
+                        bad.join(", ")
+                    ));
+                }
+            }
+            if rows.len() < 1000 {
+                break;
+            }
+        }
+        let counts = self.txn(|tx| {
+            let mut problems = Vec::new();
+            // Every tenant's counter is past its largest seq.
+            for r in tx.query(
+                "SELECT r.tenant, max(r.seq), c.next_seq FROM {s}agentstate_runs r \
+                 LEFT JOIN {s}agentstate_counters c ON c.tenant = r.tenant GROUP BY r.tenant, c.next_seq",
+                &[],
+            )? {
+                let max: i64 = r.get(1);
+                let next: Option<i64> = r.get(2);
+                if next.is_none_or(|n| n <= max) {
+                    problems.push(format!(
+                        "tenant {}: seq counter {next:?} is not past the largest seq {max}",
+                        id_out(r.get(0))?
+                    ));
+                }
+            }
+            let mut n = [0u64; 3];
+            for (i, sql) in [
+                "SELECT record, tenant, session_id FROM {s}agentstate_sessions",
+                "SELECT count(*) FROM {s}pinned_tray_index",
+                "SELECT count(*) FROM {s}agentstate_alarms",
+            ]
+            .iter()
+            .enumerate()
+            {
+                let rows = tx.query(sql, &[])?;
+                if i == 0 {
+                    for r in &rows {
+                        let key = SessionKey::new(id_out(r.get(1))?, id_out(r.get(2))?);
+                        match decode_session(r.get(0), &key) {
+                            Ok(_) => n[0] += 1,
+                            Err(e) => problems.push(format!(
+                                "session {}/{}: {e}",
+                                key.tenant, key.session_id
+                            )),
+                        }
+                    }
+                } else {
+                    n[i] = rows[0].get::<_, i64>(0) as u64;
+                }
+            }
+            Ok((problems, n))
+        })?;
+        rep.problems.extend(counts.0);
+        rep.sessions = counts.1[0];
+        rep.trays = counts.1[1];
+        rep.alarms = counts.1[2];
+        rep.entries += rep.sessions + rep.trays + rep.alarms;
+        Ok(rep)
+    }
+
+    fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
+        check_id("tenant", tenant)?;
+        let finished: Vec<&str> = RunState::ALL
+            .into_iter()
+            .filter(|s| s.is_finished())
+            .map(|s| s.as_str())
+            .collect();
+        let before = num(finished_before);
+        let t = id_in(tenant);
+        let mut deleted = 0u64;
+        // In bounded transactions, so a prune never holds many locks long.
+        loop {
+            let n = self.txn(|tx| {
+                tx.execute(
+                    "DELETE FROM {s}agentstate_runs WHERE (tenant, run_id) IN ( \
+                     SELECT tenant, run_id FROM {s}agentstate_runs WHERE tenant = $1 \
+                     AND state = ANY($2) AND updated_at < $3::text::numeric LIMIT 1000 \
+                     FOR UPDATE SKIP LOCKED)",
+                    &[&t, &finished, &before],
+                )
+            })?;
+            deleted += n;
+            if n < 1000 {
+                return Ok(deleted);
+            }
+        }
+    }
+
+    fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
+        check_limit(page.limit)?;
+        let secret = self.secret()?;
+        let binding = b"export";
+        let start = match &page.cursor {
+            None => None,
+            Some(c) => {
+                let pos = cursor_codec::decode(&secret, Listing::Export, binding, c)?;
+                let t = Table::of(*pos.first().ok_or_else(|| StateError::invalid("cursor"))?)?;
+                let mut r = KeyReader::new(&pos, t as u8)?;
+                let mut key = Vec::new();
+                while !r.at_end() {
+                    key.push(r.str()?);
+                }
+                Some((t, key))
+            }
+        };
+        let want = page.limit + 1;
+        let items = self.txn(|tx| {
+            // One snapshot would need REPEATABLE READ; the walk's guarantee
+            // is the other listings' (each record that stays is seen once).
+            let mut items: Vec<(Table, Vec<String>, Entry)> = Vec::new();
+            for t in TABLES {
+                if let Some((st, _)) = &start
+                    && t < *st
+                {
+                    continue;
+                }
+                let after = match &start {
+                    Some((st, k)) if *st == t => Some(k.as_slice()),
+                    _ => None,
+                };
+                let rows = rows_after(tx, t, after, (want - items.len()) as i64)?;
+                for r in &rows {
+                    let (k, e) = entry_of(t, r)?;
+                    items.push((t, k, e));
+                }
+                if items.len() >= want {
+                    break;
+                }
+            }
+            Ok(items)
+        })?;
+        let more = items.len() > page.limit;
+        let mut items = items;
+        items.truncate(page.limit);
+        let cursor = match (more, items.last()) {
+            (true, Some((t, k, _))) => {
+                let mut b = KeyBuf::table(*t as u8);
+                for s in k {
+                    b = b.str(s);
+                }
+                Some(cursor_codec::encode(
+                    &secret,
+                    Listing::Export,
+                    binding,
+                    &b.done(),
+                ))
+            }
+            _ => None,
+        };
+        Page::new(items.into_iter().map(|(_, _, e)| e).collect(), cursor)
+    }
+
+    fn import(&self, entries: &mut dyn Iterator<Item = Result<Entry>>) -> Result<u64> {
+        if !self.is_empty()? {
+            return Err(StateError::invalid(
+                "import: the store is not empty; import into a new store",
+            ));
+        }
+        let mut n = 0u64;
+        let mut group = Vec::with_capacity(IMPORT_GROUP);
+        loop {
+            let next = entries.next().transpose()?;
+            let done = next.is_none();
+            if let Some(e) = next {
+                group.push(e);
+            }
+            if group.len() == IMPORT_GROUP || (done && !group.is_empty()) {
+                n += group.len() as u64;
+                self.import_group(std::mem::take(&mut group))?;
+            }
+            if done {
+                return Ok(n);
+            }
+        }
+    }
+}

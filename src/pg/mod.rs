@@ -1,0 +1,462 @@
+//! The PostgreSQL backend (feature `postgres`): one server every worker of
+//! a fleet reads and writes, with the rules of every other backend held
+//! across processes.
+//!
+//! Each call is one server transaction: it reads the rows it decides on
+//! `FOR UPDATE`, asks the shared rules (`crate::rules`) what to write, and
+//! writes in the same transaction. Run `seq`s come from a per-tenant
+//! counter row updated in the creating transaction, so a tenant's creates
+//! commit in `seq` order. The schema is `schema/v*.sql`, applied by
+//! [`PostgresStore::setup`].
+
+mod admin;
+mod conn;
+mod runs;
+mod trays;
+
+use std::borrow::Cow;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::error::{Result, StateError};
+use crate::options::Options;
+
+use conn::{Manager, Tx};
+
+/// The schema files, in order; `SCHEMA[i]` brings a database from version
+/// `i` to `i + 1`.
+const SCHEMA: &[&str] = &[include_str!("schema/v1.sql")];
+/// The schema version this build writes.
+pub(crate) const SCHEMA_VERSION: u8 = SCHEMA.len() as u8;
+
+/// How a [`PostgresStore`] connects: the options every backend reads
+/// ([`Options`]: clock, record limit, scrubber) and the server's own.
+///
+/// ```
+/// use std::time::Duration;
+/// use agentstate::{Options, PgOptions};
+/// let opts = PgOptions::new()
+///     .pool_size(16)
+///     .connect_timeout(Duration::from_secs(2))
+///     .schema("agents")
+///     .options(Options::new().record_bytes_max(256 * 1024));
+/// # let _ = opts;
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    pub(crate) options: Options,
+    pub(crate) pool_size: u32,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) statement_timeout: Duration,
+    pub(crate) schema: String,
+    pub(crate) retries: u32,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            options: Options::default(),
+            pool_size: 8,
+            connect_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(30),
+            schema: "public".to_string(),
+            retries: 16,
+        }
+    }
+}
+
+impl PgOptions {
+    /// 8 connections, 5 s to connect, 30 s per statement, schema `public`,
+    /// the default [`Options`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// The options every backend reads (clock, record limit, scrubber); the
+    /// file store's durability and salvage mean nothing here.
+    pub fn options(mut self, options: Options) -> Self {
+        self.options = options;
+        self
+    }
+    /// Connections per process (at least 1, default 8), dialed when a call
+    /// first needs one.
+    pub fn pool_size(mut self, n: u32) -> Self {
+        self.pool_size = n.max(1);
+        self
+    }
+    /// How long dialing the server may take, and how long a call waits for a
+    /// free connection, before it is `Unavailable` (default 5 s).
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t.max(Duration::from_millis(10));
+        self
+    }
+    /// The server cancels a statement that runs (or waits on a lock) longer
+    /// than this, and the call is `Unavailable` (default 30 s). A server
+    /// that stops answering is noticed by TCP keepalives and the TCP user
+    /// timeout within about the same time.
+    pub fn statement_timeout(mut self, t: Duration) -> Self {
+        self.statement_timeout = t.max(Duration::from_millis(10));
+        self
+    }
+    /// The PostgreSQL schema holding the tables (default `public`): a
+    /// lowercase SQL identifier (`[a-z_][a-z0-9_]*`, at most 63 bytes).
+    /// [`PostgresStore::setup`] creates it.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+    /// How many times a call is tried again after a serialization failure
+    /// or a deadlock the server reported (default 16).
+    pub fn retries(mut self, n: u32) -> Self {
+        self.retries = n;
+        self
+    }
+}
+
+/// The PostgreSQL backend: every worker of a fleet connects to one server
+/// and shares its rows; every rule holds across processes (versions and
+/// fences are each one transaction, a walk in `seq` order never skips a
+/// record that commits late).
+///
+/// `connect` opens no connection: a pool of [`PgOptions::pool_size`]
+/// connections is dialed as calls need them. Call [`setup`](Self::setup)
+/// once at boot (every worker may, at the same time) before any other call.
+///
+/// **Durability:** an `Ok` means the call's transaction committed with
+/// `synchronous_commit = on` (set on every connection), so it survives a
+/// server crash. A server that cannot be reached, a connection lost
+/// mid-call, or a server shut down is `Persistence { reason: Unavailable }`
+/// within the timeouts of [`PgOptions`]; a call that failed that way may or
+/// may not have committed only when the connection broke during its commit.
+///
+/// ```no_run
+/// use agentstate::{PostgresStore, RunKey, RunRecord, StateStore};
+/// let store = PostgresStore::connect("postgres://agent@db.internal/agents")?;
+/// store.setup()?;
+/// store.put_run(RunRecord::new(RunKey::new("acme", "run_1"), "planner"))?;
+/// # Ok::<(), agentstate::StateError>(())
+/// ```
+pub struct PostgresStore {
+    pool: r2d2::Pool<Manager>,
+    opts: PgOptions,
+    /// `"schema".`, prefixed to every table name.
+    prefix: String,
+    /// The cursor secret, read from the database on first use.
+    secret: OnceLock<[u8; 16]>,
+    /// The DSN without its password, for messages.
+    display: String,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("dsn", &self.display)
+            .field("schema", &self.opts.schema)
+            .field("pool_size", &self.opts.pool_size)
+            .finish_non_exhaustive()
+    }
+}
+
+fn valid_schema(s: &str) -> bool {
+    let mut chars = s.chars();
+    s.len() <= 63
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+impl PostgresStore {
+    /// A store over the server `dsn` names (a `postgres://` URL or a
+    /// `key=value` string), with the default [`PgOptions`]. Opens no
+    /// connection; a bad DSN is `Invalid`.
+    pub fn connect(dsn: &str) -> Result<PostgresStore> {
+        Self::connect_with(dsn, PgOptions::default())
+    }
+
+    /// A store over the server `dsn` names, with options. Opens no
+    /// connection. TLS is not supported: connect over a trusted network or
+    /// a local socket.
+    pub fn connect_with(dsn: &str, opts: PgOptions) -> Result<PostgresStore> {
+        if !valid_schema(&opts.schema) {
+            return Err(StateError::invalid(format!(
+                "schema {:?}: must be a lowercase SQL identifier ([a-z_][a-z0-9_]*, at most 63 bytes)",
+                opts.schema
+            )));
+        }
+        let display = crate::pg::conn::redact(dsn);
+        let mut config: postgres::Config = dsn
+            .parse()
+            .map_err(|e| StateError::invalid(format!("dsn {display}: {e}")))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(opts.connect_timeout);
+        }
+        let ms = opts.statement_timeout.as_millis();
+        // Every connection commits synchronously (the durability promise),
+        // cancels long statements, and is dropped by the server if a client
+        // dies inside a transaction.
+        let mine = format!(
+            "-c synchronous_commit=on -c statement_timeout={ms} -c idle_in_transaction_session_timeout={}",
+            ms.saturating_mul(2)
+        );
+        let options = match config.get_options() {
+            Some(o) if !o.is_empty() => format!("{o} {mine}"),
+            _ => mine,
+        };
+        config.options(&options);
+        if config.get_application_name().is_none() {
+            config.application_name("agentstate");
+        }
+        config
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(5))
+            .keepalives_interval(Duration::from_secs(2))
+            .keepalives_retries(3)
+            .tcp_user_timeout(opts.statement_timeout + Duration::from_secs(5));
+        let pool = r2d2::Pool::builder()
+            .max_size(opts.pool_size)
+            // Dialed lazily: a store never used opened no connection.
+            .min_idle(Some(0))
+            .connection_timeout(opts.connect_timeout)
+            // A broken connection fails its call (and is dropped); one
+            // that is closed before a transaction starts is replaced at
+            // once (see `conn`), so no round trip is spent testing.
+            .test_on_check_out(false)
+            .error_handler(Box::new(r2d2::NopErrorHandler))
+            .build_unchecked(Manager { config });
+        Ok(PostgresStore {
+            pool,
+            prefix: format!("\"{}\".", opts.schema),
+            opts,
+            secret: OnceLock::new(),
+            display,
+        })
+    }
+
+    /// Creates the schema, its tables and indexes, once: idempotent, and
+    /// safe when many workers run it at the same moment (it runs in one
+    /// transaction under an advisory lock). Records the schema version; a
+    /// database whose schema is newer than this build knows is refused with
+    /// `UnsupportedFormat` and not touched.
+    pub fn setup(&self) -> Result<()> {
+        let schema = self.opts.schema.clone();
+        let prefix = self.prefix.clone();
+        self.txn(|tx| {
+            tx.execute_text(
+                "SELECT pg_advisory_xact_lock(hashtext('agentstate setup ' || $1))",
+                &[&schema],
+            )?;
+            // Not `CREATE SCHEMA IF NOT EXISTS`, which creates nothing but
+            // still needs the CREATE privilege on the database.
+            let exists = tx
+                .query_text("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&schema])?
+                .len()
+                == 1;
+            if !exists {
+                tx.batch(&format!("CREATE SCHEMA \"{schema}\""))?;
+            }
+            let found = schema_version_in(tx, &prefix)?;
+            if found > SCHEMA_VERSION {
+                return Err(StateError::UnsupportedFormat {
+                    found,
+                    supported: SCHEMA_VERSION,
+                }
+                .into());
+            }
+            for sql in &SCHEMA[found as usize..] {
+                tx.batch(&sql.replace("{s}", &prefix))?;
+            }
+            tx.execute(
+                "INSERT INTO {s}agentstate_meta (name, value) VALUES ('schema_version', $1) \
+                 ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
+                &[&SCHEMA_VERSION.to_string()],
+            )?;
+            // 16 random bytes (gen_random_uuid is built in since 13).
+            tx.execute(
+                "INSERT INTO {s}agentstate_meta (name, value) \
+                 VALUES ('cursor_secret', replace(gen_random_uuid()::text, '-', '')) \
+                 ON CONFLICT (name) DO NOTHING",
+                &[],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The schema version the database holds (`None` before
+    /// [`setup`](Self::setup)); reads only.
+    pub fn schema_version(&self) -> Result<Option<u8>> {
+        let prefix = self.prefix.clone();
+        self.txn(|tx| {
+            let v = schema_version_in(tx, &prefix)?;
+            Ok((v > 0).then_some(v))
+        })
+    }
+
+    fn now(&self) -> u64 {
+        self.opts.options.clock.now_millis()
+    }
+
+    fn max(&self) -> usize {
+        self.opts.options.record_bytes_max
+    }
+
+    /// The cursor secret, stored in the database so that a cursor from one
+    /// worker pages on another.
+    fn secret(&self) -> Result<[u8; 16]> {
+        if let Some(s) = self.secret.get() {
+            return Ok(*s);
+        }
+        let hex: Option<String> = self.txn(|tx| {
+            Ok(tx
+                .query(
+                    "SELECT value FROM {s}agentstate_meta WHERE name = 'cursor_secret'",
+                    &[],
+                )?
+                .first()
+                .map(|r| r.get(0)))
+        })?;
+        let hex = hex.ok_or_else(|| {
+            StateError::unavailable(
+                "the database has no agentstate schema: run PostgresStore::setup() first",
+                None,
+            )
+        })?;
+        let secret = parse_secret(&hex)?;
+        Ok(*self.secret.get_or_init(|| secret))
+    }
+}
+
+/// The schema version stored under `prefix`, 0 when none.
+fn schema_version_in(tx: &mut Tx<'_>, prefix: &str) -> std::result::Result<u8, conn::Fail> {
+    let table = format!("{prefix}agentstate_meta");
+    let exists: bool = tx.query_text("SELECT to_regclass($1) IS NOT NULL", &[&table])?[0].get(0);
+    if !exists {
+        return Ok(0);
+    }
+    let rows = tx.query(
+        "SELECT value FROM {s}agentstate_meta WHERE name = 'schema_version'",
+        &[],
+    )?;
+    let Some(row) = rows.first() else {
+        return Ok(0);
+    };
+    let v: String = row.get(0);
+    Ok(v.parse::<u8>().map_err(|_| {
+        StateError::corrupt(format!(
+            "agentstate_meta: schema_version {v:?} is not a number"
+        ))
+    })?)
+}
+
+fn parse_secret(hex: &str) -> Result<[u8; 16]> {
+    let bad = || StateError::corrupt("agentstate_meta: cursor_secret is not 32 hex digits");
+    if hex.len() != 32 || !hex.is_ascii() {
+        return Err(bad());
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+/// An id as stored: text cannot hold NUL, so U+0001 escapes NUL (as
+/// U+0001 U+0001) and itself (as U+0001 U+0002). The mapping keeps byte
+/// order and is injective; ids without either character are stored as is.
+pub(crate) fn id_in(s: &str) -> Cow<'_, str> {
+    if !s.contains(['\0', '\u{1}']) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 4);
+    for c in s.chars() {
+        match c {
+            '\0' => out.push_str("\u{1}\u{1}"),
+            '\u{1}' => out.push_str("\u{1}\u{2}"),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// An id as read back (the inverse of [`id_in`]).
+pub(crate) fn id_out(s: String) -> Result<String> {
+    if !s.contains('\u{1}') {
+        return Ok(s);
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1}' {
+            match chars.next() {
+                Some('\u{1}') => out.push('\0'),
+                Some('\u{2}') => out.push('\u{1}'),
+                _ => return Err(StateError::corrupt(format!("stored id {s:?}: bad escape"))),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+/// A u64 as a numeric(20,0) parameter (`$n::text::numeric` in SQL).
+pub(crate) fn num(n: u64) -> String {
+    n.to_string()
+}
+
+/// A numeric(20,0) read back as text (`col::text` in SQL).
+pub(crate) fn num_out(s: &str, what: &str) -> Result<u64> {
+    s.parse()
+        .map_err(|_| StateError::corrupt(format!("{what}: {s:?} is not a u64")))
+}
+
+const _: () = {
+    const fn is_send_sync<T: Send + Sync>() {}
+    is_send_sync::<PostgresStore>();
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_and_keep_order() {
+        let ids = [
+            "", "a", "a\0", "a\0b", "a\u{1}", "a\u{1}b", "a\u{2}", "\0", "b", "é",
+        ];
+        for a in ids {
+            assert_eq!(id_out(id_in(a).into_owned()).unwrap(), a);
+            assert!(!id_in(a).contains('\0'));
+            for b in ids {
+                assert_eq!(
+                    a.cmp(b),
+                    id_in(a).as_bytes().cmp(id_in(b).as_bytes()),
+                    "{a:?} {b:?}"
+                );
+            }
+        }
+        assert!(id_out("a\u{1}x".into()).is_err());
+        assert!(id_out("a\u{1}".into()).is_err());
+    }
+
+    #[test]
+    fn schema_names() {
+        assert!(valid_schema("public") && valid_schema("_a1"));
+        for bad in ["", "A", "1a", "a-b", "a\"b", &"a".repeat(64)] {
+            assert!(!valid_schema(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn connect_opens_nothing_and_checks_input() {
+        // Nothing listens on port 1; connect must still succeed.
+        assert!(PostgresStore::connect("postgres://u@127.0.0.1:1/db").is_ok());
+        assert!(matches!(
+            PostgresStore::connect("postgres://u@h:notaport/db"),
+            Err(StateError::Invalid { .. })
+        ));
+        assert!(matches!(
+            PostgresStore::connect_with("host=h", PgOptions::new().schema("Bad")),
+            Err(StateError::Invalid { .. })
+        ));
+    }
+}

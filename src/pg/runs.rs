@@ -1,0 +1,372 @@
+//! Runs and sessions (rules R, S, L, X) as server transactions: read the
+//! row `FOR UPDATE`, decide with `crate::rules`, write.
+
+use postgres::Row;
+use postgres::types::ToSql;
+
+use crate::api::StateStore;
+use crate::codec::cursor::{self as cursor_codec, Listing};
+use crate::codec::value;
+use crate::error::{Missing, Result, StateError};
+use crate::kv::key::{KeyBuf, KeyReader};
+use crate::page::{Page, PageRequest};
+use crate::record::{RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
+use crate::rules::{
+    check_id, check_limit, check_record, check_run_key, check_session_key, check_size,
+    check_version, created_run, next_session, patched_run, updated_run,
+};
+
+use super::conn::{Tx, TxResult};
+use super::{PostgresStore, id_in, id_out, num};
+
+/// Decodes a stored run and checks it is the one asked for.
+pub(crate) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
+    let r: RunRecord = value::decode(bytes, "run")?;
+    if &r.key != key {
+        return Err(StateError::corrupt(format!(
+            "run stored under {}/{} names another key",
+            key.tenant, key.run_id
+        )));
+    }
+    Ok(r)
+}
+
+pub(crate) fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRecord> {
+    let s: SessionRecord = value::decode(bytes, "session")?;
+    if &s.key != key {
+        return Err(StateError::corrupt("session stored under another key"));
+    }
+    Ok(s)
+}
+
+/// A seq as its column (bigint): ours never pass i64::MAX; an imported one
+/// that does is refused.
+pub(crate) fn seq_col(seq: u64) -> Result<i64> {
+    i64::try_from(seq).map_err(|_| {
+        StateError::invalid(format!(
+            "seq {seq}: the PostgreSQL store keeps seqs up to {}",
+            i64::MAX
+        ))
+    })
+}
+
+fn read_run(tx: &mut Tx<'_>, key: &RunKey, lock: bool) -> TxResult<Option<RunRecord>> {
+    let sql = if lock {
+        "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2 FOR UPDATE"
+    } else {
+        "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2"
+    };
+    let rows = tx.query(sql, &[&id_in(&key.tenant), &id_in(&key.run_id)])?;
+    Ok(rows
+        .first()
+        .map(|r| decode_run(r.get(0), key))
+        .transpose()?)
+}
+
+/// Writes a new run (`created`) or the next version of a stored one.
+pub(crate) fn write_run(
+    tx: &mut Tx<'_>,
+    new: &RunRecord,
+    created: bool,
+    max: usize,
+) -> TxResult<()> {
+    let bytes = value::encode(new);
+    check_size("run record", bytes.len(), max)?;
+    debug_assert!(decode_run(&bytes, &new.key).is_ok_and(|r| &r == new));
+    let k = &new.key;
+    let state = new.state.as_str();
+    let updated = num(new.updated_at);
+    if created {
+        let session = new.session_id.as_deref().map(id_in);
+        tx.execute(
+            "INSERT INTO {s}agentstate_runs \
+             (tenant, run_id, seq, state, session_id, agent_name, updated_at, record) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7::text::numeric, $8)",
+            &[
+                &id_in(&k.tenant),
+                &id_in(&k.run_id),
+                &seq_col(new.seq)?,
+                &state,
+                &session,
+                &id_in(&new.agent_name),
+                &updated,
+                &bytes,
+            ],
+        )?;
+    } else {
+        tx.execute(
+            "UPDATE {s}agentstate_runs SET state = $3, agent_name = $4, \
+             updated_at = $5::text::numeric, record = $6 WHERE tenant = $1 AND run_id = $2",
+            &[
+                &id_in(&k.tenant),
+                &id_in(&k.run_id),
+                &state,
+                &id_in(&new.agent_name),
+                &updated,
+                &bytes,
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// The tenant's next seq, taken in this transaction: the counter row stays
+/// locked until commit, so the tenant's creates commit in seq order.
+fn next_seq(tx: &mut Tx<'_>, tenant: &str) -> TxResult<u64> {
+    let rows = tx.query(
+        "INSERT INTO {s}agentstate_counters AS c (tenant, next_seq) VALUES ($1, 2) \
+         ON CONFLICT (tenant) DO UPDATE SET next_seq = c.next_seq + 1 \
+         RETURNING next_seq - 1",
+        &[&id_in(tenant)],
+    )?;
+    let seq: i64 = rows[0].get(0);
+    Ok(u64::try_from(seq).map_err(|_| StateError::corrupt("negative seq counter"))?)
+}
+
+/// The binding of a run listing's cursor: tenant and every filter.
+fn list_binding(q: &StateQuery) -> Vec<u8> {
+    let mut b = KeyBuf::table(Listing::Runs as u8).str(&q.tenant);
+    b = match q.state {
+        Some(s) => b.u8(1).u8(s.tag()),
+        None => b.u8(0),
+    };
+    for opt in [&q.session, &q.agent] {
+        b = match opt {
+            Some(s) => b.u8(1).str(s),
+            None => b.u8(0),
+        };
+    }
+    b = match q.updated_before {
+        Some(t) => b.u8(1).u64(t),
+        None => b.u8(0),
+    };
+    b.done()
+}
+
+fn run_of(row: &Row, tenant: &str) -> Result<RunRecord> {
+    let run_id = id_out(row.get(0))?;
+    decode_run(row.get(1), &RunKey::new(tenant, run_id))
+}
+
+impl StateStore for PostgresStore {
+    fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
+        check_record(&record)?;
+        // X1: scrubbed before anything reaches the server.
+        let record = self.opts.options.scrubber.scrub_run(&record);
+        let now = self.now();
+        let max = self.max();
+        self.txn(|tx| {
+            let stored = read_run(tx, &record.key, true)?;
+            check_version(record.version, stored.as_ref().map(|s| s.version))?;
+            let new = match &stored {
+                None => {
+                    // R8: the session exists at create, and stays until
+                    // this run commits (a cascade waits for the lock).
+                    if let Some(s) = &record.session_id {
+                        let found = tx.query(
+                            "SELECT 1 FROM {s}agentstate_sessions \
+                             WHERE tenant = $1 AND session_id = $2 FOR KEY SHARE",
+                            &[&id_in(&record.key.tenant), &id_in(s)],
+                        )?;
+                        if found.is_empty() {
+                            return Err(StateError::NotFound(Missing::Session(SessionKey::new(
+                                record.key.tenant.clone(),
+                                s.clone(),
+                            )))
+                            .into());
+                        }
+                    }
+                    let seq = next_seq(tx, &record.key.tenant)?;
+                    created_run(record.clone(), seq, now)
+                }
+                Some(s) => updated_run(s, record.clone(), now)?,
+            };
+            write_run(tx, &new, stored.is_none(), max)?;
+            Ok(new)
+        })
+    }
+
+    fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
+        check_run_key(key)?;
+        self.txn(|tx| read_run(tx, key, false))
+    }
+
+    fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
+        check_run_key(key)?;
+        let now = self.now();
+        let max = self.max();
+        self.txn(|tx| {
+            let Some(old) = read_run(tx, key, true)? else {
+                return Err(StateError::NotFound(Missing::Run(key.clone())).into());
+            };
+            // R4: the amounts are added inside the record (u64, checked),
+            // never in a column that could wrap.
+            let new = patched_run(&old, &delta, now)?;
+            write_run(tx, &new, false, max)?;
+            Ok(new)
+        })
+    }
+
+    fn list_runs(&self, q: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
+        check_id("tenant", &q.tenant)?;
+        if let Some(s) = &q.session {
+            check_id("session", s)?;
+        }
+        if let Some(a) = &q.agent {
+            check_id("agent", a)?;
+        }
+        check_limit(page.limit)?;
+        let binding = list_binding(q);
+        let secret = self.secret()?;
+        let after: i64 = match &page.cursor {
+            None => 0,
+            Some(c) => {
+                let pos = cursor_codec::decode(&secret, Listing::Runs, &binding, c)?;
+                let mut r = KeyReader::new(&pos, Listing::Runs as u8)?;
+                let seq = r.u64()?;
+                r.end()?;
+                seq_col(seq).map_err(|_| StateError::invalid("cursor: bad position"))?
+            }
+        };
+        // One statement per combination of filters, so each is planned on
+        // the narrowest index: (tenant, session, seq), (tenant, state,
+        // seq) or (tenant, seq) (L5).
+        let tenant = id_in(&q.tenant);
+        let session = q.session.as_deref().map(id_in);
+        let state = q.state.map(|s| s.as_str());
+        let agent = q.agent.as_deref().map(id_in);
+        let before = q.updated_before.map(num);
+        let limit = (page.limit + 1) as i64;
+        let mut sql = String::from(
+            "SELECT run_id, record, seq FROM {s}agentstate_runs WHERE tenant = $1 AND seq > $2",
+        );
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&tenant, &after, &limit];
+        let filters: [(&str, Option<&(dyn ToSql + Sync)>); 4] = [
+            ("session_id = $", session.as_ref().map(|s| s as _)),
+            ("state = $", state.as_ref().map(|s| s as _)),
+            ("agent_name = $", agent.as_ref().map(|s| s as _)),
+            ("updated_at < $", before.as_ref().map(|s| s as _)),
+        ];
+        for (i, (cond, p)) in filters.into_iter().enumerate() {
+            if let Some(p) = p {
+                params.push(p);
+                let cast = if i == 3 { "::text::numeric" } else { "" };
+                sql.push_str(&format!(" AND {cond}{}{cast}", params.len()));
+            }
+        }
+        sql.push_str(" ORDER BY seq LIMIT $3");
+        let rows = self.txn(|tx| tx.query(&sql, &params))?;
+        let more = rows.len() > page.limit;
+        let mut items = Vec::with_capacity(page.limit);
+        let mut last = 0u64;
+        for row in rows.iter().take(page.limit) {
+            let r = run_of(row, &q.tenant)?;
+            let seq: i64 = row.get(2);
+            if r.seq != seq as u64 {
+                return Err(StateError::corrupt(format!(
+                    "run {}: seq column {seq} differs from the record's {}",
+                    r.key.run_id, r.seq
+                )));
+            }
+            last = r.seq;
+            items.push(r);
+        }
+        let cursor = more.then(|| {
+            let pos = KeyBuf::table(Listing::Runs as u8).u64(last).done();
+            cursor_codec::encode(&secret, Listing::Runs, &binding, &pos)
+        });
+        Page::new(items, cursor)
+    }
+
+    fn put_session(&self, record: SessionRecord) -> Result<SessionRecord> {
+        check_session_key(&record.key)?;
+        let now = self.now();
+        let max = self.max();
+        self.txn(|tx| {
+            let k = &record.key;
+            let rows = tx.query(
+                "SELECT record FROM {s}agentstate_sessions \
+                 WHERE tenant = $1 AND session_id = $2 FOR UPDATE",
+                &[&id_in(&k.tenant), &id_in(&k.session_id)],
+            )?;
+            let stored = rows
+                .first()
+                .map(|r| decode_session(r.get(0), k))
+                .transpose()?;
+            let new = next_session(stored.as_ref(), record.clone(), now)?;
+            let bytes = value::encode(&new);
+            check_size("session record", bytes.len(), max)?;
+            // A create racing another create fails its insert on the key
+            // and is tried again, when it sees the winner (S1).
+            let sql = if stored.is_none() {
+                "INSERT INTO {s}agentstate_sessions (tenant, session_id, record) VALUES ($1, $2, $3)"
+            } else {
+                "UPDATE {s}agentstate_sessions SET record = $3 WHERE tenant = $1 AND session_id = $2"
+            };
+            tx.execute(sql, &[&id_in(&k.tenant), &id_in(&k.session_id), &bytes])?;
+            Ok(new)
+        })
+    }
+
+    fn get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+        check_session_key(key)?;
+        self.txn(|tx| {
+            let rows = tx.query(
+                "SELECT record FROM {s}agentstate_sessions WHERE tenant = $1 AND session_id = $2",
+                &[&id_in(&key.tenant), &id_in(&key.session_id)],
+            )?;
+            Ok(rows
+                .first()
+                .map(|r| decode_session(r.get(0), key))
+                .transpose()?)
+        })
+    }
+
+    fn delete_session(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
+        check_session_key(key)?;
+        let (tenant, sid) = (id_in(&key.tenant), id_in(&key.session_id));
+        self.txn(|tx| {
+            let found = tx.query(
+                "SELECT 1 FROM {s}agentstate_sessions \
+                 WHERE tenant = $1 AND session_id = $2 FOR UPDATE",
+                &[&tenant, &sid],
+            )?;
+            if found.is_empty() {
+                return Err(StateError::NotFound(Missing::Session(key.clone())).into());
+            }
+            let rows = tx.query(
+                "SELECT run_id, record FROM {s}agentstate_runs \
+                 WHERE tenant = $1 AND session_id = $2 ORDER BY seq FOR UPDATE",
+                &[&tenant, &sid],
+            )?;
+            let runs = rows
+                .iter()
+                .map(|r| run_of(r, &key.tenant))
+                .collect::<Result<Vec<_>>>()?;
+            if !cascade {
+                let live: Vec<RunKey> = runs
+                    .iter()
+                    .filter(|r| !r.state.is_finished())
+                    .map(|r| r.key.clone())
+                    .collect();
+                if !live.is_empty() {
+                    return Err(StateError::InUse { runs: live }.into());
+                }
+            } else {
+                tx.execute(
+                    "DELETE FROM {s}agentstate_runs WHERE tenant = $1 AND session_id = $2",
+                    &[&tenant, &sid],
+                )?;
+            }
+            tx.execute(
+                "DELETE FROM {s}agentstate_sessions WHERE tenant = $1 AND session_id = $2",
+                &[&tenant, &sid],
+            )?;
+            Ok(if cascade {
+                runs.into_iter().map(|r| r.key).collect()
+            } else {
+                Vec::new()
+            })
+        })
+    }
+}

@@ -1,0 +1,499 @@
+//! Trays, epochs and alarms (rules T, A) on the seed's tables
+//! `pinned_epoch` and `pinned_tray_index`. Every call's fence check reads
+//! the instance's epoch row `FOR UPDATE` in the call's transaction, so the
+//! check and the write are one atomic step across processes (T6).
+
+use std::collections::BTreeMap;
+
+use postgres::Row;
+
+use crate::api::TrayStore;
+use crate::codec::cursor::{self as cursor_codec, Listing};
+use crate::error::{Result, StateError};
+use crate::kv::key::{KeyBuf, KeyReader};
+use crate::page::{Page, PageRequest};
+use crate::record::Millis;
+use crate::rules::{
+    check_batch, check_id, check_instance, check_limit, check_tray, check_tray_key,
+};
+use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+
+use super::conn::{Tx, TxResult};
+use super::{PostgresStore, id_in, id_out, num, num_out};
+
+/// The stored epoch, locked for this transaction. An instance without a
+/// row gets one holding the caller's epoch, so that a racing holder waits
+/// on it too; a row at epoch 0 reads like no row (T2).
+fn locked_epoch(tx: &mut Tx<'_>, i: &InstanceKey, caller: u64) -> TxResult<(u64, bool)> {
+    let (ns, id) = (id_in(&i.ns), id_in(&i.id));
+    let sel = "SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2 FOR UPDATE";
+    if let Some(r) = tx.query(sel, &[&ns, &id])?.first() {
+        return Ok((num_out(r.get(0), "pinned_epoch.epoch")?, false));
+    }
+    let inserted = tx.execute(
+        "INSERT INTO {s}pinned_epoch (ns, id, epoch) VALUES ($1, $2, $3::text::numeric) \
+         ON CONFLICT (ns, id) DO NOTHING",
+        &[&ns, &id, &num(caller)],
+    )?;
+    if inserted == 1 {
+        // Stored nothing before; the caller's epoch is stored now.
+        return Ok((0, true));
+    }
+    // Another transaction created the row first (we waited for it).
+    let rows = tx.query(sel, &[&ns, &id])?;
+    let r = rows
+        .first()
+        .ok_or_else(|| StateError::corrupt("pinned_epoch row vanished under its lock"))?;
+    Ok((num_out(r.get(0), "pinned_epoch.epoch")?, false))
+}
+
+/// T2: below the stored epoch is `FenceLost`; above it advances it.
+fn fence(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<()> {
+    let (stored, written) = locked_epoch(tx, i, epoch)?;
+    if epoch < stored {
+        return Err(StateError::FenceLost {
+            caller: epoch,
+            stored,
+        }
+        .into());
+    }
+    if epoch > stored && !written {
+        tx.execute(
+            "UPDATE {s}pinned_epoch SET epoch = $3::text::numeric WHERE ns = $1 AND id = $2",
+            &[&id_in(&i.ns), &id_in(&i.id), &num(epoch)],
+        )?;
+    }
+    Ok(())
+}
+
+fn tray_of(row: &Row) -> Tray {
+    Tray {
+        marked: row.get("marked"),
+        doc: row.get("doc"),
+        env: row.get("env"),
+        hostname: row.get("hostname"),
+    }
+}
+
+fn unescape_tray(mut t: Tray) -> Result<Tray> {
+    t.env = id_out(t.env)?;
+    t.hostname = id_out(t.hostname)?;
+    Ok(t)
+}
+
+const UPSERT_TRAY: &str = "INSERT INTO {s}pinned_tray_index \
+     (ns, id, tray_ns, tray_id, marked, doc, env, hostname) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+     ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
+     doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname";
+
+pub(crate) fn put_tray(tx: &mut Tx<'_>, k: &TrayKey, t: &Tray) -> TxResult<()> {
+    tx.execute(
+        UPSERT_TRAY,
+        &[
+            &id_in(&k.ns),
+            &id_in(&k.id),
+            &id_in(&k.tray_ns),
+            &id_in(&k.tray_id),
+            &t.marked,
+            &t.doc,
+            &id_in(&t.env),
+            &id_in(&t.hostname),
+        ],
+    )?;
+    Ok(())
+}
+
+fn del_tray(tx: &mut Tx<'_>, k: &TrayKey) -> TxResult<bool> {
+    let n = tx.execute(
+        "DELETE FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4",
+        &[
+            &id_in(&k.ns),
+            &id_in(&k.id),
+            &id_in(&k.tray_ns),
+            &id_in(&k.tray_id),
+        ],
+    )?;
+    Ok(n == 1)
+}
+
+/// The position of a tray listing's page end.
+fn tray_pos(listing: Listing, k: &TrayKey) -> Vec<u8> {
+    KeyBuf::table(listing as u8)
+        .str(&k.ns)
+        .str(&k.id)
+        .str(&k.tray_ns)
+        .str(&k.tray_id)
+        .done()
+}
+
+fn read_tray_pos(listing: Listing, pos: &[u8]) -> Result<TrayKey> {
+    let mut r = KeyReader::new(pos, listing as u8)?;
+    let k = TrayKey {
+        ns: r.str()?,
+        id: r.str()?,
+        tray_ns: r.str()?,
+        tray_id: r.str()?,
+    };
+    r.end()?;
+    Ok(k)
+}
+
+fn key_of(row: &Row) -> Result<TrayKey> {
+    Ok(TrayKey {
+        ns: id_out(row.get("ns"))?,
+        id: id_out(row.get("id"))?,
+        tray_ns: id_out(row.get("tray_ns"))?,
+        tray_id: id_out(row.get("tray_id"))?,
+    })
+}
+
+/// Items of a page read with one extra row, and the cursor to the next
+/// page when that row exists (L3).
+fn finish<T>(
+    mut items: Vec<T>,
+    limit: usize,
+    cursor: impl FnOnce(&T) -> crate::cursor::Cursor,
+) -> Result<Page<T>> {
+    let more = items.len() > limit;
+    items.truncate(limit);
+    let c = match (more, items.last()) {
+        (true, Some(last)) => Some(cursor(last)),
+        _ => None,
+    };
+    Page::new(items, c)
+}
+
+impl TrayStore for PostgresStore {
+    fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
+        check_tray_key(key)?;
+        self.txn(|tx| {
+            fence(tx, &key.instance(), epoch)?;
+            let rows = tx.query(
+                "SELECT marked, doc, env, hostname FROM {s}pinned_tray_index \
+                 WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4",
+                &[
+                    &id_in(&key.ns),
+                    &id_in(&key.id),
+                    &id_in(&key.tray_ns),
+                    &id_in(&key.tray_id),
+                ],
+            )?;
+            Ok(rows.first().map(tray_of).map(unescape_tray).transpose()?)
+        })
+    }
+
+    fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
+        check_tray_key(key)?;
+        check_tray(&tray, self.max())?;
+        self.txn(|tx| {
+            fence(tx, &key.instance(), epoch)?;
+            put_tray(tx, key, &tray)
+        })
+    }
+
+    fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
+        check_tray_key(key)?;
+        self.txn(|tx| {
+            fence(tx, &key.instance(), epoch)?;
+            del_tray(tx, key)
+        })
+    }
+
+    fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
+        check_batch(instance, &ops, self.max())?;
+        // Each op replaces its tray whole, so a batch comes to the last op
+        // on each tray, applied in one transaction (T3).
+        let mut last: BTreeMap<(&str, &str), Option<&Tray>> = BTreeMap::new();
+        for op in &ops {
+            match op {
+                TrayOp::Put {
+                    tray_ns,
+                    tray_id,
+                    tray,
+                } => last.insert((tray_ns, tray_id), Some(tray)),
+                TrayOp::Delete { tray_ns, tray_id } => last.insert((tray_ns, tray_id), None),
+            };
+        }
+        let (ns, id) = (id_in(&instance.ns), id_in(&instance.id));
+        let mut put = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
+        let mut del = (Vec::new(), Vec::new());
+        for ((tns, tid), t) in &last {
+            match t {
+                Some(t) => {
+                    put.0.push(id_in(tns).into_owned());
+                    put.1.push(id_in(tid).into_owned());
+                    put.2.push(t.marked);
+                    put.3.push(t.doc.as_slice());
+                    put.4.push(id_in(&t.env).into_owned());
+                    put.5.push(id_in(&t.hostname).into_owned());
+                }
+                None => {
+                    del.0.push(id_in(tns).into_owned());
+                    del.1.push(id_in(tid).into_owned());
+                }
+            }
+        }
+        self.txn(|tx| {
+            fence(tx, instance, epoch)?;
+            if !del.0.is_empty() {
+                tx.execute(
+                    "DELETE FROM {s}pinned_tray_index t USING unnest($3::text[], $4::text[]) AS d(tray_ns, tray_id) \
+                     WHERE t.ns = $1 AND t.id = $2 AND t.tray_ns = d.tray_ns AND t.tray_id = d.tray_id",
+                    &[&ns, &id, &del.0, &del.1],
+                )?;
+            }
+            if !put.0.is_empty() {
+                tx.execute(
+                    "INSERT INTO {s}pinned_tray_index (ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
+                     SELECT $1, $2, u.* FROM unnest($3::text[], $4::text[], $5::bool[], $6::bytea[], $7::text[], $8::text[]) \
+                     AS u(tray_ns, tray_id, marked, doc, env, hostname) \
+                     ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
+                     doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname",
+                    &[&ns, &id, &put.0, &put.1, &put.2, &put.3, &put.4, &put.5],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
+        check_instance(instance)?;
+        self.txn(|tx| {
+            let (stored, _) = locked_epoch(tx, instance, epoch)?;
+            // T4: an older placement's release is a no-op, not an error.
+            if epoch < stored {
+                return Ok(());
+            }
+            fence(tx, instance, epoch)?;
+            tx.execute(
+                "UPDATE {s}pinned_tray_index SET marked = false WHERE ns = $1 AND id = $2 AND marked",
+                &[&id_in(&instance.ns), &id_in(&instance.id)],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn list_trays(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        page: &PageRequest,
+    ) -> Result<Page<(TrayKey, Tray)>> {
+        check_instance(instance)?;
+        check_limit(page.limit)?;
+        let secret = self.secret()?;
+        let binding = KeyBuf::table(Listing::Trays as u8)
+            .str(&instance.ns)
+            .str(&instance.id)
+            .done();
+        // E6: a bad cursor fails before the fence can move the epoch.
+        let after = match &page.cursor {
+            None => None,
+            Some(c) => {
+                let pos = cursor_codec::decode(&secret, Listing::Trays, &binding, c)?;
+                let k = read_tray_pos(Listing::Trays, &pos)?;
+                if k.instance() != *instance {
+                    return Err(StateError::invalid("cursor: position outside this listing"));
+                }
+                Some(k)
+            }
+        };
+        let limit = (page.limit + 1) as i64;
+        let (ns, id) = (id_in(&instance.ns), id_in(&instance.id));
+        let rows = self.txn(|tx| {
+            fence(tx, instance, epoch)?;
+            match &after {
+                None => tx.query(
+                    "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
+                     ORDER BY tray_ns, tray_id LIMIT $3",
+                    &[&ns, &id, &limit],
+                ),
+                Some(k) => tx.query(
+                    "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
+                     AND (tray_ns, tray_id) > ($4, $5) ORDER BY tray_ns, tray_id LIMIT $3",
+                    &[&ns, &id, &limit, &id_in(&k.tray_ns), &id_in(&k.tray_id)],
+                ),
+            }
+        })?;
+        let items = rows
+            .iter()
+            .map(|r| Ok((key_of(r)?, unescape_tray(tray_of(r))?)))
+            .collect::<Result<Vec<_>>>()?;
+        finish(items, page.limit, |(k, _)| {
+            cursor_codec::encode(
+                &secret,
+                Listing::Trays,
+                &binding,
+                &tray_pos(Listing::Trays, k),
+            )
+        })
+    }
+
+    fn marked_trays(&self, env: Option<&str>, page: &PageRequest) -> Result<Page<MarkedTray>> {
+        if let Some(e) = env {
+            check_id("env", e)?;
+        }
+        check_limit(page.limit)?;
+        let secret = self.secret()?;
+        let mut binding = KeyBuf::table(Listing::Marked as u8);
+        binding = match env {
+            Some(e) => binding.u8(1).str(e),
+            None => binding.u8(0),
+        };
+        let binding = binding.done();
+        let after = page
+            .cursor
+            .as_ref()
+            .map(|c| {
+                let pos = cursor_codec::decode(&secret, Listing::Marked, &binding, c)?;
+                read_tray_pos(Listing::Marked, &pos)
+            })
+            .transpose()?;
+        let limit = (page.limit + 1) as i64;
+        let env_col = env.map(id_in);
+        let a = after.as_ref().map(|k| {
+            [
+                id_in(&k.ns).into_owned(),
+                id_in(&k.id).into_owned(),
+                id_in(&k.tray_ns).into_owned(),
+                id_in(&k.tray_id).into_owned(),
+            ]
+        });
+        // The partial indexes on marked rows serve each shape (T5: O(page)).
+        let cols =
+            "SELECT ns, id, tray_ns, tray_id, env, hostname FROM {s}pinned_tray_index WHERE marked";
+        let order = "ORDER BY ns, id, tray_ns, tray_id LIMIT $1";
+        let rows = self.txn(|tx| match (&env_col, &a) {
+            (None, None) => tx.query(&format!("{cols} {order}"), &[&limit]),
+            (Some(e), None) => tx.query(&format!("{cols} AND env = $2 {order}"), &[&limit, e]),
+            (None, Some(a)) => tx.query(
+                &format!("{cols} AND (ns, id, tray_ns, tray_id) > ($2, $3, $4, $5) {order}"),
+                &[&limit, &a[0], &a[1], &a[2], &a[3]],
+            ),
+            (Some(e), Some(a)) => tx.query(
+                &format!(
+                    "{cols} AND env = $6 AND (ns, id, tray_ns, tray_id) > ($2, $3, $4, $5) {order}"
+                ),
+                &[&limit, &a[0], &a[1], &a[2], &a[3], e],
+            ),
+        })?;
+        let items = rows
+            .iter()
+            .map(|r| {
+                Ok(MarkedTray {
+                    key: key_of(r)?,
+                    env: id_out(r.get("env"))?,
+                    hostname: id_out(r.get("hostname"))?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        finish(items, page.limit, |m| {
+            cursor_codec::encode(
+                &secret,
+                Listing::Marked,
+                &binding,
+                &tray_pos(Listing::Marked, &m.key),
+            )
+        })
+    }
+
+    fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
+        check_instance(instance)?;
+        self.txn(|tx| {
+            let rows = tx.query(
+                "SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2",
+                &[&id_in(&instance.ns), &id_in(&instance.id)],
+            )?;
+            Ok(match rows.first() {
+                Some(r) => num_out(r.get(0), "pinned_epoch.epoch")?,
+                None => 0,
+            })
+        })
+    }
+
+    fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
+        check_instance(instance)?;
+        self.txn(|tx| {
+            fence(tx, instance, epoch)?;
+            tx.execute(
+                "INSERT INTO {s}agentstate_alarms (ns, id, due_at) VALUES ($1, $2, $3::text::numeric) \
+                 ON CONFLICT (ns, id) DO UPDATE SET due_at = EXCLUDED.due_at",
+                &[&id_in(&instance.ns), &id_in(&instance.id), &num(due_at)],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
+        check_limit(page.limit)?;
+        let secret = self.secret()?;
+        let binding = KeyBuf::table(Listing::Alarms as u8).done();
+        let after = page
+            .cursor
+            .as_ref()
+            .map(|c| {
+                let pos = cursor_codec::decode(&secret, Listing::Alarms, &binding, c)?;
+                let mut r = KeyReader::new(&pos, Listing::Alarms as u8)?;
+                let a = (r.u64()?, r.str()?, r.str()?);
+                r.end()?;
+                Ok::<_, StateError>(a)
+            })
+            .transpose()?;
+        let limit = (page.limit + 1) as i64;
+        let now_s = num(now);
+        let rows = self.txn(|tx| match &after {
+            None => tx.query(
+                "SELECT ns, id, due_at::text AS due_text FROM {s}agentstate_alarms \
+                 WHERE due_at <= $1::text::numeric ORDER BY due_at, ns, id LIMIT $2",
+                &[&now_s, &limit],
+            ),
+            Some((due, ns, id)) => tx.query(
+                "SELECT ns, id, due_at::text AS due_text FROM {s}agentstate_alarms \
+                 WHERE due_at <= $1::text::numeric AND (due_at, ns, id) > ($3::text::numeric, $4, $5) \
+                 ORDER BY due_at, ns, id LIMIT $2",
+                &[&now_s, &limit, &num(*due), &id_in(ns), &id_in(id)],
+            ),
+        })?;
+        let items = rows
+            .iter()
+            .map(|r| {
+                Ok(Alarm {
+                    instance: InstanceKey {
+                        ns: id_out(r.get(0))?,
+                        id: id_out(r.get(1))?,
+                    },
+                    due_at: num_out(r.get(2), "agentstate_alarms.due_at")?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        finish(items, page.limit, |a| {
+            let pos = KeyBuf::table(Listing::Alarms as u8)
+                .u64(a.due_at)
+                .str(&a.instance.ns)
+                .str(&a.instance.id)
+                .done();
+            cursor_codec::encode(&secret, Listing::Alarms, &binding, &pos)
+        })
+    }
+
+    fn ack_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<bool> {
+        check_instance(instance)?;
+        self.txn(|tx| {
+            fence(tx, instance, epoch)?;
+            // A3: an ack for a replaced alarm removes nothing.
+            let n = tx.execute(
+                "DELETE FROM {s}agentstate_alarms \
+                 WHERE ns = $1 AND id = $2 AND due_at = $3::text::numeric",
+                &[&id_in(&instance.ns), &id_in(&instance.id), &num(due_at)],
+            )?;
+            Ok(n == 1)
+        })
+    }
+}

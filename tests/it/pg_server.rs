@@ -1,0 +1,373 @@
+//! A throwaway PostgreSQL server for the tests (and the benchmarks, which
+//! include this file): initdb in a temp dir, a free loopback port, run as
+//! an unprivileged user when the tests run as root, and stopped by a
+//! watchdog process when the process that started it exits, however it
+//! exits. `AGENTSTATE_TEST_PG_DSN` names a server to use instead.
+//!
+//! No server binaries → a panic naming the command that installs them: a
+//! postgres test never passes because PostgreSQL is missing.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The command the panic names when no server binary is found.
+pub const INSTALL: &str = "apt-get update && apt-get install -y postgresql-15";
+
+/// One server this process started.
+pub struct PgServer {
+    pub port: u16,
+    root: PathBuf,
+    bindir: PathBuf,
+    user: Option<String>,
+    fsync: bool,
+    child: Mutex<Option<Child>>,
+}
+
+fn sh(cmd: &mut Command) -> std::io::Result<std::process::Output> {
+    cmd.stdin(Stdio::null()).output()
+}
+
+fn has_all(dir: &Path) -> bool {
+    ["initdb", "postgres", "pg_ctl"]
+        .iter()
+        .all(|b| dir.join(b).is_file())
+}
+
+/// Where the server binaries are: `PATH`, `pg_config --bindir`, the
+/// distribution's versioned directories (newest first).
+pub fn bindir() -> PathBuf {
+    let mut tried = Vec::new();
+    if let Some(path) = std::env::var_os("PATH") {
+        for d in std::env::split_paths(&path) {
+            let initdb = d.join("initdb");
+            if initdb.is_file() {
+                // /usr/local/bin/initdb is often a link into the real dir.
+                let real = std::fs::canonicalize(&initdb).unwrap_or(initdb);
+                if let Some(dir) = real.parent().filter(|d| has_all(d)) {
+                    return dir.to_path_buf();
+                }
+                if has_all(&d) {
+                    return d;
+                }
+            }
+        }
+        tried.push("PATH".to_string());
+    }
+    if let Ok(o) = sh(Command::new("pg_config").arg("--bindir")) {
+        let d = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+        if o.status.success() && has_all(&d) {
+            return d;
+        }
+        tried.push(format!("pg_config --bindir ({})", d.display()));
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            Some((v, e.path().join("bin")))
+        })
+        .filter(|(_, d)| has_all(d))
+        .collect();
+    versions.sort();
+    if let Some((_, d)) = versions.pop() {
+        return d;
+    }
+    tried.push("/usr/lib/postgresql/*/bin".into());
+    panic!(
+        "the postgres tests need a PostgreSQL server (initdb, postgres, pg_ctl); none found in {}. \
+         Install one with: {INSTALL} (or set AGENTSTATE_TEST_PG_DSN to a server's URL)",
+        tried.join(", ")
+    );
+}
+
+fn is_root() -> bool {
+    sh(Command::new("id").arg("-u"))
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn user_exists(u: &str) -> bool {
+    sh(Command::new("id").arg("-u").arg(u)).is_ok_and(|o| o.status.success())
+}
+
+/// The unprivileged user a root test process runs the server as: the
+/// distribution's `postgres`, or one made for it.
+fn server_user() -> Option<String> {
+    if !is_root() {
+        return None;
+    }
+    for u in ["postgres", "agentstate-pg"] {
+        if user_exists(u) {
+            return Some(u.into());
+        }
+    }
+    let _ = sh(Command::new("useradd").args([
+        "--system",
+        "--no-create-home",
+        "--shell",
+        "/usr/sbin/nologin",
+        "agentstate-pg",
+    ]));
+    assert!(
+        user_exists("agentstate-pg"),
+        "running as root, and no unprivileged user to run PostgreSQL as (useradd agentstate-pg failed)"
+    );
+    Some("agentstate-pg".into())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl PgServer {
+    /// A command run as the server's user.
+    fn cmd(&self, bin: &str) -> Command {
+        let path = self.bindir.join(bin);
+        match &self.user {
+            None => Command::new(path),
+            Some(u) => {
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--reuid={u}"))
+                    .arg(format!("--regid={}", group_of(u)))
+                    .arg("--init-groups")
+                    .arg("--")
+                    .arg(path);
+                c
+            }
+        }
+    }
+
+    fn data(&self) -> PathBuf {
+        self.root.join("data")
+    }
+
+    /// Starts a new server. `fsync` off makes the tests fast (a process
+    /// crash, what the fault test does, loses nothing either way); the
+    /// benchmarks turn it on.
+    pub fn start(fsync: bool) -> PgServer {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let bindir = bindir();
+        let user = server_user();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let root = std::env::temp_dir().join(format!(
+            "agentstate-pg-{}-{}-{:x}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed),
+            nanos & 0xffff_ffff
+        ));
+        std::fs::create_dir_all(&root).expect("create the server's temp dir");
+        if let Some(u) = &user {
+            let st = sh(Command::new("chown").arg(format!("{u}:")).arg(&root)).expect("chown");
+            assert!(st.status.success(), "chown {u} {}", root.display());
+        }
+        let mut s = PgServer {
+            port: 0,
+            root,
+            bindir,
+            user,
+            fsync,
+            child: Mutex::new(None),
+        };
+        watchdog(&s.root);
+        let o = sh(s
+            .cmd("initdb")
+            .args(["-U", "agentstate", "-A", "trust", "-E", "UTF8"])
+            .args(["--locale=C", "-N", "-D"])
+            .arg(s.data()))
+        .expect("initdb runs");
+        assert!(
+            o.status.success(),
+            "initdb failed: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        for attempt in 0.. {
+            s.port = free_port();
+            if s.spawn() {
+                break;
+            }
+            assert!(
+                attempt < 5,
+                "the server did not start; see {}",
+                s.log().display()
+            );
+        }
+        s
+    }
+
+    fn log(&self) -> PathBuf {
+        self.root.join("log")
+    }
+
+    /// Runs the postmaster and waits until it answers; false when it
+    /// exited (a port taken in the meantime).
+    fn spawn(&self) -> bool {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log())
+            .expect("server log");
+        let mut c = self.cmd("postgres");
+        c.arg("-D")
+            .arg(self.data())
+            .args(["-p", &self.port.to_string()])
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", self.root.display()))
+            .args(["-c", "max_connections=300"])
+            .args(["-c", if self.fsync { "fsync=on" } else { "fsync=off" }])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        let mut child = c.spawn().expect("the postgres binary runs");
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                return false;
+            }
+            if postgres::Client::connect(&self.dsn("postgres"), postgres::NoTls).is_ok() {
+                *self.child.lock().expect("lock") = Some(child);
+                return true;
+            }
+            assert!(
+                Instant::now() < until,
+                "the server did not answer in 60 s; see {}",
+                self.log().display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The URL of database `db` on this server.
+    pub fn dsn(&self, db: &str) -> String {
+        format!("postgres://agentstate@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// `pg_ctl stop -m immediate`: the server dies as in a crash.
+    pub fn stop_immediate(&self) {
+        let o = sh(self
+            .cmd("pg_ctl")
+            .args(["stop", "-m", "immediate", "-w", "-D"])
+            .arg(self.data()))
+        .expect("pg_ctl runs");
+        assert!(
+            o.status.success(),
+            "pg_ctl stop failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        if let Some(mut c) = self.child.lock().expect("lock").take() {
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the stopped server again on the same port and data.
+    pub fn restart(&self) {
+        assert!(
+            self.spawn(),
+            "the server did not restart; see {}",
+            self.log().display()
+        );
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        let _ = sh(self
+            .cmd("pg_ctl")
+            .args(["stop", "-m", "immediate", "-w", "-D"])
+            .arg(self.data()));
+        if let Some(mut c) = self.child.lock().expect("lock").take() {
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn group_of(user: &str) -> String {
+    sh(Command::new("id").arg("-g").arg(user))
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .expect("id -g")
+}
+
+/// A process in its own session that outlives this one by at most a
+/// second: when this process is gone it stops the server (SIGQUIT to the
+/// postmaster is an immediate shutdown) and removes its directory. A test
+/// binary has no global teardown, and a server must not outlive its tests.
+// The watchdog is meant to outlive this process: nobody waits for it.
+#[allow(clippy::zombie_processes)]
+fn watchdog(root: &Path) {
+    let script = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; \
+         pidfile='{root}/data/postmaster.pid'; \
+         if [ -f \"$pidfile\" ]; then kill -QUIT \"$(head -n 1 \"$pidfile\")\" 2>/dev/null; fi; \
+         i=0; while [ -f \"$pidfile\" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; \
+         rm -rf '{root}'",
+        pid = std::process::id(),
+        root = root.display()
+    );
+    Command::new("setsid")
+        .args(["sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the watchdog starts (setsid, sh)");
+}
+
+/// `dsn` with its database replaced by `db`.
+pub fn with_db(dsn: &str, db: &str) -> String {
+    if let Some((scheme, rest)) = dsn.split_once("://") {
+        let (base, query) = match rest.split_once('?') {
+            Some((b, q)) => (b, format!("?{q}")),
+            None => (rest, String::new()),
+        };
+        let host = base.split('/').next().unwrap_or(base);
+        format!("{scheme}://{host}/{db}{query}")
+    } else {
+        format!("{dsn} dbname={db}")
+    }
+}
+
+/// The server every test of this process shares: `AGENTSTATE_TEST_PG_DSN`,
+/// or one started on first use (and stopped by its watchdog).
+pub fn shared_dsn() -> &'static str {
+    static DSN: OnceLock<String> = OnceLock::new();
+    static SERVER: OnceLock<PgServer> = OnceLock::new();
+    DSN.get_or_init(|| match std::env::var("AGENTSTATE_TEST_PG_DSN") {
+        Ok(d) if !d.is_empty() => d,
+        _ => SERVER
+            .get_or_init(|| PgServer::start(false))
+            .dsn("postgres"),
+    })
+}
+
+/// A new, empty database on the shared server; its URL.
+pub fn fresh_db(tag: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let name = format!(
+        "t_{tag}_{}_{}_{:x}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() & 0xffff_ffff)
+            .unwrap_or(0)
+    );
+    let mut c = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("connect");
+    c.batch_execute(&format!("CREATE DATABASE {name}"))
+        .expect("create database");
+    with_db(shared_dsn(), &name)
+}

@@ -1,0 +1,856 @@
+//! The PostgreSQL backend on a real server (see `pg_server`): setup from 8
+//! processes at once, rules across OS processes (R3, T6), seq order under
+//! out-of-order commits, the seed's sweeper query, amounts past i64, a
+//! server killed mid-workload, and the CLI over `postgres://`.
+//!
+//! The cross-process tests run this test binary again as their second
+//! process: the same test function, told its role by
+//! `AGENTSTATE_PG_ROLE`.
+
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use agentstate::{
+    InstanceKey, Options, PageRequest, PersistenceReason, PgOptions, PostgresStore, RunKey,
+    RunRecord, RunState, StateDelta, StateError, StateQuery, StateStore, StoreAdmin, Tray, TrayOp,
+    TrayStore,
+};
+
+use crate::pg_server::{PgServer, fresh_db, shared_dsn};
+
+/// The schema this test process keeps its tables in on the shared server.
+pub fn schema() -> &'static str {
+    static S: OnceLock<String> = OnceLock::new();
+    S.get_or_init(|| {
+        // A child process works in its parent's schema.
+        if let Ok(s) = std::env::var("AGENTSTATE_PG_SCHEMA") {
+            return s;
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() & 0xffff_ffff)
+            .unwrap_or(0);
+        let s = format!("t{}_{nanos:x}", std::process::id());
+        let store = PostgresStore::connect_with(shared_dsn(), PgOptions::new().schema(&s))
+            .expect("connect");
+        store.setup().expect("setup");
+        s
+    })
+}
+
+/// A store on the shared server, in this process's schema.
+pub fn store(opts: Options) -> PostgresStore {
+    PostgresStore::connect_with(
+        shared_dsn(),
+        PgOptions::new().schema(schema()).options(opts),
+    )
+    .expect("connect")
+}
+
+fn unique(tag: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{tag}-{}-{}-{:x}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() & 0xffff_ffff)
+            .unwrap_or(0)
+    )
+}
+
+fn rounds(default: u64) -> u64 {
+    let k: u64 = std::env::var("AGENTSTATE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    default * k.max(1)
+}
+
+/// This process's role, when a parent test started it.
+fn role() -> Option<String> {
+    std::env::var("AGENTSTATE_PG_ROLE").ok()
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is set for a child"))
+}
+
+/// Runs `test` of this binary again as a child with `vars`.
+fn spawn_child(test: &str, vars: &[(&str, String)]) -> std::process::Child {
+    let mut c = Command::new(std::env::current_exe().expect("the test binary"));
+    c.args([test, "--exact", "--nocapture", "--test-threads", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    c.spawn().expect("the test binary runs again")
+}
+
+/// Waits for a child; its report: what follows `@@ ` on each line.
+fn child_lines(child: std::process::Child, what: &str) -> Vec<String> {
+    let o = child.wait_with_output().expect("the child ends");
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{what} failed: {}\n{}",
+        stdout,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+        .lines()
+        // The harness may print its `test … ` header on the same line.
+        .filter_map(|l| l.split_once("@@ ").map(|(_, r)| r.to_string()))
+        .collect()
+}
+
+/// Waits until the unix time in milliseconds `AGENTSTATE_PG_START` names,
+/// so that children start their work together.
+fn wait_for_start() {
+    let at: u128 = env("AGENTSTATE_PG_START").parse().expect("a time");
+    loop {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis();
+        if now >= at {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn start_in(ms: u128) -> String {
+    (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis()
+        + ms)
+        .to_string()
+}
+
+#[test]
+fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
+    let dsn = fresh_db("setup");
+    let s = PostgresStore::connect(&dsn).expect("connect");
+    assert_eq!(s.schema_version().expect("version"), None, "before setup");
+    assert!(
+        matches!(s.get_run(&RunKey::new("t", "r")), Err(e) if e.is_retryable() && e.to_string().contains("setup")),
+        "a call before setup names setup()"
+    );
+    s.setup().expect("setup");
+    s.setup().expect("setup again");
+    assert_eq!(s.schema_version().expect("version"), Some(1));
+    s.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
+        .expect("put");
+    // A newer release wrote version 9: refused, and nothing is changed.
+    let mut c = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
+    c.execute(
+        "UPDATE public.agentstate_meta SET value = '9' WHERE name = 'schema_version'",
+        &[],
+    )
+    .expect("bump");
+    let e = PostgresStore::connect(&dsn)
+        .expect("connect")
+        .setup()
+        .expect_err("a newer schema is refused");
+    assert!(
+        matches!(
+            e,
+            StateError::UnsupportedFormat {
+                found: 9,
+                supported: 1
+            }
+        ),
+        "{e:?}"
+    );
+    let v: String = c
+        .query_one(
+            "SELECT value FROM public.agentstate_meta WHERE name = 'schema_version'",
+            &[],
+        )
+        .expect("read")
+        .get(0);
+    assert_eq!(v, "9", "the newer schema is not touched");
+    assert!(s.get_run(&RunKey::new("t", "r")).expect("get").is_some());
+}
+
+/// 8 processes run `setup()` at the same moment on an empty database; all
+/// succeed and the schema is whole.
+#[test]
+fn setup_from_8_processes_at_once() {
+    if role().as_deref() == Some("setup") {
+        wait_for_start();
+        let s = PostgresStore::connect(&env("AGENTSTATE_PG_DSN")).expect("connect");
+        s.setup().expect("setup in a child");
+        println!("@@ ok");
+        return;
+    }
+    for _ in 0..rounds(2) {
+        let dsn = fresh_db("setup8");
+        let start = start_in(1500);
+        let children: Vec<_> = (0..8)
+            .map(|_| {
+                spawn_child(
+                    "postgres::setup_from_8_processes_at_once",
+                    &[
+                        ("AGENTSTATE_PG_ROLE", "setup".into()),
+                        ("AGENTSTATE_PG_DSN", dsn.clone()),
+                        ("AGENTSTATE_PG_START", start.clone()),
+                    ],
+                )
+            })
+            .collect();
+        for (i, c) in children.into_iter().enumerate() {
+            assert_eq!(child_lines(c, &format!("setup child {i}")), ["ok"]);
+        }
+        let s = PostgresStore::connect(&dsn).expect("connect");
+        assert_eq!(s.schema_version().expect("version"), Some(1));
+        let r = s
+            .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
+            .expect("put after setup");
+        assert_eq!(r.seq, 1);
+    }
+}
+
+/// R3 across processes: two processes race to create, then to update from
+/// version 1, the same runs; exactly one wins each race.
+#[test]
+fn r3_racing_processes_exactly_one_wins() {
+    if role().as_deref() == Some("r3") {
+        let s = store(Options::new());
+        let (prefix, n): (String, u64) = (
+            env("AGENTSTATE_PG_PREFIX"),
+            env("AGENTSTATE_PG_N").parse().expect("n"),
+        );
+        wait_for_start();
+        for i in 0..n {
+            let key = RunKey::new(&prefix, format!("r{i}"));
+            let created = match s.put_run(RunRecord::new(key.clone(), "racer")) {
+                Ok(r) => {
+                    assert_eq!(r.version, 1);
+                    1
+                }
+                Err(StateError::Conflict {
+                    expected: 0,
+                    actual,
+                }) if actual >= 1 => 0,
+                Err(e) => panic!("R3: create {i}: {e:?}"),
+            };
+            let mut upd = RunRecord::new(key.clone(), "racer");
+            upd.version = 1;
+            upd.state = RunState::Running;
+            let updated = match s.put_run(upd) {
+                Ok(r) => {
+                    assert_eq!(r.version, 2);
+                    1
+                }
+                Err(StateError::Conflict {
+                    expected: 1,
+                    actual: 2,
+                }) => 0,
+                Err(e) => panic!("R3: update {i}: {e:?}"),
+            };
+            println!("@@ {i} {created} {updated}");
+        }
+        return;
+    }
+    let prefix = unique("r3x");
+    let n = rounds(1500);
+    let start = start_in(1500);
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            spawn_child(
+                "postgres::r3_racing_processes_exactly_one_wins",
+                &[
+                    ("AGENTSTATE_PG_ROLE", "r3".into()),
+                    ("AGENTSTATE_PG_PREFIX", prefix.clone()),
+                    ("AGENTSTATE_PG_N", n.to_string()),
+                    ("AGENTSTATE_PG_START", start.clone()),
+                    ("AGENTSTATE_TEST_PG_DSN", shared_dsn().to_string()),
+                    ("AGENTSTATE_PG_SCHEMA", schema().to_string()),
+                ],
+            )
+        })
+        .collect();
+    let mut wins = vec![(0u32, 0u32); n as usize];
+    let mut both_sides = [0u64; 2];
+    for (who, c) in children.into_iter().enumerate() {
+        let lines = child_lines(c, "an R3 racer");
+        assert_eq!(lines.len() as u64, n, "every round reported");
+        for l in lines {
+            let v: Vec<u64> = l.split(' ').map(|x| x.parse().expect("number")).collect();
+            wins[v[0] as usize].0 += v[1] as u32;
+            wins[v[0] as usize].1 += v[2] as u32;
+            both_sides[who] += v[1];
+        }
+    }
+    for (i, (c, u)) in wins.iter().enumerate() {
+        assert_eq!(
+            (*c, *u),
+            (1, 1),
+            "R3: round {i}: one create and one update win"
+        );
+    }
+    let s = store(Options::new());
+    for i in 0..n {
+        let r = s
+            .get_run(&RunKey::new(&prefix, format!("r{i}")))
+            .expect("get")
+            .expect("created");
+        assert_eq!((r.version, r.state), (2, RunState::Running));
+    }
+    eprintln!("R3 across processes: {n} rounds, creates won per process {both_sides:?}");
+}
+
+/// T6 across processes: per instance, one process writes at epoch e, the
+/// other at e+1; nothing from e is stored once e+1 is.
+#[test]
+fn t6_epochs_e_and_e_plus_1_across_processes() {
+    if let Some(r) = role().filter(|r| r.starts_with("t6")) {
+        let s = store(Options::new());
+        let (prefix, n): (String, u64) = (
+            env("AGENTSTATE_PG_PREFIX"),
+            env("AGENTSTATE_PG_N").parse().expect("n"),
+        );
+        let (epoch, doc, tries) = if r == "t6-old" {
+            (1, "old", 3)
+        } else {
+            (2, "new", 1)
+        };
+        wait_for_start();
+        let mut won = 0;
+        for i in 0..n {
+            let inst = InstanceKey::new(&prefix, format!("i{i}"));
+            let key = inst.tray("t", "x");
+            for _ in 0..tries {
+                let tray = Tray {
+                    marked: true,
+                    doc: doc.as_bytes().to_vec(),
+                    env: "e".into(),
+                    hostname: "h".into(),
+                };
+                match s.write_tray(&key, epoch, tray) {
+                    Ok(()) => won += 1,
+                    Err(StateError::FenceLost {
+                        caller: 1,
+                        stored: 2,
+                    }) if epoch == 1 => break,
+                    Err(e) => panic!("T6: {r} round {i}: {e:?}"),
+                }
+            }
+        }
+        println!("@@ {won}");
+        return;
+    }
+    let prefix = unique("t6x");
+    let n = rounds(1500);
+    let start = start_in(1500);
+    let children: Vec<_> = ["t6-old", "t6-new"]
+        .iter()
+        .map(|r| {
+            spawn_child(
+                "postgres::t6_epochs_e_and_e_plus_1_across_processes",
+                &[
+                    ("AGENTSTATE_PG_ROLE", r.to_string()),
+                    ("AGENTSTATE_PG_PREFIX", prefix.clone()),
+                    ("AGENTSTATE_PG_N", n.to_string()),
+                    ("AGENTSTATE_PG_START", start.clone()),
+                    ("AGENTSTATE_TEST_PG_DSN", shared_dsn().to_string()),
+                    ("AGENTSTATE_PG_SCHEMA", schema().to_string()),
+                ],
+            )
+        })
+        .collect();
+    let won: Vec<String> = children
+        .into_iter()
+        .flat_map(|c| child_lines(c, "a T6 holder"))
+        .collect();
+    let s = store(Options::new());
+    for i in 0..n {
+        let inst = InstanceKey::new(&prefix, format!("i{i}"));
+        assert_eq!(s.epoch(&inst).expect("epoch"), 2, "T6: round {i}");
+        let t = s
+            .read_tray(&inst.tray("t", "x"), 2)
+            .expect("read")
+            .expect("written");
+        assert_eq!(
+            t.doc, b"new",
+            "T6: round {i}: a write at epoch 1 landed after epoch 2"
+        );
+    }
+    eprintln!("T6 across processes: {n} rounds; writes that won (old, new): {won:?}");
+}
+
+/// A creator that takes its seq and then stalls does not let a later
+/// creator of the same tenant commit first: a walk never skips a record
+/// that commits late.
+#[test]
+fn seq_never_lets_a_walk_skip_a_late_commit() {
+    let s = Arc::new(store(Options::new()));
+    let tenant = unique("seq");
+    s.put_run(RunRecord::new(RunKey::new(&tenant, "first"), "a"))
+        .expect("first");
+    // Stall creator A inside its transaction after it took its seq: an
+    // uncommitted row with A's key makes A's insert wait.
+    let mut raw = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
+    let mut blocker = raw.transaction().expect("begin");
+    blocker
+        .execute(
+            &format!(
+                "INSERT INTO \"{}\".agentstate_runs (tenant, run_id, seq, state, agent_name, updated_at, record) \
+                 VALUES ($1, 'late', 999999, 'pending', 'x', 0, '\\x00')",
+                schema()
+            ),
+            &[&tenant],
+        )
+        .expect("blocker row");
+    let a = {
+        let s = s.clone();
+        let t = tenant.clone();
+        std::thread::spawn(move || s.put_run(RunRecord::new(RunKey::new(t, "late"), "a")))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let b_done = Arc::new(AtomicBool::new(false));
+    let b = {
+        let (s, t, done) = (s.clone(), tenant.clone(), b_done.clone());
+        std::thread::spawn(move || {
+            let r = s.put_run(RunRecord::new(RunKey::new(t, "early"), "a"));
+            done.store(true, Ordering::SeqCst);
+            r
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let page = s
+        .list_runs(&StateQuery::new(&tenant), &PageRequest::new(10))
+        .expect("walk while A stalls");
+    let ids: Vec<&str> = page.items().iter().map(|r| r.key.run_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["first"],
+        "no later seq is visible while an earlier one is uncommitted"
+    );
+    assert!(
+        !b_done.load(Ordering::SeqCst),
+        "B waits for A's seq to commit"
+    );
+    blocker.rollback().expect("release A");
+    let a = a.join().expect("A").expect("A commits");
+    let b = b.join().expect("B").expect("B commits");
+    assert!(
+        a.seq < b.seq,
+        "seq order is commit order: {} {}",
+        a.seq,
+        b.seq
+    );
+    let ids: Vec<String> = s
+        .iter_runs(&StateQuery::new(&tenant))
+        .map(|r| r.expect("walk").key.run_id)
+        .collect();
+    assert_eq!(ids, ["first", "late", "early"]);
+}
+
+/// The seed's sweeper reads `pinned_tray_index` with plain SQL and sees
+/// exactly the marked trays the store wrote.
+#[test]
+fn sweeper_sql_sees_exactly_the_marked_trays() {
+    let s = store(Options::new());
+    let ns = unique("sweep");
+    let mut want = BTreeSet::new();
+    for i in 0..25 {
+        let inst = InstanceKey::new(&ns, format!("i{i:02}"));
+        let mut ops = Vec::new();
+        for j in 0..4 {
+            let marked = (i + j) % 3 != 0;
+            ops.push(TrayOp::Put {
+                tray_ns: "chat".into(),
+                tray_id: format!("t{j}"),
+                tray: Tray {
+                    marked,
+                    doc: format!("{}/t{j}", inst.id).into_bytes(),
+                    env: format!("env{}", i % 2),
+                    hostname: format!("host{i}"),
+                },
+            });
+            if marked && i % 5 != 0 {
+                want.insert((
+                    inst.id.clone(),
+                    format!("t{j}"),
+                    format!("env{}", i % 2),
+                    format!("host{i}"),
+                ));
+            }
+        }
+        s.apply_batch(&inst, 1, ops).expect("batch");
+        if i % 5 == 0 {
+            s.release(&inst, 1).expect("release");
+        }
+    }
+    // A delete removes a marked tray from the sweeper's view.
+    let gone = InstanceKey::new(&ns, "i01");
+    assert!(s.delete_tray(&gone.tray("chat", "t0"), 1).expect("delete"));
+    want.remove(&(
+        "i01".to_string(),
+        "t0".to_string(),
+        "env1".into(),
+        "host1".into(),
+    ));
+
+    let mut c = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
+    let sql = format!(
+        "SELECT ns, id, tray_ns, tray_id, env, hostname, doc FROM \"{}\".pinned_tray_index \
+         WHERE marked AND ns = $1 AND (id, tray_ns, tray_id) > ($2, $3, $4) \
+         ORDER BY ns, id, tray_ns, tray_id LIMIT 7",
+        schema()
+    );
+    let mut got = BTreeSet::new();
+    let mut after = (String::new(), String::new(), String::new());
+    loop {
+        let rows = c
+            .query(&sql, &[&ns, &after.0, &after.1, &after.2])
+            .expect("the sweeper's query");
+        for r in &rows {
+            let (id, tns, tid): (String, String, String) = (r.get(1), r.get(2), r.get(3));
+            assert_eq!(tns, "chat");
+            let doc: Vec<u8> = r.get(6);
+            assert_eq!(
+                doc,
+                format!("{id}/{tid}").into_bytes(),
+                "the doc as written"
+            );
+            assert!(
+                got.insert((id.clone(), tid.clone(), r.get(4), r.get(5))),
+                "seen once"
+            );
+            after = (id, tns, tid);
+        }
+        if rows.len() < 7 {
+            break;
+        }
+    }
+    assert_eq!(got, want, "the sweeper sees exactly the marked trays");
+    // The store's own listing agrees.
+    let listed: BTreeSet<_> = s
+        .iter_marked_trays(None)
+        .map(|m| m.expect("walk"))
+        .filter(|m| m.key.ns == ns)
+        .map(|m| (m.key.id, m.key.tray_id, m.env, m.hostname))
+        .collect();
+    assert_eq!(listed, want);
+}
+
+/// Amounts live inside the encoded record: values past i64::MAX round-trip
+/// and add up to u64::MAX; one more is `Invalid` and nothing is written.
+#[test]
+fn amounts_past_i64_never_wrap() {
+    let s = store(Options::new());
+    let key = RunKey::new(unique("amt"), "r");
+    s.put_run(RunRecord::new(key.clone(), "a")).expect("create");
+    let big = i64::MAX as u64 + 5;
+    let r = s
+        .patch_run(
+            &key,
+            StateDelta {
+                cost_micros: big,
+                ..Default::default()
+            },
+        )
+        .expect("past i64::MAX");
+    assert_eq!(r.cost_micros, big);
+    let r = s
+        .patch_run(
+            &key,
+            StateDelta {
+                cost_micros: u64::MAX - big,
+                ..Default::default()
+            },
+        )
+        .expect("to u64::MAX");
+    assert_eq!(r.cost_micros, u64::MAX);
+    let e = s
+        .patch_run(
+            &key,
+            StateDelta {
+                cost_micros: 1,
+                ..Default::default()
+            },
+        )
+        .expect_err("overflow");
+    assert!(matches!(e, StateError::Invalid { .. }), "{e:?}");
+    let r = s.get_run(&key).expect("get").expect("run");
+    assert_eq!((r.cost_micros, r.version), (u64::MAX, 3), "nothing written");
+}
+
+/// A server stopped with `pg_ctl stop -m immediate` under 8 threads: every
+/// call while it is down is `Unavailable` within bounded time, nothing
+/// panics; after a restart the same store works and every acknowledged
+/// write is there, none half-applied.
+#[test]
+fn server_killed_mid_workload() {
+    let server = PgServer::start(false);
+    let connect = Duration::from_secs(1);
+    let s = Arc::new(
+        PostgresStore::connect_with(
+            &server.dsn("postgres"),
+            PgOptions::new()
+                .connect_timeout(connect)
+                .statement_timeout(Duration::from_secs(5)),
+        )
+        .expect("connect"),
+    );
+    s.setup().expect("setup");
+    const THREADS: usize = 8;
+    // 0 running, 1 stopped, 2 restarted.
+    let phase = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(vec![(0u64, 0u64); THREADS]));
+    let start = Arc::new(Barrier::new(THREADS + 1));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (s, phase, done, acked, start) = (
+                s.clone(),
+                phase.clone(),
+                done.clone(),
+                acked.clone(),
+                start.clone(),
+            );
+            std::thread::spawn(move || {
+                let key = RunKey::new("fault", format!("r{t}"));
+                let inst = InstanceKey::new("fault", format!("i{t}"));
+                s.put_run(RunRecord::new(key.clone(), "w")).expect("create");
+                start.wait();
+                let (mut patches, mut batches) = (0u64, 0u64);
+                let mut down_calls = 0u64;
+                let mut slowest_down = Duration::ZERO;
+                let mut i = 0u64;
+                while !done.load(Ordering::SeqCst) {
+                    i += 1;
+                    let before = phase.load(Ordering::SeqCst);
+                    let t0 = Instant::now();
+                    let r = if i.is_multiple_of(2) {
+                        s.patch_run(
+                            &key,
+                            StateDelta {
+                                iterations: 1,
+                                ..Default::default()
+                            },
+                        )
+                        .map(|_| true)
+                    } else {
+                        let doc = (batches + 1).to_string().into_bytes();
+                        let put = |id: &str| TrayOp::Put {
+                            tray_ns: "t".into(),
+                            tray_id: id.into(),
+                            tray: Tray {
+                                marked: true,
+                                doc: doc.clone(),
+                                env: "e".into(),
+                                hostname: "h".into(),
+                            },
+                        };
+                        s.apply_batch(&inst, 1, vec![put("a"), put("b")])
+                            .map(|_| false)
+                    };
+                    let after = phase.load(Ordering::SeqCst);
+                    assert!(
+                        r.is_err() || before != 1 || after != 1,
+                        "thread {t}: Ok from a server that was down"
+                    );
+                    match r {
+                        Ok(true) => patches += 1,
+                        Ok(false) => batches += 1,
+                        Err(StateError::Persistence {
+                            reason: PersistenceReason::Unavailable,
+                            ..
+                        }) => {
+                            if before == 1 && after == 1 {
+                                down_calls += 1;
+                                slowest_down = slowest_down.max(t0.elapsed());
+                            }
+                            assert!(before != 2, "thread {t}: a call after the restart failed");
+                        }
+                        Err(e) => panic!("thread {t}: {e:?}"),
+                    }
+                    acked.lock().expect("lock")[t] = (patches, batches);
+                }
+                (down_calls, slowest_down)
+            })
+        })
+        .collect();
+    start.wait();
+    std::thread::sleep(Duration::from_millis(1500));
+    server.stop_immediate();
+    phase.store(1, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_secs(3));
+    // Calls that started while it was down must have failed: checked by
+    // the threads (any Ok while down would be counted below).
+    let acked_at_stop = acked.lock().expect("lock").clone();
+    phase.store(3, Ordering::SeqCst);
+    server.restart();
+    // Let calls that were waiting for a connection give up, then require
+    // success.
+    std::thread::sleep(connect + Duration::from_millis(500));
+    phase.store(2, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(1000));
+    done.store(true, Ordering::SeqCst);
+    let mut down_total = 0;
+    for h in handles {
+        let (down, slowest) = h.join().expect("no thread panicked");
+        down_total += down;
+        assert!(
+            slowest < connect + Duration::from_secs(3),
+            "a call on a dead server took {slowest:?}"
+        );
+    }
+    assert!(down_total > 0, "calls were made while the server was down");
+    let final_acked = acked.lock().expect("lock").clone();
+    for t in 0..THREADS {
+        let (patches, batches) = final_acked[t];
+        assert!(
+            patches > acked_at_stop[t].0 || batches > acked_at_stop[t].1,
+            "thread {t} worked after the restart"
+        );
+        let r = s
+            .get_run(&RunKey::new("fault", format!("r{t}")))
+            .expect("get")
+            .expect("run");
+        // At most one call per thread was in flight when the server died:
+        // it may have committed without its Ok arriving.
+        assert!(
+            r.iterations == patches || r.iterations == patches + 1,
+            "thread {t}: {} iterations stored, {patches} acknowledged",
+            r.iterations
+        );
+        assert_eq!(
+            r.version,
+            r.iterations + 1,
+            "thread {t}: no half-applied patch"
+        );
+        let inst = InstanceKey::new("fault", format!("i{t}"));
+        let a = s
+            .read_tray(&inst.tray("t", "a"), 1)
+            .expect("read")
+            .expect("a");
+        let b = s
+            .read_tray(&inst.tray("t", "b"), 1)
+            .expect("read")
+            .expect("b");
+        assert_eq!(a.doc, b.doc, "thread {t}: a batch was half-applied");
+        let n: u64 = String::from_utf8(a.doc).expect("utf8").parse().expect("n");
+        assert!(
+            n == batches || n == batches + 1,
+            "thread {t}: batch {n} stored, {batches} acknowledged"
+        );
+    }
+    eprintln!("fault: {down_total} calls refused while the server was down");
+}
+
+#[cfg(feature = "cli")]
+mod cli {
+    use super::*;
+
+    fn bin(args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_agentstate"))
+            .env_remove("AGENTSTATE_DB")
+            .args(args)
+            .output()
+            .expect("the binary runs")
+    }
+
+    fn ok(args: &[&str]) -> String {
+        let o = bin(args);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// `agentstate copy`: file → postgres → file gives the same records;
+    /// every subcommand reads the postgres store.
+    #[test]
+    fn copy_file_to_postgres_and_back() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let src = dir.path().join("src");
+        {
+            let f = agentstate::FileStore::open(&src).expect("open");
+            f.put_session(agentstate::SessionRecord::new(agentstate::SessionKey::new(
+                "acme", "s\0x",
+            )))
+            .expect("session");
+            for i in 0..30 {
+                let mut r = RunRecord::new(RunKey::new("acme", format!("run-{i}")), "planner")
+                    .with_session("s\0x");
+                r.state = if i % 3 == 0 {
+                    RunState::Completed
+                } else {
+                    RunState::Running
+                };
+                f.put_run(r).expect("run");
+                f.patch_run(
+                    &RunKey::new("acme", format!("run-{i}")),
+                    StateDelta {
+                        cost_micros: u64::MAX - i,
+                        ..Default::default()
+                    },
+                )
+                .expect("patch");
+            }
+            let inst = InstanceKey::new("pinned", "w1");
+            f.write_tray(
+                &inst.tray("chat", "t1"),
+                3,
+                Tray {
+                    marked: true,
+                    doc: b"d".to_vec(),
+                    env: "prod".into(),
+                    hostname: "h".into(),
+                },
+            )
+            .expect("tray");
+            f.set_alarm(&inst, 3, u64::MAX).expect("alarm");
+        }
+        let pg = fresh_db("copy");
+        let out = ok(&["copy", "--from", src.to_str().expect("utf8"), "--to", &pg]);
+        assert!(out.contains("match"), "copy says the stores match: {out}");
+        // Subcommands over --db postgres://.
+        let runs = ok(&["--db", &pg, "runs", "list", "--tenant", "acme"]);
+        assert!(runs.contains("run-29"), "{runs}");
+        let stats = ok(&["--db", &pg, "stats"]);
+        assert!(stats.contains("postgres"), "{stats}");
+        let verify = ok(&["--db", &pg, "verify"]);
+        assert!(!verify.to_lowercase().contains("problem:"), "{verify}");
+        let back = dir.path().join("back");
+        let out = ok(&["copy", "--from", &pg, "--to", back.to_str().expect("utf8")]);
+        assert!(out.contains("match"), "{out}");
+        let a: Vec<_> = agentstate::FileStore::open(&src)
+            .expect("src")
+            .iter_export()
+            .map(|e| e.expect("entry"))
+            .collect();
+        let b: Vec<_> = agentstate::FileStore::open(&back)
+            .expect("back")
+            .iter_export()
+            .map(|e| e.expect("entry"))
+            .collect();
+        assert_eq!(a, b, "file → postgres → file keeps every record");
+        // A database without the schema is a clear error for reads.
+        let empty = fresh_db("empty");
+        let o = bin(&["--db", &empty, "stats"]);
+        assert!(!o.status.success());
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("setup")
+                || String::from_utf8_lossy(&o.stderr).contains("schema"),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
