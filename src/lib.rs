@@ -42,6 +42,7 @@
 
 mod admin;
 mod api;
+mod budget;
 mod clock;
 mod codec;
 #[cfg(feature = "conformance")]
@@ -69,6 +70,10 @@ pub use admin::{StoreAdmin, StoreStats, TenantStats, VerifyReport};
 pub use api::{StateStore, Store, TrayStore};
 #[cfg(feature = "async")]
 pub use async_store::AsyncStore;
+pub use budget::{
+    Amount, BudgetKey, BudgetRecord, BudgetStatus, BudgetStore, CapLimit, CapScope, Caps, Hold,
+    HoldRecord, RunSpend, Settled, Spend,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cursor::Cursor;
 pub use entry::Entry;
