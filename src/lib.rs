@@ -7,6 +7,10 @@
 //! - Every write states the version it read ([`StateError::Conflict`] when
 //!   it moved); spend accumulates through commuting patches
 //!   ([`StateStore::patch_run`]).
+//! - Spend caps hold under concurrency: [`BudgetStore::reserve`] checks a
+//!   run's and its budget's caps and records the hold in one atomic step;
+//!   [`BudgetStore::settle`] records what was spent (module docs of
+//!   [`BudgetStore`] show the reserve → call → settle pattern).
 //! - Every tray operation carries the caller's epoch, and a stale holder gets
 //!   [`StateError::FenceLost`] with nothing changed.
 //! - Tool-call arguments are scrubbed of secrets on every write.

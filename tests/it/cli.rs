@@ -668,7 +668,7 @@ fn cli_export_import_round_trip_is_byte_identical() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     let one = std::fs::read(&f1).unwrap();
     let text = String::from_utf8(one.clone()).unwrap();
-    assert!(text.starts_with("{\"agentstate_export\":1}\n"), "{text}");
+    assert!(text.starts_with("{\"agentstate_export\":2}\n"), "{text}");
     // 7 runs, 2 sessions, 2 epochs, 3 trays, 2 alarms.
     assert_eq!(text.lines().count(), 1 + 7 + 2 + 2 + 3 + 2, "{text}");
     assert!(text.ends_with('\n'));
@@ -738,9 +738,9 @@ fn cli_export_import_round_trip_is_byte_identical() {
         "{}",
         r.stderr
     );
-    let r = cli_stdin(&["import", "--db", p(&db4)], b"{\"agentstate_export\":2}\n");
+    let r = cli_stdin(&["import", "--db", p(&db4)], b"{\"agentstate_export\":3}\n");
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("format 2"), "{}", r.stderr);
+    assert!(r.stderr.contains("format 3"), "{}", r.stderr);
     let r = cli_stdin(
         &["import", "--db", p(&db4)],
         b"{\"agentstate_export\":1}\n{\"kind\":\"nope\"}\n",
