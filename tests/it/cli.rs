@@ -758,7 +758,7 @@ fn cli_export_import_round_trip_is_byte_identical() {
 fn cli_import_batches_a_larger_export() {
     // More entries than one import batch (1000), through stdin.
     let dir = tempfile::tempdir().unwrap();
-    let mut text = String::from("{\"agentstate_export\":1}\n");
+    let mut text = String::from("{\"agentstate_export\":2}\n");
     for i in 0..2_345u64 {
         let mut r = RunRecord::new(RunKey::new("bulk", format!("run-{i:05}")), "planner");
         (r.version, r.seq, r.created_at, r.updated_at) = (1, i + 1, T0, T0);
