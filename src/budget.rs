@@ -324,7 +324,9 @@ pub struct Settled {
     /// The run after the spend was added (one version later).
     pub record: RunRecord,
     /// How much the actual spend exceeded the hold, per amount (0 where it
-    /// stayed within): the estimate was that much too low.
+    /// stayed within): the estimate was that much too low. An amount the
+    /// hold did not ask for (say, iterations held at 0) is overshot by all
+    /// of it.
     pub overshoot: Spend,
 }
 
