@@ -28,8 +28,8 @@ use std::sync::Mutex as StdMutex;
 
 use loom::thread;
 
+use super::Options;
 use super::commit::{Committer, Counters, Sink};
-use super::{KvStore, Options};
 use crate::api::TrayStore;
 use crate::error::{PersistenceReason, Result, StateError};
 use crate::kv::engine::memory::MemoryEngine;
@@ -384,7 +384,7 @@ fn tray(doc: &str, marked: bool) -> Tray {
 #[test]
 fn loom_fence_check_and_write_are_one_step() {
     model(|| {
-        let store = Arc::new(KvStore::with_options(Options::default()));
+        let store = Arc::new(crate::MemoryStore::with_options(Options::default()));
         let key = InstanceKey::new("ns", "w").tray("t", "1");
         let old = {
             let (store, key) = (store.clone(), key.clone());
@@ -411,7 +411,7 @@ fn loom_fence_check_and_write_are_one_step() {
         // The marked index follows the tray: e2 unmarked it or never marked.
         assert!(
             store
-                .marked_trays(None, 10, None)
+                .marked_trays(None, &crate::PageRequest::new(10))
                 .unwrap()
                 .items()
                 .is_empty(),
@@ -425,7 +425,7 @@ fn loom_fence_check_and_write_are_one_step() {
 #[test]
 fn loom_fenced_batch_is_all_or_nothing() {
     model(|| {
-        let store = Arc::new(KvStore::with_options(Options::default()));
+        let store = Arc::new(crate::MemoryStore::with_options(Options::default()));
         let inst = InstanceKey::new("ns", "w");
         let batch = {
             let (store, inst) = (store.clone(), inst.clone());

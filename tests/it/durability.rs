@@ -14,14 +14,14 @@
 //! (default 200). `AGENTSTATE_D6_NO_MOUNT=1` runs d6's fallback (a file-size
 //! limit instead of a full tmpfs) even as root.
 //!
-//! Known gap, outside this crate: `AGENTSTATE_D5_SEQNO=1` flips the low byte
-//! of every journal batch's sequence number, and fails today. fjall 3.1.13
-//! checksums a batch's items but not its `Start` entry (item count and
-//! sequence number), so such a flip silently moves the batch after its
-//! neighbours: a run written again in the batches it jumps over reads as
-//! its older version (in a 120-run store, 43 of 226 flips), with no error,
-//! a clean `verify()` and, unless the batch jumps past the last one, no
-//! high-water-mark refusal.
+//! fjall 3.1.13 checksums a journal batch's items but not its `Start` entry
+//! (item count and sequence number), so a flipped sequence number silently
+//! moves the batch after its neighbours: a run written again in the batches
+//! it jumps over read as its older version (in a 120-run store, 43 of 226
+//! flips), with no error. The store now checks the replay against the
+//! journal's order at open (`kv/engine/journal.rs`);
+//! `d5_renumbered_journal_batches_are_corrupt_never_older_data` flips the low
+//! byte of every batch's sequence number.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -1079,8 +1079,7 @@ fn d5_damaged_files_are_an_error_or_correct_never_a_panic_or_wrong() {
     // Inside the journal, each field of one batch in the middle: its
     // Start entry, first item and End entry (layout: fjall 3.1,
     // src/journal/entry.rs). With AGENTSTATE_D5_SWEEP=1, every byte of
-    // that batch. With AGENTSTATE_D5_SEQNO=1, the low byte of every
-    // batch's sequence number, which fails today (see the module docs).
+    // that batch. Sequence numbers: the test below.
     let jnl = store_files(&pristine)
         .into_iter()
         .find(|f| f.extension().is_some_and(|e| e == "jnl"))
@@ -1113,16 +1112,7 @@ fn d5_damaged_files_are_an_error_or_correct_never_a_panic_or_wrong() {
         ("end checksum", end - BATCH_TRAILER.len() - 4),
         ("end trailer", end - 2),
     ];
-    if env_u64("AGENTSTATE_D5_SEQNO", 0) == 1 {
-        for t in (0..bytes.len() - BATCH_TRAILER.len())
-            .filter(|&i| &bytes[i..i + BATCH_TRAILER.len()] == BATCH_TRAILER)
-        {
-            let seqno = t + BATCH_TRAILER.len() + 5;
-            if seqno < bytes.len() {
-                cases.push((jnl.clone(), Damage::Flip(seqno as u64)));
-            }
-        }
-    } else if env_u64("AGENTSTATE_D5_SWEEP", 0) == 1 {
+    if env_u64("AGENTSTATE_D5_SWEEP", 0) == 1 {
         for at in start..end {
             cases.push((jnl.clone(), Damage::Flip(at as u64)));
         }
@@ -1148,6 +1138,51 @@ fn d5_damaged_files_are_an_error_or_correct_never_a_panic_or_wrong() {
             tmp.path()
         ),
         [Outcome::Correct]
+    );
+}
+
+#[test]
+fn d5_renumbered_journal_batches_are_corrupt_never_older_data() {
+    // The low byte of every journal batch's start sequence number, which
+    // fjall's checksum does not cover (see the module docs).
+    let tmp = tempfile::tempdir().unwrap();
+    let pristine = tmp.path().join("pristine");
+    let want = build_store(&pristine, 120, 0);
+    let expected = tmp.path().join("expected.json");
+    let digests: BTreeMap<&String, u64> = want.iter().map(|(k, e)| (k, digest(e))).collect();
+    std::fs::write(&expected, serde_json::to_vec(&digests).unwrap()).unwrap();
+    let jnl = store_files(&pristine)
+        .into_iter()
+        .find(|f| f.extension().is_some_and(|e| e == "jnl"))
+        .expect("a journal");
+    let bytes = std::fs::read(pristine.join(&jnl)).unwrap();
+    // Every batch starts right after the trailer of the one before it (the
+    // first at byte 0).
+    let starts: Vec<usize> = std::iter::once(0)
+        .chain(
+            (0..bytes.len() - BATCH_TRAILER.len())
+                .filter(|&i| &bytes[i..i + BATCH_TRAILER.len()] == BATCH_TRAILER)
+                .map(|t| t + BATCH_TRAILER.len()),
+        )
+        .filter(|&s| s + 13 <= bytes.len())
+        .collect();
+    assert!(starts.len() > 100, "only {} batches", starts.len());
+    let cases: Vec<(PathBuf, Damage)> = starts
+        .iter()
+        .map(|&s| (jnl.clone(), Damage::Flip((s + 5) as u64)))
+        .collect();
+    let outcomes = run_cases(&pristine, &expected, &cases, tmp.path());
+    let failures = report_cases("journal batch sequence numbers", &cases, &outcomes);
+    assert!(failures.is_empty(), "D5 violated:\n{}", failures.join("\n"));
+    // The check is what caught them: some flips reorder batches.
+    let caught = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Error(e) if e.contains("replays out of order")))
+        .count();
+    assert!(
+        caught > 0,
+        "none of {} flips was caught by the replay check",
+        outcomes.len()
     );
 }
 

@@ -3,6 +3,7 @@
 //! this module.
 
 pub(crate) mod file;
+pub(crate) mod journal;
 pub(crate) mod memory;
 
 use crate::error::Result;
