@@ -146,7 +146,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
     );
     s.setup().expect("setup");
     s.setup().expect("setup again");
-    assert_eq!(s.schema_version().expect("version"), Some(1));
+    assert_eq!(s.schema_version().expect("version"), Some(2));
     s.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
         .expect("put");
     // A newer release wrote version 9: refused, and nothing is changed.
@@ -165,7 +165,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
             e,
             StateError::UnsupportedFormat {
                 found: 9,
-                supported: 1
+                supported: 2
             }
         ),
         "{e:?}"
@@ -179,6 +179,61 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
         .get(0);
     assert_eq!(v, "9", "the newer schema is not touched");
     assert!(s.get_run(&RunKey::new("t", "r")).expect("get").is_some());
+}
+
+/// A database a version-1 build set up (no budget tables) and wrote runs
+/// to is upgraded by `setup()` in place, from 4 workers at once: its runs
+/// are kept, and spend caps then work on it.
+#[test]
+fn setup_upgrades_a_version_1_database() {
+    let dsn = fresh_db("upgrade");
+    let mut c = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
+    // What a version-1 build's setup left: its schema file and meta rows.
+    c.batch_execute(&include_str!("../../src/pg/schema/v1.sql").replace("{s}", "\"public\"."))
+        .expect("v1 schema");
+    c.batch_execute(
+        "INSERT INTO public.agentstate_meta (name, value) VALUES ('schema_version', '1'), \
+         ('cursor_secret', replace(gen_random_uuid()::text, '-', ''))",
+    )
+    .expect("v1 meta");
+    let s = PostgresStore::connect(&dsn).expect("connect");
+    assert_eq!(s.schema_version().expect("version"), Some(1));
+    // An uncapped run is written byte for byte as version 1 wrote it.
+    let old = s
+        .put_run(RunRecord::new(RunKey::new("t", "old"), "a"))
+        .expect("put at v1");
+    std::thread::scope(|sc| {
+        for _ in 0..4 {
+            sc.spawn(|| {
+                PostgresStore::connect(&dsn)
+                    .expect("connect")
+                    .setup()
+                    .expect("upgrade")
+            });
+        }
+    });
+    assert_eq!(s.schema_version().expect("version"), Some(2));
+    assert_eq!(s.get_run(&old.key).expect("get"), Some(old.clone()));
+    use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
+    s.put_budget(BudgetRecord::new(
+        BudgetKey::new("t", "b"),
+        Caps::new().cost_micros(10),
+    ))
+    .expect("budget after upgrade");
+    let run = s
+        .put_run(RunRecord::new(RunKey::new("t", "new"), "a").with_budget("b"))
+        .expect("capped run after upgrade");
+    s.reserve(&run.key, Hold::new("h", 60_000).cost_micros(10))
+        .expect("reserve");
+    assert!(matches!(
+        s.reserve(&old.key, Hold::new("h", 60_000).cost_micros(1)),
+        Ok(_)
+    ));
+    assert!(matches!(
+        s.reserve(&run.key, Hold::new("h2", 60_000).cost_micros(1)),
+        Err(StateError::BudgetExceeded { .. })
+    ));
+    assert!(s.verify().expect("verify").is_ok());
 }
 
 /// 8 processes run `setup()` at the same moment on an empty database; all
@@ -211,7 +266,7 @@ fn setup_from_8_processes_at_once() {
             assert_eq!(child_lines(c, &format!("setup child {i}")), ["ok"]);
         }
         let s = PostgresStore::connect(&dsn).expect("connect");
-        assert_eq!(s.schema_version().expect("version"), Some(1));
+        assert_eq!(s.schema_version().expect("version"), Some(2));
         let r = s
             .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
             .expect("put after setup");
