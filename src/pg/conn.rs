@@ -19,15 +19,6 @@ pub(crate) struct Conn {
     statements: HashMap<String, Statement>,
 }
 
-impl Conn {
-    /// The client, for statements issued by hand (benchmarks, tests).
-    #[cfg(test)]
-    #[allow(dead_code)]
-    pub(crate) fn client(&mut self) -> &mut postgres::Client {
-        &mut self.client
-    }
-}
-
 /// Dials connections for the pool.
 pub(crate) struct Manager {
     pub(crate) config: postgres::Config,
