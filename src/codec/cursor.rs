@@ -46,6 +46,7 @@ pub(crate) enum Listing {
     Alarms = 4,
     Export = 5,
     Sessions = 6,
+    Budgets = 7,
 }
 
 /// The AEAD keyed by the 32-byte key derived from the store's secret.

@@ -2,6 +2,9 @@
 //! counts, checks, retention, export and import.
 
 use crate::admin::{StoreAdmin, StoreStats, VerifyReport};
+use std::collections::HashMap;
+
+use crate::budget::{BudgetKey, Caps, HoldRecord, Spend};
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value;
 use crate::entry::Entry;
@@ -9,11 +12,12 @@ use crate::error::{Result, StateError};
 use crate::kv::key::{KeyBuf, KeyReader};
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunState, SessionKey, SessionRecord};
-use crate::rules::{check_id, check_limit, checked_entry};
+use crate::rules::{at_cap, check_id, check_limit, checked_entry, held};
 use crate::tray::{InstanceKey, Tray, TrayKey};
 
+use super::budgets::{budget_of, decode_budget, decode_hold, insert_budget, insert_hold};
 use super::conn::{Tx, TxResult};
-use super::runs::{decode_run, decode_session, seq_col, write_run};
+use super::runs::{decode_run, decode_session, read_run, seq_col, write_run};
 use super::trays::put_tray;
 use super::{PostgresStore, id_in, id_out, num, num_out};
 
@@ -25,15 +29,19 @@ const IMPORT_GROUP: usize = 1000;
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Table {
     Runs = 1,
-    Sessions = 2,
-    Epochs = 3,
-    Trays = 4,
-    Alarms = 5,
+    Holds = 2,
+    Sessions = 3,
+    Budgets = 4,
+    Epochs = 5,
+    Trays = 6,
+    Alarms = 7,
 }
 
-const TABLES: [Table; 5] = [
+const TABLES: [Table; 7] = [
     Table::Runs,
+    Table::Holds,
     Table::Sessions,
+    Table::Budgets,
     Table::Epochs,
     Table::Trays,
     Table::Alarms,
@@ -50,7 +58,9 @@ impl Table {
     fn sql(self, first: bool) -> String {
         let (cols, key, table, filter) = match self {
             Table::Runs => ("tenant, run_id, record", 2, "agentstate_runs", ""),
+            Table::Holds => ("tenant, run_id, hold_id, record", 3, "agentstate_holds", ""),
             Table::Sessions => ("tenant, session_id, record", 2, "agentstate_sessions", ""),
+            Table::Budgets => ("tenant, name, record, spent", 2, "agentstate_budgets", ""),
             // An epoch row at 0 reads like no row (T2); it is not a record.
             Table::Epochs => ("ns, id, epoch::text", 2, "pinned_epoch", "epoch > 0"),
             Table::Trays => (
@@ -88,6 +98,20 @@ fn entry_of(t: Table, r: &postgres::Row) -> Result<(Vec<String>, Entry)> {
             let key = RunKey::new(s(0)?, s(1)?);
             let run = decode_run(r.get(2), &key)?;
             (vec![key.tenant, key.run_id], Entry::Run(run))
+        }
+        Table::Holds => {
+            let run = RunKey::new(s(0)?, s(1)?);
+            let hold_id = s(2)?;
+            let hold = decode_hold(r.get(3), &hold_id)?;
+            (
+                vec![run.tenant.clone(), run.run_id.clone(), hold_id],
+                Entry::Hold { run, hold },
+            )
+        }
+        Table::Budgets => {
+            let key = BudgetKey::new(s(0)?, s(1)?);
+            let (budget, spent) = decode_budget(r.get(2), r.get(3), &key)?;
+            (vec![key.tenant, key.name], Entry::Budget { budget, spent })
         }
         Table::Sessions => {
             let key = SessionKey::new(s(0)?, s(1)?);
@@ -250,6 +274,33 @@ impl PostgresStore {
                         }
                         put_tray(tx, key, tray)?;
                     }
+                    Entry::Hold { run, hold } => {
+                        if Self::exists(
+                            tx,
+                            "SELECT 1 FROM {s}agentstate_holds WHERE tenant = $1 AND run_id = $2 AND hold_id = $3",
+                            &[&run.tenant, &run.run_id, &hold.id],
+                        )? {
+                            return Err(taken().into());
+                        }
+                        let Some(r) = read_run(tx, run, false)? else {
+                            return Err(StateError::invalid(format!(
+                                "hold {}: its run {}/{} is not in the import before it",
+                                hold.id, run.tenant, run.run_id
+                            ))
+                            .into());
+                        };
+                        insert_hold(tx, &r, hold)?;
+                    }
+                    Entry::Budget { budget, spent } => {
+                        if Self::exists(
+                            tx,
+                            "SELECT 1 FROM {s}agentstate_budgets WHERE tenant = $1 AND name = $2",
+                            &[&budget.key.tenant, &budget.key.name],
+                        )? {
+                            return Err(taken().into());
+                        }
+                        insert_budget(tx, budget, spent)?;
+                    }
                     Entry::Alarm { instance, due_at } => {
                         if Self::exists(
                             tx,
@@ -268,6 +319,128 @@ impl PostgresStore {
             Ok(())
         })
     }
+}
+
+/// `stats`' budget counts: budgets, live holds, and runs at their cap
+/// (their own or their budget's), all read in `tx`.
+fn budget_stats(tx: &mut Tx<'_>, st: &mut StoreStats, now: Millis) -> TxResult<()> {
+    let mut budgets: HashMap<BudgetKey, (Caps, Spend, Vec<HoldRecord>)> = HashMap::new();
+    for r in tx.query(
+        "SELECT tenant, name, record, spent FROM {s}agentstate_budgets",
+        &[],
+    )? {
+        let key = BudgetKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
+        let (rec, spent) = decode_budget(r.get(2), r.get(3), &key)?;
+        st.tenants.entry(key.tenant.clone()).or_default().budgets += 1;
+        budgets.insert(key, (rec.caps, spent, Vec::new()));
+    }
+    let mut runs: HashMap<RunKey, Vec<HoldRecord>> = HashMap::new();
+    for r in tx.query(
+        "SELECT tenant, run_id, hold_id, budget, record FROM {s}agentstate_holds",
+        &[],
+    )? {
+        let run = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
+        let h = decode_hold(r.get(4), &id_out(r.get(2))?)?;
+        if !h.is_live(now) {
+            continue;
+        }
+        st.tenants.entry(run.tenant.clone()).or_default().holds += 1;
+        if let Some(name) = r.get::<_, Option<String>>(3) {
+            let key = BudgetKey::new(run.tenant.clone(), id_out(name)?);
+            if let Some(b) = budgets.get_mut(&key) {
+                b.2.push(h.clone());
+            }
+        }
+        runs.entry(run).or_default().push(h);
+    }
+    // Only runs with caps or a budget are written at the capped format, so
+    // the others are not read.
+    for r in tx.query(
+        "SELECT tenant, run_id, record FROM {s}agentstate_runs WHERE get_byte(record, 0) = $1",
+        &[&i32::from(value::RUN_FORMAT_CAPS)],
+    )? {
+        let key = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
+        let run = decode_run(r.get(2), &key)?;
+        let run_held = held(runs.get(&key).into_iter().flatten(), now);
+        let mut at = at_cap(&run.caps, Spend::of_run(&run), run_held);
+        if let Some((caps, spent, holds)) = budget_of(&run).and_then(|b| budgets.get(&b)) {
+            at |= at_cap(caps, *spent, held(holds, now));
+        }
+        if at {
+            st.tenants.entry(key.tenant).or_default().runs_at_cap += 1;
+        }
+    }
+    Ok(())
+}
+
+/// `verify`'s budget checks: every budget and hold decodes under its key,
+/// every hold names its run's budget (the run's row is there: a foreign
+/// key), and every run's budget exists. Returns the problems and how many
+/// rows were read.
+fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
+    let mut problems = Vec::new();
+    let mut entries = 0u64;
+    for r in tx.query(
+        "SELECT tenant, name, record, spent FROM {s}agentstate_budgets",
+        &[],
+    )? {
+        entries += 1;
+        let key = BudgetKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
+        if let Err(e) = decode_budget(r.get(2), r.get(3), &key) {
+            problems.push(format!("budget {}/{}: {e}", key.tenant, key.name));
+        }
+    }
+    for r in tx.query(
+        "SELECT h.tenant, h.run_id, h.hold_id, h.budget, h.record, r.record \
+         FROM {s}agentstate_holds h JOIN {s}agentstate_runs r \
+         ON r.tenant = h.tenant AND r.run_id = h.run_id",
+        &[],
+    )? {
+        entries += 1;
+        let run = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
+        let id = id_out(r.get(2))?;
+        let check = || -> Result<()> {
+            decode_hold(r.get(4), &id)?;
+            let owner = decode_run(r.get(5), &run)?;
+            let budget = r.get::<_, Option<String>>(3).map(id_out).transpose()?;
+            if budget != owner.budget {
+                return Err(StateError::corrupt(format!(
+                    "its budget column {budget:?} differs from its run's budget {:?}",
+                    owner.budget
+                )));
+            }
+            Ok(())
+        };
+        if let Err(e) = check() {
+            problems.push(format!(
+                "hold {id} of run {}/{}: {e}",
+                run.tenant, run.run_id
+            ));
+        }
+    }
+    for r in tx.query(
+        "SELECT tenant, run_id, record FROM {s}agentstate_runs r WHERE get_byte(record, 0) = $1",
+        &[&i32::from(value::RUN_FORMAT_CAPS)],
+    )? {
+        let key = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
+        let Ok(run) = decode_run(r.get(2), &key) else {
+            continue; // reported with the runs
+        };
+        if let Some(b) = budget_of(&run)
+            && tx
+                .query(
+                    "SELECT 1 FROM {s}agentstate_budgets WHERE tenant = $1 AND name = $2",
+                    &[&id_in(&b.tenant), &id_in(&b.name)],
+                )?
+                .is_empty()
+        {
+            problems.push(format!(
+                "run {}/{} draws from missing budget {}",
+                key.tenant, key.run_id, b.name
+            ));
+        }
+    }
+    Ok((problems, entries))
 }
 
 impl StoreAdmin for PostgresStore {
@@ -327,6 +500,7 @@ impl StoreAdmin for PostgresStore {
     }
 
     fn stats(&self) -> Result<StoreStats> {
+        let now = self.now();
         let mut s = StoreStats {
             backend: format!(
                 "postgres {} (schema {}): every Ok a committed transaction, synchronous_commit on",
@@ -364,6 +538,7 @@ impl StoreAdmin for PostgresStore {
             st.marked_trays = r.get::<_, i64>(1) as u64;
             let r = &tx.query("SELECT count(*) FROM {s}agentstate_alarms", &[])?[0];
             st.alarms = r.get::<_, i64>(0) as u64;
+            budget_stats(tx, &mut st, now)?;
             s.tenants = st.tenants;
             s.trays = st.trays;
             s.marked_trays = st.marked_trays;
@@ -488,6 +663,9 @@ impl StoreAdmin for PostgresStore {
         rep.trays = counts.1[1];
         rep.alarms = counts.1[2];
         rep.entries += rep.sessions + rep.trays + rep.alarms;
+        let (problems, entries) = self.txn(verify_budgets)?;
+        rep.problems.extend(problems);
+        rep.entries += entries;
         Ok(rep)
     }
 

@@ -10,6 +10,7 @@
 //! [`PostgresStore::setup`].
 
 mod admin;
+mod budgets;
 mod conn;
 mod runs;
 mod trays;
@@ -25,7 +26,7 @@ use conn::{Manager, Tx};
 
 /// The schema files, in order; `SCHEMA[i]` brings a database from version
 /// `i` to `i + 1`.
-const SCHEMA: &[&str] = &[include_str!("schema/v1.sql")];
+const SCHEMA: &[&str] = &[include_str!("schema/v1.sql"), include_str!("schema/v2.sql")];
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: u8 = SCHEMA.len() as u8;
 

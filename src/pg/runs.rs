@@ -16,12 +16,16 @@ use crate::rules::{
     check_version, created_run, next_session, patched_run, updated_run,
 };
 
+use crate::budget::BudgetKey;
+
+use super::budgets::{after_patch, lock_budget};
 use super::conn::{Tx, TxResult};
 use super::{PostgresStore, id_in, id_out, num};
 
 /// Decodes a stored run and checks it is the one asked for.
 pub(crate) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
-    let r: RunRecord = value::decode(bytes, "run")?;
+    // Both run formats: uncapped runs as every earlier release wrote them.
+    let r = value::decode_run(bytes)?;
     if &r.key != key {
         return Err(StateError::corrupt(format!(
             "run stored under {}/{} names another key",
@@ -50,7 +54,7 @@ pub(crate) fn seq_col(seq: u64) -> Result<i64> {
     })
 }
 
-fn read_run(tx: &mut Tx<'_>, key: &RunKey, lock: bool) -> TxResult<Option<RunRecord>> {
+pub(crate) fn read_run(tx: &mut Tx<'_>, key: &RunKey, lock: bool) -> TxResult<Option<RunRecord>> {
     let sql = if lock {
         "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2 FOR UPDATE"
     } else {
@@ -70,7 +74,7 @@ pub(crate) fn write_run(
     created: bool,
     max: usize,
 ) -> TxResult<()> {
-    let bytes = value::encode(new);
+    let bytes = value::encode_run(new);
     check_size("run record", bytes.len(), max)?;
     debug_assert!(decode_run(&bytes, &new.key).is_ok_and(|r| &r == new));
     let k = &new.key;
@@ -176,12 +180,32 @@ impl StateStore for PostgresStore {
                             .into());
                         }
                     }
+                    // B1: so does its budget; its row stays locked until
+                    // commit, since what the run was created with is spent
+                    // on it.
+                    if let Some(b) = &record.budget {
+                        let bk = BudgetKey::new(record.key.tenant.clone(), b.clone());
+                        if lock_budget(tx, &bk)?.is_none() {
+                            return Err(StateError::NotFound(Missing::Budget(bk)).into());
+                        }
+                    }
                     let seq = next_seq(tx, &record.key.tenant)?;
                     created_run(record.clone(), seq, now)
                 }
                 Some(s) => updated_run(s, record.clone(), now)?,
             };
             write_run(tx, &new, stored.is_none(), max)?;
+            if stored.is_none() && new.budget.is_some() {
+                // A run created with amounts already spent spends them on
+                // its budget too.
+                let delta = StateDelta {
+                    usage: new.usage,
+                    cost_micros: new.cost_micros,
+                    iterations: new.iterations,
+                    messages_read: 0,
+                };
+                after_patch(tx, &new, &delta, now)?;
+            }
             Ok(new)
         })
     }
@@ -203,6 +227,12 @@ impl StateStore for PostgresStore {
             // never in a column that could wrap.
             let new = patched_run(&old, &delta, now)?;
             write_run(tx, &new, false, max)?;
+            // B6: a patch counts toward the caps' spent (the run's amounts
+            // are the run's spent; its budget's is kept in the budget's
+            // row) and never refuses.
+            if new.budget.is_some() || !new.caps.is_none() {
+                after_patch(tx, &new, &delta, now)?;
+            }
             Ok(new)
         })
     }

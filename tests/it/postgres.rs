@@ -146,7 +146,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
     );
     s.setup().expect("setup");
     s.setup().expect("setup again");
-    assert_eq!(s.schema_version().expect("version"), Some(1));
+    assert_eq!(s.schema_version().expect("version"), Some(2));
     s.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
         .expect("put");
     // A newer release wrote version 9: refused, and nothing is changed.
@@ -165,7 +165,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
             e,
             StateError::UnsupportedFormat {
                 found: 9,
-                supported: 1
+                supported: 2
             }
         ),
         "{e:?}"
@@ -179,6 +179,153 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
         .get(0);
     assert_eq!(v, "9", "the newer schema is not touched");
     assert!(s.get_run(&RunKey::new("t", "r")).expect("get").is_some());
+}
+
+/// A database a version-1 build set up (no budget tables) and wrote runs
+/// to is upgraded by `setup()` in place, from 4 workers at once: its runs
+/// are kept, and spend caps then work on it.
+#[test]
+fn setup_upgrades_a_version_1_database() {
+    let dsn = fresh_db("upgrade");
+    let mut c = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
+    // What a version-1 build's setup left: its schema file and meta rows.
+    c.batch_execute(&include_str!("../../src/pg/schema/v1.sql").replace("{s}", "\"public\"."))
+        .expect("v1 schema");
+    c.batch_execute(
+        "INSERT INTO public.agentstate_meta (name, value) VALUES ('schema_version', '1'), \
+         ('cursor_secret', replace(gen_random_uuid()::text, '-', ''))",
+    )
+    .expect("v1 meta");
+    let s = PostgresStore::connect(&dsn).expect("connect");
+    assert_eq!(s.schema_version().expect("version"), Some(1));
+    // An uncapped run is written byte for byte as version 1 wrote it.
+    let old = s
+        .put_run(RunRecord::new(RunKey::new("t", "old"), "a"))
+        .expect("put at v1");
+    std::thread::scope(|sc| {
+        for _ in 0..4 {
+            sc.spawn(|| {
+                PostgresStore::connect(&dsn)
+                    .expect("connect")
+                    .setup()
+                    .expect("upgrade")
+            });
+        }
+    });
+    assert_eq!(s.schema_version().expect("version"), Some(2));
+    assert_eq!(s.get_run(&old.key).expect("get"), Some(old.clone()));
+    use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
+    s.put_budget(BudgetRecord::new(
+        BudgetKey::new("t", "b"),
+        Caps::new().cost_micros(10),
+    ))
+    .expect("budget after upgrade");
+    let run = s
+        .put_run(RunRecord::new(RunKey::new("t", "new"), "a").with_budget("b"))
+        .expect("capped run after upgrade");
+    s.reserve(&run.key, Hold::new("h", 60_000).cost_micros(10))
+        .expect("reserve");
+    s.reserve(&old.key, Hold::new("h", 60_000).cost_micros(1))
+        .expect("an uncapped run from v1 reserves too");
+    assert!(matches!(
+        s.reserve(&run.key, Hold::new("h2", 60_000).cost_micros(1)),
+        Err(StateError::BudgetExceeded { .. })
+    ));
+    assert!(s.verify().expect("verify").is_ok());
+}
+
+/// B2/B6 across processes: 2 processes of 4 threads each reserve 1 and
+/// settle 1 in a loop, each thread on its own run, all drawing from one
+/// budget capped at `n`. Exactly `n` reserves win in all, the budget's
+/// spend ends at exactly `n`, and nothing stays held.
+#[test]
+fn b6_processes_share_one_budget_cap_exactly() {
+    use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
+    if role().as_deref() == Some("b6") {
+        let s = store(Options::new());
+        let (tenant, who) = (env("AGENTSTATE_PG_PREFIX"), env("AGENTSTATE_PG_WHO"));
+        wait_for_start();
+        let won = AtomicU64::new(0);
+        std::thread::scope(|sc| {
+            for t in 0..4 {
+                let (s, won, tenant) = (&s, &won, &tenant);
+                let key = RunKey::new(tenant, format!("{who}-{t}"));
+                sc.spawn(move || {
+                    for i in 0.. {
+                        let id = format!("h{i}");
+                        match s.reserve(&key, Hold::new(&id, 600_000).cost_micros(1)) {
+                            Ok(_) => {}
+                            // Every hold is settled with what it held, so
+                            // spent + held never shrinks: a refusal is final.
+                            Err(StateError::BudgetExceeded { .. }) => return,
+                            Err(e) => panic!("B6: reserve: {e:?}"),
+                        }
+                        let spent = StateDelta {
+                            cost_micros: 1,
+                            ..Default::default()
+                        };
+                        let st = s.settle(&key, &id, spent).expect("settle");
+                        assert!(st.overshoot.is_zero());
+                        won.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        println!("@@ {}", won.load(Ordering::Relaxed));
+        return;
+    }
+    let tenant = unique("b6x");
+    let n = rounds(150);
+    let s = store(Options::new());
+    let bk = BudgetKey::new(&tenant, "shared");
+    s.put_budget(BudgetRecord::new(bk.clone(), Caps::new().cost_micros(n)))
+        .expect("budget");
+    for who in ["p0", "p1"] {
+        for t in 0..4 {
+            s.put_run(
+                RunRecord::new(RunKey::new(&tenant, format!("{who}-{t}")), "a")
+                    .with_budget("shared"),
+            )
+            .expect("run");
+        }
+    }
+    let start = start_in(1500);
+    let children: Vec<_> = ["p0", "p1"]
+        .into_iter()
+        .map(|who| {
+            spawn_child(
+                "postgres::b6_processes_share_one_budget_cap_exactly",
+                &[
+                    ("AGENTSTATE_PG_ROLE", "b6".into()),
+                    ("AGENTSTATE_PG_PREFIX", tenant.clone()),
+                    ("AGENTSTATE_PG_WHO", who.into()),
+                    ("AGENTSTATE_PG_START", start.clone()),
+                    ("AGENTSTATE_TEST_PG_DSN", shared_dsn().to_string()),
+                    ("AGENTSTATE_PG_SCHEMA", schema().to_string()),
+                ],
+            )
+        })
+        .collect();
+    let per: Vec<u64> = children
+        .into_iter()
+        .map(|c| {
+            let l = child_lines(c, "a B6 process");
+            assert_eq!(l.len(), 1, "{l:?}");
+            l[0].parse().expect("a count")
+        })
+        .collect();
+    assert_eq!(
+        per.iter().sum::<u64>(),
+        n,
+        "B2: exactly the cap is reserved ({per:?})"
+    );
+    let b = s.get_budget(&bk).expect("get").expect("budget");
+    assert_eq!(
+        b.spent.cost_micros, n,
+        "B6: the budget's spend is every settle"
+    );
+    assert_eq!((b.held.cost_micros, b.holds), (0, 0));
+    eprintln!("B6 across processes: cap {n}, won per process {per:?}");
 }
 
 /// 8 processes run `setup()` at the same moment on an empty database; all
@@ -211,7 +358,7 @@ fn setup_from_8_processes_at_once() {
             assert_eq!(child_lines(c, &format!("setup child {i}")), ["ok"]);
         }
         let s = PostgresStore::connect(&dsn).expect("connect");
-        assert_eq!(s.schema_version().expect("version"), Some(1));
+        assert_eq!(s.schema_version().expect("version"), Some(2));
         let r = s
             .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
             .expect("put after setup");
@@ -817,6 +964,43 @@ mod cli {
             )
             .expect("tray");
             f.set_alarm(&inst, 3, u64::MAX).expect("alarm");
+            // Spend caps: a budget, a capped run drawing from it, a live
+            // hold and a settled one (ids with the escaped characters).
+            use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
+            let ttl = agentstate::limits::HOLD_TTL_MILLIS_MAX;
+            f.put_budget(BudgetRecord::new(
+                BudgetKey::new("acme", "b\0x"),
+                Caps::new().cost_micros(1_000).tokens(500),
+            ))
+            .expect("budget");
+            f.put_budget(BudgetRecord::new(
+                BudgetKey::new("acme", "a"),
+                Caps::new().iterations(1),
+            ))
+            .expect("budget a");
+            for id in ["capped", "capped\u{1}2"] {
+                let run = f
+                    .put_run(
+                        RunRecord::new(RunKey::new("acme", id), "planner")
+                            .with_caps(Caps::new().iterations(9))
+                            .with_budget("b\0x"),
+                    )
+                    .expect("capped run");
+                f.reserve(&run.key, Hold::new("h\u{1}1", ttl).cost_micros(300))
+                    .expect("hold");
+                f.reserve(&run.key, Hold::new("h\u{0}", ttl).tokens(100))
+                    .expect("hold 2");
+                f.settle(
+                    &run.key,
+                    "h\u{0}",
+                    StateDelta {
+                        cost_micros: 200,
+                        iterations: 9,
+                        ..Default::default()
+                    },
+                )
+                .expect("settle");
+            }
         }
         let pg = fresh_db("copy");
         let out = ok(&["copy", "--from", src.to_str().expect("utf8"), "--to", &pg]);
@@ -842,6 +1026,28 @@ mod cli {
             .map(|e| e.expect("entry"))
             .collect();
         assert_eq!(a, b, "file → postgres → file keeps every record");
+        assert_eq!(
+            a.iter()
+                .filter(|e| matches!(
+                    e,
+                    agentstate::Entry::Hold { .. } | agentstate::Entry::Budget { .. }
+                ))
+                .count(),
+            4,
+            "two live holds and two budgets are exported"
+        );
+        // The same counts on both backends.
+        let on_pg = PostgresStore::connect(&pg)
+            .expect("pg")
+            .stats()
+            .expect("stats");
+        let on_file = agentstate::FileStore::open(&back)
+            .expect("back")
+            .stats()
+            .expect("stats");
+        assert_eq!(on_pg.tenants, on_file.tenants);
+        let t = &on_pg.tenants["acme"];
+        assert_eq!((t.budgets, t.holds, t.runs_at_cap), (2, 2, 2));
         // A database without the schema is a clear error for reads.
         let empty = fresh_db("empty");
         let o = bin(&["--db", &empty, "stats"]);
