@@ -80,6 +80,16 @@ pub struct TenantStats {
     pub runs_by_state: BTreeMap<RunState, u64>,
     /// Sessions.
     pub sessions: u64,
+    /// Named budgets (rule B1).
+    pub budgets: u64,
+    /// Live holds, at the store's clock now (rule B2).
+    pub holds: u64,
+    /// Runs at their cap: runs for which some cap, their own or their
+    /// budget's, is reached (`spent + held >= max`), so a reserve asking
+    /// for any of that amount is refused now. Counted from the committed
+    /// state, not from a tally of refusals: a refused reserve changes
+    /// nothing (B2, E6), not even a counter.
+    pub runs_at_cap: u64,
 }
 
 /// What [`StoreAdmin::stats`] counted.

@@ -1,6 +1,7 @@
 //! The store traits every backend implements.
 
 use crate::admin::StoreAdmin;
+use crate::budget::BudgetStore;
 use crate::error::Result;
 use crate::page::{Page, PageRequest, Pages};
 use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
@@ -86,9 +87,9 @@ pub trait TrayStore: Send + Sync {
     }
 }
 
-/// A whole backend: runs and sessions, trays, and the operator functions.
-/// The CLI and [`AsyncStore`](crate) hold one as `Arc<dyn Store>`; every
-/// backend is one.
-pub trait Store: StateStore + TrayStore + StoreAdmin {}
+/// A whole backend: runs and sessions, trays, spend caps, and the operator
+/// functions. The CLI and [`AsyncStore`](crate) hold one as
+/// `Arc<dyn Store>`; every backend is one.
+pub trait Store: StateStore + TrayStore + BudgetStore + StoreAdmin {}
 
-impl<T: StateStore + TrayStore + StoreAdmin + ?Sized> Store for T {}
+impl<T: StateStore + TrayStore + BudgetStore + StoreAdmin + ?Sized> Store for T {}

@@ -1,7 +1,7 @@
 //! The async wrapper (rules W1–W3).
 //!
-//! [`AsyncStore`] mirrors every method of [`StateStore`], [`TrayStore`] and
-//! [`StoreAdmin`] as an `async fn`, over any backend (`Arc<dyn Store>`). Each one clones its
+//! [`AsyncStore`] mirrors every method of [`StateStore`], [`TrayStore`],
+//! [`BudgetStore`] and [`StoreAdmin`] as an `async fn`, over any backend (`Arc<dyn Store>`). Each one clones its
 //! arguments, hands the synchronous call to [`tokio::task::spawn_blocking`]
 //! and awaits the answer. It holds no logic of its own: every rule is the
 //! synchronous store's.
@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::admin::{StoreStats, VerifyReport};
 use crate::api::Store;
+use crate::budget::{BudgetKey, BudgetRecord, BudgetStatus, Hold, HoldRecord, RunSpend, Settled};
 use crate::entry::Entry;
 use crate::error::{Result, StateError};
 use crate::kv::{FileStore, MemoryStore};
@@ -22,7 +23,7 @@ use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
 use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 #[cfg(doc)]
-use crate::{StateStore, StoreAdmin, TrayStore};
+use crate::{BudgetStore, StateStore, StoreAdmin, TrayStore};
 
 /// Any [`Store`] for async code: every call runs on tokio's blocking pool.
 ///
@@ -323,6 +324,54 @@ impl AsyncStore {
         let instance = instance.clone();
         self.run(move |s| s.ack_alarm(&instance, epoch, due_at))
             .await
+    }
+
+    // --- BudgetStore --------------------------------------------------
+
+    /// [`BudgetStore::put_budget`].
+    pub async fn put_budget(&self, record: BudgetRecord) -> Result<BudgetRecord> {
+        self.run(move |s| s.put_budget(record)).await
+    }
+
+    /// [`BudgetStore::get_budget`].
+    pub async fn get_budget(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
+        let key = key.clone();
+        self.run(move |s| s.get_budget(&key)).await
+    }
+
+    /// [`BudgetStore::list_budgets`].
+    pub async fn list_budgets(
+        &self,
+        tenant: &str,
+        page: &PageRequest,
+    ) -> Result<Page<BudgetStatus>> {
+        let tenant = tenant.to_string();
+        let page = page.clone();
+        self.run(move |s| s.list_budgets(&tenant, &page)).await
+    }
+
+    /// [`BudgetStore::reserve`].
+    pub async fn reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
+        let run = run.clone();
+        self.run(move |s| s.reserve(&run, hold)).await
+    }
+
+    /// [`BudgetStore::settle`].
+    pub async fn settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled> {
+        let (run, hold_id) = (run.clone(), hold_id.to_string());
+        self.run(move |s| s.settle(&run, &hold_id, spent)).await
+    }
+
+    /// [`BudgetStore::release_hold`].
+    pub async fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
+        let (run, hold_id) = (run.clone(), hold_id.to_string());
+        self.run(move |s| s.release_hold(&run, &hold_id)).await
+    }
+
+    /// [`BudgetStore::run_spend`].
+    pub async fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
+        let run = run.clone();
+        self.run(move |s| s.run_spend(&run)).await
     }
 
     // --- whole-store operations -----------------------------------------

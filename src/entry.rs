@@ -3,11 +3,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::record::{Millis, RunRecord, SessionRecord};
+use crate::budget::{BudgetRecord, HoldRecord, Spend};
+use crate::record::{Millis, RunKey, RunRecord, SessionRecord};
 use crate::tray::{InstanceKey, Tray, TrayKey};
 
 /// One exported record. Serialized as one JSON object per line with a
-/// `kind` field (`run`, `session`, `epoch`, `tray`, `alarm`); see the
+/// `kind` field (`run`, `hold`, `session`, `budget`, `epoch`, `tray`,
+/// `alarm`); see the
 /// README's "Export format".
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -29,6 +31,20 @@ pub enum Entry {
         key: TrayKey,
         /// Its contents.
         tray: Tray,
+    },
+    /// A named tenant budget and what is spent against it (rule B1).
+    Budget {
+        /// The budget, exactly as stored.
+        budget: BudgetRecord,
+        /// Spent by the runs that draw from it.
+        spent: Spend,
+    },
+    /// A run's hold (rule B2), live or expired-but-not-yet-removed.
+    Hold {
+        /// The run that holds it.
+        run: RunKey,
+        /// The hold.
+        hold: HoldRecord,
     },
     /// An instance's alarm.
     Alarm {

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::budget::{BudgetKey, CapLimit};
 use crate::record::{RunKey, SessionKey};
 use crate::tray::TrayKey;
 
@@ -26,6 +27,16 @@ pub enum Missing {
     Session(SessionKey),
     /// A tray.
     Tray(TrayKey),
+    /// A named tenant budget.
+    Budget(BudgetKey),
+    /// A live hold of a run (never reserved, or already settled, released
+    /// or expired).
+    Hold {
+        /// The run.
+        run: RunKey,
+        /// The hold's id.
+        hold_id: String,
+    },
 }
 
 impl std::fmt::Display for Missing {
@@ -34,6 +45,10 @@ impl std::fmt::Display for Missing {
             Missing::Run(k) => write!(f, "run {}/{}", k.tenant, k.run_id),
             Missing::Session(k) => write!(f, "session {}/{}", k.tenant, k.session_id),
             Missing::Tray(k) => write!(f, "tray {}/{}/{}/{}", k.ns, k.id, k.tray_ns, k.tray_id),
+            Missing::Budget(k) => write!(f, "budget {}/{}", k.tenant, k.name),
+            Missing::Hold { run, hold_id } => {
+                write!(f, "hold {hold_id} of run {}/{}", run.tenant, run.run_id)
+            }
         }
     }
 }
@@ -81,6 +96,20 @@ pub enum StateError {
         caller: u64,
         /// The epoch stored for the instance.
         stored: u64,
+    },
+    /// A reserve would take spend past a cap (B2); nothing changed. Not
+    /// retryable as is: the cap stays until spend is released, a hold
+    /// expires, or the cap is raised.
+    #[error("{limit} exceeded: spent {spent} + held {held} + asked {asked}")]
+    BudgetExceeded {
+        /// Which cap refused: the run's or its budget's, and which amount.
+        limit: CapLimit,
+        /// Spent against that cap, as committed at the moment of the check.
+        spent: u64,
+        /// Held by live holds against it at that moment.
+        held: u64,
+        /// What the refused hold asked for.
+        asked: u64,
     },
     /// Bad input (E6): which input, and why.
     #[error("invalid input: {what}")]

@@ -12,12 +12,12 @@ use crate::tray::Tray;
 
 /// Decodes a stored run value (format byte, postcard body, checksum).
 pub fn decode_run(bytes: &[u8]) -> Result<RunRecord> {
-    value::decode(bytes, "run")
+    value::decode_run(bytes)
 }
 
 /// Encodes a run as the store writes it.
 pub fn encode_run(run: &RunRecord) -> Vec<u8> {
-    value::encode(run)
+    value::encode_run(run)
 }
 
 /// Decodes a stored session value.

@@ -7,6 +7,10 @@
 //! - Every write states the version it read ([`StateError::Conflict`] when
 //!   it moved); spend accumulates through commuting patches
 //!   ([`StateStore::patch_run`]).
+//! - Spend caps hold under concurrency: [`BudgetStore::reserve`] checks a
+//!   run's and its budget's caps and records the hold in one atomic step;
+//!   [`BudgetStore::settle`] records what was spent (module docs of
+//!   [`BudgetStore`] show the reserve → call → settle pattern).
 //! - Every tray operation carries the caller's epoch, and a stale holder gets
 //!   [`StateError::FenceLost`] with nothing changed.
 //! - Tool-call arguments are scrubbed of secrets on every write.
@@ -45,6 +49,7 @@
 
 mod admin;
 mod api;
+mod budget;
 mod clock;
 mod codec;
 #[cfg(feature = "conformance")]
@@ -74,6 +79,10 @@ pub use admin::{StoreAdmin, StoreStats, TenantStats, VerifyReport};
 pub use api::{StateStore, Store, TrayStore};
 #[cfg(feature = "async")]
 pub use async_store::AsyncStore;
+pub use budget::{
+    Amount, BudgetKey, BudgetRecord, BudgetStatus, BudgetStore, CapLimit, CapScope, Caps, Hold,
+    HoldRecord, RunSpend, Settled, Spend,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cursor::Cursor;
 pub use entry::Entry;

@@ -17,3 +17,9 @@ pub const GROUP_JOBS_MAX: usize = 512;
 
 const _: () = assert!(PAGE_ITEMS_DEFAULT <= PAGE_ITEMS_MAX);
 const _: () = assert!(ID_BYTES_MAX < RECORD_BYTES_MAX_DEFAULT);
+
+/// Most live holds one run may have at once (rule B2); a reserve past it
+/// is `Invalid`.
+pub const HOLDS_PER_RUN_MAX: usize = 1024;
+/// Longest time to live of a hold: 7 days, in milliseconds (rule B5).
+pub const HOLD_TTL_MILLIS_MAX: u64 = 7 * 24 * 60 * 60 * 1000;

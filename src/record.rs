@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::budget::Caps;
 use crate::error::{Result, StateError};
 
 /// Milliseconds since the Unix epoch, as read from the store's [`Clock`](crate::Clock).
@@ -158,6 +159,14 @@ pub struct RunRecord {
     /// The store's insertion counter, assigned at create. Listings are in
     /// `seq` order.
     pub seq: u64,
+    /// The run's own spend caps (rule B1), fixed at create. Absent in
+    /// exports of earlier releases: no caps.
+    #[serde(default)]
+    pub caps: Caps,
+    /// The named tenant budget the run draws from (rule B1), fixed at
+    /// create; it must exist then.
+    #[serde(default)]
+    pub budget: Option<String>,
 }
 
 impl RunRecord {
@@ -178,7 +187,22 @@ impl RunRecord {
             created_at: 0,
             updated_at: 0,
             seq: 0,
+            caps: Caps::default(),
+            budget: None,
         }
+    }
+
+    /// Sets the run's caps (only honoured at create; rule B1).
+    pub fn with_caps(mut self, caps: Caps) -> Self {
+        self.caps = caps;
+        self
+    }
+
+    /// Draws the run from the tenant's named budget (only honoured at
+    /// create; the budget must exist).
+    pub fn with_budget(mut self, name: impl Into<String>) -> Self {
+        self.budget = Some(name.into());
+        self
     }
 
     /// Sets the session (only honoured at create).

@@ -7,8 +7,9 @@
 //! and overflow (R4), amounts a put may not move (R6), sessions that must
 //! exist (R8), deletes with and without cascade (S2, S3), listings in seq
 //! order with cursors bound to their listing (L1–L6), fences (T2–T4),
-//! marked trays (T5), alarms (A1–A3), and "after any error the store reads
-//! exactly as before the call" (E6). Reopen drops the store and opens it
+//! marked trays (T5), alarms (A1–A3), spend caps with holds that expire by
+//! the clock (B1–B5), and "after any error the store reads exactly as
+//! before the call" (E6). Reopen drops the store and opens it
 //! again; nothing acknowledged may change.
 
 use std::collections::BTreeMap;
@@ -17,9 +18,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use agentstate::{
-    Alarm, Approval, Cursor, Durability, FileStore, InstanceKey, ManualClock, MarkedTray, Missing,
-    Options, Page, PageRequest, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,
-    StateError, StateQuery, StateStore, StoreAdmin, Tray, TrayKey, TrayOp, TrayStore,
+    Alarm, Amount, Approval, BudgetKey, BudgetRecord, BudgetStatus, BudgetStore, CapLimit,
+    CapScope, Caps, Cursor, Durability, FileStore, Hold, HoldRecord, InstanceKey, ManualClock,
+    MarkedTray, Missing, Options, Page, PageRequest, RunKey, RunRecord, RunSpend, RunState,
+    SessionKey, SessionRecord, Settled, Spend, StateDelta, StateError, StateQuery, StateStore,
+    StoreAdmin, Tray, TrayKey, TrayOp, TrayStore,
 };
 
 use super::Input;
@@ -37,6 +40,18 @@ const INSTANCES: [(&str, &str); 3] = [("ns", "w0"), ("ns", "w\u{e9}"), ("ns\0", 
 const TRAYS: [(&str, &str); 3] = [("a", "0"), ("a", "1"), ("b", "0")];
 const ENVS: [&str; 3] = ["prod", "dev", ""];
 const LIMITS: [usize; 6] = [1, 1, 2, 3, 5, 0];
+/// Budget names: one that can exist, one that never does.
+const BUDGETS: [&str; 2] = ["b0", "b/1"];
+const HOLDS: [&str; 3] = ["h0", "h1", ""];
+
+/// A hold id: the invalid one now and then, not a third of the time.
+fn read_hold(inp: &mut Input<'_>) -> &'static str {
+    if inp.below(16) == 0 {
+        HOLDS[2]
+    } else {
+        inp.pick(&HOLDS[..2])
+    }
+}
 
 type TrayId = (String, String, String, String);
 
@@ -241,6 +256,47 @@ enum Op {
         by: u64,
     },
     Reopen,
+    PutBudget {
+        tenant: &'static str,
+        budget: &'static str,
+        version: VersionPick,
+        cost_max: Option<u64>,
+    },
+    GetBudget {
+        tenant: &'static str,
+        budget: &'static str,
+    },
+    CreateCappedRun {
+        tenant: &'static str,
+        run: &'static str,
+        cost_max: Option<u64>,
+        iterations_max: Option<u64>,
+        budget: Option<&'static str>,
+    },
+    Reserve {
+        tenant: &'static str,
+        run: &'static str,
+        hold: &'static str,
+        cost: u64,
+        iterations: u64,
+        ttl: u64,
+    },
+    Settle {
+        tenant: &'static str,
+        run: &'static str,
+        hold: &'static str,
+        cost: u64,
+        iterations: u64,
+    },
+    ReleaseHold {
+        tenant: &'static str,
+        run: &'static str,
+        hold: &'static str,
+    },
+    RunSpend {
+        tenant: &'static str,
+        run: &'static str,
+    },
 }
 
 /// A batch's ops: a tray, and for a put its (marked, env, doc byte).
@@ -296,8 +352,20 @@ fn read_tenant(inp: &mut Input<'_>) -> &'static str {
 }
 
 impl Op {
-    fn read(inp: &mut Input<'_>) -> Op {
-        match inp.below(22) {
+    /// Reads one op. Selector bytes 242..=255 pick the spend-cap ops; below
+    /// that the mapping is what it was before they existed (`byte % 22`),
+    /// so committed regression inputs keep their meaning. With `caps_bias`
+    /// (the seeded replay's second mode) half of the selectors pick a
+    /// spend-cap op, so their sequences get deep without a fuzzer.
+    fn read(inp: &mut Input<'_>, caps_bias: bool) -> Op {
+        let b = inp.byte();
+        if b >= 242 {
+            return Op::read_budget(inp, b - 242);
+        }
+        if caps_bias && b & 1 == 1 {
+            return Op::read_budget(inp, (b >> 1) % 14).narrowed();
+        }
+        match b as usize % 22 {
             0 | 1 => Op::CreateRun {
                 tenant: read_tenant(inp),
                 run: inp.pick(&RUNS),
@@ -421,6 +489,89 @@ impl Op {
     }
 }
 
+impl Op {
+    /// The spend-cap op on one tenant and two runs, so that reserves,
+    /// settles and releases meet each other's holds often.
+    fn narrowed(mut self) -> Op {
+        let narrow = |t: &mut &'static str, r: &mut &'static str| {
+            if !t.is_empty() {
+                *t = TENANTS[0];
+            }
+            if *r == RUNS[2] {
+                *r = RUNS[0];
+            }
+        };
+        match &mut self {
+            Op::CreateCappedRun { tenant, run, .. }
+            | Op::Reserve { tenant, run, .. }
+            | Op::Settle { tenant, run, .. }
+            | Op::ReleaseHold { tenant, run, .. }
+            | Op::RunSpend { tenant, run } => narrow(tenant, run),
+            Op::PutBudget { tenant, .. } | Op::GetBudget { tenant, .. } => {
+                let mut r = RUNS[0];
+                narrow(tenant, &mut r);
+            }
+            _ => {}
+        }
+        self
+    }
+
+    fn read_budget(inp: &mut Input<'_>, which: u8) -> Op {
+        let cost = |inp: &mut Input<'_>| match inp.below(8) {
+            0 => u64::MAX - inp.below(2) as u64,
+            n => n as u64 * 100,
+        };
+        match which {
+            0 | 1 => Op::PutBudget {
+                tenant: read_tenant(inp),
+                budget: if inp.below(4) == 0 {
+                    BUDGETS[1]
+                } else {
+                    BUDGETS[0]
+                },
+                version: read_version(inp),
+                cost_max: inp.bool().then(|| inp.below(12) as u64 * 100),
+            },
+            2 => Op::GetBudget {
+                tenant: read_tenant(inp),
+                budget: inp.pick(&BUDGETS),
+            },
+            3 | 4 => Op::CreateCappedRun {
+                tenant: read_tenant(inp),
+                run: inp.pick(&RUNS),
+                cost_max: inp.bool().then(|| inp.below(12) as u64 * 100),
+                iterations_max: inp.bool().then(|| inp.below(4) as u64),
+                budget: inp.bool().then(|| inp.pick(&BUDGETS)),
+            },
+            5..=7 => Op::Reserve {
+                tenant: read_tenant(inp),
+                run: inp.pick(&RUNS),
+                hold: read_hold(inp),
+                cost: cost(inp),
+                iterations: inp.below(3) as u64,
+                // 0 is Invalid; the clock moves by 0..=2 at a time.
+                ttl: inp.below(10) as u64,
+            },
+            8 | 9 => Op::Settle {
+                tenant: read_tenant(inp),
+                run: inp.pick(&RUNS),
+                hold: read_hold(inp),
+                cost: cost(inp),
+                iterations: inp.below(3) as u64,
+            },
+            10 | 11 => Op::ReleaseHold {
+                tenant: read_tenant(inp),
+                run: inp.pick(&RUNS),
+                hold: read_hold(inp),
+            },
+            _ => Op::RunSpend {
+                tenant: read_tenant(inp),
+                run: inp.pick(&RUNS),
+            },
+        }
+    }
+}
+
 fn read_due(inp: &mut Input<'_>) -> u64 {
     match inp.below(10) {
         0 => u64::MAX,
@@ -458,6 +609,12 @@ fn kind(e: &StateError) -> String {
             format!("FenceLost {{ caller: {caller}, stored: {stored} }}")
         }
         StateError::Invalid { .. } => "Invalid".to_string(),
+        StateError::BudgetExceeded {
+            limit,
+            spent,
+            held,
+            asked,
+        } => format!("BudgetExceeded {{ {limit:?}, {spent}, {held}, {asked} }}"),
         StateError::Persistence { reason, .. } => format!("Persistence({reason:?})"),
         other => format!("unexpected error: {other}"),
     }
@@ -488,10 +645,122 @@ struct Model {
     trays: BTreeMap<TrayId, Tray>,
     /// (ns, id) → due.
     alarms: BTreeMap<(String, String), u64>,
+    /// (tenant, name) → the budget and what its runs spent.
+    budgets: BTreeMap<(String, String), (BudgetRecord, Spend)>,
+    /// (tenant, run, hold id) → the hold, live or expired.
+    holds: BTreeMap<(String, String, String), HoldRecord>,
     saved: Option<(Bind, Resume)>,
 }
 
 impl Model {
+    /// B5: the live holds of a run at `now`, in id order.
+    fn run_holds(&self, tenant: &str, run: &str) -> Vec<HoldRecord> {
+        self.holds
+            .iter()
+            .filter(|((t, r, _), h)| t == tenant && r == run && self.now < h.expires_at)
+            .map(|(_, h)| h.clone())
+            .collect()
+    }
+
+    /// The live holds of every run drawing from the budget.
+    fn budget_holds(&self, tenant: &str, budget: &str) -> Vec<HoldRecord> {
+        self.holds
+            .iter()
+            .filter(|((t, r, _), h)| {
+                t == tenant
+                    && self.now < h.expires_at
+                    && self
+                        .runs
+                        .get(&(t.clone(), r.clone()))
+                        .is_some_and(|run| run.budget.as_deref() == Some(budget))
+            })
+            .map(|(_, h)| h.clone())
+            .collect()
+    }
+
+    fn sum(holds: &[HoldRecord]) -> Spend {
+        let mut s = Spend::default();
+        for h in holds {
+            s.cost_micros = s.cost_micros.saturating_add(h.amounts.cost_micros);
+            s.tokens = s.tokens.saturating_add(h.amounts.tokens);
+            s.iterations = s.iterations.saturating_add(h.amounts.iterations);
+        }
+        s
+    }
+
+    fn budget_status(&self, tenant: &str, name: &str) -> Option<BudgetStatus> {
+        let (record, spent) = self.budgets.get(&(tenant.to_string(), name.to_string()))?;
+        let holds = self.budget_holds(tenant, name);
+        Some(BudgetStatus {
+            record: record.clone(),
+            spent: *spent,
+            held: Model::sum(&holds),
+            holds: holds.len() as u64,
+        })
+    }
+
+    fn run_spend(&self, r: &RunRecord) -> RunSpend {
+        let holds = self.run_holds(&r.key.tenant, &r.key.run_id);
+        RunSpend {
+            key: r.key.clone(),
+            caps: r.caps,
+            budget: r.budget.clone(),
+            spent: Spend::of_run(r),
+            held: Model::sum(&holds),
+            holds,
+        }
+    }
+
+    /// B3/B6: a run of a budget spent `cost` and `iterations`; saturating.
+    fn spend_on_budget(&mut self, r: &RunRecord, cost: u64, iterations: u64) {
+        if let Some(b) = &r.budget
+            && let Some((_, spent)) = self.budgets.get_mut(&(r.key.tenant.clone(), b.clone()))
+        {
+            spent.cost_micros = spent.cost_micros.saturating_add(cost);
+            spent.iterations = spent.iterations.saturating_add(iterations);
+        }
+    }
+
+    /// B2 as the spec states it: spent + held + asked within every cap, the
+    /// run's first, then its budget's.
+    fn fits(&self, r: &RunRecord, asked: Spend) -> Result<(), String> {
+        let check = |scope: CapScope, caps: &Caps, spent: Spend, held: Spend| {
+            for amount in Amount::ALL {
+                if let Some(max) = caps.max(amount) {
+                    let (s, h, a) = (spent.get(amount), held.get(amount), asked.get(amount));
+                    if s as u128 + h as u128 + a as u128 > max as u128 {
+                        let limit = CapLimit {
+                            scope: scope.clone(),
+                            amount,
+                            max,
+                        };
+                        return Err(format!("BudgetExceeded {{ {limit:?}, {s}, {h}, {a} }}"));
+                    }
+                }
+            }
+            Ok(())
+        };
+        let run_held = Model::sum(&self.run_holds(&r.key.tenant, &r.key.run_id));
+        check(
+            CapScope::Run(r.key.clone()),
+            &r.caps,
+            Spend::of_run(r),
+            run_held,
+        )?;
+        if let Some(b) = &r.budget {
+            let st = self
+                .budget_status(&r.key.tenant, b)
+                .expect("a run's budget exists");
+            check(
+                CapScope::Budget(st.record.key.clone()),
+                &st.record.caps,
+                st.spent,
+                st.held,
+            )?;
+        }
+        Ok(())
+    }
+
     fn epoch(&self, inst: usize) -> u64 {
         self.epochs.get(&inst).copied().unwrap_or(0)
     }
@@ -893,6 +1162,8 @@ impl Harness<'_> {
                                     updated_at: now,
                                     ..old
                                 };
+                                // B6: a patch counts toward its budget.
+                                m.spend_on_budget(&new, cost, iterations);
                                 m.runs.insert(k, new.clone());
                                 ok(new)
                             }
@@ -1003,6 +1274,10 @@ impl Harness<'_> {
                         if cascade {
                             for r in &runs {
                                 m.runs.remove(&(r.key.tenant.clone(), r.key.run_id.clone()));
+                                // A deleted run's holds go with it.
+                                m.holds.retain(|(t, run, _), _| {
+                                    (t, run) != (&r.key.tenant, &r.key.run_id)
+                                });
                             }
                             ok(runs.into_iter().map(|r| r.key).collect::<Vec<_>>())
                         } else {
@@ -1259,6 +1534,257 @@ impl Harness<'_> {
                 );
                 return;
             }
+            Op::PutBudget {
+                tenant,
+                budget,
+                version,
+                cost_max,
+            } => {
+                let k = (tenant.to_string(), budget.to_string());
+                let stored = m.budgets.get(&k).cloned();
+                let cur = stored.as_ref().map_or(1, |r| r.0.version);
+                let mut rec = BudgetRecord::new(
+                    BudgetKey::new(tenant, budget),
+                    Caps {
+                        cost_micros_max: cost_max,
+                        ..Caps::default()
+                    },
+                );
+                rec.version = match version {
+                    VersionPick::Current => cur,
+                    VersionPick::Ahead => cur + 1,
+                    VersionPick::Behind => cur.saturating_sub(1),
+                    VersionPick::Zero => 0,
+                };
+                let got = show(s.put_budget(rec.clone()));
+                let want = if tenant.is_empty() {
+                    invalid()
+                } else {
+                    match (rec.version, stored) {
+                        (0, Some(old)) => Err(format!(
+                            "Conflict {{ expected: 0, actual: {} }}",
+                            old.0.version
+                        )),
+                        (0, None) => {
+                            let new = BudgetRecord {
+                                version: 1,
+                                created_at: now,
+                                updated_at: now,
+                                ..rec
+                            };
+                            m.budgets.insert(k, (new.clone(), Spend::default()));
+                            ok(new)
+                        }
+                        (n, None) => Err(format!("Conflict {{ expected: {n}, actual: 0 }}")),
+                        (n, Some(old)) if old.0.version != n => Err(format!(
+                            "Conflict {{ expected: {n}, actual: {} }}",
+                            old.0.version
+                        )),
+                        (_, Some((old, spent))) => {
+                            let new = BudgetRecord {
+                                version: old.version + 1,
+                                created_at: old.created_at,
+                                updated_at: now,
+                                ..rec
+                            };
+                            m.budgets.insert(k, (new.clone(), spent));
+                            ok(new)
+                        }
+                    }
+                };
+                (got, want)
+            }
+            Op::GetBudget { tenant, budget } => {
+                let got = show(s.get_budget(&BudgetKey::new(tenant, budget)));
+                let want = if tenant.is_empty() {
+                    invalid()
+                } else {
+                    ok(m.budget_status(tenant, budget))
+                };
+                (got, want)
+            }
+            Op::CreateCappedRun {
+                tenant,
+                run,
+                cost_max,
+                iterations_max,
+                budget,
+            } => {
+                let key = RunKey::new(tenant, run);
+                let mut rec = RunRecord::new(key.clone(), AGENTS[0]).with_caps(Caps {
+                    cost_micros_max: cost_max,
+                    tokens_max: None,
+                    iterations_max,
+                });
+                rec.budget = budget.map(str::to_string);
+                let got = show(s.put_run(rec.clone()));
+                let k = (tenant.to_string(), run.to_string());
+                let want = if tenant.is_empty() {
+                    invalid()
+                } else if let Some(old) = m.runs.get(&k) {
+                    Err(format!(
+                        "Conflict {{ expected: 0, actual: {} }}",
+                        old.version
+                    ))
+                } else if let Some(b) = budget
+                    && !m.budgets.contains_key(&(tenant.to_string(), b.to_string()))
+                {
+                    Err(format!(
+                        "NotFound({})",
+                        Missing::Budget(BudgetKey::new(tenant, b))
+                    ))
+                } else {
+                    m.next_seq += 1;
+                    let new = RunRecord {
+                        version: 1,
+                        seq: m.next_seq,
+                        created_at: now,
+                        updated_at: now,
+                        ..rec
+                    };
+                    m.runs.insert(k, new.clone());
+                    ok(new)
+                };
+                (got, want)
+            }
+            Op::Reserve {
+                tenant,
+                run,
+                hold,
+                cost,
+                iterations,
+                ttl,
+            } => {
+                let key = RunKey::new(tenant, run);
+                let h = Hold::new(hold, ttl)
+                    .cost_micros(cost)
+                    .iterations(iterations);
+                let got = show(s.reserve(&key, h.clone()));
+                let k = (tenant.to_string(), run.to_string());
+                let want = if tenant.is_empty() || hold.is_empty() || ttl == 0 {
+                    invalid()
+                } else {
+                    match m.runs.get(&k).cloned() {
+                        None => Err(format!("NotFound({})", Missing::Run(key))),
+                        Some(_) if m.run_holds(tenant, run).iter().any(|x| x.id == hold) => {
+                            invalid()
+                        }
+                        Some(r) => match m.fits(&r, h.amounts()) {
+                            Err(e) => Err(e),
+                            Ok(()) => {
+                                let rec = HoldRecord {
+                                    id: hold.to_string(),
+                                    amounts: h.amounts(),
+                                    created_at: now,
+                                    expires_at: now + ttl,
+                                };
+                                m.holds.insert(
+                                    (tenant.to_string(), run.to_string(), hold.to_string()),
+                                    rec.clone(),
+                                );
+                                ok(rec)
+                            }
+                        },
+                    }
+                };
+                (got, want)
+            }
+            Op::Settle {
+                tenant,
+                run,
+                hold,
+                cost,
+                iterations,
+            } => {
+                let key = RunKey::new(tenant, run);
+                let delta = StateDelta {
+                    cost_micros: cost,
+                    iterations,
+                    ..Default::default()
+                };
+                let got = show(s.settle(&key, hold, delta));
+                let k = (tenant.to_string(), run.to_string());
+                let hk = (tenant.to_string(), run.to_string(), hold.to_string());
+                let want = if tenant.is_empty() || hold.is_empty() {
+                    invalid()
+                } else {
+                    match m.runs.get(&k).cloned() {
+                        None => Err(format!("NotFound({})", Missing::Run(key))),
+                        Some(old) => match m.holds.get(&hk).filter(|h| now < h.expires_at).cloned()
+                        {
+                            None => Err(format!(
+                                "NotFound({})",
+                                Missing::Hold {
+                                    run: key,
+                                    hold_id: hold.to_string()
+                                }
+                            )),
+                            Some(h) => match (
+                                old.cost_micros.checked_add(cost),
+                                old.iterations.checked_add(iterations),
+                            ) {
+                                (Some(c), Some(i)) => {
+                                    let new = RunRecord {
+                                        cost_micros: c,
+                                        iterations: i,
+                                        version: old.version + 1,
+                                        updated_at: now,
+                                        ..old
+                                    };
+                                    m.holds.remove(&hk);
+                                    m.spend_on_budget(&new, cost, iterations);
+                                    m.runs.insert(k, new.clone());
+                                    ok(Settled {
+                                        record: new,
+                                        overshoot: Spend {
+                                            cost_micros: cost.saturating_sub(h.amounts.cost_micros),
+                                            tokens: 0,
+                                            iterations: iterations
+                                                .saturating_sub(h.amounts.iterations),
+                                        },
+                                    })
+                                }
+                                _ => invalid(),
+                            },
+                        },
+                    }
+                };
+                (got, want)
+            }
+            Op::ReleaseHold { tenant, run, hold } => {
+                let key = RunKey::new(tenant, run);
+                let got = show(s.release_hold(&key, hold));
+                let k = (tenant.to_string(), run.to_string());
+                let hk = (tenant.to_string(), run.to_string(), hold.to_string());
+                let want = if tenant.is_empty() || hold.is_empty() {
+                    invalid()
+                } else if !m.runs.contains_key(&k) {
+                    Err(format!("NotFound({})", Missing::Run(key)))
+                } else if m.holds.get(&hk).is_none_or(|h| now >= h.expires_at) {
+                    Err(format!(
+                        "NotFound({})",
+                        Missing::Hold {
+                            run: key,
+                            hold_id: hold.to_string()
+                        }
+                    ))
+                } else {
+                    m.holds.remove(&hk);
+                    ok(())
+                };
+                (got, want)
+            }
+            Op::RunSpend { tenant, run } => {
+                let got = show(s.run_spend(&RunKey::new(tenant, run)));
+                let want = if tenant.is_empty() {
+                    invalid()
+                } else {
+                    ok(m.runs
+                        .get(&(tenant.to_string(), run.to_string()))
+                        .map(|r| m.run_spend(r)))
+                };
+                (got, want)
+            }
             Op::AdvanceClock { by } => {
                 self.clock.advance(by);
                 m.now += by;
@@ -1285,6 +1811,16 @@ impl Harness<'_> {
 /// store made earlier, which spares the fuzzer a creation per input) and
 /// the model, compared after every step.
 pub fn run_at(data: &[u8], path: &Path, template: Option<&Path>) {
+    run_mode(data, path, template, false)
+}
+
+/// Like [`run`], with half of the ops spend-cap ops (see `Op::read`).
+pub fn run_caps_biased(data: &[u8]) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    run_mode(data, &dir.path().join("store"), None, true);
+}
+
+fn run_mode(data: &[u8], path: &Path, template: Option<&Path>, caps_bias: bool) {
     let mut inp = Input::new(data);
     let clock = Arc::new(ManualClock::new(1_000));
     let opts = Options::new()
@@ -1310,7 +1846,7 @@ pub fn run_at(data: &[u8], path: &Path, template: Option<&Path>) {
         if inp.is_empty() {
             break;
         }
-        let op = Op::read(&mut inp);
+        let op = Op::read(&mut inp, caps_bias);
         h.step(op);
     }
     let report = h.store().verify().expect("verify");

@@ -24,7 +24,7 @@ pub struct RunFilter {
 /// Walks a paged listing: `fetch(request)` returns one page. Stops after
 /// the first page unless `--all`, and then returns the cursor to go on
 /// from. Hands each page's items to `each`.
-fn walk<T>(
+pub(super) fn walk<T>(
     page: &PageArgs,
     what: &str,
     mut fetch: impl FnMut(&PageRequest) -> agentstate::Result<agentstate::Page<T>>,
@@ -48,7 +48,7 @@ fn walk<T>(
 
 /// Prints the table (unless JSON went out line by line), then, on stderr
 /// and after the listing, how to get the next page.
-fn finish(
+pub(super) fn finish(
     table: &Table,
     what: &str,
     json: bool,
@@ -228,6 +228,19 @@ pub fn runs_show(
         "cost           {} ({} micros)",
         micros(r.cost_micros),
         thousands(r.cost_micros)
+    )?;
+    writeln!(out, "budget         {}", r.budget.as_deref().unwrap_or("-"))?;
+    let cap = |c: Option<u64>, money: bool| match c {
+        None => "-".to_string(),
+        Some(n) if money => micros(n),
+        Some(n) => thousands(n),
+    };
+    writeln!(
+        out,
+        "caps           cost {}, tokens {}, iterations {} (agentstate budgets show --run for held)",
+        cap(r.caps.cost_micros_max, true),
+        cap(r.caps.tokens_max, false),
+        cap(r.caps.iterations_max, false)
     )?;
     writeln!(out, "created        {}", ago(r.created_at))?;
     writeln!(out, "updated        {}", ago(r.updated_at))?;
@@ -597,7 +610,13 @@ pub fn stats(store: &dyn Store, json: bool, out: &mut dyn Write) -> Result<(), C
                         )
                     })
                     .collect();
-                (t.clone(), json!({ "runs": runs, "sessions": ts.sessions }))
+                (
+                    t.clone(),
+                    json!({
+                        "runs": runs, "sessions": ts.sessions, "budgets": ts.budgets,
+                        "holds": ts.holds, "runs_at_cap": ts.runs_at_cap,
+                    }),
+                )
             })
             .collect();
         return json_line(
@@ -619,8 +638,11 @@ pub fn stats(store: &dyn Store, json: bool, out: &mut dyn Write) -> Result<(), C
         ("CANCELLED", Align::Right),
         ("RUNS", Align::Right),
         ("SESSIONS", Align::Right),
+        ("BUDGETS", Align::Right),
+        ("HOLDS", Align::Right),
+        ("AT CAP", Align::Right),
     ]);
-    let (mut runs, mut sessions) = (0u64, 0u64);
+    let (mut runs, mut sessions, mut at_cap) = (0u64, 0u64, 0u64);
     for (tenant, ts) in &s.tenants {
         let mut row = vec![tenant.clone()];
         row.extend(
@@ -631,8 +653,12 @@ pub fn stats(store: &dyn Store, json: bool, out: &mut dyn Write) -> Result<(), C
         let n: u64 = ts.runs_by_state.values().sum();
         row.push(thousands(n));
         row.push(thousands(ts.sessions));
+        row.push(thousands(ts.budgets));
+        row.push(thousands(ts.holds));
+        row.push(thousands(ts.runs_at_cap));
         runs += n;
         sessions += ts.sessions;
+        at_cap += ts.runs_at_cap;
         t.row(row);
     }
     if t.is_empty() {
@@ -644,6 +670,13 @@ pub fn stats(store: &dyn Store, json: bool, out: &mut dyn Write) -> Result<(), C
     writeln!(out, "tenants   {}", thousands(s.tenants.len() as u64))?;
     writeln!(out, "runs      {}", thousands(runs))?;
     writeln!(out, "sessions  {}", thousands(sessions))?;
+    // Counted from the committed state: a refused reserve writes nothing,
+    // so the runs at their cap are the runs that refuse now.
+    writeln!(
+        out,
+        "at cap    {} run(s) at a cap of their own or their budget's (a reserve of that amount is refused now)",
+        thousands(at_cap)
+    )?;
     writeln!(
         out,
         "trays     {} ({} marked)",

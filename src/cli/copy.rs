@@ -23,6 +23,8 @@ fn kind(e: &Entry) -> &'static str {
     match e {
         Entry::Run(_) => "runs",
         Entry::Session(_) => "sessions",
+        Entry::Hold { .. } => "holds",
+        Entry::Budget { .. } => "budgets",
         Entry::Epoch { .. } => "epochs",
         Entry::Tray { .. } => "trays",
         Entry::Alarm { .. } => "alarms",

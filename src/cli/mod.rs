@@ -6,6 +6,7 @@
 //! 2 bad usage or an unusable store (locked by another process, damaged,
 //! from a newer release, not empty where it must be).
 
+mod budgets;
 mod commands;
 mod copy;
 mod demo;
@@ -64,7 +65,11 @@ enum Command {
     /// Alarms of pinned workers.
     #[command(subcommand)]
     Alarms(AlarmsCmd),
-    /// Count runs per tenant and state, sessions, trays, alarms, disk bytes.
+    /// Spend caps: caps, spent and held per budget and per run.
+    #[command(subcommand)]
+    Budgets(BudgetsCmd),
+    /// Count runs per tenant and state, sessions, budgets, holds, runs at
+    /// their cap, trays, alarms, disk bytes.
     Stats {
         /// One JSON object instead of tables.
         #[arg(long)]
@@ -228,6 +233,34 @@ enum TraysCmd {
         env: Option<String>,
         #[command(flatten)]
         page: PageArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BudgetsCmd {
+    /// List a tenant's budgets in name order: caps, spent, held.
+    List {
+        /// Whose budgets.
+        #[arg(long)]
+        tenant: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// Show one budget and the runs that draw from it, or (with --run) one
+    /// run's caps, spent and live holds.
+    Show {
+        /// The tenant.
+        #[arg(long)]
+        tenant: String,
+        /// The budget's name.
+        #[arg(required_unless_present = "run", conflicts_with = "run")]
+        name: Option<String>,
+        /// Show this run instead of a budget.
+        #[arg(long, value_name = "RUN_ID")]
+        run: Option<String>,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -429,6 +462,22 @@ fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Alarms(AlarmsCmd::Due { now, page }) => {
             let store = cli.open(Open::Existing)?;
             commands::alarms_due(&*store, now.unwrap_or_else(time::now_millis), page, out)
+        }
+        Command::Budgets(cmd) => {
+            let store = cli.open(Open::Existing)?;
+            match cmd {
+                BudgetsCmd::List { tenant, page } => budgets::list(&*store, tenant, page, out),
+                BudgetsCmd::Show {
+                    tenant,
+                    name,
+                    run,
+                    json,
+                } => match (name, run) {
+                    (_, Some(run)) => budgets::show_run(&*store, tenant, run, *json, out),
+                    (Some(name), None) => budgets::show_budget(&*store, tenant, name, *json, out),
+                    (None, None) => Err(CliError::usage("budgets show: name a budget or --run")),
+                },
+            }
         }
         Command::Stats { json } => commands::stats(&*cli.open(Open::Existing)?, *json, out),
         Command::Verify { json } => commands::verify(&*cli.open(Open::Existing)?, *json, out),

@@ -1,22 +1,30 @@
 //! `export` and `import`: a store as JSON Lines.
 //!
-//! # Export format, version 1
+//! # Export format, version 2
 //!
 //! UTF-8 text, one JSON value per line, each line ending in `\n`:
 //!
-//! 1. A header: exactly `{"agentstate_export":1}`. The number is the format
-//!    version; an importer refuses a version it does not know.
+//! 1. A header: exactly `{"agentstate_export":2}`. The number is the format
+//!    version; an importer refuses a version it does not know. Version 1
+//!    (before spend caps: no `caps`/`budget` on runs, no `hold` or `budget`
+//!    lines) is read too: its runs have no caps.
 //! 2. One line per record, in the store's deterministic export order (runs,
-//!    then sessions, epochs, trays, alarms; each in key order). Each line is
+//!    then holds, sessions, budgets, epochs, trays, alarms; each in key
+//!    order). Each line is
 //!    an `agentstate::Entry` as serde_json writes it: an object whose `kind`
 //!    is one of
 //!    - `run`: the `RunRecord` fields (`key {tenant, run_id}`, `version`,
 //!      `state`, `agent_name`, `session_id`, `messages_read`,
 //!      `pending_tool_calls [{id, name, arguments}]`, `usage {input_tokens,
 //!      output_tokens}`, `cost_micros`, `iterations`, `approval {id,
-//!      prompt}`, `created_at`, `updated_at`, `seq`);
+//!      prompt}`, `created_at`, `updated_at`, `seq`, `caps {cost_micros_max,
+//!      tokens_max, iterations_max}` (each a number or null), `budget`);
+//!    - `hold`: `run {tenant, run_id}`, `hold {id, amounts {cost_micros,
+//!      tokens, iterations}, created_at, expires_at}`;
 //!    - `session`: the `SessionRecord` fields (`key {tenant, session_id}`,
 //!      `version`, `metadata {…}`, `created_at`, `updated_at`);
+//!    - `budget`: `budget {key {tenant, name}, version, caps {…},
+//!      created_at, updated_at}`, `spent {cost_micros, tokens, iterations}`;
 //!    - `epoch`: `instance {ns, id}`, `epoch`;
 //!    - `tray`: `key {ns, id, tray_ns, tray_id}`, `tray {marked, doc, env,
 //!      hostname}` with `doc` as an array of byte values;
@@ -36,8 +44,10 @@ use agentstate::{Entry, StateError, Store};
 use super::CliError;
 use super::output::{Progress, thousands};
 
-/// The format version this build writes and reads.
-pub const EXPORT_FORMAT_VERSION: u64 = 1;
+/// The format version this build writes (and the newest it reads).
+pub const EXPORT_FORMAT_VERSION: u64 = 2;
+/// The oldest format version this build reads.
+pub const EXPORT_FORMAT_OLDEST: u64 = 1;
 /// Entries per export page.
 const EXPORT_PAGE: usize = 1000;
 
@@ -190,9 +200,9 @@ fn check_header(line: &str, source: &str) -> Result<(), CliError> {
         .get("agentstate_export")
         .and_then(|n| n.as_u64())
         .ok_or_else(not_export)?;
-    if version != EXPORT_FORMAT_VERSION {
+    if !(EXPORT_FORMAT_OLDEST..=EXPORT_FORMAT_VERSION).contains(&version) {
         return Err(CliError::usage(format!(
-            "{source} is export format {version}; this agentstate reads format {EXPORT_FORMAT_VERSION} (use a matching release)"
+            "{source} is export format {version}; this agentstate reads formats {EXPORT_FORMAT_OLDEST} to {EXPORT_FORMAT_VERSION} (use a matching release)"
         )));
     }
     Ok(())

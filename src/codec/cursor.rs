@@ -28,6 +28,7 @@ pub(crate) enum Listing {
     Alarms = 4,
     Export = 5,
     Sessions = 6,
+    Budgets = 7,
 }
 
 fn mac(secret: &[u8; 16], listing: Listing, binding: &[u8], position: &[u8]) -> u64 {

@@ -1,6 +1,6 @@
 //! The public conformance suite: every numbered rule of the contract
 //! (R runs, S sessions, L listings, X scrubbing, E errors, T trays, A alarms,
-//! K limits) as one function that checks it against a backend.
+//! B spend caps, K limits) as one function that checks it against a backend.
 //!
 //! Enabled by the `conformance` feature. A backend is done when every
 //! function in [`RULES`] passes against it; each panics with a message that
@@ -48,7 +48,7 @@
 //! }
 //! ```
 //!
-//! The concurrency rules (R3, R5, L2, T5, T6) run real threads for many
+//! The concurrency rules (R3, R5, L2, T5, T6, B6) run real threads for many
 //! rounds; the environment variable `AGENTSTATE_ROUNDS` multiplies their
 //! rounds (default 1; e.g. `AGENTSTATE_ROUNDS=10` for a soak run).
 //!
@@ -94,6 +94,7 @@ macro_rules! expect_err {
 mod helpers;
 
 mod alarms;
+mod budgets;
 mod errors;
 mod limits;
 mod listings;
@@ -105,6 +106,7 @@ mod trays;
 // The rule checks, each at `agentstate::conformance::<rule fn>`. Only the
 // checks are public in these modules; their helpers stay private.
 pub use alarms::*;
+pub use budgets::*;
 pub use errors::*;
 pub use limits::*;
 pub use listings::*;
@@ -135,7 +137,7 @@ macro_rules! rule_table {
     };
 }
 
-/// Every rule check, by rule id, in spec order (R, S, L, X, E, T, A, K).
+/// Every rule check, by rule id, in spec order (R, S, L, X, E, T, A, B, K).
 pub const RULES: &[(&str, Check)] = crate::__conformance_rules!([rule_table]);
 
 /// The rule list — the one place every rule of the suite is named, in spec
@@ -188,6 +190,12 @@ macro_rules! __conformance_rules {
             a1 a1_one_alarm_per_instance,
             a2 a2_due_alarms_in_order,
             a3 a3_alarm_stays_due_until_acked,
+            b1 b1_caps_and_budget_fixed_at_create,
+            b2 b2_reserve_within_every_cap_or_changes_nothing,
+            b3 b3_settle_records_actual_spend_and_overshoot,
+            b4 b4_release_and_unknown_holds,
+            b5 b5_expired_holds_free_their_amount,
+            b6 b6_caps_hold_under_concurrency,
             k1 k1_ids_are_1_to_256_bytes,
             k2 k2_records_and_docs_past_limit_too_large,
             k3 k3_page_limit_1_to_1000,

@@ -8,6 +8,9 @@ use super::KvStore;
 use super::engine::memory::MemoryEngine;
 use crate::admin::{StoreAdmin, StoreStats, VerifyReport};
 use crate::api::{StateStore, TrayStore};
+use crate::budget::{
+    BudgetKey, BudgetRecord, BudgetStatus, BudgetStore, Hold, HoldRecord, RunSpend, Settled,
+};
 use crate::entry::Entry;
 use crate::error::Result;
 use crate::options::Options;
@@ -179,6 +182,30 @@ macro_rules! forward_to_kv {
                 due_at: Millis,
             ) -> Result<bool> {
                 self.0.ack_alarm(instance, epoch, due_at)
+            }
+        }
+
+        impl BudgetStore for $handle {
+            fn put_budget(&self, record: BudgetRecord) -> Result<BudgetRecord> {
+                self.0.put_budget(record)
+            }
+            fn get_budget(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
+                self.0.get_budget(key)
+            }
+            fn list_budgets(&self, tenant: &str, page: &PageRequest) -> Result<Page<BudgetStatus>> {
+                self.0.list_budgets(tenant, page)
+            }
+            fn reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
+                self.0.reserve(run, hold)
+            }
+            fn settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled> {
+                self.0.settle(run, hold_id, spent)
+            }
+            fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
+                self.0.release_hold(run, hold_id)
+            }
+            fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
+                self.0.run_spend(run)
             }
         }
 

@@ -21,8 +21,15 @@ pub(crate) mod table {
     pub const RUN_BY_STATE: u8 = 0x12;
     /// (tenant, session, seq) → run_id.
     pub const RUN_BY_SESSION: u8 = 0x13;
+    /// (tenant, run_id, hold_id) → HoldRecord (rule B2).
+    pub const HOLD: u8 = 0x14;
     /// (tenant, session_id) → SessionRecord.
     pub const SESSION: u8 = 0x20;
+    /// (tenant, name) → BudgetRecord and what is spent against it (B1).
+    pub const BUDGET: u8 = 0x21;
+    /// (tenant, budget name, run_id, hold_id) → HoldRecord: a budget's
+    /// holds, so one scan sums them.
+    pub const BUDGET_HOLD: u8 = 0x22;
     /// (ns, id) → epoch.
     pub const EPOCH: u8 = 0x30;
     /// (ns, id, tray_ns, tray_id) → Tray.

@@ -2,6 +2,7 @@
 //! small ordered-engine trait (`engine/`), with its key codec (`key.rs`).
 //! The memory and file stores are two handles on it (`handles.rs`).
 
+mod budgets;
 mod commit;
 pub(crate) mod engine;
 mod file;

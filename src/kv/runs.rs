@@ -13,8 +13,10 @@ use crate::rules::{
     check_record, check_run_key, check_version, created_run, patched_run, updated_run,
 };
 
+use super::budgets::{after_patch, budget_key};
 use super::commit::Txn;
 use super::{KvStore, check_id, check_size};
+use crate::budget::BudgetKey;
 
 pub(crate) fn run_key(k: &RunKey) -> Vec<u8> {
     KeyBuf::table(table::RUN)
@@ -54,7 +56,7 @@ pub(crate) fn read_run(txn: &Txn<'_>, key: &RunKey) -> Result<Option<RunRecord>>
 }
 
 pub(crate) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
-    let r: RunRecord = value::decode(bytes, "run")?;
+    let r = value::decode_run(bytes)?;
     if &r.key != key {
         return Err(StateError::corrupt(format!(
             "run stored under {}/{} names another key",
@@ -71,7 +73,7 @@ pub(crate) fn write_run(
     new: &RunRecord,
     max: usize,
 ) -> Result<()> {
-    let bytes = value::encode(new);
+    let bytes = value::encode_run(new);
     check_size("run record", bytes.len(), max)?;
     debug_assert!(decode_run(&bytes, &new.key).is_ok_and(|r| &r == new));
     let id = value::encode(&new.key.run_id);
@@ -94,8 +96,10 @@ pub(crate) fn write_run(
     Ok(())
 }
 
-/// Deletes a run and its index entries.
-pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) {
+/// Deletes a run, its index entries and its holds (what it spent stays
+/// spent against its budget).
+pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) -> Result<()> {
+    super::budgets::delete_run_holds(txn, old)?;
     let t = &old.key.tenant;
     txn.delete(run_key(&old.key));
     txn.delete(by_seq_key(t, old.seq));
@@ -103,6 +107,7 @@ pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) {
     if let Some(s) = &old.session_id {
         txn.delete(by_session_key(t, s, old.seq));
     }
+    Ok(())
 }
 
 impl KvStore {
@@ -163,9 +168,28 @@ impl StateStore for KvStore {
                             return Err(StateError::NotFound(Missing::Session(sk)));
                         }
                     }
+                    // B1: so does its budget.
+                    if let Some(b) = &record.budget {
+                        let bk = BudgetKey::new(record.key.tenant.clone(), b.clone());
+                        if txn.get(&budget_key(&bk))?.is_none() {
+                            return Err(StateError::NotFound(Missing::Budget(bk)));
+                        }
+                    }
                     let seq = txn.next_seq;
                     txn.next_seq += 1;
-                    created_run(record, seq, now)
+                    let new = created_run(record, seq, now);
+                    // A run created with amounts already spent spends them
+                    // on its budget too.
+                    let delta = StateDelta {
+                        usage: new.usage,
+                        cost_micros: new.cost_micros,
+                        iterations: new.iterations,
+                        messages_read: 0,
+                    };
+                    if new.budget.is_some() {
+                        after_patch(txn, &new, &delta, now)?;
+                    }
+                    new
                 }
                 Some(s) => updated_run(s, record, now)?,
             };
@@ -193,6 +217,12 @@ impl StateStore for KvStore {
             };
             let new = patched_run(&old, &delta, now)?;
             write_run(txn, Some(&old), &new, max)?;
+            // B6: a patch counts toward the caps' spent (its run's amounts
+            // are the run's spent; its budget's is kept beside the budget)
+            // and never refuses.
+            if new.budget.is_some() || !new.caps.is_none() {
+                after_patch(txn, &new, &delta, now)?;
+            }
             Ok(new)
         })
     }

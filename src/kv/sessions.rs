@@ -84,7 +84,7 @@ impl KvStore {
                 return Ok(Vec::new());
             }
             for r in &runs {
-                delete_run(txn, r);
+                delete_run(txn, r)?;
             }
             txn.delete(k);
             Ok(runs.into_iter().map(|r| r.key).collect())

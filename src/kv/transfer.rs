@@ -1,5 +1,6 @@
 //! Export and import: every record of a store as a sequence of entries, in
-//! a deterministic order (runs, sessions, epochs, trays, alarms; each in
+//! a deterministic order (runs, holds, sessions, budgets, epochs, trays,
+//! alarms; each in
 //! key order), and back into an empty store with versions, `seq`s and
 //! timestamps kept, so export → import → export gives the same entries.
 
@@ -22,9 +23,11 @@ use super::trays::{alarm_due_key, alarm_key, epoch_key, read_tray_key, tray_key}
 const IMPORT_GROUP: usize = 1000;
 
 /// The primary tables, in export order.
-const TABLES: [u8; 5] = [
+const TABLES: [u8; 7] = [
     table::RUN,
+    table::HOLD,
     table::SESSION,
+    table::BUDGET,
     table::EPOCH,
     table::TRAY,
     table::ALARM,
@@ -34,8 +37,20 @@ fn entry_of(k: &[u8], v: &[u8]) -> Result<Entry> {
     let t = *k.first().ok_or_else(|| StateError::corrupt("empty key"))?;
     let mut r = KeyReader::new(k, t)?;
     Ok(match t {
-        table::RUN => Entry::Run(value::decode(v, "run")?),
+        table::RUN => Entry::Run(value::decode_run(v)?),
         table::SESSION => Entry::Session(value::decode(v, "session")?),
+        table::HOLD => {
+            let (run, hold) = super::budgets::hold_entry(k, v)?;
+            Entry::Hold { run, hold }
+        }
+        table::BUDGET => {
+            let key = crate::budget::BudgetKey::new(r.str()?, r.str()?);
+            let row = super::budgets::decode_budget(v, &key)?;
+            Entry::Budget {
+                budget: row.record,
+                spent: row.spent,
+            }
+        }
         table::EPOCH => Entry::Epoch {
             instance: InstanceKey {
                 ns: r.str()?,
@@ -159,6 +174,12 @@ impl KvStore {
                         let k = tray_key(&key);
                         exists(txn, &k)?;
                         super::trays::import_tray(txn, &key, &tray);
+                    }
+                    Entry::Hold { run, hold } => {
+                        super::budgets::import_hold(txn, &run, &hold)?;
+                    }
+                    Entry::Budget { budget, spent } => {
+                        super::budgets::import_budget(txn, budget, spent)?;
                     }
                     Entry::Alarm { instance, due_at } => {
                         let k = alarm_key(&instance);

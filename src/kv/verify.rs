@@ -265,6 +265,7 @@ impl KvStore {
         })?;
         rep.entries = entries;
         rep.problems.extend(problems);
+        self.verify_budgets(&mut rep)?;
         Ok(rep)
     }
 
@@ -306,6 +307,7 @@ impl KvStore {
             s.tenants.entry(tenant).or_default().sessions += 1;
             Ok(())
         })?;
+        self.budget_stats(&mut s)?;
         self.walk(table::TRAY, |_, _| {
             s.trays += 1;
             Ok(())
@@ -353,7 +355,7 @@ impl KvStore {
                             continue;
                         };
                         if r.state.is_finished() && r.updated_at < finished_before {
-                            delete_run(txn, &r);
+                            delete_run(txn, &r)?;
                             n += 1;
                         }
                     }

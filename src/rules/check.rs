@@ -54,6 +54,9 @@ pub(crate) fn check_record(r: &RunRecord) -> Result<()> {
     if let Some(s) = &r.session_id {
         check_id("session_id", s)?;
     }
+    if let Some(b) = &r.budget {
+        check_id("budget", b)?;
+    }
     if r.pending_tool_calls.len() > PENDING_TOOL_CALLS_MAX {
         return Err(StateError::invalid(format!(
             "pending_tool_calls: at most {PENDING_TOOL_CALLS_MAX}, got {}",

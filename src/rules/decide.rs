@@ -9,7 +9,11 @@ use crate::error::{Result, StateError};
 use crate::record::{Millis, RunRecord, SessionRecord, StateDelta};
 use crate::scrub::Scrubber;
 
-use super::check::{check_instance, check_record, check_session_key, check_tray, check_tray_key};
+use super::budget::check_budget_key;
+use super::check::{
+    check_id, check_instance, check_record, check_run_key, check_session_key, check_tray,
+    check_tray_key,
+};
 
 /// R2/S1: a write of `expected` against `stored` (the stored version, if
 /// any) may go ahead, or is the `Conflict` that carries both numbers.
@@ -60,6 +64,13 @@ pub(crate) fn updated_run(stored: &RunRecord, record: RunRecord, now: Millis) ->
     }
     if stored.session_id != record.session_id {
         return Err(StateError::invalid("session_id: fixed at create"));
+    }
+    // B1: a run's caps and budget are fixed at create.
+    if stored.caps != record.caps {
+        return Err(StateError::invalid("caps: fixed at create"));
+    }
+    if stored.budget != record.budget {
+        return Err(StateError::invalid("budget: fixed at create"));
     }
     Ok(RunRecord {
         version: stored.version + 1,
@@ -150,6 +161,21 @@ pub(crate) fn checked_entry(e: Entry, scrubber: &Scrubber, max: usize) -> Result
             check_tray_key(&key)?;
             check_tray(&tray, max)?;
             Entry::Tray { key, tray }
+        }
+        Entry::Budget { budget, spent } => {
+            check_budget_key(&budget.key)?;
+            if budget.version == 0 {
+                return Err(StateError::invalid(format!(
+                    "budget {}: version must be at least 1",
+                    budget.key.name
+                )));
+            }
+            Entry::Budget { budget, spent }
+        }
+        Entry::Hold { run, hold } => {
+            check_run_key(&run)?;
+            check_id("hold id", &hold.id)?;
+            Entry::Hold { run, hold }
         }
     })
 }

@@ -668,7 +668,7 @@ fn cli_export_import_round_trip_is_byte_identical() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     let one = std::fs::read(&f1).unwrap();
     let text = String::from_utf8(one.clone()).unwrap();
-    assert!(text.starts_with("{\"agentstate_export\":1}\n"), "{text}");
+    assert!(text.starts_with("{\"agentstate_export\":2}\n"), "{text}");
     // 7 runs, 2 sessions, 2 epochs, 3 trays, 2 alarms.
     assert_eq!(text.lines().count(), 1 + 7 + 2 + 2 + 3 + 2, "{text}");
     assert!(text.ends_with('\n'));
@@ -738,9 +738,9 @@ fn cli_export_import_round_trip_is_byte_identical() {
         "{}",
         r.stderr
     );
-    let r = cli_stdin(&["import", "--db", p(&db4)], b"{\"agentstate_export\":2}\n");
+    let r = cli_stdin(&["import", "--db", p(&db4)], b"{\"agentstate_export\":3}\n");
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("format 2"), "{}", r.stderr);
+    assert!(r.stderr.contains("format 3"), "{}", r.stderr);
     let r = cli_stdin(
         &["import", "--db", p(&db4)],
         b"{\"agentstate_export\":1}\n{\"kind\":\"nope\"}\n",
@@ -758,7 +758,7 @@ fn cli_export_import_round_trip_is_byte_identical() {
 fn cli_import_batches_a_larger_export() {
     // More entries than one import batch (1000), through stdin.
     let dir = tempfile::tempdir().unwrap();
-    let mut text = String::from("{\"agentstate_export\":1}\n");
+    let mut text = String::from("{\"agentstate_export\":2}\n");
     for i in 0..2_345u64 {
         let mut r = RunRecord::new(RunKey::new("bulk", format!("run-{i:05}")), "planner");
         (r.version, r.seq, r.created_at, r.updated_at) = (1, i + 1, T0, T0);
@@ -1126,4 +1126,165 @@ fn cli_copy_file_to_redis_and_back() {
         again.code, 0,
         "copy into a non-empty redis store is refused"
     );
+}
+
+/// A store with one budget, two runs drawing from it (one capped and at
+/// its cap), live holds, and an untouched tenant.
+fn budget_store() -> (tempfile::TempDir, std::path::PathBuf) {
+    use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    let s = FileStore::open(&db).unwrap();
+    s.put_budget(BudgetRecord::new(
+        BudgetKey::new("acme", "monthly"),
+        Caps::new().cost_micros(5_000_000).tokens(100_000),
+    ))
+    .unwrap();
+    let a = RunKey::new("acme", "capped");
+    let b = RunKey::new("acme", "open");
+    s.put_run(
+        RunRecord::new(a.clone(), "planner")
+            .with_caps(Caps::new().cost_micros(1_000_000))
+            .with_budget("monthly"),
+    )
+    .unwrap();
+    s.put_run(RunRecord::new(b.clone(), "planner").with_budget("monthly"))
+        .unwrap();
+    s.put_run(RunRecord::new(RunKey::new("acme", "plain"), "planner"))
+        .unwrap();
+    s.reserve(&a, Hold::new("call-1", 3_600_000).cost_micros(700_000))
+        .unwrap();
+    s.settle(
+        &a,
+        "call-1",
+        StateDelta {
+            cost_micros: 750_000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    s.reserve(&a, Hold::new("call-2", 3_600_000).cost_micros(250_000))
+        .unwrap();
+    s.reserve(
+        &b,
+        Hold::new("call-1", 3_600_000)
+            .cost_micros(100_000)
+            .tokens(2_000),
+    )
+    .unwrap();
+    // A refusal: the cap is reached (750k spent + 250k held).
+    assert!(
+        s.reserve(&a, Hold::new("call-3", 3_600_000).cost_micros(1))
+            .is_err()
+    );
+    (dir, db)
+}
+
+#[test]
+fn cli_budgets_list_show_and_stats_count_runs_at_their_cap() {
+    let (_dir, db) = budget_store();
+    let db = p(&db);
+    let text = ok(&["budgets", "list", "--db", db, "--tenant", "acme"]);
+    let r = rows(&text);
+    assert_eq!(r.len(), 1, "{text}");
+    for needle in ["monthly", "0.75 + 0.35 / 5", "0 + 2,000 / 100,000", "2"] {
+        assert!(r[0].contains(needle), "lacks {needle:?}:\n{text}");
+    }
+    let v: Vec<serde_json::Value> = json_lines(&ok(&[
+        "budgets", "list", "--db", db, "--tenant", "acme", "--json",
+    ]));
+    assert_eq!(v[0]["spent"]["cost_micros"], 750_000);
+    assert_eq!(v[0]["held"]["cost_micros"], 350_000);
+    assert_eq!(v[0]["caps"]["tokens_max"], 100_000);
+    assert_eq!(v[0]["holds"], 2);
+    assert_eq!(
+        ok(&["budgets", "list", "--db", db, "--tenant", "nobody"]).trim(),
+        "no budgets"
+    );
+
+    let text = ok(&["budgets", "show", "--db", db, "--tenant", "acme", "monthly"]);
+    for needle in [
+        "acme/monthly",
+        "cost_micros 0.75 + 0.35 / 5",
+        "live holds  2",
+        "capped",
+        "0.75 + 0.25 / 1",
+        "open",
+    ] {
+        assert!(text.contains(needle), "lacks {needle:?}:\n{text}");
+    }
+    assert!(!text.contains("plain"), "a run without the budget: {text}");
+    let v: Vec<serde_json::Value> = json_lines(&ok(&[
+        "budgets", "show", "--db", db, "--tenant", "acme", "monthly", "--json",
+    ]));
+    assert_eq!(v[0]["runs"].as_array().unwrap().len(), 2);
+
+    let text = ok(&[
+        "budgets", "show", "--db", db, "--tenant", "acme", "--run", "capped",
+    ]);
+    for needle in [
+        "acme/capped",
+        "budget      monthly",
+        "0.75 + 0.25 / 1",
+        "call-2",
+        "live holds  1",
+    ] {
+        assert!(text.contains(needle), "lacks {needle:?}:\n{text}");
+    }
+    let v: Vec<serde_json::Value> = json_lines(&ok(&[
+        "budgets", "show", "--db", db, "--tenant", "acme", "--run", "capped", "--json",
+    ]));
+    assert_eq!(v[0]["caps"]["cost_micros_max"], 1_000_000);
+    assert_eq!(v[0]["holds"][0]["id"], "call-2");
+
+    let r = cli(&["budgets", "show", "--db", db, "--tenant", "acme", "nope"]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.starts_with("error: no budget acme/nope"),
+        "{}",
+        r.stderr
+    );
+    let r = cli(&[
+        "budgets", "show", "--db", db, "--tenant", "acme", "--run", "nope",
+    ]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.starts_with("error: no run acme/nope"),
+        "{}",
+        r.stderr
+    );
+    let r = cli(&["budgets", "show", "--db", db, "--tenant", "acme"]);
+    assert_eq!(r.code, 2, "neither a budget nor --run: {}", r.stderr);
+
+    let text = ok(&["runs", "show", "--db", db, "--tenant", "acme", "capped"]);
+    assert!(text.contains("budget         monthly"), "{text}");
+    assert!(
+        text.contains("caps           cost 1, tokens -, iterations -"),
+        "{text}"
+    );
+
+    // stats: one run is at its cap (its own), counted from the committed
+    // state; the refused reserve wrote nothing.
+    let text = ok(&["stats", "--db", db]);
+    assert!(text.contains("at cap    1 run(s)"), "{text}");
+    let v: Vec<serde_json::Value> = json_lines(&ok(&["stats", "--db", db, "--json"]));
+    let t = &v[0]["tenants"]["acme"];
+    assert_eq!(
+        (
+            t["budgets"].as_u64(),
+            t["holds"].as_u64(),
+            t["runs_at_cap"].as_u64()
+        ),
+        (Some(1), Some(2), Some(1))
+    );
+    let r = cli(&["verify", "--db", db]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    // The export carries the budget and the holds, and imports back.
+    let exported = ok(&["export", "--db", db]);
+    assert!(exported.contains(r#""kind":"budget""#) && exported.contains(r#""kind":"hold""#));
+    let dir2 = tempfile::tempdir().unwrap();
+    let db2 = dir2.path().join("copy");
+    let r = cli_stdin(&["import", "--db", p(&db2)], exported.as_bytes());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(ok(&["export", "--db", p(&db2)]), exported);
 }

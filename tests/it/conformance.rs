@@ -22,7 +22,7 @@ mod memory {
     agentstate::conformance_tests!(factory);
 
     /// `RULES` names every rule of the contract the suite covers (R, S, L,
-    /// X, E, T, A, K — D and W live in other harnesses), once each, in spec
+    /// X, E, T, A, B, K — D and W live in other harnesses), once each, in spec
     /// order; and every entry passes on the memory store.
     #[test]
     fn rules_cover_every_rule_and_pass() {
@@ -36,6 +36,7 @@ mod memory {
             ("e", 6),
             ("t", 6),
             ("a", 3),
+            ("b", 6),
             ("k", 6),
         ];
         let want: Vec<String> = FAMILIES

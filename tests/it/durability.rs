@@ -107,6 +107,8 @@ fn entry_key(e: &Entry) -> String {
             format!("tray/{}/{}/{}/{}", key.ns, key.id, key.tray_ns, key.tray_id)
         }
         Entry::Alarm { instance, .. } => format!("alarm/{}/{}", instance.ns, instance.id),
+        Entry::Budget { budget, .. } => format!("budget/{}/{}", budget.key.tenant, budget.key.name),
+        Entry::Hold { run, hold } => format!("hold/{}/{}/{}", run.tenant, run.run_id, hold.id),
     }
 }
 

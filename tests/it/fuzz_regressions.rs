@@ -63,6 +63,13 @@ fn fuzz_ops_seeded_inputs_agree_with_the_model() {
 }
 
 #[test]
+fn fuzz_ops_seeded_spend_cap_sequences_agree_with_the_model() {
+    for seed in 1..=48u64 {
+        check::ops::run_caps_biased(&seeded(seed * 7919, 400));
+    }
+}
+
+#[test]
 fn fuzz_codec_seeded_inputs() {
     for seed in 1..=500u64 {
         check::codec::run(&seeded(seed, 1 + (seed as usize * 7) % 300));

@@ -1,6 +1,7 @@
 mod api;
 #[cfg(feature = "async")]
 mod async_store;
+mod budgets;
 #[cfg(feature = "cli")]
 mod cli;
 #[cfg(feature = "conformance")]

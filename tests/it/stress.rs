@@ -160,6 +160,8 @@ enum Call {
 /// What a walk saw: (run id, seq, state, session, agent) per item.
 type Seen = Vec<(String, u64, RunState, Option<String>, String)>;
 
+// One answer per call, moved once: boxing the run would only allocate.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Out {
     Run(RunRecord),
