@@ -12,11 +12,11 @@ use crate::record::{Millis, RunKey, RunState, SessionKey, SessionRecord};
 use crate::rules::{check_id, check_limit, checked_entry};
 use crate::tray::InstanceKey;
 
+use super::budgets::{BUDGET_FIELDS, budget_row, hold_value, parse_hold};
 use super::runs::{
     Reply, decode_run, decode_session, num, outcome, run_head, run_tail, seal, session_head,
     session_tail, text,
 };
-use super::budgets::{BUDGET_FIELDS, budget_row, hold_value, parse_hold};
 use super::scripts::{BUDGETS, IMPORT, PRUNE, READ_PAGES};
 use super::trays::{TrayCall, decode_tray};
 use super::{Conn, RedisStore, keys, map_err};
@@ -316,7 +316,8 @@ impl StoreAdmin for RedisStore {
                 }
             }
             ts.sessions = self.zcard(&mut conn, &keys::sessions(&p))?;
-            if ts.sessions > 0 || !ts.runs_by_state.is_empty() {
+            self.budget_stats(&mut conn, &t, &mut ts)?;
+            if ts.sessions > 0 || ts.budgets > 0 || !ts.runs_by_state.is_empty() {
                 s.tenants.insert(t, ts);
             }
         }

@@ -80,7 +80,16 @@ pub(super) fn budget_row(
     key: &BudgetKey,
     f: &[Option<Vec<u8>>],
 ) -> Result<Option<(BudgetRecord, Spend)>> {
-    let [Some(ver), Some(ca), Some(ua), Some(cp), Some(sc), Some(st), Some(si)] = f else {
+    let [
+        Some(ver),
+        Some(ca),
+        Some(ua),
+        Some(cp),
+        Some(sc),
+        Some(st),
+        Some(si),
+    ] = f
+    else {
         if f.iter().all(Option::is_none) {
             return Ok(None);
         }
@@ -124,7 +133,7 @@ pub(super) fn budget_holds(all: Vec<(Vec<u8>, Vec<u8>)>) -> Result<Vec<(String, 
 
 impl RedisStore {
     /// A budget's status at `now`, read in one MULTI.
-    fn budget_status(
+    pub(super) fn budget_status(
         &self,
         conn: &mut Conn,
         key: &BudgetKey,
@@ -150,6 +159,84 @@ impl RedisStore {
             held: held(holds.iter().map(|(_, h)| h), now),
             holds: holds.iter().filter(|(_, h)| h.is_live(now)).count() as u64,
         }))
+    }
+}
+
+impl RedisStore {
+    /// `stats`' budget counts for one tenant: budgets, live holds, and
+    /// runs at their cap (their own or their budget's, `rules::at_cap`).
+    pub(super) fn budget_stats(
+        &self,
+        conn: &mut Conn,
+        tenant: &str,
+        ts: &mut crate::admin::TenantStats,
+    ) -> Result<()> {
+        use std::collections::HashMap;
+        let now = self.now();
+        let p = keys::tenant(tenant);
+        let zall = |conn: &mut Conn, key: Vec<u8>| -> Result<Vec<Vec<u8>>> {
+            ::redis::cmd("ZRANGE")
+                .arg(key)
+                .arg(0)
+                .arg(-1)
+                .query(&mut **conn)
+                .map_err(map_err)
+        };
+        let mut budgets: HashMap<String, BudgetStatus> = HashMap::new();
+        for name in zall(conn, keys::budgets(&p))? {
+            let key = BudgetKey::new(tenant, text(&name));
+            if let Some(st) = self.budget_status(conn, &key, now)? {
+                ts.budgets += 1;
+                budgets.insert(key.name, st);
+            }
+        }
+        let mut run_held: HashMap<String, Spend> = HashMap::new();
+        for run in zall(conn, keys::holds_index(&p))? {
+            let run_id = text(&run);
+            let all: Vec<(Vec<u8>, Vec<u8>)> = ::redis::cmd("HGETALL")
+                .arg(keys::holds(&p, &run_id))
+                .query(&mut **conn)
+                .map_err(map_err)?;
+            let holds = all
+                .into_iter()
+                .map(|(id, v)| parse_hold(&text(&id), &v))
+                .collect::<Result<Vec<_>>>()?;
+            ts.holds += holds.iter().filter(|h| h.is_live(now)).count() as u64;
+            run_held.insert(run_id, held(&holds, now));
+        }
+        for run in zall(conn, keys::runs(&p))? {
+            let run_id = text(&run);
+            let f: Vec<Option<Vec<u8>>> = ::redis::cmd("HMGET")
+                .arg(keys::run(&p, &run_id))
+                .arg(&["cp", "bg", "it", "ot", "co", "ir"][..])
+                .query(&mut **conn)
+                .map_err(map_err)?;
+            let [cp, bg, Some(it), Some(ot), Some(co), Some(ir)] = f.as_slice() else {
+                continue;
+            };
+            if cp.is_none() && bg.is_none() {
+                continue;
+            }
+            let caps = cp
+                .as_deref()
+                .map(parse_caps)
+                .transpose()?
+                .unwrap_or_default();
+            let spent = Spend {
+                cost_micros: num(co, "run cost")?,
+                tokens: num(it, "run tokens")?.saturating_add(num(ot, "run tokens")?),
+                iterations: num(ir, "run iterations")?,
+            };
+            let h = run_held.get(&run_id).copied().unwrap_or_default();
+            let mut at = crate::rules::at_cap(&caps, spent, h);
+            if let Some(b) = bg.as_ref().and_then(|b| budgets.get(&text(b))) {
+                at |= crate::rules::at_cap(&b.record.caps, b.spent, b.held);
+            }
+            if at {
+                ts.runs_at_cap += 1;
+            }
+        }
+        Ok(())
     }
 }
 

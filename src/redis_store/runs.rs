@@ -268,7 +268,6 @@ impl RedisStore {
 /// Entries of an index one `list_runs` script call reads at most.
 const LIST_SCAN_CAP: usize = 4096;
 
-
 /// A script's `nobudget` answer (the budget name follows) as the error.
 pub(super) fn no_budget(tenant: &str, reply: &Reply) -> StateError {
     let name = reply.get(1).map(|n| text(n)).unwrap_or_default();
@@ -279,7 +278,12 @@ pub(super) fn no_budget(tenant: &str, reply: &Reply) -> StateError {
 /// for no cap.
 pub(super) fn caps_arg(c: &Caps) -> String {
     let f = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
-    format!("{} {} {}", f(c.cost_micros_max), f(c.tokens_max), f(c.iterations_max))
+    format!(
+        "{} {} {}",
+        f(c.cost_micros_max),
+        f(c.tokens_max),
+        f(c.iterations_max)
+    )
 }
 
 impl RedisStore {
@@ -340,7 +344,6 @@ impl RedisStore {
         Ok((decode_run(v, key)?, hold))
     }
 }
-
 
 impl StateStore for RedisStore {
     fn put_run(&self, record: RunRecord) -> Result<RunRecord> {

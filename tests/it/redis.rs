@@ -400,8 +400,8 @@ fn patch_arithmetic_exact_near_u64_max() {
 #[test]
 fn spend_caps_answer_like_the_memory_store() {
     use agentstate::{
-        BudgetKey, BudgetRecord, Caps, Entry, Hold, ManualClock, MemoryStore,
-        SessionKey, SessionRecord,
+        BudgetKey, BudgetRecord, Caps, Entry, Hold, ManualClock, MemoryStore, SessionKey,
+        SessionRecord,
     };
     let url = crate::redis_server::shared_url(8);
     crate::redis_server::flush(&url);
@@ -461,7 +461,11 @@ fn spend_caps_answer_like_the_memory_store() {
     both!(s => s.run_spend(&a));
     both!(s => s.run_spend(&c));
     // B3, B4.
-    let spend = StateDelta { cost_micros: 520, iterations: 1, ..Default::default() };
+    let spend = StateDelta {
+        cost_micros: 520,
+        iterations: 1,
+        ..Default::default()
+    };
     both!(s => s.settle(&a, "h1", spend));
     both!(s => s.settle(&a, "h1", spend));
     both!(s => s.release_hold(&a, "h2"));
@@ -474,8 +478,12 @@ fn spend_caps_answer_like_the_memory_store() {
     clock.set(1_049);
     both!(s => s.get_budget(&bk));
     both!(s => s.reserve(&a, Hold::new("h4", 1000).cost_micros(80)));
+    // stats: budgets, live holds, runs at their cap.
+    both!(s => s.stats().map(|s| s.tenants));
     let export = |s: &dyn agentstate::Store| -> Vec<Entry> {
-        s.iter_export().collect::<agentstate::Result<Vec<_>>>().unwrap()
+        s.iter_export()
+            .collect::<agentstate::Result<Vec<_>>>()
+            .unwrap()
     };
     let mut paged: Vec<Entry> = Vec::new();
     let mut page = PageRequest::new(1);
@@ -487,12 +495,17 @@ fn spend_caps_answer_like_the_memory_store() {
             None => break,
         }
     }
-    assert_eq!(paged, export(&redis), "export pages of 1 see every entry once");
+    assert_eq!(
+        paged,
+        export(&redis),
+        "export pages of 1 see every entry once"
+    );
     clock.set(1_050);
     both!(s => s.get_budget(&bk));
     both!(s => s.run_spend(&b));
     both!(s => s.reserve(&a, Hold::new("h5", 1000).cost_micros(1)));
     both!(s => s.get_budget(&bk));
+    both!(s => s.stats().map(|s| s.tenants));
     // Cascade delete and prune drop the run's holds; spend stays.
     both!(s => s.reserve(&b, Hold::new("h9", 1000).cost_micros(1)));
     both!(s => s.delete_session(&SessionKey::new("acme", "s1"), true));
@@ -518,7 +531,11 @@ fn spend_caps_answer_like_the_memory_store() {
     )
     .expect("connect");
     fresh.import(&mut em.clone().into_iter().map(Ok)).unwrap();
-    assert_eq!(export(&fresh), em, "export -> import -> export is identical");
+    assert_eq!(
+        export(&fresh),
+        em,
+        "export -> import -> export is identical"
+    );
     both!(s => s.get_budget(&big));
     both!(s => s.run_spend(&c));
     both!(s => s.reserve(&c, Hold::new("h1", 10)));
