@@ -22,6 +22,9 @@ use super::runs::{Reply, caps_arg, decode_run, no_budget, num, outcome, text};
 use super::scripts::BUDGETS;
 use super::{Conn, RedisStore, keys, map_err};
 
+/// A hash's fields and values, as HGETALL answers.
+type HashPairs = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// A hold as the scripts store it: 'cost tokens iterations created expires'.
 pub(super) fn parse_hold(id: &str, v: &[u8]) -> Result<HoldRecord> {
     let s = std::str::from_utf8(v).map_err(|_| StateError::corrupt("redis: hold not UTF-8"))?;
@@ -142,7 +145,7 @@ impl RedisStore {
         let p = keys::tenant(&key.tenant);
         let mut hm = ::redis::cmd("HMGET");
         hm.arg(keys::budget(&p, &key.name)).arg(&BUDGET_FIELDS[..]);
-        let (fields, holds): (Vec<Option<Vec<u8>>>, Vec<(Vec<u8>, Vec<u8>)>) = ::redis::pipe()
+        let (fields, holds): (Vec<Option<Vec<u8>>>, HashPairs) = ::redis::pipe()
             .atomic()
             .add_command(hm)
             .cmd("HGETALL")
@@ -446,7 +449,7 @@ impl BudgetStore for RedisStore {
         let now = self.now();
         let p = keys::tenant(&run.tenant);
         let mut conn = self.conn()?;
-        let (v, holds): (Option<Vec<u8>>, Vec<(Vec<u8>, Vec<u8>)>) = ::redis::pipe()
+        let (v, holds): (Option<Vec<u8>>, HashPairs) = ::redis::pipe()
             .atomic()
             .cmd("HGET")
             .arg(keys::run(&p, &run.run_id))
