@@ -12,11 +12,12 @@ use crate::record::{Millis, RunKey, RunState, SessionKey, SessionRecord};
 use crate::rules::{check_id, check_limit, checked_entry};
 use crate::tray::InstanceKey;
 
+use super::budgets::{BUDGET_FIELDS, budget_row, hold_value, parse_hold};
 use super::runs::{
     Reply, decode_run, decode_session, num, outcome, run_head, run_tail, seal, session_head,
     session_tail, text,
 };
-use super::scripts::{IMPORT, PRUNE, READ_PAGES};
+use super::scripts::{BUDGETS, IMPORT, PRUNE, READ_PAGES};
 use super::trays::{TrayCall, decode_tray};
 use super::{Conn, RedisStore, keys, map_err};
 
@@ -55,7 +56,7 @@ impl RedisStore {
     }
 
     /// Members of a lexicographic sorted set after `after`, at most `n`.
-    fn lex_after(
+    pub(super) fn lex_after(
         &self,
         conn: &mut Conn,
         key: &[u8],
@@ -132,7 +133,127 @@ fn read_export_pos(p: &[u8]) -> Option<(u8, Vec<u8>, Vec<u8>)> {
     let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
     let group = rest.get(4..4 + len)?.to_vec();
     let inner = rest.get(4 + len..)?.to_vec();
-    (1..=5).contains(&phase).then_some((phase, group, inner))
+    (1..=7).contains(&phase).then_some((phase, group, inner))
+}
+
+/// In place of a hold id, in an export position: the run was read whole
+/// (no UTF-8 hold id has a 0xFF byte).
+const RUN_DONE: &[u8] = &[0xFF];
+
+/// A hold's export position within its tenant: the run id's length, the
+/// run id, the hold id.
+fn hold_pos(run_id: &str, hold_id: &str) -> Vec<u8> {
+    let mut p = (run_id.len() as u32).to_be_bytes().to_vec();
+    p.extend_from_slice(run_id.as_bytes());
+    p.extend_from_slice(hold_id.as_bytes());
+    p
+}
+
+fn read_hold_pos(p: &[u8]) -> Result<(Vec<u8>, Vec<u8>)> {
+    let bad = || StateError::invalid("cursor: position outside this listing");
+    let len = u32::from_be_bytes(p.get(..4).ok_or_else(bad)?.try_into().map_err(|_| bad())?);
+    let run = p.get(4..4 + len as usize).ok_or_else(bad)?;
+    Ok((run.to_vec(), p[4 + len as usize..].to_vec()))
+}
+
+impl RedisStore {
+    /// Export phase 2: a tenant's holds in (run id, hold id) order after
+    /// `inner`, at most about `n` (a run's holds come whole); how many
+    /// runs were read, so `< n` means the tenant is done.
+    fn export_holds(
+        &self,
+        conn: &mut Conn,
+        t: &str,
+        inner: &mut Option<Vec<u8>>,
+        n: usize,
+        out: &mut Vec<(Vec<u8>, Entry)>,
+    ) -> Result<usize> {
+        let p = keys::tenant(t);
+        let (from, skip) = match inner.as_deref() {
+            None => (b"-".to_vec(), None),
+            Some(pos) => {
+                let (run, hold) = read_hold_pos(pos)?;
+                // A run read whole resumes after it; else within it.
+                let whole = hold == RUN_DONE;
+                let mut f = if whole { b"(".to_vec() } else { b"[".to_vec() };
+                f.extend_from_slice(&run);
+                (f, (!whole).then_some((run, hold)))
+            }
+        };
+        let runs: Vec<Vec<u8>> = cmd("ZRANGEBYLEX")
+            .arg(keys::holds_index(&p))
+            .arg(from)
+            .arg("+")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(n)
+            .query(&mut **conn)
+            .map_err(map_err)?;
+        let got = runs.len();
+        for run in runs {
+            let run_id = text(&run);
+            let all: Vec<(Vec<u8>, Vec<u8>)> = cmd("HGETALL")
+                .arg(keys::holds(&p, &run_id))
+                .query(&mut **conn)
+                .map_err(map_err)?;
+            let mut holds = all
+                .into_iter()
+                .map(|(id, v)| parse_hold(&text(&id), &v))
+                .collect::<Result<Vec<_>>>()?;
+            holds.sort_by(|a, b| a.id.cmp(&b.id));
+            for hold in holds {
+                if let Some((sr, sh)) = &skip
+                    && sr == &run
+                    && hold.id.as_bytes() <= sh.as_slice()
+                {
+                    continue;
+                }
+                let pos = hold_pos(&run_id, &hold.id);
+                *inner = Some(pos.clone());
+                out.push((
+                    export_pos(2, t.as_bytes(), &pos),
+                    Entry::Hold {
+                        run: RunKey::new(t, run_id.clone()),
+                        hold,
+                    },
+                ));
+            }
+            let mut done = hold_pos(&run_id, "");
+            done.extend_from_slice(RUN_DONE);
+            *inner = Some(done);
+        }
+        Ok(got)
+    }
+
+    /// Export phase 4: a tenant's budgets in name order after `inner`.
+    fn export_budgets(
+        &self,
+        conn: &mut Conn,
+        t: &str,
+        inner: &mut Option<Vec<u8>>,
+        n: usize,
+        out: &mut Vec<(Vec<u8>, Entry)>,
+    ) -> Result<usize> {
+        let p = keys::tenant(t);
+        let names = self.lex_after(conn, &keys::budgets(&p), inner.as_deref(), n)?;
+        let got = names.len();
+        for name in names {
+            *inner = Some(name.clone());
+            let key = crate::budget::BudgetKey::new(t, text(&name));
+            let fields: Vec<Option<Vec<u8>>> = cmd("HMGET")
+                .arg(keys::budget(&p, &key.name))
+                .arg(&BUDGET_FIELDS[..])
+                .query(&mut **conn)
+                .map_err(map_err)?;
+            if let Some((budget, spent)) = budget_row(&key, &fields)? {
+                out.push((
+                    export_pos(4, t.as_bytes(), &name),
+                    Entry::Budget { budget, spent },
+                ));
+            }
+        }
+        Ok(got)
+    }
 }
 
 impl StoreAdmin for RedisStore {
@@ -195,7 +316,8 @@ impl StoreAdmin for RedisStore {
                 }
             }
             ts.sessions = self.zcard(&mut conn, &keys::sessions(&p))?;
-            if ts.sessions > 0 || !ts.runs_by_state.is_empty() {
+            self.budget_stats(&mut conn, &t, &mut ts)?;
+            if ts.sessions > 0 || ts.budgets > 0 || !ts.runs_by_state.is_empty() {
                 s.tenants.insert(t, ts);
             }
         }
@@ -256,10 +378,10 @@ impl StoreAdmin for RedisStore {
         let mut out: Vec<(Vec<u8>, Entry)> = Vec::with_capacity(want);
         let tenants = self.tenants(&mut conn)?;
         let insts = self.instances(&mut conn)?;
-        'phases: for phase in start_phase..=5u8 {
+        'phases: for phase in start_phase..=7u8 {
             let first = phase == start_phase;
             match phase {
-                1 | 2 => {
+                1..=4 => {
                     for t in &tenants {
                         if first && t.as_bytes() < start_group.as_slice() {
                             continue;
@@ -299,6 +421,10 @@ impl StoreAdmin for RedisStore {
                                     }
                                 }
                                 got
+                            } else if phase == 2 {
+                                self.export_holds(&mut conn, t, &mut inner, n, &mut out)?
+                            } else if phase == 4 {
+                                self.export_budgets(&mut conn, t, &mut inner, n, &mut out)?
                             } else {
                                 let ids = self.lex_after(
                                     &mut conn,
@@ -315,7 +441,7 @@ impl StoreAdmin for RedisStore {
                                         let s =
                                             decode_session(&v, &SessionKey::new(t.clone(), sid))?;
                                         out.push((
-                                            export_pos(2, t.as_bytes(), &id),
+                                            export_pos(3, t.as_bytes(), &id),
                                             Entry::Session(s),
                                         ));
                                     }
@@ -331,16 +457,16 @@ impl StoreAdmin for RedisStore {
                         }
                     }
                 }
-                3 | 5 => {
+                5 | 7 => {
                     for i in &insts {
                         if first && start_inner.as_deref().is_some_and(|s| i.as_slice() <= s) {
                             continue;
                         }
                         let (instance, _) = keys::read_inst(i)?;
-                        let field = if phase == 3 { "ep" } else { "al" };
+                        let field = if phase == 5 { "ep" } else { "al" };
                         if let Some(v) = self.hget(&mut conn, &keys::instance(i), field)? {
                             let n = num(&v, field)?;
-                            let e = if phase == 3 {
+                            let e = if phase == 5 {
                                 Entry::Epoch { instance, epoch: n }
                             } else {
                                 Entry::Alarm {
@@ -378,7 +504,7 @@ impl StoreAdmin for RedisStore {
                                 if let Some(v) = self.hget(&mut conn, &tk, "v")? {
                                     let (tray_ns, tray_id) = keys::read_tray_member(&m)?;
                                     out.push((
-                                        export_pos(4, i, &m),
+                                        export_pos(6, i, &m),
                                         Entry::Tray {
                                             key: instance.tray(tray_ns, tray_id),
                                             tray: decode_tray(&v)?,
@@ -468,6 +594,8 @@ impl RedisStore {
                     .arg(r.usage.output_tokens.to_string())
                     .arg(r.cost_micros.to_string())
                     .arg(r.iterations.to_string())
+                    .arg(super::runs::caps_arg(&r.caps))
+                    .arg(r.budget.clone().unwrap_or_default())
                     .invoke(&mut *conn)
                     .map_err(map_err)?;
                 if reply.first().map(Vec::as_slice) == Some(b"seqused") {
@@ -496,6 +624,48 @@ impl RedisStore {
                     .invoke(&mut *conn)
                     .map_err(map_err)?;
                 outcome(reply, || Missing::Session(s.key.clone()), 0)?;
+            }
+            Entry::Budget { budget, spent } => {
+                let p = keys::tenant(&budget.key.tenant);
+                let mut conn = self.conn()?;
+                self.register(&mut conn, &budget.key.tenant)?;
+                let reply: Reply = BUDGETS
+                    .key(keys::budget(&p, &budget.key.name))
+                    .key(keys::budgets(&p))
+                    .arg("import_budget")
+                    .arg(&p)
+                    .arg(&budget.key.name)
+                    .arg(budget.version.to_string())
+                    .arg(budget.created_at.to_string())
+                    .arg(budget.updated_at.to_string())
+                    .arg(super::runs::caps_arg(&budget.caps))
+                    .arg(spent.cost_micros.to_string())
+                    .arg(spent.tokens.to_string())
+                    .arg(spent.iterations.to_string())
+                    .invoke(&mut *conn)
+                    .map_err(map_err)?;
+                outcome(reply, || Missing::Budget(budget.key.clone()), 0)?;
+            }
+            Entry::Hold { run, hold } => {
+                let p = keys::tenant(&run.tenant);
+                let mut conn = self.conn()?;
+                let reply: Reply = BUDGETS
+                    .key(keys::run(&p, &run.run_id))
+                    .key(keys::holds(&p, &run.run_id))
+                    .arg("import_hold")
+                    .arg(&p)
+                    .arg(&run.run_id)
+                    .arg(&hold.id)
+                    .arg(hold_value(&hold))
+                    .invoke(&mut *conn)
+                    .map_err(map_err)?;
+                if reply.first().map(Vec::as_slice) == Some(b"norun") {
+                    return Err(StateError::invalid(format!(
+                        "hold {}: its run {}/{} is not in the import before it",
+                        hold.id, run.tenant, run.run_id
+                    )));
+                }
+                outcome(reply, || Missing::Run(run.clone()), 0)?;
             }
             Entry::Epoch { instance, epoch } => {
                 let reply = TrayCall::new(&instance, "import_epoch", epoch).run(self)?;

@@ -56,6 +56,28 @@ pub(crate) fn session_base(p: &[u8]) -> Vec<u8> {
     join(p, &[b"s:"])
 }
 
+/// A budget's hash (B1).
+pub(crate) fn budget(p: &[u8], name: &str) -> Vec<u8> {
+    join(p, &[b"b:", name.as_bytes()])
+}
+/// The holds of the runs drawing from a budget, by run and hold.
+pub(crate) fn budget_holds(p: &[u8], name: &str) -> Vec<u8> {
+    join(p, &[b"bh:", name.as_bytes()])
+}
+/// A tenant's budget names (a lexicographic sorted set).
+pub(crate) fn budgets(p: &[u8]) -> Vec<u8> {
+    join(p, &[b"budgets"])
+}
+/// A run's holds, by hold id.
+pub(crate) fn holds(p: &[u8], run_id: &str) -> Vec<u8> {
+    join(p, &[b"h:", run_id.as_bytes()])
+}
+
+/// The run ids of a tenant that have holds (a lexicographic sorted set).
+pub(crate) fn holds_index(p: &[u8]) -> Vec<u8> {
+    join(p, &[b"hr"])
+}
+
 /// A state as the scripts see it: its tag in decimal.
 pub(crate) fn state_tag(s: RunState) -> String {
     s.tag().to_string()

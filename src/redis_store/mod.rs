@@ -39,6 +39,7 @@
 //! scripts is exact (decimal strings, two 32-bit limbs), never Lua doubles.
 
 mod admin;
+mod budgets;
 mod keys;
 mod runs;
 mod scripts;

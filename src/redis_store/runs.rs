@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::api::StateStore;
+use crate::budget::{BudgetKey, Caps, HoldRecord, Spend};
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value::{self, FORMAT_VERSION};
 use crate::error::{Missing, Result, StateError};
@@ -30,6 +31,8 @@ struct RunHeadRef<'a> {
     session_id: &'a Option<String>,
     pending_tool_calls: &'a [ToolCall],
     approval: &'a Option<Approval>,
+    caps: &'a Caps,
+    budget: &'a Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -40,6 +43,8 @@ struct RunHead {
     session_id: Option<String>,
     pending_tool_calls: Vec<ToolCall>,
     approval: Option<Approval>,
+    caps: Caps,
+    budget: Option<String>,
 }
 
 /// The fields a script writes (postcard varints), after the head.
@@ -107,6 +112,8 @@ pub(super) fn run_head(r: &RunRecord) -> (Vec<u8>, u32) {
         session_id: &r.session_id,
         pending_tool_calls: &r.pending_tool_calls,
         approval: &r.approval,
+        caps: &r.caps,
+        budget: &r.budget,
     })
 }
 
@@ -166,6 +173,8 @@ pub(super) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
         cost_micros: t.cost_micros,
         iterations: t.iterations,
         approval: h.approval,
+        caps: h.caps,
+        budget: h.budget,
         created_at: t.created_at,
         updated_at: t.updated_at,
         seq: t.seq,
@@ -269,6 +278,83 @@ fn finished_tags() -> String {
 /// Entries of an index one `list_runs` script call reads at most.
 const LIST_SCAN_CAP: usize = 4096;
 
+/// A script's `nobudget` answer (the budget name follows) as the error.
+pub(super) fn no_budget(tenant: &str, reply: &Reply) -> StateError {
+    let name = reply.get(1).map(|n| text(n)).unwrap_or_default();
+    StateError::NotFound(Missing::Budget(BudgetKey::new(tenant, name)))
+}
+
+/// A run's caps as the scripts read them: 'cost tokens iterations', `-`
+/// for no cap.
+pub(super) fn caps_arg(c: &Caps) -> String {
+    let f = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+    format!(
+        "{} {} {}",
+        f(c.cost_micros_max),
+        f(c.tokens_max),
+        f(c.iterations_max)
+    )
+}
+
+impl RedisStore {
+    /// A patch (`hold_id` None) or a settle of `hold_id`: the run after it
+    /// and, for a settle, the hold it dropped.
+    pub(super) fn patch(
+        &self,
+        key: &RunKey,
+        delta: &StateDelta,
+        hold_id: Option<&str>,
+    ) -> Result<(RunRecord, Option<HoldRecord>)> {
+        let p = keys::tenant(&key.tenant);
+        let max = self.max();
+        let mut conn = self.conn()?;
+
+        let reply: Reply = PATCH_RUN
+            .key(keys::run(&p, &key.run_id))
+            .arg(self.now().to_string())
+            .arg(delta.messages_read.to_string())
+            .arg(delta.usage.input_tokens.to_string())
+            .arg(delta.usage.output_tokens.to_string())
+            .arg(delta.cost_micros.to_string())
+            .arg(delta.iterations.to_string())
+            .arg(max.to_string())
+            .arg(&p)
+            .arg(&key.run_id)
+            .arg(hold_id.unwrap_or_default())
+            .invoke(&mut *conn)
+            .map_err(map_err)?;
+        match reply.first().map(Vec::as_slice) {
+            Some(b"nohold") => {
+                return Err(StateError::NotFound(Missing::Hold {
+                    run: key.clone(),
+                    hold_id: hold_id.unwrap_or_default().to_string(),
+                }));
+            }
+            Some(b"nobudget") => return Err(no_budget(&key.tenant, &reply)),
+            _ => {}
+        }
+        let rest =
+            outcome(reply, || Missing::Run(key.clone()), 0).map_err(|e| with_limit(e, max))?;
+        let v = rest
+            .first()
+            .ok_or_else(|| StateError::corrupt("redis: patch_run answered no record"))?;
+        let hold = match rest.get(1..6) {
+            Some([c, t, i, ca, ea]) => Some(HoldRecord {
+                id: hold_id.unwrap_or_default().to_string(),
+                amounts: Spend {
+                    cost_micros: num(c, "hold cost")?,
+                    tokens: num(t, "hold tokens")?,
+                    iterations: num(i, "hold iterations")?,
+                },
+                created_at: num(ca, "hold created_at")?,
+                expires_at: num(ea, "hold expires_at")?,
+            }),
+            _ => None,
+        };
+        Ok((decode_run(v, key)?, hold))
+    }
+}
+
 impl StateStore for RedisStore {
     fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
         check_record(&record)?;
@@ -301,6 +387,8 @@ impl StateStore for RedisStore {
             .arg(record.cost_micros.to_string())
             .arg(record.iterations.to_string())
             .arg(max.to_string())
+            .arg(caps_arg(&record.caps))
+            .arg(record.budget.clone().unwrap_or_default())
             .arg(finished_tags())
             .arg(record.state.as_str())
             .invoke(&mut *conn)
@@ -309,6 +397,12 @@ impl StateStore for RedisStore {
             return Err(StateError::NotFound(Missing::Session(SessionKey::new(
                 record.key.tenant.clone(),
                 session,
+            ))));
+        }
+        if reply.first().map(Vec::as_slice) == Some(b"nobudget") {
+            return Err(StateError::NotFound(Missing::Budget(BudgetKey::new(
+                record.key.tenant.clone(),
+                record.budget.clone().unwrap_or_default(),
             ))));
         }
         let rest = outcome(reply, || Missing::Run(record.key.clone()), record.version)
@@ -333,28 +427,8 @@ impl StateStore for RedisStore {
 
     fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
         check_run_key(key)?;
-        let p = keys::tenant(&key.tenant);
-        let max = self.max();
-        let mut conn = self.conn()?;
-        let reply: Reply = PATCH_RUN
-            .key(keys::run(&p, &key.run_id))
-            .arg(self.now().to_string())
-            .arg(delta.messages_read.to_string())
-            .arg(delta.usage.input_tokens.to_string())
-            .arg(delta.usage.output_tokens.to_string())
-            .arg(delta.cost_micros.to_string())
-            .arg(delta.iterations.to_string())
-            .arg(max.to_string())
-            .invoke(&mut *conn)
-            .map_err(map_err)?;
-        let rest =
-            outcome(reply, || Missing::Run(key.clone()), 0).map_err(|e| with_limit(e, max))?;
-        let v = rest
-            .first()
-            .ok_or_else(|| StateError::corrupt("redis: patch_run answered no record"))?;
-        decode_run(v, key)
+        self.patch(key, &delta, None).map(|(r, _)| r)
     }
-
     fn list_runs(&self, q: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
         check_id("tenant", &q.tenant)?;
         if let Some(s) = &q.session {

@@ -42,3 +42,4 @@ script!(IMPORT, "import.lua");
 script!(PRUNE, "prune.lua");
 script!(LIST_RUNS, "list_runs.lua", read_only);
 script!(READ_PAGES, "read_pages.lua", read_only);
+script!(BUDGETS, "budgets.lua");

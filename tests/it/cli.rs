@@ -1508,3 +1508,25 @@ fn cli_budgets_list_show_and_stats_count_runs_at_their_cap() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(ok(&["export", "--db", p(&db2)]), exported);
 }
+
+/// `agentstate copy` file → redis → file keeps budgets (with their spend)
+/// and holds.
+#[cfg(feature = "redis")]
+#[test]
+fn cli_copy_budgets_and_holds_file_to_redis_and_back() {
+    let (dir, db) = budget_store();
+    let url = crate::redis_server::shared_url(9);
+    crate::redis_server::flush(&url);
+    let out = ok(&["copy", "--from", p(&db), "--to", &url]);
+    assert!(out.contains("verified"), "{out}");
+    let back = dir.path().join("back");
+    let out = ok(&["copy", "--from", &url, "--to", p(&back)]);
+    assert!(out.contains("verified"), "{out}");
+    let (a, b) = (entries(&db), entries(&back));
+    assert!(a.iter().any(|e| matches!(e, Entry::Budget { .. })));
+    assert_eq!(
+        a.iter().filter(|e| matches!(e, Entry::Hold { .. })).count(),
+        2
+    );
+    assert_eq!(a, b, "file → redis → file keeps every entry, in order");
+}

@@ -390,3 +390,153 @@ fn patch_arithmetic_exact_near_u64_max() {
         "nothing written"
     );
 }
+
+/// Spend caps on Redis against the memory store (whose decisions are
+/// `rules::budget`): the same calls at the same clock give the same
+/// answers, `BudgetExceeded` fields included, near `u64::MAX` too; holds
+/// expire at `expires_at` exactly; cascade delete and prune drop holds;
+/// and both export the same entries (budgets and holds included), which
+/// import back unchanged, with export pages of 1.
+#[test]
+fn spend_caps_answer_like_the_memory_store() {
+    use agentstate::{
+        BudgetKey, BudgetRecord, Caps, Entry, Hold, ManualClock, MemoryStore, SessionKey,
+        SessionRecord,
+    };
+    let url = crate::redis_server::shared_url(8);
+    crate::redis_server::flush(&url);
+    let clock = Arc::new(ManualClock::new(1_000));
+    let redis = RedisStore::connect_with(
+        &url,
+        RedisOptions::new().options(Options::new().clock(clock.clone())),
+    )
+    .expect("connect");
+    let mem = MemoryStore::with_options(Options::new().clock(clock.clone()));
+    let stores: [&dyn agentstate::Store; 2] = [&mem, &redis];
+    // Runs every call on both stores and compares what they answered.
+    macro_rules! both {
+        ($s:ident => $e:expr) => {{
+            let got: Vec<String> = stores.iter().map(|$s| format!("{:?}", $e)).collect();
+            assert_eq!(got[0], got[1], "memory vs redis: {}", stringify!($e));
+            got.into_iter().next().unwrap()
+        }};
+    }
+    let max = u64::MAX;
+    let bk = BudgetKey::new("acme", "monthly");
+    let big = BudgetKey::new("acme", "huge");
+    both!(s => s.put_budget(BudgetRecord::new(bk.clone(), Caps::new().cost_micros(1_000).tokens(500).iterations(3))));
+    both!(s => s.put_budget(BudgetRecord::new(big.clone(), Caps::new().cost_micros(max).tokens(max - 1))));
+    both!(s => s.put_budget(BudgetRecord::new(bk.clone(), Caps::new())));
+    both!(s => s.put_session(SessionRecord::new(SessionKey::new("acme", "s1"))));
+    let a = RunKey::new("acme", "a");
+    let b = RunKey::new("acme", "b");
+    let c = RunKey::new("acme", "c");
+    let d = RunKey::new("acme", "d");
+    both!(s => s.put_run(RunRecord::new(a.clone(), "p").with_caps(Caps::new().cost_micros(600).iterations(2)).with_budget("monthly")));
+    both!(s => s.put_run(RunRecord::new(b.clone(), "p").with_budget("monthly").with_session("s1")));
+    both!(s => s.put_run(RunRecord::new(c.clone(), "p").with_budget("huge").with_caps(Caps::new().tokens(max))));
+    both!(s => s.put_run(RunRecord::new(d.clone(), "p").with_budget("nope")));
+    both!(s => s.put_run(RunRecord { cost_micros: 7, ..RunRecord::new(RunKey::new("acme", "e"), "p").with_budget("monthly") }));
+    // B1: fixed at create.
+    let stored = redis.get_run(&a).unwrap().unwrap();
+    both!(s => s.put_run(RunRecord { caps: Caps::new(), ..stored.clone() }));
+    both!(s => s.put_run(RunRecord { budget: None, ..stored.clone() }));
+    both!(s => s.put_run(RunRecord { agent_name: "q".into(), ..stored.clone() }));
+    // B2: run caps first, then the budget's; cost, tokens, iterations.
+    both!(s => s.reserve(&a, Hold::new("h1", 100).cost_micros(500)));
+    both!(s => s.reserve(&a, Hold::new("h1", 100).cost_micros(1)));
+    both!(s => s.reserve(&a, Hold::new("h2", 100).cost_micros(94)));
+    both!(s => s.reserve(&b, Hold::new("h1", 50).cost_micros(300).tokens(400)));
+    both!(s => s.reserve(&b, Hold::new("h2", 50).cost_micros(193)));
+    both!(s => s.reserve(&b, Hold::new("h2", 50).tokens(101)));
+    both!(s => s.reserve(&b, Hold::new("h2", 50).iterations(4)));
+    both!(s => s.reserve(&a, Hold::new("h3", 50).iterations(3)));
+    both!(s => s.reserve(&c, Hold::new("h1", 50).cost_micros(max).tokens(max - 1)));
+    both!(s => s.reserve(&c, Hold::new("h2", 50).cost_micros(1)));
+    both!(s => s.reserve(&c, Hold::new("h2", 50).tokens(1)));
+    both!(s => s.reserve(&c, Hold::new("h2", 0)));
+    both!(s => s.reserve(&d, Hold::new("h2", 10)));
+    both!(s => s.get_budget(&bk));
+    both!(s => s.get_budget(&big));
+    both!(s => s.run_spend(&a));
+    both!(s => s.run_spend(&c));
+    // B3, B4.
+    let spend = StateDelta {
+        cost_micros: 520,
+        iterations: 1,
+        ..Default::default()
+    };
+    both!(s => s.settle(&a, "h1", spend));
+    both!(s => s.settle(&a, "h1", spend));
+    both!(s => s.release_hold(&a, "h2"));
+    both!(s => s.release_hold(&a, "h2"));
+    both!(s => s.patch_run(&b, StateDelta { cost_micros: 5, ..Default::default() }));
+    // (Cursors differ: each store has its own secret.)
+    both!(s => s.list_budgets("acme", &PageRequest::new(1)).map(|p| p.into_parts().0));
+    both!(s => s.iter_budgets("acme").page_size(1).collect::<agentstate::Result<Vec<_>>>());
+    // B5: b's holds (ttl 50 from 1000) count until 1050.
+    clock.set(1_049);
+    both!(s => s.get_budget(&bk));
+    both!(s => s.reserve(&a, Hold::new("h4", 1000).cost_micros(80)));
+    // stats: budgets, live holds, runs at their cap.
+    both!(s => s.stats().map(|s| s.tenants));
+    let export = |s: &dyn agentstate::Store| -> Vec<Entry> {
+        s.iter_export()
+            .collect::<agentstate::Result<Vec<_>>>()
+            .unwrap()
+    };
+    let mut paged: Vec<Entry> = Vec::new();
+    let mut page = PageRequest::new(1);
+    loop {
+        let (items, cursor) = redis.export_page(&page).unwrap().into_parts();
+        paged.extend(items);
+        match cursor {
+            Some(c) => page = PageRequest::new(1).with_cursor(Some(c)),
+            None => break,
+        }
+    }
+    assert_eq!(
+        paged,
+        export(&redis),
+        "export pages of 1 see every entry once"
+    );
+    clock.set(1_050);
+    both!(s => s.get_budget(&bk));
+    both!(s => s.run_spend(&b));
+    both!(s => s.reserve(&a, Hold::new("h5", 1000).cost_micros(1)));
+    both!(s => s.get_budget(&bk));
+    both!(s => s.stats().map(|s| s.tenants));
+    // Cascade delete and prune drop the run's holds; spend stays.
+    both!(s => s.reserve(&b, Hold::new("h9", 1000).cost_micros(1)));
+    both!(s => s.delete_session(&SessionKey::new("acme", "s1"), true));
+    both!(s => s.get_budget(&bk));
+    both!(s => s.run_spend(&b));
+    let mut run_a = redis.get_run(&a).unwrap().unwrap();
+    run_a.state = agentstate::RunState::Completed;
+    both!(s => s.put_run(run_a.clone()));
+    clock.set(5_000);
+    both!(s => s.prune("acme", 4_000));
+    both!(s => s.get_budget(&bk));
+    // Export: the same entries, in the same order; import round-trips.
+    let (em, er) = (export(&mem), export(&redis));
+    assert!(em.iter().any(|e| matches!(e, Entry::Budget { .. })));
+    assert!(em.iter().any(|e| matches!(e, Entry::Hold { .. })));
+    assert_eq!(em, er, "memory and redis export the same entries");
+    crate::redis_server::flush(&url);
+    // A new client imports: the old one remembers the tenants it
+    // registered (the later calls read what it imported).
+    let fresh = RedisStore::connect_with(
+        &url,
+        RedisOptions::new().options(Options::new().clock(clock.clone())),
+    )
+    .expect("connect");
+    fresh.import(&mut em.clone().into_iter().map(Ok)).unwrap();
+    assert_eq!(
+        export(&fresh),
+        em,
+        "export -> import -> export is identical"
+    );
+    both!(s => s.get_budget(&big));
+    both!(s => s.run_spend(&c));
+    both!(s => s.reserve(&c, Hold::new("h1", 10)));
+}

@@ -26,6 +26,7 @@ if not cascade then
   return {'ok'}
 end
 for i, run_id in ipairs(runs) do
+  drop_run_holds(prefix, run_id, redis.call('HGET', prefix .. 'r:' .. run_id, 'bg'))
   redis.call('DEL', prefix .. 'r:' .. run_id)
   redis.call('ZREM', KEYS[4], run_id)
   redis.call('ZREM', prefix .. 'st:' .. states[i], run_id)

@@ -8,7 +8,8 @@
 --          length, 6 head CRC, 7 version, 8 seq, 9 state tag, 10 session
 --          ('' none), 11 agent, 12 created_at, 13 updated_at,
 --          14..18 messages_read, input_tokens, output_tokens,
---          cost_micros, iterations
+--          cost_micros, iterations, 19 caps ('- - -' for none),
+--          20 budget ('' for none)
 -- Session: KEYS 1 session hash, 2 the tenant's sessions
 --          ARGV 1 'session', 2 session id, 3 record, 4 version,
 --          5 created_at
@@ -30,6 +31,8 @@ if lt_dec(counter, seq) then redis.call('SET', KEYS[2], seq) end
 redis.call('HSET', KEYS[1], 'v', ARGV[4], 'hl', ARGV[5], 'hc', ARGV[6], 'ver', ARGV[7], 'seq', seq,
   'st', state, 'ag', ARGV[11], 'ca', ARGV[12], 'ua', ARGV[13],
   'mr', ARGV[14], 'it', ARGV[15], 'ot', ARGV[16], 'co', ARGV[17], 'ir', ARGV[18])
+if ARGV[19] ~= '- - -' then redis.call('HSET', KEYS[1], 'cp', ARGV[19]) end
+if ARGV[20] ~= '' then redis.call('HSET', KEYS[1], 'bg', ARGV[20]) end
 if session ~= '' then
   redis.call('HSET', KEYS[1], 'ss', session)
   redis.call('ZADD', KEYS[4], seq, id)

@@ -119,3 +119,107 @@ local function fence(ikey, insts, inst, epoch)
   end
   return nil
 end
+
+-- Spend caps (B1-B6). A tenant's budget `b:<name>` is a hash (ver, ca, ua,
+-- caps cc ct ci, '' for none; spent sc st si); `budgets` indexes the names.
+-- A run's holds are the hash `h:<run id>` (hold id -> hold), and its
+-- budget's the hash `bh:<name>` (`<#run id>:<run id><hold id>` -> hold). A
+-- hold is 'cost tokens iterations created_at expires_at' in decimal.
+-- `hr` is the lexicographic set of the run ids that have holds.
+local U64_MAX = '18446744073709551615'
+
+-- a + b, saturating at u64::MAX (rules::held and rules::budget_spent).
+local function sat_add(a, b)
+  return add_dec(a, b) or U64_MAX
+end
+
+local function parse_hold(s)
+  local f = {}
+  for w in string.gmatch(s, '%S+') do f[#f + 1] = w end
+  return f
+end
+
+-- Live while now < expires_at (B5).
+local function hold_live(h, now)
+  return lt_dec(now, h[5])
+end
+
+local function bhold_field(run_id, hold_id)
+  return tostring(#run_id) .. ':' .. run_id .. hold_id
+end
+
+-- The saturating sums of the live holds of a hold hash, and how many.
+local function held_of(key, now)
+  local all = redis.call('HGETALL', key)
+  local s = {'0', '0', '0'}
+  local n = 0
+  for i = 2, #all, 2 do
+    local h = parse_hold(all[i])
+    if hold_live(h, now) then
+      s[1] = sat_add(s[1], h[1]); s[2] = sat_add(s[2], h[2]); s[3] = sat_add(s[3], h[3])
+      n = n + 1
+    end
+  end
+  return s, n
+end
+
+-- Keeps `hr` (the runs that have holds, by id, for export) in step once
+-- a run's holds hash may have emptied.
+local function holds_gone(prefix, run_id)
+  if redis.call('EXISTS', prefix .. 'h:' .. run_id) == 0 then
+    redis.call('ZREM', prefix .. 'hr', run_id)
+  end
+end
+
+-- B5: drops the expired holds of a run and of its budget (writes that go
+-- ahead only).
+local function purge_holds(prefix, run_id, budget, now)
+  local rk = prefix .. 'h:' .. run_id
+  local all = redis.call('HGETALL', rk)
+  for i = 2, #all, 2 do
+    if not hold_live(parse_hold(all[i]), now) then
+      redis.call('HDEL', rk, all[i - 1])
+      if budget and budget ~= '' then
+        redis.call('HDEL', prefix .. 'bh:' .. budget, bhold_field(run_id, all[i - 1]))
+      end
+    end
+  end
+  if budget and budget ~= '' then
+    local bk = prefix .. 'bh:' .. budget
+    local ball = redis.call('HGETALL', bk)
+    for i = 2, #ball, 2 do
+      if not hold_live(parse_hold(ball[i]), now) then
+        local f = ball[i - 1]
+        local colon = string.find(f, ':', 1, true)
+        local len = tonumber(string.sub(f, 1, colon - 1))
+        local rid = string.sub(f, colon + 1, colon + len)
+        local hid = string.sub(f, colon + len + 1)
+        redis.call('HDEL', bk, f)
+        redis.call('HDEL', prefix .. 'h:' .. rid, hid)
+        holds_gone(prefix, rid)
+      end
+    end
+  end
+  holds_gone(prefix, run_id)
+end
+
+-- Deletes every hold of a run (the run is being deleted).
+local function drop_run_holds(prefix, run_id, budget)
+  local rk = prefix .. 'h:' .. run_id
+  if budget and budget ~= '' then
+    for _, hid in ipairs(redis.call('HKEYS', rk)) do
+      redis.call('HDEL', prefix .. 'bh:' .. budget, bhold_field(run_id, hid))
+    end
+  end
+  redis.call('DEL', rk)
+  redis.call('ZREM', prefix .. 'hr', run_id)
+end
+
+-- B3/B6: adds spend (cost, tokens, iterations) to a budget, saturating.
+local function spend_on_budget(prefix, budget, cost, tokens, iters)
+  if not budget or budget == '' then return end
+  local bk = prefix .. 'b:' .. budget
+  local s = redis.call('HMGET', bk, 'sc', 'st', 'si')
+  redis.call('HSET', bk, 'sc', sat_add(s[1], cost), 'st', sat_add(s[2], tokens),
+    'si', sat_add(s[3], iters))
+end
