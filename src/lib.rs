@@ -79,7 +79,7 @@ pub use cursor::Cursor;
 pub use entry::Entry;
 pub use error::{Missing, PersistenceReason, Result, StateError};
 pub use kv::{FileStore, MemoryStore};
-pub use options::{Durability, Options};
+pub use options::{Durability, FileEngine, Options};
 pub use page::{Page, PageRequest, Pages};
 pub use record::{
     Approval, Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,

@@ -9,7 +9,11 @@
 //!   (temp file, fsync, rename) at most every 200 ms after a commit and at
 //!   close; it never runs ahead of the journal because it is written only
 //!   after the commits it counts were synced.
-//! - `db/` — the fjall database.
+//! - `ENGINE` — the engine the store was created with (`fjall` or
+//!   `sled`); a store without one predates the file and is fjall's.
+//! - `db/` — the fjall database, or `sled/` — the sled database. Distinct
+//!   names, so a release that knows only fjall finds no database of its
+//!   own in a sled store (and its D8 check then refuses it).
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
@@ -23,12 +27,21 @@ use parking_lot::Mutex;
 use super::{Durability, KvStore, Options};
 use crate::codec::value::FORMAT_VERSION;
 use crate::error::{Result, StateError};
-use crate::kv::engine::file::{FjallEngine, SyncMode};
+use crate::kv::engine::file::SyncMode;
+use crate::options::FileEngine;
 
 const MARKER: &str = "AGENTSTATE";
 const LOCK: &str = "LOCK";
 const HWM: &str = "HWM";
-const DB: &str = "db";
+const ENGINE: &str = "ENGINE";
+
+/// The directory inside the store that holds `engine`'s database.
+fn db_dir(engine: FileEngine) -> &'static str {
+    match engine {
+        FileEngine::Fjall => "db",
+        FileEngine::Sled => "sled",
+    }
+}
 const MARKER_PREFIX: &str = "agentstate store format ";
 /// How often, at most, the high-water mark is rewritten while writing.
 const HWM_INTERVAL: Duration = Duration::from_millis(200);
@@ -121,6 +134,40 @@ fn check_marker(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The engine the store at `path` was created with; refuses `wanted`
+/// when it is the other one.
+fn check_engine(path: &Path, wanted: FileEngine) -> Result<()> {
+    let file = path.join(ENGINE);
+    let found = match fs::read(&file) {
+        Ok(bytes) => match bytes.as_slice() {
+            b"fjall\n" => FileEngine::Fjall,
+            b"sled\n" => FileEngine::Sled,
+            _ => {
+                return Err(StateError::corrupt(format!(
+                    "{} is damaged: it names no engine this release knows (fjall, sled)",
+                    file.display()
+                )));
+            }
+        },
+        // Stores made before the file existed are fjall's.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => FileEngine::Fjall,
+        Err(e) => return Err(io_err("reading", &file, e)),
+    };
+    if found != wanted {
+        let how = match found {
+            FileEngine::Fjall => "Options::engine(FileEngine::Fjall), the default",
+            FileEngine::Sled => "Options::engine(FileEngine::Sled) or FileStore::open_sled",
+        };
+        return Err(StateError::invalid(format!(
+            "{} was created with the {} engine, not {}: open it with {how}",
+            path.display(),
+            found.name(),
+            wanted.name()
+        )));
+    }
+    Ok(())
+}
+
 /// D7: builds a complete empty store beside `path` and renames it into
 /// place, so a crash leaves nothing or a whole store.
 fn create(path: &Path, opts: &Options) -> Result<()> {
@@ -143,11 +190,16 @@ fn create(path: &Path, opts: &Options) -> Result<()> {
     fs::create_dir(&tmp).map_err(|e| io_err("creating", &tmp, e))?;
     File::create(tmp.join(LOCK)).map_err(|e| io_err("creating lock in", &tmp, e))?;
     {
-        let engine = FjallEngine::open(&tmp.join(DB), SyncMode::Data)?;
-        let store = KvStore::assemble(Box::new(engine), opts.clone(), None)?;
+        let engine = crate::kv::engine::open_file(
+            opts.engine,
+            &tmp.join(db_dir(opts.engine)),
+            SyncMode::Data,
+        )?;
+        let store = KvStore::assemble(engine, opts.clone(), None)?;
         drop(store);
     }
     write_atomic(&tmp, HWM, b"0\n")?;
+    write_atomic(&tmp, ENGINE, format!("{}\n", opts.engine.name()).as_bytes())?;
     write_atomic(
         &tmp,
         MARKER,
@@ -235,6 +287,7 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
         create(path, &opts)?;
     }
     check_marker(path)?;
+    check_engine(path, opts.engine)?;
     let canonical = fs::canonicalize(path).map_err(|e| io_err("resolving", path, e))?;
     // D3, within this process: refuse at once.
     if !OPEN_PATHS
@@ -259,7 +312,8 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
         Durability::Immediate => SyncMode::Data,
         Durability::Buffered => SyncMode::Buffer,
     };
-    let engine = FjallEngine::open(&path.join(DB), mode).map_err(unregister)?;
+    let engine = crate::kv::engine::open_file(opts.engine, &path.join(db_dir(opts.engine)), mode)
+        .map_err(unregister)?;
     let salvage = opts.salvage;
     let state = FileState {
         path: path.to_path_buf(),
@@ -270,7 +324,7 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
             at: Instant::now(),
         }),
     };
-    let store = KvStore::assemble(Box::new(engine), opts, Some(state))?;
+    let store = KvStore::assemble(engine, opts, Some(state))?;
     let commits = store.commits();
     // D8: the journal recovered to fewer commits than were acknowledged.
     if commits < hwm {

@@ -146,6 +146,17 @@ fn d1_child_entry() {
 
 #[test]
 fn d1_acknowledged_writes_survive_kill_9() {
+    d1_on(agentstate::FileEngine::Fjall);
+}
+
+/// D1 on the sled engine: its `flush` alone is no durable sync.
+#[cfg(feature = "sled")]
+#[test]
+fn d1_sled_acknowledged_writes_survive_kill_9() {
+    d1_on(agentstate::FileEngine::Sled);
+}
+
+fn d1_on(engine: agentstate::FileEngine) {
     let cycles = env_u64("AGENTSTATE_CRASH_CYCLES", 5);
     let dir = tempfile::tempdir().unwrap();
     let cfg = crash::Config {
@@ -154,11 +165,13 @@ fn d1_acknowledged_writes_survive_kill_9() {
         dir: dir.path().to_path_buf(),
         max_ms: 300,
         verbose: false,
+        engine,
     };
     let started = Instant::now();
     let s = crash::run(&cfg, &|| self_command("durability::d1_child_entry"));
     eprintln!(
-        "d1: {} in {:.1} s; {} in flight at kills ({} applied), {} kills while opening",
+        "d1 ({}): {} in {:.1} s; {} in flight at kills ({} applied), {} kills while opening",
+        engine.name(),
         s.last_line(),
         started.elapsed().as_secs_f64(),
         s.in_flight,
