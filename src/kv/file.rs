@@ -273,6 +273,11 @@ fn lock(path: &Path) -> Result<File> {
 
 /// Opens the store at `path`, creating it when absent or an empty directory.
 pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
+    if opts.engine == FileEngine::Sled && !cfg!(feature = "sled") {
+        return Err(StateError::invalid(
+            "the sled engine needs agentstate built with the `sled` feature",
+        ));
+    }
     if path.exists() && !path.is_dir() {
         return Err(StateError::invalid(format!(
             "{} is a file, not an agentstate store directory; pick a new path",
