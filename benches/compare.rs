@@ -1515,7 +1515,9 @@ fn engines_section(dir: &Path, s: Sizes) {
                     .put_run(record(&tenant, run_id(i), RunState::Pending))
                     .expect("create");
             }
-            figs[j].writers1.push(per_sec(s.ops_per_writer8, t.elapsed()));
+            figs[j]
+                .writers1
+                .push(per_sec(s.ops_per_writer8, t.elapsed()));
             let (w, _, _) = agentstate_writers(store, round, 8, s.ops_per_writer8);
             figs[j].writers8.push(w);
         }
@@ -1526,12 +1528,15 @@ fn engines_section(dir: &Path, s: Sizes) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
     for (j, &e) in engines.iter().enumerate() {
-        eprintln!("engines: {} listing at {runs} runs (load {})", e.name(), loadavg());
+        eprintln!(
+            "engines: {} listing at {runs} runs (load {})",
+            e.name(),
+            loadavg()
+        );
         let path = dir.join(format!("engine-{}-list", e.name()));
         let t = Instant::now();
-        let store = Arc::new(
-            FileStore::open_with(&path, buffered().engine(e)).expect("store open"),
-        );
+        let store =
+            Arc::new(FileStore::open_with(&path, buffered().engine(e)).expect("store open"));
         load(&store, runs);
         drop(store);
         figs[j].load_s = t.elapsed().as_secs_f64();
@@ -1551,7 +1556,10 @@ fn engines_section(dir: &Path, s: Sizes) {
         figs[j].page = stats(pages);
         figs[j].reaper_first = stats(first);
     }
-    println!("\n## engines (one run, side by side; load average now {})", loadavg());
+    println!(
+        "\n## engines (one run, side by side; load average now {})",
+        loadavg()
+    );
     println!(
         "| engine | create/s | put/s | patch/s | 1 writer/s | 8 writers/s | load {runs} (s) | page of 100 (µs, median) | reaper first page (µs, median) | disk bytes at {runs} runs |"
     );
@@ -1588,10 +1596,22 @@ fn engines_section(dir: &Path, s: Sizes) {
         println!("RESULT engine_{n}_create_per_s={:.0}", rate(&f.create));
         println!("RESULT engine_{n}_put_per_s={:.0}", rate(&f.put));
         println!("RESULT engine_{n}_patch_per_s={:.0}", rate(&f.patch));
-        println!("RESULT engine_{n}_writers1_per_s={:.0}", median(&f.writers1));
-        println!("RESULT engine_{n}_writers8_per_s={:.0}", median(&f.writers8));
+        println!(
+            "RESULT engine_{n}_writers1_per_s={:.0}",
+            median(&f.writers1)
+        );
+        println!(
+            "RESULT engine_{n}_writers8_per_s={:.0}",
+            median(&f.writers8)
+        );
         println!("RESULT engine_{n}_page_median_us={:.0}", f.page.median_us);
-        println!("RESULT engine_{n}_reaper_first_median_us={:.0}", f.reaper_first.median_us);
-        println!("RESULT engine_{n}_disk_bytes_per_{runs}_runs={}", f.disk_bytes);
+        println!(
+            "RESULT engine_{n}_reaper_first_median_us={:.0}",
+            f.reaper_first.median_us
+        );
+        println!(
+            "RESULT engine_{n}_disk_bytes_per_{runs}_runs={}",
+            f.disk_bytes
+        );
     }
 }

@@ -1331,6 +1331,15 @@ fn d5_sled_damaged_files_are_an_error_or_correct() {
             cases.push((file.clone(), d));
         }
     }
+    // The live log sits at the start of sled's 512 KiB segments: flips
+    // every 512 bytes through the first 8 KiB, then every 16 KiB.
+    let db_len = std::fs::metadata(pristine.join("sled/db")).unwrap().len();
+    for at in (0..8192.min(db_len))
+        .step_by(512)
+        .chain((16384..db_len).step_by(16384))
+    {
+        cases.push((PathBuf::from("sled/db"), Damage::Flip(at)));
+    }
     cases.push((PathBuf::from("sled/db"), Damage::Nothing));
     let outcomes = run_cases_on(engine, &pristine, &expected, &cases, tmp.path());
     let failures = report_cases(

@@ -145,10 +145,8 @@ impl SledEngine {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_err("listing", &blobs, e)),
         }
-        if gained || all {
-            if blobs.exists() {
-                sync_path(&blobs)?;
-            }
+        if (gained || all) && blobs.exists() {
+            sync_path(&blobs)?;
         }
         if all {
             for name in ["conf", "snap"] {
