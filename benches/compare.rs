@@ -48,8 +48,9 @@
 //! reports its peak RSS (`VmHWM`). The parent then reopens the child's store
 //! for the 1M listing timings.
 //!
-//! `--only durable|listing|writers|agentstate` runs one part (for strace
-//! and perf). `AGENTSTATE_BENCH_IDS=sequential` makes run ids ascend.
+//! `--only durable|listing|writers|agentstate|engines` runs one part (for
+//! strace and perf). With `--features sled`, the `engines` part runs fjall
+//! and sled side by side under the store (`engines_section`). `AGENTSTATE_BENCH_IDS=sequential` makes run ids ascend.
 //!
 //! The output is a table, then one `RESULT name=value` line per figure.
 
@@ -183,6 +184,11 @@ fn main() {
         redis_section(sizes);
         return;
     }
+    #[cfg(feature = "sled")]
+    if only.as_deref() == Some("engines") {
+        engines_section(&dir, sizes);
+        return;
+    }
     if only.as_deref() == Some("writers") {
         let mut d = Durable::default();
         writers(&dir, sizes, &mut d);
@@ -209,6 +215,8 @@ fn main() {
     report(sizes, &d, &l, elapsed);
     #[cfg(feature = "redis")]
     redis_section(sizes);
+    #[cfg(feature = "sled")]
+    engines_section(&dir, sizes);
     if pg {
         run_pg(quick);
     } else {
@@ -1463,4 +1471,190 @@ fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
     res("rss_mib_1m", l.child.hwm_kib as f64 / 1024.0);
     res("big_runs", s.big as f64);
     res("elapsed_s", elapsed.as_secs_f64());
+}
+
+// ---------------------------------------------------------------------------
+// Engines: fjall and sled side by side (feature `sled`)
+
+/// One engine's figures in `engines_section`.
+#[cfg(feature = "sled")]
+#[derive(Default)]
+struct EngineFigures {
+    create: Vec<f64>,
+    put: Vec<f64>,
+    patch: Vec<f64>,
+    writers1: Vec<f64>,
+    writers8: Vec<f64>,
+    load_s: f64,
+    page: Stats,
+    reaper_first: Stats,
+    disk_bytes: u64,
+}
+
+/// Bytes the files under `dir` occupy on disk (allocated blocks).
+#[cfg(feature = "sled")]
+fn dir_disk_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Ok(m) = e.metadata() else { continue };
+        total += if m.is_dir() {
+            dir_disk_bytes(&e.path())
+        } else {
+            m.blocks() * 512
+        };
+    }
+    total
+}
+
+/// fjall and sled under the same store, in one run: one writer's durable
+/// create, put and patch (interleaved op by op across the engines), one
+/// writer vs eight in alternating rounds (engines alternating too), and at
+/// `AGENTSTATE_BENCH_ENGINE_RUNS` runs (100k by default) the load time,
+/// a full listing walk in pages of 100, the reaper's first page, and the
+/// bytes the store takes on disk once closed.
+#[cfg(feature = "sled")]
+fn engines_section(dir: &Path, s: Sizes) {
+    use agentstate::FileEngine;
+    let engines = [FileEngine::Fjall, FileEngine::Sled];
+    let open = |name: &str, e: FileEngine, o: Options| {
+        FileStore::open_with(dir.join(format!("engine-{}-{name}", e.name())), o.engine(e))
+            .expect("store open")
+    };
+    let mut figs: Vec<EngineFigures> = engines.iter().map(|_| EngineFigures::default()).collect();
+    eprintln!("engines: one writer (load {})", loadavg());
+    let mut agents: Vec<Agent> = engines
+        .iter()
+        .map(|&e| Agent {
+            store: open("one", e, Options::new()),
+            runs: Vec::new(),
+        })
+        .collect();
+    for i in 0..s.ops {
+        for k in 0..engines.len() {
+            let j = (i + k) % engines.len();
+            timed(&mut figs[j].create, || agents[j].create(i as u64));
+        }
+    }
+    for i in 0..s.ops {
+        for k in 0..engines.len() {
+            let j = (i + k) % engines.len();
+            timed(&mut figs[j].put, || agents[j].put(i));
+            timed(&mut figs[j].patch, || agents[j].patch(i));
+        }
+    }
+    drop(agents);
+    eprintln!("engines: eight writers (load {})", loadavg());
+    let stores: Vec<Arc<FileStore>> = engines
+        .iter()
+        .map(|&e| Arc::new(open("eight", e, Options::new())))
+        .collect();
+    for round in 0..s.rounds {
+        for (j, store) in stores.iter().enumerate() {
+            let tenant = format!("solo{round}");
+            let t = Instant::now();
+            for i in 0..s.ops_per_writer8 as u64 {
+                store
+                    .put_run(record(&tenant, run_id(i), RunState::Pending))
+                    .expect("create");
+            }
+            figs[j]
+                .writers1
+                .push(per_sec(s.ops_per_writer8, t.elapsed()));
+            let (w, _, _) = agentstate_writers(store, round, 8, s.ops_per_writer8);
+            figs[j].writers8.push(w);
+        }
+    }
+    drop(stores);
+    let runs: u64 = std::env::var("AGENTSTATE_BENCH_ENGINE_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    for (j, &e) in engines.iter().enumerate() {
+        eprintln!(
+            "engines: {} listing at {runs} runs (load {})",
+            e.name(),
+            loadavg()
+        );
+        let path = dir.join(format!("engine-{}-list", e.name()));
+        let t = Instant::now();
+        let store =
+            Arc::new(FileStore::open_with(&path, buffered().engine(e)).expect("store open"));
+        load(&store, runs);
+        drop(store);
+        figs[j].load_s = t.elapsed().as_secs_f64();
+        figs[j].disk_bytes = dir_disk_bytes(&path);
+        let store = FileStore::open_with(&path, buffered().engine(e)).expect("reopen");
+        let mut first = Vec::new();
+        for _ in 0..20 {
+            let t = Instant::now();
+            let page = store
+                .list_runs(&reaper_query(), &PageRequest::new(100))
+                .expect("reaper page");
+            first.push(t.elapsed().as_secs_f64() * 1e6);
+            std::hint::black_box(page);
+        }
+        let (pages, seen) = walk(&store, StateQuery::new(TENANT), 100);
+        assert_eq!(seen as u64, runs);
+        figs[j].page = stats(pages);
+        figs[j].reaper_first = stats(first);
+    }
+    println!(
+        "\n## engines (one run, side by side; load average now {})",
+        loadavg()
+    );
+    println!(
+        "| engine | create/s | put/s | patch/s | 1 writer/s | 8 writers/s | load {runs} (s) | page of 100 (µs, median) | reaper first page (µs, median) | disk bytes at {runs} runs |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (e, f) in engines.iter().zip(&figs) {
+        println!(
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0} | {} |",
+            e.name(),
+            rate(&f.create),
+            rate(&f.put),
+            rate(&f.patch),
+            median(&f.writers1),
+            median(&f.writers8),
+            f.load_s,
+            f.page.median_us,
+            f.reaper_first.median_us,
+            f.disk_bytes
+        );
+    }
+    let (a, b) = (&figs[0], &figs[1]);
+    println!(
+        "sled / fjall: create {:.2}, put {:.2}, patch {:.2}, 1 writer {:.2}, 8 writers {:.2}, page {:.2}, reaper {:.2}, disk {:.2}",
+        rate(&b.create) / rate(&a.create),
+        rate(&b.put) / rate(&a.put),
+        rate(&b.patch) / rate(&a.patch),
+        median(&b.writers1) / median(&a.writers1),
+        median(&b.writers8) / median(&a.writers8),
+        b.page.median_us / a.page.median_us,
+        b.reaper_first.median_us / a.reaper_first.median_us,
+        b.disk_bytes as f64 / a.disk_bytes.max(1) as f64
+    );
+    for (e, f) in engines.iter().zip(&figs) {
+        let n = e.name();
+        println!("RESULT engine_{n}_create_per_s={:.0}", rate(&f.create));
+        println!("RESULT engine_{n}_put_per_s={:.0}", rate(&f.put));
+        println!("RESULT engine_{n}_patch_per_s={:.0}", rate(&f.patch));
+        println!(
+            "RESULT engine_{n}_writers1_per_s={:.0}",
+            median(&f.writers1)
+        );
+        println!(
+            "RESULT engine_{n}_writers8_per_s={:.0}",
+            median(&f.writers8)
+        );
+        println!("RESULT engine_{n}_page_median_us={:.0}", f.page.median_us);
+        println!(
+            "RESULT engine_{n}_reaper_first_median_us={:.0}",
+            f.reaper_first.median_us
+        );
+        println!(
+            "RESULT engine_{n}_disk_bytes_per_{runs}_runs={}",
+            f.disk_bytes
+        );
+    }
 }

@@ -3,8 +3,10 @@
 //! verifies.
 //!
 //! ```text
-//! cargo run --release --example crash -- --cycles 50 [--seed 7] [--dir DIR] [--max-ms 1000]
+//! cargo run --release --example crash -- --cycles 50 [--seed 7] [--dir DIR] [--max-ms 1000] [--engine fjall|sled]
 //! ```
+//!
+//! `--engine sled` runs it on the sled engine (build with `--features sled`).
 //!
 //! One binary is both parent and child; the child is chosen by the
 //! `AGENTSTATE_CRASH_CHILD` environment variable. The child opens the store
@@ -43,15 +45,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentstate::{
-    Approval, Entry, FileStore, InstanceKey, RunKey, RunRecord, RunState, SessionKey,
-    SessionRecord, StateDelta, StateError, StateQuery, StateStore, StoreAdmin, ToolCall, Tray,
-    TrayOp, TrayStore, Usage,
+    Approval, Entry, FileEngine, FileStore, InstanceKey, Options, RunKey, RunRecord, RunState,
+    SessionKey, SessionRecord, StateDelta, StateError, StateQuery, StateStore, StoreAdmin,
+    ToolCall, Tray, TrayOp, TrayStore, Usage,
 };
 use serde::{Deserialize, Serialize};
 
 /// The environment variable that makes the binary a child:
 /// `MODE:SEED:CYCLE:DIR` with MODE one of `work`, `create`, `open`.
 pub const CHILD_ENV: &str = "AGENTSTATE_CRASH_CHILD";
+/// The engine a child opens the store with (`fjall`, the default, or `sled`).
+pub const ENGINE_ENV: &str = "AGENTSTATE_CRASH_ENGINE";
 /// Every run the harness writes belongs to this tenant.
 pub const TENANT: &str = "acme";
 /// The run every child thread patches; its cost is checked as a sum.
@@ -205,9 +209,27 @@ pub fn child_main_if_requested() -> bool {
     std::process::exit(0);
 }
 
+/// Parses an engine's name as `--engine` and `ENGINE_ENV` spell it.
+pub fn parse_engine(name: &str) -> Option<FileEngine> {
+    match name {
+        "fjall" => Some(FileEngine::Fjall),
+        "sled" => Some(FileEngine::Sled),
+        _ => None,
+    }
+}
+
+/// Opens the store at `dir` on `engine`.
+pub fn open_store(dir: &Path, engine: FileEngine) -> Result<FileStore, StateError> {
+    FileStore::open_with(dir, Options::new().engine(engine))
+}
+
 fn open_or_exit(dir: &Path) -> FileStore {
     emit("phase open");
-    match FileStore::open(dir) {
+    let engine = std::env::var(ENGINE_ENV)
+        .ok()
+        .and_then(|n| parse_engine(&n))
+        .unwrap_or_default();
+    match open_store(dir, engine) {
         Ok(s) => {
             emit("phase opened");
             s
@@ -862,6 +884,8 @@ pub struct Config {
     pub max_ms: u64,
     /// Print one line per cycle.
     pub verbose: bool,
+    /// The engine under the store.
+    pub engine: FileEngine,
 }
 
 /// What a harness run found.
@@ -1148,8 +1172,15 @@ fn check_listings(
 
 /// Reopens the store after a kill and compares it with the model and the
 /// child's transcript; then makes the model what was found.
-fn check_store(dir: &Path, model: &mut Model, t: &Transcript, summary: &mut Summary, cycle: u64) {
-    let store = match FileStore::open(dir) {
+fn check_store(
+    dir: &Path,
+    engine: FileEngine,
+    model: &mut Model,
+    t: &Transcript,
+    summary: &mut Summary,
+    cycle: u64,
+) {
+    let store = match open_store(dir, engine) {
         Ok(s) => s,
         Err(e) => {
             summary.fail(
@@ -1434,12 +1465,17 @@ pub fn run_child(
 /// by `spawn` (a command that runs this file's child when `CHILD_ENV` is
 /// set).
 pub fn run(cfg: &Config, spawn: &dyn Fn() -> Command) -> Summary {
+    let spawn = &|| {
+        let mut cmd = spawn();
+        cmd.env(ENGINE_ENV, cfg.engine.name());
+        cmd
+    };
     let mut summary = Summary::default();
     let mut rng = Rng::new(cfg.seed);
     let store_dir = cfg.dir.join("store");
     let mut model = Model::default();
     // The spend run every child patches.
-    match FileStore::open(&store_dir).and_then(|s| {
+    match open_store(&store_dir, cfg.engine).and_then(|s| {
         let r = s.put_run(RunRecord::new(RunKey::new(TENANT, SPEND_RUN), "spend"))?;
         model.max_seq = r.seq;
         model.commits = s.commits();
@@ -1520,9 +1556,9 @@ pub fn run(cfg: &Config, spawn: &dyn Fn() -> Command) -> Summary {
         summary.acked += t.acked.len() as u64;
         let before = summary.clone();
         if kind == "create" {
-            check_fresh(&dir, &t, &mut summary, cycle);
+            check_fresh(&dir, cfg.engine, &t, &mut summary, cycle);
         } else {
-            check_store(&dir, &mut model, &t, &mut summary, cycle);
+            check_store(&dir, cfg.engine, &mut model, &t, &mut summary, cycle);
         }
         if cfg.verbose {
             let bad = summary.details.len() - before.details.len();
@@ -1559,7 +1595,7 @@ pub fn run(cfg: &Config, spawn: &dyn Fn() -> Command) -> Summary {
 /// D7 inside the harness: a store killed while being created is absent or
 /// complete, and then holds exactly the acknowledged creates (plus maybe
 /// the one in flight).
-fn check_fresh(dir: &Path, t: &Transcript, summary: &mut Summary, cycle: u64) {
+fn check_fresh(dir: &Path, engine: FileEngine, t: &Transcript, summary: &mut Summary, cycle: u64) {
     // Leftovers of an interrupted creation sit beside the store; the next
     // creation at that path sweeps them. Remove them here.
     if let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) {
@@ -1587,18 +1623,19 @@ fn check_fresh(dir: &Path, t: &Transcript, summary: &mut Summary, cycle: u64) {
     summary.fresh_complete += 1;
     let mut model = Model::default();
     // The harness's own spend run is not in a fresh store.
-    check_fresh_store(dir, &mut model, t, summary, cycle);
+    check_fresh_store(dir, engine, &mut model, t, summary, cycle);
     let _ = std::fs::remove_dir_all(dir);
 }
 
 fn check_fresh_store(
     dir: &Path,
+    engine: FileEngine,
     model: &mut Model,
     t: &Transcript,
     summary: &mut Summary,
     cycle: u64,
 ) {
-    let store = match FileStore::open(dir) {
+    let store = match open_store(dir, engine) {
         Ok(s) => s,
         Err(e) => {
             summary.fail(
@@ -1667,7 +1704,9 @@ fn check_fresh_store(
 // ---------------------------------------------------------------------------
 
 fn usage() -> ! {
-    eprintln!("usage: crash --cycles N [--seed S] [--dir DIR] [--max-ms MS] [--quiet]");
+    eprintln!(
+        "usage: crash --cycles N [--seed S] [--dir DIR] [--max-ms MS] [--engine fjall|sled] [--quiet]"
+    );
     std::process::exit(2);
 }
 
@@ -1681,6 +1720,7 @@ fn main() {
     let mut dir = None;
     let mut max_ms = 600u64;
     let mut verbose = true;
+    let mut engine = FileEngine::Fjall;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().unwrap_or_else(|| usage());
@@ -1689,6 +1729,7 @@ fn main() {
             "--seed" => seed = val().parse().unwrap_or_else(|_| usage()),
             "--dir" => dir = Some(PathBuf::from(val())),
             "--max-ms" => max_ms = val().parse().unwrap_or_else(|_| usage()),
+            "--engine" => engine = parse_engine(&val()).unwrap_or_else(|| usage()),
             "--quiet" => verbose = false,
             _ => usage(),
         }
@@ -1719,6 +1760,7 @@ fn main() {
         dir: dir.clone(),
         max_ms,
         verbose,
+        engine,
     };
     let started = Instant::now();
     let summary = run(&cfg, &|| Command::new(&exe));
@@ -1740,6 +1782,7 @@ fn main() {
     } else if scratch {
         let _ = std::fs::remove_dir_all(&dir);
     }
+    println!("engine: {}", engine.name());
     println!("{}", summary.last_line());
     if !summary.ok() {
         std::process::exit(1);

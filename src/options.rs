@@ -1,5 +1,5 @@
 //! How a store is opened: options every backend reads (clock, record
-//! limit, scrubber) and the file store's own (durability, salvage).
+//! limit, scrubber) and the file store's own (durability, salvage, engine).
 
 use std::sync::Arc as StdArc;
 
@@ -27,6 +27,36 @@ pub enum Durability {
     Buffered,
 }
 
+/// The engine under a file store's directory.
+///
+/// A store keeps the engine it was created with: opening it with the other
+/// one is an `InvalidInput` error that names the right one.
+///
+/// | engine | `Durability::Immediate` means | readers during a sync |
+/// |---|---|---|
+/// | `Fjall` (default) | fjall's journal `fdatasync`ed per group | not blocked |
+/// | `Sled` (feature `sled`) | sled flushed, then its data and blob files `fdatasync`ed per group | wait for it |
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FileEngine {
+    /// fjall 3 (an LSM tree with a journal). The default, and the faster.
+    #[default]
+    Fjall,
+    /// sled 0.34. Needs the crate's `sled` feature; without it, opening
+    /// with this engine is an `InvalidInput` error.
+    Sled,
+}
+
+impl FileEngine {
+    /// The engine's name as the store's `ENGINE` file records it.
+    pub fn name(self) -> &'static str {
+        match self {
+            FileEngine::Fjall => "fjall",
+            FileEngine::Sled => "sled",
+        }
+    }
+}
+
 /// How a store is opened.
 #[derive(Clone)]
 pub struct Options {
@@ -36,6 +66,7 @@ pub struct Options {
     pub(crate) durability: Durability,
     pub(crate) salvage: bool,
     pub(crate) create_parents: bool,
+    pub(crate) engine: FileEngine,
 }
 
 impl std::fmt::Debug for Options {
@@ -45,6 +76,7 @@ impl std::fmt::Debug for Options {
             .field("durability", &self.durability)
             .field("salvage", &self.salvage)
             .field("create_parents", &self.create_parents)
+            .field("engine", &self.engine)
             .finish_non_exhaustive()
     }
 }
@@ -58,12 +90,14 @@ impl Default for Options {
             durability: Durability::Immediate,
             salvage: false,
             create_parents: false,
+            engine: FileEngine::Fjall,
         }
     }
 }
 
 impl Options {
-    /// System clock, 1 MiB records, default scrubber, `Durability::Immediate`.
+    /// System clock, 1 MiB records, default scrubber, `Durability::Immediate`,
+    /// the fjall engine.
     pub fn new() -> Self {
         Self::default()
     }
@@ -100,6 +134,12 @@ impl Options {
     /// does not make a new empty store somewhere else).
     pub fn create_parents(mut self, create: bool) -> Self {
         self.create_parents = create;
+        self
+    }
+    /// The engine a new file store is created with, and the one an existing
+    /// store must have been created with (file store).
+    pub fn engine(mut self, engine: FileEngine) -> Self {
+        self.engine = engine;
         self
     }
 }

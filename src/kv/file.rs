@@ -10,7 +10,11 @@
 //!   thread of its own (off the commit path), and at close; it never runs
 //!   ahead of the journal because it is only ever handed a count of groups
 //!   whose sync returned.
-//! - `db/` — the fjall database.
+//! - `ENGINE` — the engine the store was created with (`fjall` or
+//!   `sled`); a store without one predates the file and is fjall's.
+//! - `db/` — the fjall database, or `sled/` — the sled database. Distinct
+//!   names, so a release that knows only fjall finds no database of its
+//!   own in a sled store (and its D8 check then refuses it).
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
@@ -24,12 +28,21 @@ use parking_lot::{Condvar, Mutex};
 use super::{Durability, KvStore, Options};
 use crate::codec::value::FORMAT_VERSION;
 use crate::error::{Result, StateError};
-use crate::kv::engine::file::{FjallEngine, SyncMode};
+use crate::kv::engine::file::SyncMode;
+use crate::options::FileEngine;
 
 const MARKER: &str = "AGENTSTATE";
 const LOCK: &str = "LOCK";
 const HWM: &str = "HWM";
-const DB: &str = "db";
+const ENGINE: &str = "ENGINE";
+
+/// The directory inside the store that holds `engine`'s database.
+fn db_dir(engine: FileEngine) -> &'static str {
+    match engine {
+        FileEngine::Fjall => "db",
+        FileEngine::Sled => "sled",
+    }
+}
 const MARKER_PREFIX: &str = "agentstate store format ";
 /// How often, at most, the high-water mark is rewritten while writing.
 const HWM_INTERVAL: Duration = Duration::from_millis(200);
@@ -241,6 +254,40 @@ fn check_marker(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The engine the store at `path` was created with; refuses `wanted`
+/// when it is the other one.
+fn check_engine(path: &Path, wanted: FileEngine) -> Result<()> {
+    let file = path.join(ENGINE);
+    let found = match fs::read(&file) {
+        Ok(bytes) => match bytes.as_slice() {
+            b"fjall\n" => FileEngine::Fjall,
+            b"sled\n" => FileEngine::Sled,
+            _ => {
+                return Err(StateError::corrupt(format!(
+                    "{} is damaged: it names no engine this release knows (fjall, sled)",
+                    file.display()
+                )));
+            }
+        },
+        // Stores made before the file existed are fjall's.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => FileEngine::Fjall,
+        Err(e) => return Err(io_err("reading", &file, e)),
+    };
+    if found != wanted {
+        let how = match found {
+            FileEngine::Fjall => "Options::engine(FileEngine::Fjall), the default",
+            FileEngine::Sled => "Options::engine(FileEngine::Sled) or FileStore::open_sled",
+        };
+        return Err(StateError::invalid(format!(
+            "{} was created with the {} engine, not {}: open it with {how}",
+            path.display(),
+            found.name(),
+            wanted.name()
+        )));
+    }
+    Ok(())
+}
+
 /// D7: builds a complete empty store beside `path` and renames it into
 /// place, so a crash leaves nothing or a whole store.
 fn create(path: &Path, opts: &Options) -> Result<()> {
@@ -259,11 +306,16 @@ fn create(path: &Path, opts: &Options) -> Result<()> {
     fs::create_dir(&tmp).map_err(|e| io_err("creating", &tmp, e))?;
     File::create(tmp.join(LOCK)).map_err(|e| io_err("creating lock in", &tmp, e))?;
     {
-        let engine = FjallEngine::open(&tmp.join(DB), SyncMode::Data)?;
-        let store = KvStore::assemble(Box::new(engine), opts.clone(), None)?;
+        let engine = crate::kv::engine::open_file(
+            opts.engine,
+            &tmp.join(db_dir(opts.engine)),
+            SyncMode::Data,
+        )?;
+        let store = KvStore::assemble(engine, opts.clone(), None)?;
         drop(store);
     }
     write_atomic(&tmp, HWM, b"0\n")?;
+    write_atomic(&tmp, ENGINE, format!("{}\n", opts.engine.name()).as_bytes())?;
     write_atomic(
         &tmp,
         MARKER,
@@ -338,6 +390,11 @@ fn lock(path: &Path) -> Result<File> {
 
 /// Opens the store at `path`, creating it when absent or an empty directory.
 pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
+    if opts.engine == FileEngine::Sled && !cfg!(feature = "sled") {
+        return Err(StateError::invalid(
+            "the sled engine needs agentstate built with the `sled` feature",
+        ));
+    }
     if path.exists() && !path.is_dir() {
         return Err(StateError::invalid(format!(
             "{} is a file, not an agentstate store directory; pick a new path",
@@ -352,6 +409,7 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
         create(path, &opts)?;
     }
     check_marker(path)?;
+    check_engine(path, opts.engine)?;
     let canonical = fs::canonicalize(path).map_err(|e| io_err("resolving", path, e))?;
     // D3, within this process: refuse at once.
     if !OPEN_PATHS
@@ -377,7 +435,8 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
         Durability::Immediate => SyncMode::Data,
         Durability::Buffered => SyncMode::Buffer,
     };
-    let engine = FjallEngine::open(&path.join(DB), mode).map_err(unregister)?;
+    let engine = crate::kv::engine::open_file(opts.engine, &path.join(db_dir(opts.engine)), mode)
+        .map_err(unregister)?;
     let salvage = opts.salvage;
     let state = FileState {
         path: path.to_path_buf(),
@@ -396,7 +455,7 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
         }),
         writer: Mutex::new(None),
     };
-    let store = KvStore::assemble(Box::new(engine), opts, Some(state))?;
+    let store = KvStore::assemble(engine, opts, Some(state))?;
     let commits = store.commits();
     // D8: the journal recovered to fewer commits than were acknowledged.
     if commits < hwm {

@@ -84,6 +84,18 @@ impl FileStore {
         super::file::open(path.as_ref(), opts).map(FileStore)
     }
 
+    /// Opens (creating if needed) the file store at `path` on the sled
+    /// engine: `open_with(path, Options::new().engine(`[`FileEngine::Sled`]`))`.
+    /// Needs the `sled` feature (else `InvalidInput`).
+    ///
+    /// [`FileEngine::Sled`]: crate::FileEngine::Sled
+    pub fn open_sled(path: impl AsRef<Path>) -> Result<FileStore> {
+        Self::open_with(
+            path,
+            Options::default().engine(crate::options::FileEngine::Sled),
+        )
+    }
+
     /// The store's directory.
     pub fn path(&self) -> &Path {
         self.0.path().expect("a file store has a path")

@@ -276,12 +276,14 @@ impl KvStore {
             backend: match (self.path(), self.opts.durability) {
                 (None, _) => "memory: in this process only".to_string(),
                 (Some(p), crate::options::Durability::Immediate) => format!(
-                    "file {}: every Ok synced (fdatasync per commit group)",
-                    p.display()
+                    "file {} ({}): every Ok synced (fdatasync per commit group)",
+                    p.display(),
+                    self.opts.engine.name()
                 ),
                 (Some(p), _) => format!(
-                    "file {}: buffered (an Ok survives a process crash, not an OS crash)",
-                    p.display()
+                    "file {} ({}): buffered (an Ok survives a process crash, not an OS crash)",
+                    p.display(),
+                    self.opts.engine.name()
                 ),
             },
             ..Default::default()

@@ -1,7 +1,7 @@
 //! The public conformance suite (`agentstate::conformance`) on every
-//! backend: `memory::<rule>`, `file::<rule>` and (feature `postgres`)
-//! `postgres::<rule>`, one test per rule (made by
-//! `agentstate::conformance_tests!`, as a third-party backend adopts the
+//! backend: `memory::<rule>`, `file::<rule>`, and with their features
+//! `sled::<rule>`, `postgres::<rule>` and `redis::<rule>`, one test per rule
+//! (made by `agentstate::conformance_tests!`, as a third-party backend adopts the
 //! suite), so the test list reads as the rule list.
 
 use std::sync::Arc;
@@ -62,13 +62,18 @@ mod memory {
     }
 }
 
-mod file {
+/// File stores for the suite, one directory each, under the target's temp
+/// dir; shared by the `file` and `sled` modules.
+mod file_stores {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
 
-    /// A fresh file store in its own directory under the target's temp dir.
-    fn factory(clock: Arc<ManualClock>) -> Arc<dyn ConformanceStore> {
+    /// A fresh file store on `engine` in its own directory.
+    pub fn open(
+        clock: Arc<ManualClock>,
+        engine: agentstate::FileEngine,
+    ) -> Arc<dyn ConformanceStore> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         static SWEEP: std::sync::Once = std::sync::Once::new();
         let root = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("conformance");
@@ -85,8 +90,11 @@ mod file {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&root).expect("create the temp dir");
         Arc::new(
-            agentstate::FileStore::open_with(&dir, agentstate::Options::new().clock(clock))
-                .expect("open"),
+            agentstate::FileStore::open_with(
+                &dir,
+                agentstate::Options::new().clock(clock).engine(engine),
+            )
+            .expect("open"),
         )
     }
 
@@ -106,6 +114,27 @@ mod file {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
+    }
+}
+
+mod file {
+    use super::*;
+
+    /// A fresh file store on the default engine (fjall).
+    fn factory(clock: Arc<ManualClock>) -> Arc<dyn ConformanceStore> {
+        super::file_stores::open(clock, agentstate::FileEngine::Fjall)
+    }
+
+    agentstate::conformance_tests!(factory);
+}
+
+#[cfg(feature = "sled")]
+mod sled {
+    use super::*;
+
+    /// A fresh file store on the sled engine.
+    fn factory(clock: Arc<ManualClock>) -> Arc<dyn ConformanceStore> {
+        super::file_stores::open(clock, agentstate::FileEngine::Sled)
     }
 
     agentstate::conformance_tests!(factory);

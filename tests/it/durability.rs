@@ -148,6 +148,17 @@ fn d1_child_entry() {
 
 #[test]
 fn d1_acknowledged_writes_survive_kill_9() {
+    d1_on(agentstate::FileEngine::Fjall);
+}
+
+/// D1 on the sled engine: its `flush` alone is no durable sync.
+#[cfg(feature = "sled")]
+#[test]
+fn d1_sled_acknowledged_writes_survive_kill_9() {
+    d1_on(agentstate::FileEngine::Sled);
+}
+
+fn d1_on(engine: agentstate::FileEngine) {
     let cycles = env_u64("AGENTSTATE_CRASH_CYCLES", 5);
     let dir = tempfile::tempdir().unwrap();
     let cfg = crash::Config {
@@ -156,11 +167,13 @@ fn d1_acknowledged_writes_survive_kill_9() {
         dir: dir.path().to_path_buf(),
         max_ms: 300,
         verbose: false,
+        engine,
     };
     let started = Instant::now();
     let s = crash::run(&cfg, &|| self_command("durability::d1_child_entry"));
     eprintln!(
-        "d1: {} in {:.1} s; {} in flight at kills ({} applied), {} kills while opening",
+        "d1 ({}): {} in {:.1} s; {} in flight at kills ({} applied), {} kills while opening",
+        engine.name(),
         s.last_line(),
         started.elapsed().as_secs_f64(),
         s.in_flight,
@@ -714,12 +727,17 @@ fn d5_child_entry() {
         return;
     };
     record_background_panics();
-    let (store_dir, expected) = spec.split_once('\t').unwrap();
+    let mut fields = spec.split('\t');
+    let (store_dir, expected) = (fields.next().unwrap(), fields.next().unwrap());
+    let engine = match fields.next() {
+        Some("sled") => agentstate::FileEngine::Sled,
+        _ => agentstate::FileEngine::Fjall,
+    };
     let expected: BTreeMap<String, u64> =
         serde_json::from_slice(&std::fs::read(expected).unwrap()).unwrap();
     let store_dir = PathBuf::from(store_dir);
     let result = std::panic::catch_unwind(|| -> Result<Result<(), String>, StateError> {
-        let store = FileStore::open(&store_dir)?;
+        let store = FileStore::open_with(&store_dir, Options::new().engine(engine))?;
         let list = export_list(&store, 1000)?;
         let report = store.verify()?;
         if !report.is_ok() {
@@ -866,6 +884,23 @@ fn run_cases(
     cases: &[(PathBuf, Damage)],
     scratch: &Path,
 ) -> Vec<Outcome> {
+    run_cases_on(
+        agentstate::FileEngine::Fjall,
+        pristine,
+        expected,
+        cases,
+        scratch,
+    )
+}
+
+/// `run_cases` on a store of `engine`.
+fn run_cases_on(
+    engine: agentstate::FileEngine,
+    pristine: &Path,
+    expected: &Path,
+    cases: &[(PathBuf, Damage)],
+    scratch: &Path,
+) -> Vec<Outcome> {
     let next = AtomicU64::new(0);
     let results = Mutex::new(vec![None; cases.len()]);
     std::thread::scope(|s| {
@@ -877,7 +912,12 @@ fn run_cases(
                     let dir = scratch.join(format!("case{i}"));
                     copy_store(pristine, &dir, file);
                     damage(&dir.join(file), d);
-                    let spec = format!("{}\t{}", dir.display(), expected.display());
+                    let spec = format!(
+                        "{}\t{}\t{}",
+                        dir.display(),
+                        expected.display(),
+                        engine.name()
+                    );
                     let outcome = run_case_child(&spec);
                     let _ = std::fs::remove_dir_all(&dir);
                     results.lock().unwrap()[i] = Some(outcome);
@@ -930,8 +970,19 @@ fn run_case_child(spec: &str) -> Outcome {
 /// Writes a store with runs, a session, trays and alarms over many
 /// commits, closes it, and returns what it holds.
 fn build_store(path: &Path, runs: u64, big_docs: u64) -> BTreeMap<String, Entry> {
+    build_store_on(agentstate::FileEngine::Fjall, path, runs, big_docs)
+}
+
+/// `build_store` on `engine`.
+fn build_store_on(
+    engine: agentstate::FileEngine,
+    path: &Path,
+    runs: u64,
+    big_docs: u64,
+) -> BTreeMap<String, Entry> {
     let clock = Arc::new(ManualClock::new(1_700_000_000_000));
-    let store = FileStore::open_with(path, Options::new().clock(clock.clone())).unwrap();
+    let store =
+        FileStore::open_with(path, Options::new().clock(clock.clone()).engine(engine)).unwrap();
     let mut want = BTreeMap::new();
     let session = store
         .put_session(SessionRecord::new(SessionKey::new("acme", "s1")))
@@ -1028,7 +1079,7 @@ fn build_store(path: &Path, runs: u64, big_docs: u64) -> BTreeMap<String, Entry>
     want.insert("session/acme/s1".into(), Entry::Session(session));
     drop(store);
     // What was written is exactly what a clean reopen reads.
-    let store = FileStore::open(path).unwrap();
+    let store = FileStore::open_with(path, Options::new().engine(engine)).unwrap();
     let got = export_all(&store, 1000).unwrap();
     assert_eq!(got.len(), want.len());
     for (k, e) in &want {
@@ -1272,6 +1323,114 @@ fn d5_damaged_table_files_are_an_error_or_correct() {
     );
     let failures = report_cases("data table files", &cases, &outcomes);
     assert!(failures.is_empty(), "D5 violated:\n{}", failures.join("\n"));
+}
+
+/// D5 on the sled engine: every file of a small sled store (sled's data
+/// file, config and snapshot, and ours), damaged as above, opens to an
+/// error or to exactly what was written; never a panic or wrong data.
+/// sled checksums its log and snapshot but may read a damaged log as
+/// ending early: then the high-water mark (D8) refuses the store.
+#[cfg(feature = "sled")]
+#[test]
+fn d5_sled_damaged_files_are_an_error_or_correct() {
+    let engine = agentstate::FileEngine::Sled;
+    let tmp = tempfile::tempdir().unwrap();
+    let pristine = tmp.path().join("pristine");
+    let want = build_store_on(engine, &pristine, 120, 0);
+    let expected = tmp.path().join("expected.json");
+    let digests: BTreeMap<&String, u64> = want.iter().map(|(k, e)| (k, digest(e))).collect();
+    std::fs::write(&expected, serde_json::to_vec(&digests).unwrap()).unwrap();
+    let files = store_files(&pristine);
+    assert!(
+        files.iter().any(|f| f == Path::new("sled/db")),
+        "no sled data file among {files:?}"
+    );
+    let mut cases = Vec::new();
+    for file in files {
+        let len = std::fs::metadata(pristine.join(&file)).unwrap().len();
+        for d in damages(len) {
+            cases.push((file.clone(), d));
+        }
+    }
+    // The live log sits at the start of sled's 512 KiB segments: flips
+    // every 512 bytes through the first 8 KiB, then every 16 KiB.
+    let db_len = std::fs::metadata(pristine.join("sled/db")).unwrap().len();
+    for at in (0..8192.min(db_len))
+        .step_by(512)
+        .chain((16384..db_len).step_by(16384))
+    {
+        cases.push((PathBuf::from("sled/db"), Damage::Flip(at)));
+    }
+    cases.push((PathBuf::from("sled/db"), Damage::Nothing));
+    let outcomes = run_cases_on(engine, &pristine, &expected, &cases, tmp.path());
+    let failures = report_cases(
+        "sled store (data file, conf, snapshot, marker, HWM)",
+        &cases,
+        &outcomes,
+    );
+    assert!(failures.is_empty(), "D5 violated:\n{}", failures.join("\n"));
+    // The control case reads back exactly.
+    assert!(
+        matches!(outcomes.last(), Some(Outcome::Correct)),
+        "the undamaged copy: {:?}",
+        outcomes.last()
+    );
+}
+
+/// A store remembers its engine: opening it with the other one is a clear
+/// error naming the right one, and touches nothing.
+#[test]
+fn a_store_opened_with_the_other_engine_is_refused() {
+    use agentstate::FileEngine;
+    let tmp = tempfile::tempdir().unwrap();
+    let fjall = tmp.path().join("fjall");
+    FileStore::open(&fjall)
+        .unwrap()
+        .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
+        .unwrap();
+    let before = snapshot(&fjall);
+    let err = FileStore::open_with(&fjall, Options::new().engine(FileEngine::Sled)).unwrap_err();
+    assert!(
+        matches!(err, StateError::Invalid { .. }) && err.to_string().contains("fjall engine"),
+        "{err:?}"
+    );
+    assert_eq!(
+        snapshot(&fjall).keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
+    // A damaged ENGINE file is damage, not a guess.
+    std::fs::write(fjall.join("ENGINE"), b"leveldb\n").unwrap();
+    assert!(matches!(
+        FileStore::open(&fjall),
+        Err(StateError::Corrupt { .. })
+    ));
+    #[cfg(feature = "sled")]
+    {
+        let sled = tmp.path().join("sled");
+        FileStore::open_sled(&sled)
+            .unwrap()
+            .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
+            .unwrap();
+        let err = FileStore::open(&sled).unwrap_err();
+        assert!(
+            matches!(err, StateError::Invalid { .. }) && err.to_string().contains("open_sled"),
+            "{err:?}"
+        );
+        let again = FileStore::open_sled(&sled).unwrap();
+        assert_eq!(
+            again
+                .get_run(&RunKey::new("t", "r"))
+                .unwrap()
+                .unwrap()
+                .version,
+            1
+        );
+    }
+    #[cfg(not(feature = "sled"))]
+    {
+        let err = FileStore::open_sled(tmp.path().join("sled")).unwrap_err();
+        assert!(err.to_string().contains("`sled` feature"), "{err:?}");
+    }
 }
 
 // ---------------------------------------------------------------------------

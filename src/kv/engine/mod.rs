@@ -5,8 +5,13 @@
 pub(crate) mod file;
 pub(crate) mod journal;
 pub(crate) mod memory;
+#[cfg(feature = "sled")]
+pub(crate) mod sled;
+
+use std::path::Path;
 
 use crate::error::Result;
+use crate::options::FileEngine;
 
 /// One write of a batch: a value to put, or `None` to delete.
 pub(crate) type Write = (Vec<u8>, Option<Vec<u8>>);
@@ -27,4 +32,21 @@ pub(crate) trait Engine: Send + Sync {
     fn sync(&self) -> Result<()>;
     /// Bytes on disk (0 in memory).
     fn disk_bytes(&self) -> u64;
+}
+
+/// Opens the file engine `kind` on the directory `dir`.
+pub(crate) fn open_file(
+    kind: FileEngine,
+    dir: &Path,
+    mode: file::SyncMode,
+) -> Result<Box<dyn Engine>> {
+    match kind {
+        FileEngine::Fjall => Ok(Box::new(file::FjallEngine::open(dir, mode)?)),
+        #[cfg(feature = "sled")]
+        FileEngine::Sled => Ok(Box::new(sled::SledEngine::open(dir, mode)?)),
+        #[cfg(not(feature = "sled"))]
+        FileEngine::Sled => Err(crate::error::StateError::invalid(
+            "the sled engine needs agentstate built with the `sled` feature",
+        )),
+    }
 }
