@@ -21,9 +21,6 @@ use super::runs::{decode_run, decode_session, read_run, seq_col, write_run};
 use super::trays::put_tray;
 use super::{PostgresStore, id_in, id_out, num, num_out};
 
-/// Entries an import commits as one transaction.
-const IMPORT_GROUP: usize = 1000;
-
 /// The tables of an export, in order; each is walked in key order (the
 /// same order as every other backend's export).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -190,7 +187,7 @@ impl PostgresStore {
         Ok(!tx.query(sql, &params)?.is_empty())
     }
 
-    /// One transaction of an import.
+    /// The one transaction of an import: every entry, or none.
     fn import_group(&self, entries: Vec<Entry>) -> Result<()> {
         let max = self.max();
         let entries = entries
@@ -767,21 +764,13 @@ impl StoreAdmin for PostgresStore {
                 "import: the store is not empty; import into a new store",
             ));
         }
-        let mut n = 0u64;
-        let mut group = Vec::with_capacity(IMPORT_GROUP);
-        loop {
-            let next = entries.next().transpose()?;
-            let done = next.is_none();
-            if let Some(e) = next {
-                group.push(e);
-            }
-            if group.len() == IMPORT_GROUP || (done && !group.is_empty()) {
-                n += group.len() as u64;
-                self.import_group(std::mem::take(&mut group))?;
-            }
-            if done {
-                return Ok(n);
-            }
+        // All or nothing: the whole input is read (an error from the
+        // iterator writes nothing), then written in one transaction.
+        let all = entries.collect::<Result<Vec<Entry>>>()?;
+        let n = all.len() as u64;
+        if n > 0 {
+            self.import_group(all)?;
         }
+        Ok(n)
     }
 }

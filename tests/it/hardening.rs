@@ -325,3 +325,25 @@ mod cursors {
         }
     }
 }
+
+#[cfg(feature = "postgres")]
+#[test]
+fn import_is_all_or_nothing_on_postgres() {
+    use agentstate::{PgOptions, PostgresStore};
+    // An empty store of its own: a fresh schema on the shared test server.
+    let schema = format!(
+        "imp{}_{:x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() & 0xffff_ffff)
+            .unwrap_or(0)
+    );
+    let s = PostgresStore::connect_with(
+        crate::pg_server::shared_dsn(),
+        PgOptions::new().schema(&schema),
+    )
+    .unwrap();
+    s.setup().unwrap();
+    failed_imports_change_nothing(&s, "postgres");
+}
