@@ -543,12 +543,18 @@ impl StoreAdmin for RedisStore {
                 "import: the store is not empty; import into a new store",
             ));
         }
+        // The whole input is read and checked before the first write, so a
+        // bad line, a bad entry or a duplicate writes nothing. The writes
+        // are one script per entry: a server failure in the middle can
+        // leave part of an import (the caller sees the store non-empty).
         let max = self.max();
-        let mut n = 0u64;
-        for e in entries {
-            let e = checked_entry(e?, &self.opts.options.scrubber, max)?;
+        let all = entries
+            .map(|e| checked_entry(e?, &self.opts.options.scrubber, max))
+            .collect::<Result<Vec<Entry>>>()?;
+        crate::rules::check_import_unique(&all)?;
+        let n = all.len() as u64;
+        for e in all {
             self.import_one(e)?;
-            n += 1;
         }
         Ok(n)
     }

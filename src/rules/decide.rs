@@ -188,3 +188,52 @@ pub(crate) fn checked_entry(e: Entry, scrubber: &Scrubber, max: usize) -> Result
         }
     })
 }
+
+/// The entries of one import name each record once, and each tenant's
+/// runs have distinct `seq`s. A backend that writes an import entry by
+/// entry checks this first, so a duplicate is refused before anything is
+/// written (into an empty store, nothing else can collide).
+pub(crate) fn check_import_unique(entries: &[Entry]) -> Result<()> {
+    use std::collections::HashSet;
+    let mut seen: HashSet<(u8, Vec<String>)> = HashSet::new();
+    let mut seqs: HashSet<(&str, u64)> = HashSet::new();
+    for e in entries {
+        let id: (u8, Vec<String>) = match e {
+            Entry::Run(r) => {
+                if !seqs.insert((&r.key.tenant, r.seq)) {
+                    return Err(StateError::invalid(format!(
+                        "run {}: seq {} is already used in tenant {}",
+                        r.key.run_id, r.seq, r.key.tenant
+                    )));
+                }
+                (0, vec![r.key.tenant.clone(), r.key.run_id.clone()])
+            }
+            Entry::Session(s) => (1, vec![s.key.tenant.clone(), s.key.session_id.clone()]),
+            Entry::Epoch { instance, .. } => (2, vec![instance.ns.clone(), instance.id.clone()]),
+            Entry::Tray { key, .. } => (
+                3,
+                vec![
+                    key.ns.clone(),
+                    key.id.clone(),
+                    key.tray_ns.clone(),
+                    key.tray_id.clone(),
+                ],
+            ),
+            Entry::Alarm { instance, .. } => (4, vec![instance.ns.clone(), instance.id.clone()]),
+            Entry::Budget { budget, .. } => {
+                (5, vec![budget.key.tenant.clone(), budget.key.name.clone()])
+            }
+            Entry::Hold { run, hold } => (
+                6,
+                vec![run.tenant.clone(), run.run_id.clone(), hold.id.clone()],
+            ),
+        };
+        if !seen.insert(id) {
+            return Err(StateError::Conflict {
+                expected: 0,
+                actual: 1,
+            });
+        }
+    }
+    Ok(())
+}

@@ -347,3 +347,14 @@ fn import_is_all_or_nothing_on_postgres() {
     s.setup().unwrap();
     failed_imports_change_nothing(&s, "postgres");
 }
+
+#[cfg(feature = "redis")]
+#[test]
+fn import_checks_everything_before_writing_on_redis() {
+    // Database 10 of the shared test server, emptied first: a store of its
+    // own. A bad line, a bad entry or a duplicate anywhere writes nothing.
+    let url = crate::redis_server::shared_url(10);
+    crate::redis_server::flush(&url);
+    let s = agentstate::RedisStore::connect(&url).unwrap();
+    failed_imports_change_nothing(&s, "redis");
+}
