@@ -137,6 +137,29 @@ pub(crate) fn decode(
         .map_err(|_| invalid())
 }
 
+/// The binding of a run listing's cursor, the same on every backend: the
+/// tenant and every filter, so a cursor used with another tenant or other
+/// filters is refused (L6).
+pub(crate) fn runs_binding(q: &crate::record::StateQuery) -> Vec<u8> {
+    use crate::kv::key::KeyBuf;
+    let mut b = KeyBuf::table(Listing::Runs as u8).str(&q.tenant);
+    b = match q.state {
+        Some(s) => b.u8(1).u8(s.tag()),
+        None => b.u8(0),
+    };
+    for opt in [&q.session, &q.agent] {
+        b = match opt {
+            Some(s) => b.u8(1).str(s),
+            None => b.u8(0),
+        };
+    }
+    b = match q.updated_before {
+        Some(t) => b.u8(1).u64(t),
+        None => b.u8(0),
+    };
+    b.done()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

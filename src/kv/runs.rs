@@ -134,25 +134,6 @@ pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) -> Result<()> {
 }
 
 impl KvStore {
-    fn list_binding(q: &StateQuery) -> Vec<u8> {
-        let mut b = KeyBuf::table(Listing::Runs as u8).str(&q.tenant);
-        b = match q.state {
-            Some(s) => b.u8(1).u8(s.tag()),
-            None => b.u8(0),
-        };
-        for opt in [&q.session, &q.agent] {
-            b = match opt {
-                Some(s) => b.u8(1).str(s),
-                None => b.u8(0),
-            };
-        }
-        b = match q.updated_before {
-            Some(t) => b.u8(1).u64(t),
-            None => b.u8(0),
-        };
-        b.done()
-    }
-
     /// Reads the run an index entry points at, if it still matches.
     fn indexed_run(&self, q: &StateQuery, seq: u64, id_bytes: &[u8]) -> Result<Option<RunRecord>> {
         let run_id: String = value::decode(id_bytes, "run index entry")?;
@@ -287,7 +268,7 @@ impl StateStore for KvStore {
             ),
         };
         debug_assert_eq!(prefix[0], table_byte);
-        let binding = Self::list_binding(q);
+        let binding = crate::codec::cursor::runs_binding(q);
         let end = prefix_end(&prefix);
         let plen = prefix.len();
         self.scan_page(Listing::Runs, &binding, &prefix, &end, page, |k, v| {

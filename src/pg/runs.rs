@@ -127,26 +127,6 @@ fn next_seq(tx: &mut Tx<'_>, tenant: &str) -> TxResult<u64> {
     Ok(u64::try_from(seq).map_err(|_| StateError::corrupt("negative seq counter"))?)
 }
 
-/// The binding of a run listing's cursor: tenant and every filter.
-fn list_binding(q: &StateQuery) -> Vec<u8> {
-    let mut b = KeyBuf::table(Listing::Runs as u8).str(&q.tenant);
-    b = match q.state {
-        Some(s) => b.u8(1).u8(s.tag()),
-        None => b.u8(0),
-    };
-    for opt in [&q.session, &q.agent] {
-        b = match opt {
-            Some(s) => b.u8(1).str(s),
-            None => b.u8(0),
-        };
-    }
-    b = match q.updated_before {
-        Some(t) => b.u8(1).u64(t),
-        None => b.u8(0),
-    };
-    b.done()
-}
-
 fn run_of(row: &Row, tenant: &str) -> Result<RunRecord> {
     let run_id = id_out(row.get(0))?;
     decode_run(row.get(1), &RunKey::new(tenant, run_id))
@@ -246,7 +226,7 @@ impl StateStore for PostgresStore {
             check_id("agent", a)?;
         }
         check_limit(page.limit)?;
-        let binding = list_binding(q);
+        let binding = crate::codec::cursor::runs_binding(q);
         let secret = self.secret()?;
         let after: i64 = match &page.cursor {
             None => 0,

@@ -243,27 +243,7 @@ pub(super) fn outcome(
     }
 }
 
-impl RedisStore {
-    fn list_binding(q: &StateQuery) -> Vec<u8> {
-        use crate::kv::key::KeyBuf;
-        let mut b = KeyBuf::table(Listing::Runs as u8).str(&q.tenant);
-        b = match q.state {
-            Some(s) => b.u8(1).u8(s.tag()),
-            None => b.u8(0),
-        };
-        for opt in [&q.session, &q.agent] {
-            b = match opt {
-                Some(s) => b.u8(1).str(s),
-                None => b.u8(0),
-            };
-        }
-        b = match q.updated_before {
-            Some(t) => b.u8(1).u64(t),
-            None => b.u8(0),
-        };
-        b.done()
-    }
-}
+impl RedisStore {}
 
 /// The finished states (R9) as `put_run.lua` reads them: `tag:name,…`.
 fn finished_tags() -> String {
@@ -438,7 +418,7 @@ impl StateStore for RedisStore {
             check_id("agent", a)?;
         }
         check_limit(page.limit)?;
-        let binding = Self::list_binding(q);
+        let binding = crate::codec::cursor::runs_binding(q);
         let mut after = match &page.cursor {
             None => String::new(),
             Some(c) => {
