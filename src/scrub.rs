@@ -111,7 +111,7 @@ use crate::record::RunRecord;
 pub const REDACTED: &str = "[REDACTED]";
 
 /// Normalized key endings that name a secret (see the module docs).
-const SECRET_KEY_SUFFIXES: &[&str] = &[
+pub(crate) const SECRET_KEY_SUFFIXES: &[&str] = &[
     "password",
     "passwords",
     "passwd",
@@ -145,7 +145,7 @@ const SECRET_KEY_SUFFIXES: &[&str] = &[
 
 /// Normalized keys that name a secret only when they are the whole key:
 /// as endings they would catch `bypass`, `compass`, `oauth`.
-const SECRET_KEY_EXACT: &[&str] = &["auth", "pass", "pw"];
+pub(crate) const SECRET_KEY_EXACT: &[&str] = &["auth", "pass", "pw"];
 
 /// HTTP auth schemes that may precede the value of a `key: value` pair
 /// (`Authorization: Basic dXNlcjpwYXNz`); the scheme is redacted with it.

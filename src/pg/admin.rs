@@ -445,18 +445,7 @@ impl StoreAdmin for PostgresStore {
         check_id("tenant", tenant)?;
         check_limit(page.limit)?;
         let secret = self.secret()?;
-        let binding = KeyBuf::table(Listing::Sessions as u8).str(tenant).done();
-        let after = page
-            .cursor
-            .as_ref()
-            .map(|c| {
-                let pos = cursor_codec::decode(&secret, Listing::Sessions, &binding, c)?;
-                let mut r = KeyReader::new(&pos, Listing::Sessions as u8)?;
-                let s = r.str()?;
-                r.end()?;
-                Ok::<_, StateError>(s)
-            })
-            .transpose()?;
+        let (binding, after) = super::tenant_cursor(&secret, Listing::Sessions, tenant, page)?;
         let limit = (page.limit + 1) as i64;
         let t = id_in(tenant);
         let rows = self.txn(|tx| match &after {

@@ -16,7 +16,7 @@ use crate::budget::{
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
-use crate::kv::key::{KeyBuf, KeyReader};
+use crate::kv::key::KeyBuf;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, StateDelta};
 use crate::rules::{
@@ -318,18 +318,7 @@ impl BudgetStore for PostgresStore {
         check_limit(page.limit)?;
         let now = self.now();
         let secret = self.secret()?;
-        let binding = KeyBuf::table(Listing::Budgets as u8).str(tenant).done();
-        let after = page
-            .cursor
-            .as_ref()
-            .map(|c| {
-                let pos = cursor_codec::decode(&secret, Listing::Budgets, &binding, c)?;
-                let mut r = KeyReader::new(&pos, Listing::Budgets as u8)?;
-                let s = r.str()?;
-                r.end()?;
-                Ok::<_, StateError>(s)
-            })
-            .transpose()?;
+        let (binding, after) = super::tenant_cursor(&secret, Listing::Budgets, tenant, page)?;
         let limit = (page.limit + 1) as i64;
         let t = id_in(tenant);
         let mut items = self.txn(|tx| {

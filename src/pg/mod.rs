@@ -415,6 +415,30 @@ const _: () = {
     is_send_sync::<PostgresStore>();
 };
 
+/// The binding of a listing over one tenant's records keyed by one id
+/// (sessions, budgets), and the id the page's cursor ends at, if any.
+pub(crate) fn tenant_cursor(
+    secret: &[u8; 16],
+    listing: crate::codec::cursor::Listing,
+    tenant: &str,
+    page: &crate::page::PageRequest,
+) -> Result<(Vec<u8>, Option<String>)> {
+    use crate::kv::key::{KeyBuf, KeyReader};
+    let binding = KeyBuf::table(listing as u8).str(tenant).done();
+    let after = page
+        .cursor
+        .as_ref()
+        .map(|c| {
+            let pos = crate::codec::cursor::decode(secret, listing, &binding, c)?;
+            let mut r = KeyReader::new(&pos, listing as u8)?;
+            let s = r.str()?;
+            r.end()?;
+            Ok::<_, StateError>(s)
+        })
+        .transpose()?;
+    Ok((binding, after))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
