@@ -48,7 +48,7 @@
 //! reports its peak RSS (`VmHWM`). The parent then reopens the child's store
 //! for the 1M listing timings.
 //!
-//! `--only durable|listing|writers|agentstate|engines` runs one part (for
+//! `--only durable|listing|writers|agentstate|engines|growth` runs one part (for
 //! strace and perf). With `--features sled`, the `engines` part runs fjall
 //! and sled side by side under the store (`engines_section`). `AGENTSTATE_BENCH_IDS=sequential` makes run ids ascend.
 //!
@@ -189,6 +189,10 @@ fn main() {
         engines_section(&dir, sizes);
         return;
     }
+    if only.as_deref() == Some("growth") {
+        growth::run(&dir, quick);
+        return;
+    }
     if only.as_deref() == Some("writers") {
         let mut d = Durable::default();
         writers(&dir, sizes, &mut d);
@@ -213,6 +217,7 @@ fn main() {
 
     let elapsed = started.elapsed();
     report(sizes, &d, &l, elapsed);
+    growth::run(&dir, quick);
     #[cfg(feature = "redis")]
     redis_section(sizes);
     #[cfg(feature = "sled")]
@@ -227,6 +232,8 @@ fn main() {
     }
 }
 
+#[path = "support/growth.rs"]
+mod growth;
 #[cfg(feature = "postgres")]
 #[path = "support/pg.rs"]
 mod pg_section;

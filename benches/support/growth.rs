@@ -1,0 +1,351 @@
+//! Latency growth over a long run (issue 13, `latency_growth`).
+//!
+//! Eight threads run a seeded mix like the stress test's
+//! (`tests/it/stress.rs`) against one durable `FileStore`
+//! (`Durability::Immediate`): creates (half of them fresh runs, half of a
+//! hot set of 40 that may exist already), version-checked puts, patches,
+//! reads, first pages of listings by state, session and agent, session
+//! creates and cascade deletes, tray writes, batches, deletes, reads and
+//! releases under moving epochs, tray and marked-tray listings, and
+//! alarms set, listed when due and acknowledged. Every call's wall time is
+//! recorded by kind and by the tenth of the run it started in (a global
+//! counter numbers the calls), and the figure per kind is the mean of the
+//! last tenth over the mean of the first: a store whose costs follow the
+//! work asked for stays near 1.
+//!
+//! `AGENTSTATE_GROWTH_OPS` sets the total (default 200,000, `--quick`
+//! 20,000); `AGENTSTATE_GROWTH_SEED` the seed.
+//!
+//! RESULT lines: `latency_growth` (the largest ratio over the kinds) and
+//! one `latency_growth_<kind>` per kind.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use agentstate::{
+    FileStore, InstanceKey, PageRequest, RunKey, RunRecord, RunState, SessionKey, SessionRecord,
+    StateDelta, StateQuery, StateStore, Tray, TrayOp, TrayStore,
+};
+
+const THREADS: usize = 8;
+const OPS_DEFAULT: u64 = 200_000;
+const OPS_QUICK: u64 = 20_000;
+const SEED_DEFAULT: u64 = 0x6e0e_7a11_5eed_0013;
+const TENANT: &str = "acme";
+/// Run ids every thread writes to (the stress test's 40).
+const HOT_RUNS: u64 = 40;
+const SESSIONS: u64 = 5;
+const INSTANCES: u64 = 3;
+const TRAYS: u64 = 3;
+const AGENTS: [&str; 2] = ["planner", "coder"];
+const TENTHS: usize = 10;
+
+/// The kinds of call, in report order, with their share of the mix (%).
+const KINDS: [(&str, u64); 18] = [
+    ("create", 8),
+    ("put", 12),
+    ("patch", 14),
+    ("get", 6),
+    ("list", 5),
+    ("session", 3),
+    ("cascade", 2),
+    ("tray", 14),
+    ("batch", 8),
+    ("tray_del", 4),
+    ("tray_read", 2),
+    ("release", 5),
+    ("list_trays", 3),
+    ("marked", 2),
+    ("epoch", 2),
+    ("alarm_set", 5),
+    ("alarm_due", 3),
+    ("alarm_ack", 2),
+];
+
+/// xorshift64*: small, seeded, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// Sum of microseconds and count, per kind and tenth.
+type Cells = Vec<[(u64, u64); TENTHS]>;
+
+fn instance(i: u64) -> InstanceKey {
+    InstanceKey::new("workers", format!("w{i}"))
+}
+
+fn tray(doc: Vec<u8>, marked: bool) -> Tray {
+    Tray {
+        marked,
+        doc,
+        env: "growth".into(),
+        hostname: "localhost".into(),
+    }
+}
+
+fn pick_kind(rng: &mut Rng) -> usize {
+    let mut roll = rng.below(100);
+    for (i, (_, share)) in KINDS.iter().enumerate() {
+        if roll < *share {
+            return i;
+        }
+        roll -= share;
+    }
+    unreachable!("the shares add up to 100")
+}
+
+fn worker(store: &FileStore, counter: &AtomicU64, total: u64, thread: u64, seed: u64) -> Cells {
+    let mut rng = Rng((seed ^ (thread + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)).max(1));
+    let mut cells: Cells = vec![[(0, 0); TENTHS]; KINDS.len()];
+    let mut epochs = [0u64; INSTANCES as usize];
+    let mut fresh = 0u64;
+    let mut docs = 0u64;
+    let hot = |rng: &mut Rng| format!("run-{}", rng.below(HOT_RUNS));
+    loop {
+        if counter.load(Ordering::Relaxed) >= total {
+            return cells;
+        }
+        let kind = pick_kind(&mut rng);
+        let inst = rng.below(INSTANCES);
+        // A holder sometimes takes its instance over (one past the stored
+        // epoch) and otherwise carries on with an epoch that may be stale.
+        if kind >= 7 && rng.chance(3) {
+            epochs[inst as usize] = store.epoch(&instance(inst)).expect("epoch") + 1;
+        }
+        let epoch = epochs[inst as usize];
+        let i = instance(inst);
+        docs += 1;
+        let doc = format!("{thread}-{docs}-{}", "x".repeat(64)).into_bytes();
+        // Reads a call needs before it (a put's read) are not timed.
+        let mut prepared = None;
+        let mut due_at = None;
+        match KINDS[kind].0 {
+            "put" => match store
+                .get_run(&RunKey::new(TENANT, hot(&mut rng)))
+                .expect("get_run")
+            {
+                Some(r) => prepared = Some(r),
+                None => continue,
+            },
+            // An ack names an alarm of this instance that is due.
+            "alarm_ack" => {
+                let due = store
+                    .due_alarms(now_millis(), &PageRequest::new(10))
+                    .expect("due_alarms");
+                match due.items().iter().find(|a| a.instance == i) {
+                    Some(a) => due_at = Some(a.due_at),
+                    None => continue,
+                }
+            }
+            _ => {}
+        }
+        let n = counter.fetch_add(1, Ordering::Relaxed);
+        if n >= total {
+            return cells;
+        }
+        let tenth = (n * TENTHS as u64 / total) as usize;
+        let t0 = Instant::now();
+        // Errors a concurrent mix produces (conflicts, lost fences, runs
+        // deleted meanwhile) are answers like any other; only the time
+        // counts.
+        let fenced = match KINDS[kind].0 {
+            "create" => {
+                let run = if rng.chance(50) {
+                    fresh += 1;
+                    format!("fresh-{thread}-{fresh}")
+                } else {
+                    hot(&mut rng)
+                };
+                let mut rec =
+                    RunRecord::new(RunKey::new(TENANT, run), AGENTS[rng.below(2) as usize]);
+                rec.session_id = rng
+                    .chance(60)
+                    .then(|| format!("sess-{}", rng.below(SESSIONS)));
+                store.put_run(rec).err()
+            }
+            "put" => {
+                let mut rec = prepared.take().expect("read above");
+                if !rec.state.is_finished() {
+                    rec.state = RunState::ALL[rng.below(RunState::ALL.len() as u64) as usize];
+                }
+                store.put_run(rec).err()
+            }
+            "patch" => {
+                let delta = StateDelta {
+                    cost_micros: 1 + rng.below(1_000),
+                    iterations: 1,
+                    ..Default::default()
+                };
+                store
+                    .patch_run(&RunKey::new(TENANT, hot(&mut rng)), delta)
+                    .err()
+            }
+            "get" => store.get_run(&RunKey::new(TENANT, hot(&mut rng))).err(),
+            "list" => {
+                let q = StateQuery::new(TENANT);
+                let q = match rng.below(4) {
+                    0 => q,
+                    1 => q.state(RunState::ALL[rng.below(RunState::ALL.len() as u64) as usize]),
+                    2 => q.session(format!("sess-{}", rng.below(SESSIONS))),
+                    _ => q.agent(AGENTS[rng.below(2) as usize]),
+                };
+                store.list_runs(&q, &PageRequest::new(10)).err()
+            }
+            "session" => store
+                .put_session(SessionRecord::new(SessionKey::new(
+                    TENANT,
+                    format!("sess-{}", rng.below(SESSIONS)),
+                )))
+                .err(),
+            "cascade" => store
+                .delete_session(
+                    &SessionKey::new(TENANT, format!("sess-{}", rng.below(SESSIONS))),
+                    true,
+                )
+                .err(),
+            "tray" => store
+                .write_tray(
+                    &i.tray("tray", format!("t{}", rng.below(TRAYS))),
+                    epoch,
+                    tray(doc, rng.chance(50)),
+                )
+                .err(),
+            "batch" => {
+                let mut ops = Vec::new();
+                for t in 0..TRAYS {
+                    match rng.below(3) {
+                        0 => ops.push(TrayOp::Put {
+                            tray_ns: "tray".into(),
+                            tray_id: format!("t{t}"),
+                            tray: tray(doc.clone(), rng.chance(50)),
+                        }),
+                        1 if rng.chance(30) => ops.push(TrayOp::Delete {
+                            tray_ns: "tray".into(),
+                            tray_id: format!("t{t}"),
+                        }),
+                        _ => {}
+                    }
+                }
+                store.apply_batch(&i, epoch, ops).err()
+            }
+            "tray_del" => store
+                .delete_tray(&i.tray("tray", format!("t{}", rng.below(TRAYS))), epoch)
+                .err(),
+            "tray_read" => store
+                .read_tray(&i.tray("tray", format!("t{}", rng.below(TRAYS))), epoch)
+                .err(),
+            "release" => store.release(&i, epoch).err(),
+            "list_trays" => store.list_trays(&i, epoch, &PageRequest::new(10)).err(),
+            "marked" => {
+                let env = rng.chance(50).then_some("growth");
+                store.marked_trays(env, &PageRequest::new(10)).err()
+            }
+            "epoch" => store.epoch(&i).err(),
+            "alarm_set" => {
+                // Most alarms are due at once, some a moment later.
+                let due = (now_millis() + rng.below(1_500)).saturating_sub(1_000);
+                store.set_alarm(&i, epoch, due).err()
+            }
+            "alarm_due" => store.due_alarms(now_millis(), &PageRequest::new(10)).err(),
+            "alarm_ack" => store
+                .ack_alarm(&i, epoch, due_at.expect("read above"))
+                .err(),
+            other => unreachable!("kind {other}"),
+        };
+        let micros = t0.elapsed().as_micros() as u64;
+        let cell = &mut cells[kind][tenth];
+        cell.0 += micros;
+        cell.1 += 1;
+        if let Some(agentstate::StateError::FenceLost { stored, .. }) = fenced
+            && rng.chance(70)
+        {
+            epochs[inst as usize] = stored;
+        }
+    }
+}
+
+fn now_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Runs the workload in a new store under `dir` and prints its table and
+/// RESULT lines.
+pub fn run(dir: &Path, quick: bool) {
+    let total: u64 = std::env::var("AGENTSTATE_GROWTH_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { OPS_QUICK } else { OPS_DEFAULT });
+    let seed: u64 = std::env::var("AGENTSTATE_GROWTH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(SEED_DEFAULT);
+    let path = dir.join("growth");
+    let store = Arc::new(FileStore::open(&path).expect("open growth store"));
+    let counter = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let handles: Vec<_> = (0..THREADS as u64)
+        .map(|t| {
+            let (store, counter) = (Arc::clone(&store), Arc::clone(&counter));
+            std::thread::spawn(move || worker(&store, &counter, total, t, seed))
+        })
+        .collect();
+    let mut cells: Cells = vec![[(0, 0); TENTHS]; KINDS.len()];
+    for h in handles {
+        for (k, tenths) in h.join().expect("growth worker").iter().enumerate() {
+            for (t, (us, n)) in tenths.iter().enumerate() {
+                cells[k][t].0 += us;
+                cells[k][t].1 += n;
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    println!();
+    println!(
+        "## latency growth: {total} calls from {THREADS} threads in {:.1} s, {} groups committed; load average {}",
+        elapsed.as_secs_f64(),
+        store.commits(),
+        super::loadavg()
+    );
+    println!("mean µs per call by tenth of the run; growth = last tenth / first tenth");
+    print!("{:<11}", "kind");
+    for t in 1..=TENTHS {
+        print!("{:>8}", format!("{t}/10"));
+    }
+    println!("{:>8}", "growth");
+    let mean = |(us, n): (u64, u64)| us as f64 / n.max(1) as f64;
+    let mut worst = 0f64;
+    let mut results = Vec::new();
+    for (k, (name, _)) in KINDS.iter().enumerate() {
+        print!("{name:<11}");
+        for t in 0..TENTHS {
+            print!("{:>8.0}", mean(cells[k][t]));
+        }
+        let growth = mean(cells[k][TENTHS - 1]) / mean(cells[k][0]).max(1.0);
+        println!("{growth:>8.2}");
+        worst = worst.max(growth);
+        results.push((*name, growth));
+    }
+    drop(store);
+    println!("RESULT latency_growth={worst:.3}");
+    for (name, g) in results {
+        println!("RESULT latency_growth_{name}={g:.3}");
+    }
+}
