@@ -40,6 +40,9 @@ pub(crate) fn tray_key(k: &TrayKey) -> Vec<u8> {
 fn instance_trays(i: &InstanceKey) -> Vec<u8> {
     KeyBuf::table(table::TRAY).str(&i.ns).str(&i.id).done()
 }
+fn instance_marked(i: &InstanceKey) -> Vec<u8> {
+    KeyBuf::table(table::MARKED).str(&i.ns).str(&i.id).done()
+}
 pub(crate) fn marked_key(k: &TrayKey) -> Vec<u8> {
     KeyBuf::table(table::MARKED)
         .str(&k.ns)
@@ -106,25 +109,38 @@ fn read_tray(txn: &Txn<'_>, k: &TrayKey) -> Result<Option<Tray>> {
         .transpose()
 }
 
+/// The marked indexes' value of a tray, or `None` when it is not marked.
+fn waker(t: &Tray) -> Option<(&str, &str)> {
+    t.marked.then_some((t.env.as_str(), t.hostname.as_str()))
+}
+
 /// Writes (`Some`) or deletes (`None`) a tray with its marked indexes.
+///
+/// The marked index entries are written only when they change: a tray is
+/// rewritten far more often than it is marked or unmarked, and every
+/// write of a key leaves one more version of it in the engine's memtable
+/// for each range scan of the index (`marked_trays`, `release`) to step
+/// over until the memtable is flushed.
 fn set_tray(txn: &mut Txn<'_>, k: &TrayKey, new: Option<&Tray>) -> Result<bool> {
     let old = read_tray(txn, k)?;
-    if let Some(old) = old.as_ref().filter(|t| t.marked) {
-        txn.delete(marked_key(k));
-        txn.delete(marked_env_key(&old.env, k));
+    let was = old.as_ref().and_then(waker);
+    let now = new.and_then(waker);
+    if was != now {
+        if let Some((env, _)) = was {
+            txn.delete(marked_key(k));
+            txn.delete(marked_env_key(env, k));
+        }
+        if let Some((env, hostname)) = now {
+            let w = value::encode(&Waker {
+                env: env.to_string(),
+                hostname: hostname.to_string(),
+            });
+            txn.put(marked_key(k), w.clone());
+            txn.put(marked_env_key(env, k), w);
+        }
     }
     match new {
-        Some(t) => {
-            if t.marked {
-                let w = value::encode(&Waker {
-                    env: t.env.clone(),
-                    hostname: t.hostname.clone(),
-                });
-                txn.put(marked_key(k), w.clone());
-                txn.put(marked_env_key(&t.env, k), w);
-            }
-            txn.put(tray_key(k), value::encode(t));
-        }
+        Some(t) => txn.put(tray_key(k), value::encode(t)),
         None => txn.delete(tray_key(k)),
     }
     Ok(old.is_some())
@@ -191,15 +207,24 @@ impl TrayStore for KvStore {
                 return Ok(());
             }
             fence(txn, &instance, epoch)?;
-            let prefix = instance_trays(&instance);
-            for (k, v) in txn.scan(&prefix, &prefix_end(&prefix), usize::MAX)? {
-                let mut tray: Tray = value::decode(&v, "tray")?;
-                if tray.marked {
-                    let mut r = KeyReader::new(&k, table::TRAY)?;
-                    let key = read_tray_key(&mut r)?;
-                    tray.marked = false;
-                    set_tray(txn, &key, Some(&tray))?;
-                }
+            // The instance's marked trays, from the marked index: its
+            // entries change only when a tray is marked or unmarked, while
+            // the trays themselves are rewritten on every write, so a scan
+            // of the trays would step over every version of them that the
+            // engine's memtable still holds.
+            let prefix = instance_marked(&instance);
+            for (k, _) in txn.scan(&prefix, &prefix_end(&prefix), usize::MAX)? {
+                let mut r = KeyReader::new(&k, table::MARKED)?;
+                let key = read_tray_key(&mut r)?;
+                r.end()?;
+                let mut tray = read_tray(txn, &key)?.ok_or_else(|| {
+                    StateError::corrupt(format!(
+                        "marked index names tray {}/{}/{}/{}, which is not stored",
+                        key.ns, key.id, key.tray_ns, key.tray_id
+                    ))
+                })?;
+                tray.marked = false;
+                set_tray(txn, &key, Some(&tray))?;
             }
             Ok(())
         })
@@ -289,6 +314,11 @@ impl TrayStore for KvStore {
             let k = alarm_key(&instance);
             if let Some(old) = txn.get(&k)? {
                 let old: Millis = value::decode(&old, "alarm")?;
+                // The same alarm again writes nothing (each write leaves a
+                // version for `due_alarms` to step over).
+                if old == due_at {
+                    return Ok(());
+                }
                 txn.delete(alarm_due_key(old, &instance));
             }
             txn.put(k, value::encode(&due_at));

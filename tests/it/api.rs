@@ -8,7 +8,7 @@ use std::sync::{Arc, Barrier};
 use agentstate::{
     Cursor, Durability, Entry, FileStore, InstanceKey, MemoryStore, Missing, Options, Page,
     PageRequest, Pages, RetryPolicy, RunKey, RunRecord, RunState, SessionKey, SessionRecord,
-    StateDelta, StateError, StateQuery, StateStoreExt, Store, Tray, TrayOp,
+    StateDelta, StateError, StateQuery, StateStoreExt, Store, StoreAdmin, Tray, TrayOp,
 };
 
 // ---------------------------------------------------------------------------
@@ -673,4 +673,137 @@ fn both_backends_work_as_arc_dyn_store_across_threads() {
         }
         assert_eq!(by_tenant["beta"], 1);
     }
+}
+
+// ---------------------------------------------------------------------------
+// The marked-tray indexes under rewrites (the key-value store writes them
+// only when they change, and `release` finds the trays through them).
+
+/// What `marked_trays` lists, for no env and for `env`: (tray id, env, host).
+fn marked_now(store: &dyn Store, env: &str) -> (Vec<(String, String, String)>, Vec<String>) {
+    let all = store
+        .iter_marked_trays(None)
+        .map(|m| {
+            let m = m.unwrap();
+            (m.key.tray_id, m.env, m.hostname)
+        })
+        .collect();
+    let in_env = store
+        .iter_marked_trays(Some(env))
+        .map(|m| m.unwrap().key.tray_id)
+        .collect();
+    (all, in_env)
+}
+
+fn marked_index_follows_rewrites(store: &dyn Store) {
+    let i = InstanceKey::new("workers", "w1");
+    let other = InstanceKey::new("workers", "w2");
+    let t = |marked: bool, env: &str, host: &str| Tray {
+        marked,
+        doc: format!("{marked}-{env}-{host}").into_bytes(),
+        env: env.into(),
+        hostname: host.into(),
+    };
+    let s = |v: &[(&str, &str, &str)]| -> Vec<(String, String, String)> {
+        v.iter()
+            .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+            .collect()
+    };
+    let key = |id: &str| i.tray("tray", id);
+    store
+        .write_tray(&key("a"), 1, t(true, "prod", "h1"))
+        .unwrap();
+    store
+        .write_tray(&key("b"), 1, t(false, "prod", "h1"))
+        .unwrap();
+    store
+        .write_tray(&other.tray("tray", "z"), 1, t(true, "prod", "h9"))
+        .unwrap();
+    // The same mark again, then another host, then another env.
+    store
+        .write_tray(&key("a"), 1, t(true, "prod", "h1"))
+        .unwrap();
+    assert_eq!(
+        marked_now(store, "prod").0,
+        s(&[("a", "prod", "h1"), ("z", "prod", "h9")])
+    );
+    store
+        .write_tray(&key("a"), 1, t(true, "prod", "h2"))
+        .unwrap();
+    assert_eq!(
+        marked_now(store, "prod").0,
+        s(&[("a", "prod", "h2"), ("z", "prod", "h9")]),
+        "a new host of a marked tray reaches its index entry"
+    );
+    store
+        .write_tray(&key("a"), 1, t(true, "dev", "h2"))
+        .unwrap();
+    let (all, prod) = marked_now(store, "prod");
+    assert_eq!(all, s(&[("a", "dev", "h2"), ("z", "prod", "h9")]));
+    assert_eq!(prod, vec!["z".to_string()], "the old env lists it no more");
+    assert_eq!(marked_now(store, "dev").1, vec!["a".to_string()]);
+    // Unmarked, marked again, and b marked in a batch.
+    store
+        .write_tray(&key("a"), 1, t(false, "dev", "h2"))
+        .unwrap();
+    assert_eq!(marked_now(store, "dev").1, Vec::<String>::new());
+    store
+        .apply_batch(
+            &i,
+            1,
+            vec![
+                TrayOp::Put {
+                    tray_ns: "tray".into(),
+                    tray_id: "a".into(),
+                    tray: t(true, "prod", "h3"),
+                },
+                TrayOp::Put {
+                    tray_ns: "tray".into(),
+                    tray_id: "b".into(),
+                    tray: t(true, "prod", "h3"),
+                },
+            ],
+        )
+        .unwrap();
+    assert_eq!(
+        marked_now(store, "prod").0,
+        s(&[
+            ("a", "prod", "h3"),
+            ("b", "prod", "h3"),
+            ("z", "prod", "h9")
+        ])
+    );
+    assert!(store.verify().unwrap().is_ok(), "{:?}", store.verify());
+    // Release unmarks both of w1's trays, keeps their docs, leaves w2's.
+    store.release(&i, 1).unwrap();
+    assert_eq!(marked_now(store, "prod").0, s(&[("z", "prod", "h9")]));
+    for id in ["a", "b"] {
+        let got = store.read_tray(&key(id), 1).unwrap().unwrap();
+        assert!(!got.marked, "release unmarked {id}");
+        assert_eq!(got.doc, b"true-prod-h3".to_vec(), "release kept {id}'s doc");
+        assert_eq!(got.hostname, "h3");
+    }
+    // A marked tray deleted takes its index entries with it.
+    store.delete_tray(&other.tray("tray", "z"), 1).unwrap();
+    assert_eq!(marked_now(store, "prod").0, s(&[]));
+    let report = store.verify().unwrap();
+    assert!(report.is_ok(), "{report:?}");
+    assert_eq!(report.trays, 2);
+}
+
+#[test]
+fn marked_index_follows_rewrites_on_memory() {
+    marked_index_follows_rewrites(&MemoryStore::new());
+}
+
+#[test]
+fn marked_index_follows_rewrites_on_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = file_store(&dir, "store");
+    marked_index_follows_rewrites(&store);
+    drop(store);
+    // And after a reopen.
+    let store = file_store(&dir, "store");
+    assert!(store.verify().unwrap().is_ok());
+    assert_eq!(marked_now(&store, "prod").0, Vec::new());
 }
