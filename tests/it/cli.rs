@@ -600,7 +600,7 @@ fn cli_stats_and_verify() {
 
 #[test]
 fn cli_verify_exits_1_on_an_inconsistent_store() {
-    // A run whose seq index entry is gone: the store's own writes never
+    // A run whose state index entry is gone: the store's own writes never
     // leave one, so the test makes it through a hook kept for this.
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("db");
@@ -614,7 +614,7 @@ fn cli_verify_exits_1_on_an_inconsistent_store() {
     let r = cli(&["verify", "--db", p(&db)]);
     assert_eq!(r.code, 1, "{}", r.stdout);
     assert!(
-        r.stdout.contains("problem: ") && r.stdout.contains("seq index entry missing"),
+        r.stdout.contains("problem: ") && r.stdout.contains("state index entry missing"),
         "{}",
         r.stdout
     );
