@@ -1530,3 +1530,32 @@ fn cli_copy_budgets_and_holds_file_to_redis_and_back() {
     );
     assert_eq!(a, b, "file → redis → file keeps every entry, in order");
 }
+
+#[test]
+fn cli_upgrades_a_format_1_store_once_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("old");
+    std::fs::create_dir_all(&db).unwrap();
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1");
+    let status = std::process::Command::new("cp")
+        .args(["-a", &format!("{}/.", golden.display()), p(&db)])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let r = cli(&["verify", "--db", p(&db)]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("upgrading") && r.stderr.contains("(7 runs; once, crash-safe)"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("upgraded") && r.stderr.contains(": 7 runs in "),
+        "{}",
+        r.stderr
+    );
+    // Once: the next command opens it as it is.
+    let r = cli(&["verify", "--db", p(&db)]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(!r.stderr.contains("upgrad"), "{}", r.stderr);
+}
