@@ -271,6 +271,10 @@ pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) -> Result<()> {
     Ok(())
 }
 
+/// The most runs a page reads through the touch index (a point read each);
+/// with more matches, the state index's scan answers.
+const TOUCH_READS: usize = 16;
+
 /// The seq at the end of an index key whose prefix is `plen` bytes long.
 fn seq_after(k: &[u8], plen: usize) -> Result<u64> {
     let b = k
@@ -291,8 +295,8 @@ impl KvStore {
     }
 
     /// A page of an unfinished state's runs last written before `before`,
-    /// from the touch index, when that index shows every such run after
-    /// the cursor within one bounded read; `None` (use the state index)
+    /// from the touch index, when that index holds at most `TOUCH_READS`
+    /// such runs (and so every one after the cursor); `None` (use the state index)
     /// when there are more. Same order, positions and cursors as the state
     /// index walk, so the two may answer pages of one walk.
     fn touched_page(
@@ -320,7 +324,11 @@ impl KvStore {
             .u8(state.tag())
             .u64(before)
             .done();
-        let bound = limit + 1;
+        // A point read per match costs several scanned entries, so the
+        // touch index answers only when matches are few (a reaper's usual
+        // case: none or almost none stale); the bound counts entries behind
+        // the cursor too, so it also ends the scan of a long stale walk.
+        let bound = TOUCH_READS.min(limit + 1);
         let entries = self.engine.scan(&lo, &hi, bound + 1)?;
         if entries.len() > bound {
             return Ok(None);

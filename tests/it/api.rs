@@ -699,6 +699,7 @@ fn stale_walks(store: &dyn Store, clock: &agentstate::ManualClock) {
             RunState::Completed
         };
         let r = store.put_run(r).unwrap();
+        clock.advance(1);
         if r.state == RunState::Running {
             running.push(r);
         }
@@ -709,8 +710,8 @@ fn stale_walks(store: &dyn Store, clock: &agentstate::ManualClock) {
         .updated_before(t1);
     let stale: Vec<&RunRecord> = running.iter().filter(|r| r.updated_at < t1).collect();
     assert_eq!(stale.len(), 50);
-    // Limits below, at and above the number of matches: the touch index
-    // answers when all 50 fit in limit + 1, the state index otherwise.
+    // Limits below, at and above the number of matches (the state index
+    // answers: more than 16 are stale).
     for limit in [1, 7, 48, 49, 50, 51, 100, 1000] {
         let got: Vec<RunRecord> = store
             .iter_runs(&q)
@@ -718,6 +719,22 @@ fn stale_walks(store: &dyn Store, clock: &agentstate::ManualClock) {
             .collect::<agentstate::Result<_>>()
             .unwrap();
         assert_eq!(got.iter().collect::<Vec<_>>(), stale, "limit {limit}");
+    }
+    // A moment with 10 stale runs: the touch index answers (16 at most),
+    // at limits below, at and above 10.
+    let ten = stale[9].updated_at;
+    let few: Vec<&RunRecord> = running.iter().filter(|r| r.updated_at <= ten).collect();
+    assert!(!few.is_empty() && few.len() <= 16, "{}", few.len());
+    let q_few = StateQuery::new(t)
+        .state(RunState::Running)
+        .updated_before(ten + 1);
+    for limit in [1, 3, few.len() - 1, few.len(), few.len() + 1, 100] {
+        let got: Vec<RunRecord> = store
+            .iter_runs(&q_few)
+            .page_size(limit.max(1))
+            .collect::<agentstate::Result<_>>()
+            .unwrap();
+        assert_eq!(got.iter().collect::<Vec<_>>(), few, "limit {limit}");
     }
     // No match at all: one empty page without a cursor.
     let none = store
@@ -735,20 +752,28 @@ fn stale_walks(store: &dyn Store, clock: &agentstate::ManualClock) {
     // stale), and one fresh run ahead becomes completed. Every run that
     // stayed stale for the whole walk is seen exactly once, in seq order,
     // and nothing that did not match when read.
-    for limit in [4, 60] {
-        let mut clock_at = t1 + 2_000;
+    let mut clock_at = t1 + 2_000;
+    for (q, before, limit) in [
+        (&q, t1, 4),
+        (&q, t1, 60),
+        (&q_few, ten + 1, 2),
+        (&q_few, ten + 1, 60),
+    ] {
         let stale_now: Vec<RunRecord> = store
-            .iter_runs(&q)
+            .iter_runs(q)
             .collect::<agentstate::Result<_>>()
             .unwrap();
         let mut touched = std::collections::HashSet::new();
         let mut seen = Vec::new();
         let mut page = PageRequest::new(limit);
         loop {
-            let got = store.list_runs(&q, &page).unwrap();
+            let got = store.list_runs(q, &page).unwrap();
             let (items, cursor) = got.into_parts();
             for r in &items {
-                assert!(r.state == RunState::Running && r.updated_at < t1, "{r:?}");
+                assert!(
+                    r.state == RunState::Running && r.updated_at < before,
+                    "{r:?}"
+                );
             }
             let last = items.last().map(|r| r.seq).unwrap_or(0);
             seen.extend(items);
