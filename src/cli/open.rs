@@ -144,39 +144,6 @@ pub fn open(spec: &DbSpec, opts: Options, how: Open) -> Result<Box<dyn Store>, C
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_and_paths() {
-        assert_eq!(
-            DbSpec::parse("/tmp/state"),
-            DbSpec::Path("/tmp/state".into())
-        );
-        assert_eq!(DbSpec::parse("state"), DbSpec::Path("state".into()));
-        assert_eq!(
-            DbSpec::parse("a b://x"),
-            DbSpec::Path("a b://x".into()),
-            "not a scheme"
-        );
-        let DbSpec::Url { scheme, .. } = DbSpec::parse("PostgreSQL://u@h/db") else {
-            panic!("a URL")
-        };
-        assert_eq!(scheme, "postgresql");
-    }
-
-    #[test]
-    fn passwords_never_shown() {
-        assert_eq!(
-            redact_password("postgres://me:hunter2@db:5432/x?sslmode=off"),
-            "postgres://me:***@db:5432/x?sslmode=off"
-        );
-        assert_eq!(redact_password("redis://db:6379/0"), "redis://db:6379/0");
-        assert_eq!(redact_password("postgres://me@db/x"), "postgres://me@db/x");
-    }
-}
-
 /// Opens a file store, showing the progress of a one-time layout upgrade
 /// (a store written by an older release) on stderr.
 fn open_file(path: &std::path::Path, opts: Options) -> Result<FileStore, CliError> {
@@ -216,4 +183,37 @@ fn open_file(path: &std::path::Path, opts: Options) -> Result<FileStore, CliErro
         );
     }
     Ok(store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_paths() {
+        assert_eq!(
+            DbSpec::parse("/tmp/state"),
+            DbSpec::Path("/tmp/state".into())
+        );
+        assert_eq!(DbSpec::parse("state"), DbSpec::Path("state".into()));
+        assert_eq!(
+            DbSpec::parse("a b://x"),
+            DbSpec::Path("a b://x".into()),
+            "not a scheme"
+        );
+        let DbSpec::Url { scheme, .. } = DbSpec::parse("PostgreSQL://u@h/db") else {
+            panic!("a URL")
+        };
+        assert_eq!(scheme, "postgresql");
+    }
+
+    #[test]
+    fn passwords_never_shown() {
+        assert_eq!(
+            redact_password("postgres://me:hunter2@db:5432/x?sslmode=off"),
+            "postgres://me:***@db:5432/x?sslmode=off"
+        );
+        assert_eq!(redact_password("redis://db:6379/0"), "redis://db:6379/0");
+        assert_eq!(redact_password("postgres://me@db/x"), "postgres://me@db/x");
+    }
 }
