@@ -1030,6 +1030,7 @@ fn listing(dir: &Path, s: Sizes) -> Listing {
     // The same runs into SQLite, by a child killed with them in its WAL.
     let sqlite_dir = dir.join("sqlite-big");
     eprintln!("loading {} runs into SQLite in a child process…", s.big);
+    let phase = Instant::now();
     let sqlite_load = killed_child(&format!(
         "sqlite-load\t{}\t{KILL_PATCHES}\t{}",
         s.big,
@@ -1038,6 +1039,8 @@ fn listing(dir: &Path, s: Sizes) -> Listing {
     let sqlite_load_s: f64 = sqlite_load.get("load_s").parse().expect("load_s");
     let sqlite_wal_bytes: u64 = sqlite_load.get("wal_bytes").parse().expect("wal_bytes");
     let sqlite_last = LastAck::parse(sqlite_load.get("last_ack"));
+    eprintln!("  … {:.1} s", phase.elapsed().as_secs_f64());
+    let phase = Instant::now();
     assert_eq!(
         sqlite_last.id, child.last.id,
         "both patch the same run last"
@@ -1066,7 +1069,10 @@ fn listing(dir: &Path, s: Sizes) -> Listing {
         }
     }
     let _ = std::fs::remove_dir_all(&rep_dir);
+    eprintln!("  … {:.1} s", phase.elapsed().as_secs_f64());
 
+    eprintln!("walking {} runs beside SQLite; stale reaper…", s.big);
+    let phase = Instant::now();
     let big = FileStore::open_with(&big_dir, buffered()).expect("reopen big");
     let sqlite = sqlite_side::Pager::open(&sqlite_dir);
     let sqlite_plan = sqlite.plan();
@@ -1095,6 +1101,7 @@ fn listing(dir: &Path, s: Sizes) -> Listing {
         stale_sqlite.push(t.elapsed().as_secs_f64() * 1e6);
         assert!(rows.is_empty(), "nothing is that stale in SQLite either");
     }
+    eprintln!("  … {:.1} s", phase.elapsed().as_secs_f64());
     // Clean closes: ours drops the store, SQLite's last connection
     // checkpoints its WAL into the database file and removes it.
     drop(big);
@@ -1102,6 +1109,7 @@ fn listing(dir: &Path, s: Sizes) -> Listing {
 
     // Open + first read after the clean close, in fresh processes, alternating.
     eprintln!("opening after a clean close ({} reps each)…", s.open_reps);
+    let phase = Instant::now();
     let mid = ReadBack {
         id: run_id(s.big as u64 / 2),
         version: 1,
@@ -1111,6 +1119,7 @@ fn listing(dir: &Path, s: Sizes) -> Listing {
         open_ours.push(timed_open("open-ours", &big_dir, &mid));
         open_sqlite.push(timed_open("open-sqlite", &sqlite_dir, &mid));
     }
+    eprintln!("  … {:.1} s", phase.elapsed().as_secs_f64());
 
     eprintln!("fjall alone: {} and {} records…", s.small, s.big);
     let engine_small = engine_pages(&dir.join("engine-small"), s.small as u64);
