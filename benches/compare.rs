@@ -45,8 +45,22 @@
 //!
 //! Memory: the binary re-executes itself with `AGENTSTATE_BENCH_CHILD` set;
 //! the child only loads the big tenant and walks it with pages of 1000, and
-//! reports its peak RSS (`VmHWM`). The parent then reopens the child's store
-//! for the 1M listing timings.
+//! reports its peak RSS (`VmHWM`). It then patches the last 1000 runs it
+//! loaded and is killed (SIGKILL) as soon as the last patch has returned.
+//! The parent reopens the child's store for the 1M listing timings.
+//!
+//! SQLite beside the big tenant (issue 13, `benches/support/sqlite.rs`):
+//! a second child loads the same runs into a SQLite table (WAL; indexes
+//! `(tenant, seq)` and `(tenant, state, seq)`; a ~260-byte body blob per
+//! row), the last 1% of them and the same 1000 patches with the WAL
+//! truncated first and autocheckpoint off, and is killed the same way.
+//! Then, side by side: open + first read after the kill (each rep in a
+//! fresh process on a fresh copy of the killed directory, ours and
+//! SQLite's alternating); our page walk with SQLite's keyset walk
+//! (`WHERE tenant = ? AND seq > ? ORDER BY seq LIMIT 101`) page by page;
+//! the stale reaper (`updated_before` earlier than every write: matches
+//! nothing); and, after both close cleanly, open + first read in fresh
+//! processes again.
 //!
 //! `--only durable|listing|writers|agentstate|engines|growth` runs one part (for
 //! strace and perf). With `--features sled`, the `engines` part runs fjall
@@ -87,6 +101,11 @@ struct Sizes {
     ops_per_writer8: usize,
     small: usize,
     big: usize,
+    /// Fresh-process opens per contender, after the clean close and after
+    /// the kill.
+    open_reps: usize,
+    /// Stale-reaper queries per contender.
+    stale_reps: usize,
 }
 
 impl Sizes {
@@ -99,6 +118,8 @@ impl Sizes {
                 ops_per_writer8: 40,
                 small: 10_000,
                 big: 200_000,
+                open_reps: 5,
+                stale_reps: 10,
             }
         } else {
             Sizes {
@@ -108,6 +129,8 @@ impl Sizes {
                 ops_per_writer8: 100,
                 small: 10_000,
                 big: 1_000_000,
+                open_reps: 7,
+                stale_reps: 15,
             }
         }
     }
@@ -240,6 +263,8 @@ mod pg_section;
 #[cfg(feature = "postgres")]
 #[path = "../tests/it/pg_server.rs"]
 mod pg_server;
+#[path = "support/sqlite.rs"]
+mod sqlite_side;
 
 #[cfg(feature = "postgres")]
 fn run_pg(quick: bool) {
@@ -867,6 +892,24 @@ struct Listing {
     /// a scan of records clustered by seq.
     engine_small: EnginePages,
     engine_big: EnginePages,
+    /// SQLite's keyset page of the same runs, timed beside `page_big`.
+    page_sqlite: Stats,
+    sqlite_plan: String,
+    sqlite_load_s: f64,
+    /// The stale reaper at the big size (µs to learn that nothing
+    /// matches: the sum of the requests it takes), and SQLite's.
+    stale: Stats,
+    stale_requests: usize,
+    stale_sqlite: Stats,
+    /// Open + first read in a fresh process (µs), after the clean close
+    /// and after the kill.
+    open_ours: Stats,
+    open_sqlite: Stats,
+    kill_ours: Stats,
+    kill_sqlite: Stats,
+    /// At the kill: our journal files, SQLite's WAL.
+    journal_bytes: u64,
+    sqlite_wal_bytes: u64,
 }
 
 #[derive(Default)]
@@ -984,21 +1027,106 @@ fn listing(dir: &Path, s: Sizes) -> Listing {
     }
     drop(small);
 
-    // The big tenant: loaded and walked by a child (peak RSS), then timed here.
+    // The big tenant: loaded and walked by a child (peak RSS), which then
+    // patches its last runs and is killed right after the last one returned.
     let big_dir = dir.join("list-big");
+    // Every run of either big load is written after this moment.
+    let before_loads = now_ms() - 1;
     eprintln!("loading {} runs in a child process…", s.big);
     let child = run_child(&big_dir, s.big);
+    // The same runs into SQLite, by a child killed with them in its WAL.
+    let sqlite_dir = dir.join("sqlite-big");
+    eprintln!("loading {} runs into SQLite in a child process…", s.big);
+    let phase = Instant::now();
+    let sqlite_load = killed_child(&format!(
+        "sqlite-load\t{}\t{KILL_PATCHES}\t{}",
+        s.big,
+        sqlite_dir.display()
+    ));
+    let sqlite_load_s: f64 = sqlite_load.get("load_s").parse().expect("load_s");
+    let sqlite_wal_bytes: u64 = sqlite_load.get("wal_bytes").parse().expect("wal_bytes");
+    let sqlite_last = LastAck::parse(sqlite_load.get("last_ack"));
+    eprintln!("  … {:.1} s", phase.elapsed().as_secs_f64());
+    let phase = Instant::now();
+    assert_eq!(
+        sqlite_last.id, child.last.id,
+        "both patch the same run last"
+    );
+
+    // Reopen after the kills: open + first read (the last acknowledged
+    // write) in a fresh process, each time on a fresh copy of the killed
+    // directory; ours and SQLite's alternate.
+    let journal_bytes = files_bytes(&big_dir, ".jnl");
+    eprintln!(
+        "reopening after kill -9 ({} reps each; journal {:.1} MiB, WAL {:.1} MiB)…",
+        s.open_reps,
+        journal_bytes as f64 / MIB,
+        sqlite_wal_bytes as f64 / MIB
+    );
+    let (mut kill_ours, mut kill_sqlite) = (Vec::new(), Vec::new());
+    let rep_dir = dir.join("reopen-rep");
+    for _ in 0..s.open_reps {
+        for (src, kind, last, out) in [
+            (&big_dir, "open-ours", &child.last, &mut kill_ours),
+            (&sqlite_dir, "open-sqlite", &sqlite_last, &mut kill_sqlite),
+        ] {
+            let _ = std::fs::remove_dir_all(&rep_dir);
+            copy_dir(src, &rep_dir);
+            out.push(timed_open(kind, &rep_dir, last));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&rep_dir);
+    eprintln!("  … {:.1} s", phase.elapsed().as_secs_f64());
+
+    eprintln!("walking {} runs beside SQLite; stale reaper…", s.big);
+    let phase = Instant::now();
     let big = FileStore::open_with(&big_dir, buffered()).expect("reopen big");
+    let sqlite = sqlite_side::Pager::open(&sqlite_dir);
+    let sqlite_plan = sqlite.plan();
     // Two walks: the first runs while fjall may still flush and compact
-    // what the reopen recovered; the second is the figure.
+    // what the reopen recovered; the second is the figure, SQLite's page
+    // after the same page of ours, page by page.
     let (first, seen) = walk(&big, StateQuery::new(TENANT), 100);
     assert_eq!(seen, s.big);
     let (reaper_first, _) = walk(&big, reaper_query(), 100);
-    let (page_big, seen) = walk(&big, StateQuery::new(TENANT), 100);
-    assert_eq!(seen, s.big);
+    let (page_big, page_sqlite, seen) = walk_beside_sqlite(&big, &sqlite);
+    assert_eq!(seen, (s.big, s.big));
     let (reaper_big, seen) = walk(&big, reaper_query(), 100);
     assert_eq!(seen, s.big.div_ceil(100));
+    // The stale reaper: running runs last written before any run was.
+    let (mut stale, mut stale_sqlite, mut stale_requests) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..s.stale_reps {
+        let q = StateQuery::new(TENANT)
+            .state(RunState::Running)
+            .updated_before(before_loads);
+        let (t, seen) = walk(&big, q, 100);
+        assert_eq!(seen, 0, "nothing is that stale");
+        stale_requests = t.len();
+        stale.push(t.iter().sum::<f64>());
+        let t = Instant::now();
+        let rows = sqlite.stale(before_loads);
+        stale_sqlite.push(t.elapsed().as_secs_f64() * 1e6);
+        assert!(rows.is_empty(), "nothing is that stale in SQLite either");
+    }
+    eprintln!("  … {:.1} s", phase.elapsed().as_secs_f64());
+    // Clean closes: ours drops the store, SQLite's last connection
+    // checkpoints its WAL into the database file and removes it.
     drop(big);
+    drop(sqlite);
+
+    // Open + first read after the clean close, in fresh processes, alternating.
+    eprintln!("opening after a clean close ({} reps each)…", s.open_reps);
+    let phase = Instant::now();
+    let mid = ReadBack {
+        id: run_id(s.big as u64 / 2),
+        version: 1,
+    };
+    let (mut open_ours, mut open_sqlite) = (Vec::new(), Vec::new());
+    for _ in 0..s.open_reps {
+        open_ours.push(timed_open("open-ours", &big_dir, &mid));
+        open_sqlite.push(timed_open("open-sqlite", &sqlite_dir, &mid));
+    }
+    eprintln!("  … {:.1} s", phase.elapsed().as_secs_f64());
 
     eprintln!("fjall alone: {} and {} records…", s.small, s.big);
     let engine_small = engine_pages(&dir.join("engine-small"), s.small as u64);
@@ -1012,9 +1140,124 @@ fn listing(dir: &Path, s: Sizes) -> Listing {
         reaper_small: stats(reaper_small),
         reaper_big: stats(reaper_big),
         small_load_s,
-        child,
+        child: child.report,
         engine_small,
         engine_big,
+        page_sqlite: stats(page_sqlite),
+        sqlite_plan,
+        sqlite_load_s,
+        stale: stats(stale),
+        stale_requests,
+        stale_sqlite: stats(stale_sqlite),
+        open_ours: stats(open_ours),
+        open_sqlite: stats(open_sqlite),
+        kill_ours: stats(kill_ours),
+        kill_sqlite: stats(kill_sqlite),
+        journal_bytes,
+        sqlite_wal_bytes,
+    }
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Runs the big-tenant child patches at the end of its writes (the last
+/// runs it loaded, one patch each), and so does the SQLite child: the
+/// last acknowledged write a reopen after the kill must read back.
+const KILL_PATCHES: u64 = 1000;
+
+/// Our page walk with SQLite's keyset walk of the same runs: SQLite's
+/// page i right after our page i. Returns both sides' page times (µs) and
+/// the runs each saw.
+fn walk_beside_sqlite(
+    store: &FileStore,
+    sqlite: &sqlite_side::Pager,
+) -> (Vec<f64>, Vec<f64>, (usize, usize)) {
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let (mut seen, mut seen_sqlite) = (0, 0);
+    let mut page = Some(PageRequest::new(100));
+    let mut after = Some(0i64);
+    while page.is_some() || after.is_some() {
+        if let Some(p) = page.take() {
+            let t = Instant::now();
+            let got = store.list_runs(&StateQuery::new(TENANT), &p).expect("list");
+            ours.push(t.elapsed().as_secs_f64() * 1e6);
+            let (items, cursor) = got.into_parts();
+            seen += items.len();
+            std::hint::black_box(&items);
+            page = cursor.map(|c| p.with_cursor(Some(c)));
+        }
+        if let Some(a) = after.take() {
+            let t = Instant::now();
+            let (rows, next) = sqlite.page(a);
+            theirs.push(t.elapsed().as_secs_f64() * 1e6);
+            seen_sqlite += rows.len();
+            std::hint::black_box(&rows);
+            after = next;
+        }
+    }
+    (ours, theirs, (seen, seen_sqlite))
+}
+
+/// The run a reopen reads first, and the version it must find.
+struct ReadBack {
+    id: String,
+    version: u64,
+}
+
+type LastAck = ReadBack;
+
+impl ReadBack {
+    /// `<run id> <version>`, as a child prints its last acknowledged write.
+    fn parse(v: &str) -> ReadBack {
+        let (id, version) = v.split_once(' ').expect("last_ack: id version");
+        ReadBack {
+            id: id.to_string(),
+            version: version.parse().expect("last_ack version"),
+        }
+    }
+}
+
+/// One open + first read in a fresh process (`kind`: `open-ours` or
+/// `open-sqlite`): the child's own time for both (µs), after checking it
+/// read the expected version.
+fn timed_open(kind: &str, dir: &Path, read: &ReadBack) -> f64 {
+    let out = exited_child(&format!("{kind}\t{}\t{}", dir.display(), read.id));
+    let version: u64 = out.get("version").parse().expect("version");
+    assert_eq!(
+        version, read.version,
+        "{kind}: the first read after the reopen found another version"
+    );
+    out.get("total_us").parse().expect("total_us")
+}
+
+/// Bytes allocated on disk to the files under `dir` whose names end with
+/// `suffix` (fjall sizes a new journal file to 64 MiB up front, sparsely:
+/// its blocks, not its length, say how much was written).
+fn files_bytes(dir: &Path, suffix: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Ok(m) = e.metadata() else { continue };
+        if m.is_dir() {
+            total += files_bytes(&e.path(), suffix);
+        } else if e.file_name().to_string_lossy().ends_with(suffix) {
+            total += m.blocks() * 512;
+        }
+    }
+    total
+}
+
+/// Copies the directory tree `from` to `to` (files, not links).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("copy: create dir");
+    for e in std::fs::read_dir(from).expect("copy: read dir") {
+        let e = e.expect("copy: entry");
+        let target = to.join(e.file_name());
+        if e.file_type().expect("copy: file type").is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).expect("copy: file");
+        }
     }
 }
 
@@ -1092,7 +1335,10 @@ fn engine_pages(path: &Path, n: u64) -> EnginePages {
 }
 
 // ---------------------------------------------------------------------------
-// The RSS child
+// The children
+//
+// The binary re-executes itself with `AGENTSTATE_BENCH_CHILD` set to a
+// tab-separated spec; a child prints `CHILD key=value` lines.
 
 #[derive(Default)]
 struct ChildReport {
@@ -1102,40 +1348,128 @@ struct ChildReport {
     hwm_kib: u64,
 }
 
-fn run_child(dir: &Path, n: usize) -> ChildReport {
+/// A child's `CHILD key=value` lines.
+struct ChildLines(Vec<(String, String)>);
+
+impl ChildLines {
+    fn get(&self, key: &str) -> &str {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("child printed no {key}"))
+    }
+}
+
+fn child_command(spec: &str) -> Command {
     let exe = std::env::current_exe().expect("current exe");
-    let out = Command::new(exe)
-        .env(CHILD_ENV, format!("{n}:{}", dir.display()))
-        .output()
-        .expect("spawn child");
+    let mut c = Command::new(exe);
+    c.env(CHILD_ENV, spec);
+    c
+}
+
+/// Runs a child to its end.
+fn exited_child(spec: &str) -> ChildLines {
+    let out = child_command(spec).output().expect("spawn child");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "child failed: {}\n{}",
+        "child {spec:?} failed: {}\n{}",
         text,
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut r = ChildReport::default();
-    for line in text.lines() {
-        let Some((k, v)) = line.strip_prefix("CHILD ").and_then(|l| l.split_once('=')) else {
-            continue;
-        };
-        match k {
-            "load_s" => r.load_s = v.parse().expect("load_s"),
-            "walk_s" => r.walk_s = v.parse().expect("walk_s"),
-            "hwm_after_load_kib" => r.hwm_after_load_kib = v.parse().expect("hwm"),
-            "hwm_kib" => r.hwm_kib = v.parse().expect("hwm"),
-            _ => {}
+    ChildLines(child_lines(text.lines()))
+}
+
+fn child_lines<'a>(lines: impl Iterator<Item = &'a str>) -> Vec<(String, String)> {
+    lines
+        .filter_map(|l| l.strip_prefix("CHILD ")?.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Runs a child until it prints `CHILD last_ack=…` (its last write
+/// returned), then kills it (SIGKILL) at once.
+fn killed_child(spec: &str) -> ChildLines {
+    use std::io::BufRead as _;
+    use std::process::Stdio;
+    let mut c = child_command(spec)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    let out = std::io::BufReader::new(c.stdout.take().expect("child stdout"));
+    let mut text = Vec::new();
+    for line in out.lines() {
+        let line = line.expect("child stdout");
+        let last = line.starts_with("CHILD last_ack=");
+        text.push(line);
+        if last {
+            c.kill().expect("kill child");
+            break;
         }
     }
-    r
+    let status = c.wait().expect("wait child");
+    assert!(
+        text.last()
+            .is_some_and(|l| l.starts_with("CHILD last_ack=")),
+        "child {spec:?} ended ({status}) before its last write: {}",
+        text.join("\n")
+    );
+    assert!(!status.success(), "the child was killed, not closed");
+    ChildLines(child_lines(text.iter().map(String::as_str)))
+}
+
+/// What a killed child waits in: until killed (or its stdin closes, when
+/// the parent died).
+fn wait_for_kill() {
+    use std::io::Read as _;
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    std::process::exit(3);
+}
+
+/// The big-tenant child's figures and its last acknowledged write.
+struct BigChild {
+    report: ChildReport,
+    last: LastAck,
+}
+
+fn run_child(dir: &Path, n: usize) -> BigChild {
+    let out = killed_child(&format!("load\t{n}\t{KILL_PATCHES}\t{}", dir.display()));
+    BigChild {
+        report: ChildReport {
+            load_s: out.get("load_s").parse().expect("load_s"),
+            walk_s: out.get("walk_s").parse().expect("walk_s"),
+            hwm_after_load_kib: out.get("hwm_after_load_kib").parse().expect("hwm"),
+            hwm_kib: out.get("hwm_kib").parse().expect("hwm"),
+        },
+        last: LastAck::parse(out.get("last_ack")),
+    }
+}
+
+fn child(spec: &str) {
+    let f: Vec<&str> = spec.split('\t').collect();
+    match f.as_slice() {
+        ["load", n, patches, dir] => big_child(
+            n.parse().expect("n"),
+            patches.parse().expect("patches"),
+            dir,
+        ),
+        ["sqlite-load", n, patches, dir] => sqlite_side::load_child(
+            n.parse().expect("n"),
+            patches.parse().expect("patches"),
+            Path::new(dir),
+        ),
+        ["open-ours", dir, id] => open_child(Path::new(dir), id),
+        ["open-sqlite", dir, id] => sqlite_side::open_child(Path::new(dir), id),
+        _ => panic!("unknown child spec {spec:?}"),
+    }
 }
 
 /// Child: load `n` runs (buffered), walk them all with pages of 1000, report
-/// peak RSS.
-fn child(spec: &str) {
-    let (n, dir) = spec.split_once(':').expect("child spec n:dir");
-    let n: u64 = n.parse().expect("child n");
+/// peak RSS; then patch the last `patches` runs loaded and wait to be
+/// killed right after the last patch returned.
+fn big_child(n: u64, patches: u64, dir: &str) {
     let t = Instant::now();
     let store = Arc::new(FileStore::open_with(dir, buffered()).expect("child open"));
     load(&store, n);
@@ -1146,7 +1480,44 @@ fn child(spec: &str) {
     assert_eq!(seen as u64, n);
     println!("CHILD walk_s={:.3}", t.elapsed().as_secs_f64());
     println!("CHILD hwm_kib={}", vm_hwm_kib());
+    let mut last = None;
+    for i in n.saturating_sub(patches)..n {
+        let key = RunKey::new(TENANT, run_id(i));
+        let r = store
+            .patch_run(
+                &key,
+                StateDelta {
+                    cost_micros: 1,
+                    ..Default::default()
+                },
+            )
+            .expect("patch");
+        last = Some(r);
+    }
+    let last = last.expect("at least one patch");
+    println!("CHILD last_ack={} {}", last.key.run_id, last.version);
+    std::io::stdout().flush().expect("flush");
+    wait_for_kill();
+}
+
+/// Child: open the store in `dir` (default options) and read the run `id`;
+/// prints the open, the read, their sum (µs) and the version read, then
+/// closes the store.
+fn open_child(dir: &Path, id: &str) {
+    let t = Instant::now();
+    let store = FileStore::open(dir).expect("open");
+    let open_us = t.elapsed().as_secs_f64() * 1e6;
+    let got = store
+        .get_run(&RunKey::new(TENANT, id))
+        .expect("point read")
+        .expect("the run is there");
+    let total_us = t.elapsed().as_secs_f64() * 1e6;
+    println!("CHILD open_us={open_us:.1}");
+    println!("CHILD total_us={total_us:.1}");
+    println!("CHILD version={}", got.version);
+    let t = Instant::now();
     drop(store);
+    println!("CHILD close_us={:.1}", t.elapsed().as_secs_f64() * 1e6);
 }
 
 fn vm_hwm_kib() -> u64 {
@@ -1388,6 +1759,84 @@ fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
             l.child.hwm_after_load_kib as f64 / 1024.0
         ),
     );
+    row(
+        &format!("sqlite: page of 100 at {big} runs"),
+        page(&l.page_sqlite),
+        &pnote(
+            &l.page_sqlite,
+            &format!(
+                "keyset by seq, whole rows, each right after our page of the same runs; plan: {}",
+                l.sqlite_plan
+            ),
+        ),
+    );
+    row(
+        &format!("stale reaper at {big} runs"),
+        page(&l.stale),
+        &pnote(
+            &l.stale,
+            &format!(
+                "state(Running).updated_before(before any write), matches nothing; {} request(s)",
+                l.stale_requests
+            ),
+        ),
+    );
+    row(
+        &format!("sqlite: stale reaper at {big} runs"),
+        page(&l.stale_sqlite),
+        &pnote(
+            &l.stale_sqlite,
+            "state = running AND updated_at < T, LIMIT 101",
+        ),
+    );
+    let open = |st: &Stats| format!("{:.2} ms", st.median_us / 1000.0);
+    let onote = |st: &Stats, what: &str| {
+        format!(
+            "{what}; median of {} fresh processes, p90 {:.2} ms",
+            st.pages,
+            st.p90_us / 1000.0
+        )
+    };
+    row(
+        &format!("open + first read, {big} runs, clean close"),
+        open(&l.open_ours),
+        &onote(&l.open_ours, "FileStore::open + get_run, in the child"),
+    );
+    row(
+        &format!("sqlite: open + first read, {big} runs, clean close"),
+        open(&l.open_sqlite),
+        &onote(
+            &l.open_sqlite,
+            "Connection::open + SELECT by (tenant, run_id)",
+        ),
+    );
+    row(
+        &format!("open + first read, {big} runs, after kill -9"),
+        open(&l.kill_ours),
+        &onote(
+            &l.kill_ours,
+            &format!(
+                "copy of the killed store; {:.1} MiB of journal (*.jnl, allocated) at the kill",
+                l.journal_bytes as f64 / MIB
+            ),
+        ),
+    );
+    row(
+        &format!("sqlite: open + first read, {big} runs, after kill -9"),
+        open(&l.kill_sqlite),
+        &onote(
+            &l.kill_sqlite,
+            &format!(
+                "WAL recovery; {:.1} MiB of un-checkpointed WAL at the kill",
+                l.sqlite_wal_bytes as f64 / MIB
+            ),
+        ),
+    );
+    row(
+        &format!("sqlite: load {big} runs (child)"),
+        format!("{:.1} s", l.sqlite_load_s),
+        "synchronous=NORMAL, transactions of 10k rows",
+    );
     println!();
     println!(
         "sizes: small={} big={} ops={} rounds={} per_round={}{}",
@@ -1476,6 +1925,31 @@ fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
         l.engine_big.clustered.median_us / l.engine_small.clustered.median_us,
     );
     res("rss_mib_1m", l.child.hwm_kib as f64 / 1024.0);
+    res("page_1m_sqlite_us", l.page_sqlite.median_us);
+    res(
+        "page_1m_vs_sqlite",
+        l.page_big.median_us / l.page_sqlite.median_us,
+    );
+    res("reaper_stale_1m_us", l.stale.median_us);
+    res("reaper_stale_1m_sqlite_us", l.stale_sqlite.median_us);
+    res(
+        "reaper_stale_1m_vs_page_10k",
+        l.stale.median_us / l.page_small.median_us,
+    );
+    res("open_1m_us", l.open_ours.median_us);
+    res("open_1m_sqlite_us", l.open_sqlite.median_us);
+    res(
+        "open_1m_vs_sqlite",
+        l.open_ours.median_us / l.open_sqlite.median_us,
+    );
+    res("reopen_after_kill_us", l.kill_ours.median_us);
+    res("reopen_after_kill_sqlite_us", l.kill_sqlite.median_us);
+    res(
+        "reopen_after_kill_vs_sqlite",
+        l.kill_ours.median_us / l.kill_sqlite.median_us,
+    );
+    res("kill_journal_mib", l.journal_bytes as f64 / MIB);
+    res("kill_sqlite_wal_mib", l.sqlite_wal_bytes as f64 / MIB);
     res("big_runs", s.big as f64);
     res("elapsed_s", elapsed.as_secs_f64());
 }

@@ -2,14 +2,15 @@
 //! opens with every later release:
 //!
 //! ```text
-//! cargo run --example make_fixtures -- tests/fixtures/v1
+//! cargo run --example make_fixtures -- tests/fixtures/v2
 //! ```
 //!
 //! The content is deterministic (a `ManualClock`, fixed ids and amounts);
 //! the bytes are not (fjall's files and the store's cursor secret differ per
 //! run), which is why the test compares records, never files. Regenerate a
 //! fixture only when its format version is new: `v1` must stay what release
-//! 0.1 wrote, so that the test keeps proving old stores still open.
+//! 0.1 wrote (store format 1) and `v2` what the release that introduced
+//! store format 2 wrote, so that the test keeps proving old stores open.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -98,7 +98,7 @@ pub use cursor::Cursor;
 pub use entry::Entry;
 pub use error::{Missing, PersistenceReason, Result, StateError};
 pub use kv::{FileStore, MemoryStore};
-pub use options::{Durability, FileEngine, Options};
+pub use options::{Durability, FileEngine, Options, UpgradeProgress};
 pub use page::{Page, PageRequest, Pages};
 #[cfg(feature = "postgres")]
 pub use pg::{PgOptions, PostgresStore};

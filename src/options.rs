@@ -57,6 +57,20 @@ impl FileEngine {
     }
 }
 
+/// How far the one-time upgrade of an older file store's layout has got
+/// (see [`Options::on_upgrade`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UpgradeProgress {
+    /// Runs moved into the current layout so far.
+    pub done: u64,
+    /// Runs the store held when the upgrade (or this part of it) began.
+    pub total: u64,
+}
+
+/// Called with the upgrade's progress.
+type ProgressFn = StdArc<dyn Fn(UpgradeProgress) + Send + Sync>;
+
 /// How a store is opened.
 #[derive(Clone)]
 pub struct Options {
@@ -67,6 +81,7 @@ pub struct Options {
     pub(crate) salvage: bool,
     pub(crate) create_parents: bool,
     pub(crate) engine: FileEngine,
+    pub(crate) on_upgrade: Option<ProgressFn>,
 }
 
 impl std::fmt::Debug for Options {
@@ -91,6 +106,7 @@ impl Default for Options {
             salvage: false,
             create_parents: false,
             engine: FileEngine::Fjall,
+            on_upgrade: None,
         }
     }
 }
@@ -140,6 +156,15 @@ impl Options {
     /// store must have been created with (file store).
     pub fn engine(mut self, engine: FileEngine) -> Self {
         self.engine = engine;
+        self
+    }
+    /// Called while a file store written by an older release is upgraded
+    /// to this release's layout, which happens once, inside the open that
+    /// first finds it (after each batch of runs moved, and once before the
+    /// first). The upgrade is crash-safe: stopped at any moment, the next
+    /// open goes on where it stopped. The CLI prints it.
+    pub fn on_upgrade(mut self, f: impl Fn(UpgradeProgress) + Send + Sync + 'static) -> Self {
+        self.on_upgrade = Some(StdArc::new(f));
         self
     }
 }

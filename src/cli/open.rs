@@ -87,7 +87,7 @@ pub fn open(spec: &DbSpec, opts: Options, how: Open) -> Result<Box<dyn Store>, C
                     )));
                 }
             }
-            Ok(Box::new(FileStore::open_with(path, opts)?))
+            Ok(Box::new(open_file(path, opts)?))
         }
         #[cfg(feature = "postgres")]
         DbSpec::Url { scheme, url } if scheme == "postgres" || scheme == "postgresql" => {
@@ -142,6 +142,47 @@ pub fn open(spec: &DbSpec, opts: Options, how: Open) -> Result<Box<dyn Store>, C
             )))
         }
     }
+}
+
+/// Opens a file store, showing the progress of a one-time layout upgrade
+/// (a store written by an older release) on stderr.
+fn open_file(path: &std::path::Path, opts: Options) -> Result<FileStore, CliError> {
+    use std::sync::{Arc, Mutex};
+    struct Upgrade {
+        bar: crate::cli::output::Progress,
+        done: u64,
+        started: std::time::Instant,
+    }
+    let shown = path.display().to_string();
+    let state: Arc<Mutex<Option<Upgrade>>> = Arc::default();
+    let seen = state.clone();
+    let opts = opts.on_upgrade(move |p| {
+        let mut g = seen.lock().unwrap_or_else(|e| e.into_inner());
+        let u = g.get_or_insert_with(|| {
+            eprintln!(
+                "upgrading {shown} to this release's store format ({} runs; once, crash-safe)…",
+                p.total
+            );
+            Upgrade {
+                bar: crate::cli::output::Progress::new("runs upgraded"),
+                done: 0,
+                started: std::time::Instant::now(),
+            }
+        });
+        u.bar.inc(p.done.saturating_sub(u.done));
+        u.done = u.done.max(p.done);
+    });
+    let store = FileStore::open_with(path, opts)?;
+    if let Some(u) = state.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        u.bar.finish();
+        eprintln!(
+            "upgraded {}: {} runs in {:.1} s",
+            path.display(),
+            u.done,
+            u.started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(store)
 }
 
 #[cfg(test)]

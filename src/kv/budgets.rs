@@ -505,11 +505,8 @@ impl KvStore {
             entries += 1;
             let check = || -> Result<()> {
                 let (run, _) = hold_entry(k, v)?;
-                let bytes = self
-                    .engine
-                    .get(&super::runs::run_key(&run))?
+                let r = crate::api::StateStore::get_run(self, &run)?
                     .ok_or_else(|| StateError::corrupt("hold of a missing run"))?;
-                let r = value::decode_run(&bytes)?;
                 let id = KeyReader::new(k, table::HOLD).and_then(|mut r| {
                     r.str()?;
                     r.str()?;

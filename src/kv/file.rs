@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::upgrade::STORE_FORMAT;
 use super::{Durability, KvStore, Options};
-use crate::codec::value::FORMAT_VERSION;
 use crate::error::{Result, StateError};
 use crate::kv::engine::file::SyncMode;
 use crate::options::FileEngine;
@@ -224,8 +224,9 @@ fn read_hwm(dir: &Path) -> Result<u64> {
     }
 }
 
-/// Reads the marker; refuses a newer format before anything is opened.
-fn check_marker(path: &Path) -> Result<()> {
+/// Reads the marker's format; refuses a newer one before anything is
+/// opened.
+fn check_marker(path: &Path) -> Result<u8> {
     let marker = path.join(MARKER);
     let text = fs::read_to_string(&marker).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
@@ -245,13 +246,22 @@ fn check_marker(path: &Path) -> Result<()> {
         .strip_prefix(MARKER_PREFIX)
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| StateError::corrupt(format!("{} is damaged", marker.display())))?;
-    if version > FORMAT_VERSION {
+    if version > STORE_FORMAT || version == 0 {
         return Err(StateError::UnsupportedFormat {
             found: version,
-            supported: FORMAT_VERSION,
+            supported: STORE_FORMAT,
         });
     }
-    Ok(())
+    Ok(version)
+}
+
+/// Rewrites the marker to say `version` (atomically).
+pub(super) fn write_marker(path: &Path, version: u8) -> Result<()> {
+    write_atomic(
+        path,
+        MARKER,
+        format!("{MARKER_PREFIX}{version}\n").as_bytes(),
+    )
 }
 
 /// The engine the store at `path` was created with; refuses `wanted`
@@ -316,11 +326,7 @@ fn create(path: &Path, opts: &Options) -> Result<()> {
     }
     write_atomic(&tmp, HWM, b"0\n")?;
     write_atomic(&tmp, ENGINE, format!("{}\n", opts.engine.name()).as_bytes())?;
-    write_atomic(
-        &tmp,
-        MARKER,
-        format!("{MARKER_PREFIX}{FORMAT_VERSION}\n").as_bytes(),
-    )?;
+    write_marker(&tmp, STORE_FORMAT)?;
     // rename(2) replaces an empty directory, and fails on a non-empty one
     // (another process created the store first): then use theirs.
     match fs::rename(&tmp, path) {
@@ -408,7 +414,7 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
         sweep_stale_creations(path);
         create(path, &opts)?;
     }
-    check_marker(path)?;
+    let marker = check_marker(path)?;
     check_engine(path, opts.engine)?;
     let canonical = fs::canonicalize(path).map_err(|e| io_err("resolving", path, e))?;
     // D3, within this process: refuse at once.
@@ -474,6 +480,20 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
     // An import a crash cut short: finished if it was being published,
     // deleted if it was still being staged.
     store.recover_import()?;
+    // D4: an older layout is upgraded once, here. The marker says the new
+    // format before the engine's first change, so a release that knows
+    // only the old one never reads a store half moved.
+    if marker < STORE_FORMAT || store.store_format()? < STORE_FORMAT {
+        if marker < STORE_FORMAT {
+            write_marker(path, STORE_FORMAT)?;
+        }
+        let progress = store.opts.on_upgrade.clone();
+        store.upgrade(&|p| {
+            if let Some(f) = &progress {
+                f(p)
+            }
+        })?;
+    }
     Ok(store)
 }
 

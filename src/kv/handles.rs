@@ -106,12 +106,25 @@ impl FileStore {
         self.0.commits()
     }
 
-    /// Deletes a run's `seq` index entry and nothing else, leaving the
+    /// Deletes a run's state index entry and nothing else, leaving the
     /// store inconsistent on purpose. Only for tests of `verify` and the
     /// tools built on it; never call it on a store you care about.
     #[doc(hidden)]
     pub fn __unindex_run_for_tests(&self, key: &RunKey) -> Result<()> {
         self.0.unindex_run_for_tests(key)
+    }
+
+    /// Makes the store at `path` (created if absent) a store in layout
+    /// format 1 holding `runs` (with their `seq`s, versions and times as
+    /// given), exactly as release 0.1 wrote them, for tests and benchmarks
+    /// of the upgrade. Never call it on a store you care about.
+    #[doc(hidden)]
+    pub fn __write_format1_for_tests(path: impl AsRef<Path>, runs: &[RunRecord]) -> Result<()> {
+        let path = path.as_ref();
+        let store = FileStore::open(path)?;
+        store.0.write_format1_for_tests(runs)?;
+        drop(store);
+        super::file::write_marker(path, super::upgrade::STORE_FORMAT_OLDEST)
     }
 }
 

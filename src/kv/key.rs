@@ -13,14 +13,21 @@ use crate::error::{Result, StateError};
 pub(crate) mod table {
     /// KvStore-wide values: format version, next seq, commit counter, secret.
     pub const META: u8 = 0x01;
-    /// (tenant, run_id) → RunRecord.
-    pub const RUN: u8 = 0x10;
-    /// (tenant, seq) → run_id.
-    pub const RUN_BY_SEQ: u8 = 0x11;
-    /// (tenant, state, seq) → run_id.
-    pub const RUN_BY_STATE: u8 = 0x12;
-    /// (tenant, session, seq) → run_id.
-    pub const RUN_BY_SESSION: u8 = 0x13;
+    /// (tenant, seq) → RunRecord: a tenant's runs clustered in `seq`
+    /// order, so a plain listing page is one range scan (store format 2).
+    pub const RUN: u8 = 0x08;
+    /// (tenant, run_id) → seq: where a run is, for point reads.
+    pub const RUN_ID: u8 = 0x09;
+    /// (tenant, state, seq) → the RunRecord again while the state is
+    /// unfinished (a reaper's page is one range scan); a `RunSummary` once
+    /// finished.
+    pub const RUN_BY_STATE: u8 = 0x0A;
+    /// (tenant, session, seq) → RunSummary.
+    pub const RUN_BY_SESSION: u8 = 0x0B;
+    /// (tenant, state, updated_at, seq) → (), unfinished runs only: which
+    /// runs of a state were last written before a moment, without reading
+    /// the others.
+    pub const RUN_BY_TOUCH: u8 = 0x0C;
     /// (tenant, run_id, hold_id) → HoldRecord (rule B2).
     pub const HOLD: u8 = 0x14;
     /// (tenant, session_id) → SessionRecord.
@@ -46,6 +53,19 @@ pub(crate) mod table {
     /// byte (see `kv::transfer`). Past every exported table, so listings,
     /// exports, `is_empty` and `verify` never see it.
     pub const STAGE: u8 = 0x7F;
+
+    /// Store format 1's run tables, read only by the upgrade
+    /// (`kv::upgrade`) and never written.
+    pub mod v1 {
+        /// (tenant, run_id) → RunRecord.
+        pub const RUN: u8 = 0x10;
+        /// (tenant, seq) → run_id.
+        pub const RUN_BY_SEQ: u8 = 0x11;
+        /// (tenant, state, seq) → run_id.
+        pub const RUN_BY_STATE: u8 = 0x12;
+        /// (tenant, session, seq) → run_id.
+        pub const RUN_BY_SESSION: u8 = 0x13;
+    }
 }
 
 /// `key` moved into the staging table.
@@ -328,10 +348,10 @@ mod tests {
                 a in (id(), any::<u64>()),
                 b in (id(), any::<u64>()),
             ) {
-                let k = |(s, n): &(String, u64)| KeyBuf::table(table::RUN_BY_SEQ).str(s).u64(*n).done();
+                let k = |(s, n): &(String, u64)| KeyBuf::table(table::RUN).str(s).u64(*n).done();
                 let (ka, kb) = (k(&a), k(&b));
                 prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
-                let prefix = KeyBuf::table(table::RUN_BY_SEQ).str(&a.0).done();
+                let prefix = KeyBuf::table(table::RUN).str(&a.0).done();
                 prop_assert!(ka.starts_with(&prefix) && ka < prefix_end(&prefix));
                 prop_assert_eq!(kb.starts_with(&prefix), a.0 == b.0);
             }

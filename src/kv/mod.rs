@@ -14,6 +14,7 @@ mod sessions;
 mod sessions_list;
 mod transfer;
 mod trays;
+mod upgrade;
 mod verify;
 
 use std::path::Path;
@@ -83,7 +84,7 @@ impl KvStore {
                 engine.commit(vec![
                     (
                         meta::FORMAT.to_vec(),
-                        Some(value::encode(&value::FORMAT_VERSION)),
+                        Some(value::encode(&upgrade::STORE_FORMAT)),
                     ),
                     (meta::SECRET.to_vec(), Some(value::encode(&secret))),
                     (
@@ -224,7 +225,6 @@ impl KvStore {
     /// (L3), and costs O(limit + skipped entries) (L5).
     // Every listing states all of these; a struct for them would only be
     // built to be taken apart here.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn scan_page<T>(
         &self,
         listing: Listing,
@@ -236,19 +236,9 @@ impl KvStore {
     ) -> Result<Page<T>> {
         let limit = page.limit;
         check_limit(limit)?;
-        let mut start = match &page.cursor {
+        let mut start = match self.cursor_position(listing, binding, lo, hi, page)? {
             None => lo.to_vec(),
-            Some(c) => {
-                let pos = cursor_codec::decode(&self.secret, listing, binding, c)?;
-                // A position is inside the listing's range. The export
-                // spans several tables, so its positions need not share
-                // `lo`'s table byte; a due-alarm listing asked again with an
-                // earlier `now` may hold a position past `hi` in its table.
-                if pos.as_slice() < lo || (pos.as_slice() >= hi && !pos.starts_with(&lo[..1])) {
-                    return Err(StateError::invalid("cursor: position outside this listing"));
-                }
-                successor(&pos)
-            }
+            Some(pos) => successor(&pos),
         };
         let mut items: Vec<(Vec<u8>, T)> = Vec::with_capacity(limit + 1);
         let chunk = (limit + 1).clamp(16, 1024);
@@ -271,9 +261,43 @@ impl KvStore {
         let more = items.len() > limit;
         items.truncate(limit);
         let cursor = match (more, items.last()) {
-            (true, Some((k, _))) => Some(cursor_codec::encode(&self.secret, listing, binding, k)),
+            (true, Some((k, _))) => Some(self.cursor_at(listing, binding, k)),
             _ => None,
         };
         Page::new(items.into_iter().map(|(_, t)| t).collect(), cursor)
+    }
+
+    /// The position a page's cursor holds, checked to lie inside the
+    /// listing's range `lo..hi`; `None` for a first page.
+    pub(crate) fn cursor_position(
+        &self,
+        listing: Listing,
+        binding: &[u8],
+        lo: &[u8],
+        hi: &[u8],
+        page: &PageRequest,
+    ) -> Result<Option<Vec<u8>>> {
+        let Some(c) = &page.cursor else {
+            return Ok(None);
+        };
+        let pos = cursor_codec::decode(&self.secret, listing, binding, c)?;
+        // A position is inside the listing's range. The export spans
+        // several tables, so its positions need not share `lo`'s table
+        // byte; a due-alarm listing asked again with an earlier `now` may
+        // hold a position past `hi` in its table.
+        if pos.as_slice() < lo || (pos.as_slice() >= hi && !pos.starts_with(&lo[..1])) {
+            return Err(StateError::invalid("cursor: position outside this listing"));
+        }
+        Ok(Some(pos))
+    }
+
+    /// The cursor of a page whose last item is at `position`.
+    pub(crate) fn cursor_at(
+        &self,
+        listing: Listing,
+        binding: &[u8],
+        position: &[u8],
+    ) -> crate::cursor::Cursor {
+        cursor_codec::encode(&self.secret, listing, binding, position)
     }
 }

@@ -12,20 +12,23 @@ use crate::record::{
 use crate::rules::{
     check_record, check_run_key, check_version, created_run, patched_run, updated_run,
 };
+use serde::{Deserialize, Serialize};
 
 use super::budgets::{after_patch, budget_key};
 use super::commit::Txn;
-use super::{KvStore, check_id, check_size};
+use super::{KvStore, check_id, check_limit, check_size};
 use crate::budget::BudgetKey;
 
-pub(crate) fn run_key(k: &RunKey) -> Vec<u8> {
-    KeyBuf::table(table::RUN)
+/// Where a run's record is: (tenant, seq).
+pub(crate) fn run_key(tenant: &str, seq: u64) -> Vec<u8> {
+    KeyBuf::table(table::RUN).str(tenant).u64(seq).done()
+}
+/// The run id map's key: (tenant, run_id) → seq.
+pub(crate) fn run_id_key(k: &RunKey) -> Vec<u8> {
+    KeyBuf::table(table::RUN_ID)
         .str(&k.tenant)
         .str(&k.run_id)
         .done()
-}
-pub(crate) fn by_seq_key(tenant: &str, seq: u64) -> Vec<u8> {
-    KeyBuf::table(table::RUN_BY_SEQ).str(tenant).u64(seq).done()
 }
 pub(crate) fn by_state_key(tenant: &str, state: RunState, seq: u64) -> Vec<u8> {
     KeyBuf::table(table::RUN_BY_STATE)
@@ -41,6 +44,14 @@ pub(crate) fn by_session_key(tenant: &str, session: &str, seq: u64) -> Vec<u8> {
         .u64(seq)
         .done()
 }
+pub(crate) fn by_touch_key(tenant: &str, state: RunState, updated_at: Millis, seq: u64) -> Vec<u8> {
+    KeyBuf::table(table::RUN_BY_TOUCH)
+        .str(tenant)
+        .u8(state.tag())
+        .u64(updated_at)
+        .u64(seq)
+        .done()
+}
 pub(crate) fn session_key(k: &SessionKey) -> Vec<u8> {
     KeyBuf::table(table::SESSION)
         .str(&k.tenant)
@@ -48,48 +59,150 @@ pub(crate) fn session_key(k: &SessionKey) -> Vec<u8> {
         .done()
 }
 
-/// A run's engine key and its index entries' value: all of a write that
-/// does not depend on what the store holds, so a caller builds it in its
-/// own thread before its job is queued.
+/// What a listing filters on, kept in the session index and in the state
+/// index of finished states, so a page skips a run that does not match
+/// without reading its record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RunSummary {
+    pub(crate) state: RunState,
+    pub(crate) agent_name: String,
+    pub(crate) session_id: Option<String>,
+    pub(crate) updated_at: Millis,
+}
+
+impl RunSummary {
+    pub(crate) fn of(r: &RunRecord) -> RunSummary {
+        RunSummary {
+            state: r.state,
+            agent_name: r.agent_name.clone(),
+            session_id: r.session_id.clone(),
+            updated_at: r.updated_at,
+        }
+    }
+
+    fn matches(&self, q: &StateQuery) -> bool {
+        q.state.is_none_or(|s| s == self.state)
+            && q.session
+                .as_ref()
+                .is_none_or(|s| self.session_id.as_ref() == Some(s))
+            && q.agent.as_ref().is_none_or(|a| &self.agent_name == a)
+            && q.updated_before.is_none_or(|t| self.updated_at < t)
+    }
+}
+
+/// True when `r` answers `q`.
+fn run_matches(q: &StateQuery, r: &RunRecord) -> bool {
+    q.state.is_none_or(|s| s == r.state)
+        && q.session
+            .as_ref()
+            .is_none_or(|s| r.session_id.as_ref() == Some(s))
+        && q.agent.as_ref().is_none_or(|a| &r.agent_name == a)
+        && q.updated_before.is_none_or(|t: Millis| r.updated_at < t)
+}
+
+/// A run's id-map key: all of a write that does not depend on what the
+/// store holds, so a caller builds it in its own thread before its job is
+/// queued.
 pub(crate) struct RunKeys {
-    key: Vec<u8>,
     id: Vec<u8>,
 }
 
 impl RunKeys {
     pub(crate) fn of(k: &RunKey) -> RunKeys {
-        RunKeys {
-            key: run_key(k),
-            id: value::encode(&k.run_id),
-        }
+        RunKeys { id: run_id_key(k) }
     }
+}
+
+/// Something a run's writes go to: a job's view of the store, or the
+/// plain batch of the format upgrade.
+pub(crate) trait Writes {
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>);
+    fn delete(&mut self, key: Vec<u8>);
+}
+
+impl Writes for Txn<'_> {
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        Txn::put(self, key, value);
+    }
+    fn delete(&mut self, key: Vec<u8>) {
+        Txn::delete(self, key);
+    }
+}
+
+impl Writes for Vec<crate::kv::engine::Write> {
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.push((key, Some(value)));
+    }
+    fn delete(&mut self, key: Vec<u8>) {
+        self.push((key, None));
+    }
+}
+
+/// The seq a run id maps to.
+pub(crate) fn decode_seq(bytes: &[u8]) -> Result<u64> {
+    value::decode(bytes, "run id map entry")
 }
 
 /// Reads and checks a stored run.
 pub(crate) fn read_run(txn: &Txn<'_>, key: &RunKey) -> Result<Option<RunRecord>> {
-    read_run_at(txn, &run_key(key), key)
+    read_run_at(txn, &run_id_key(key), key)
 }
 
-/// Reads and checks the run stored under the engine key `at`.
+/// Reads and checks the run the id-map entry `at` points at.
 fn read_run_at(txn: &Txn<'_>, at: &[u8], key: &RunKey) -> Result<Option<RunRecord>> {
-    txn.get(at)?.map(|v| decode_run(&v, key)).transpose()
-}
-
-pub(crate) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
-    let r = value::decode_run(bytes)?;
+    let Some(seq) = txn.get(at)? else {
+        return Ok(None);
+    };
+    let seq = decode_seq(&seq)?;
+    let bytes = txn.get(&run_key(&key.tenant, seq))?.ok_or_else(|| {
+        StateError::corrupt(format!(
+            "run {}/{} maps to seq {seq}, which holds no record",
+            key.tenant, key.run_id
+        ))
+    })?;
+    let r = decode_run_at(&bytes, &key.tenant, seq)?;
     if &r.key != key {
         return Err(StateError::corrupt(format!(
-            "run stored under {}/{} names another key",
-            key.tenant, key.run_id
+            "run {}/{} maps to seq {seq}, which holds run {}",
+            key.tenant, key.run_id, r.key.run_id
+        )));
+    }
+    Ok(Some(r))
+}
+
+/// Reads the run stored at (tenant, seq) in a job.
+pub(crate) fn read_run_by_seq(txn: &Txn<'_>, tenant: &str, seq: u64) -> Result<Option<RunRecord>> {
+    txn.get(&run_key(tenant, seq))?
+        .map(|v| decode_run_at(&v, tenant, seq))
+        .transpose()
+}
+
+/// Decodes a run stored under (tenant, seq) and checks it names them.
+pub(crate) fn decode_run_at(bytes: &[u8], tenant: &str, seq: u64) -> Result<RunRecord> {
+    let r = value::decode_run(bytes)?;
+    if r.key.tenant != tenant || r.seq != seq {
+        return Err(StateError::corrupt(format!(
+            "run stored at {tenant}/seq {seq} names {}/seq {}",
+            r.key.tenant, r.seq
         )));
     }
     Ok(r)
 }
 
+/// The value of a run's state-index entry: the record itself while its
+/// state is unfinished, its summary once finished.
+pub(crate) fn state_entry(r: &RunRecord, bytes: &[u8]) -> Vec<u8> {
+    if r.state.is_finished() {
+        value::encode(&RunSummary::of(r))
+    } else {
+        bytes.to_vec()
+    }
+}
+
 /// Writes a run and the index entries it needs; `old` is what was stored.
 /// `keys` are `new.key`'s.
 pub(crate) fn write_run(
-    txn: &mut Txn<'_>,
+    txn: &mut impl Writes,
     old: Option<&RunRecord>,
     new: &RunRecord,
     max: usize,
@@ -97,25 +210,47 @@ pub(crate) fn write_run(
 ) -> Result<()> {
     let bytes = value::encode_run(new);
     check_size("run record", bytes.len(), max)?;
-    debug_assert!(decode_run(&bytes, &new.key).is_ok_and(|r| &r == new));
-    debug_assert!(keys.key == run_key(&new.key));
-    let RunKeys { key, id } = keys;
+    debug_assert!(decode_run_at(&bytes, &new.key.tenant, new.seq).is_ok_and(|r| &r == new));
+    debug_assert!(keys.id == run_id_key(&new.key));
+    debug_assert!(old.is_none_or(|o| o.seq == new.seq && o.key == new.key));
     let t = &new.key.tenant;
-    match old {
-        None => {
-            txn.put(by_seq_key(t, new.seq), id.clone());
-            if let Some(s) = &new.session_id {
-                txn.put(by_session_key(t, s, new.seq), id.clone());
-            }
-            txn.put(by_state_key(t, new.state, new.seq), id);
-        }
-        Some(old) if old.state != new.state => {
-            txn.delete(by_state_key(t, old.state, old.seq));
-            txn.put(by_state_key(t, new.state, new.seq), id);
-        }
-        Some(_) => {}
+    let seq = new.seq;
+    if old.is_none() {
+        txn.put(keys.id, value::encode(&seq));
     }
-    txn.put(key, bytes);
+    // The state index: moved when the state changes, rewritten always
+    // (it holds the record, or a summary with `updated_at`).
+    if let Some(o) = old
+        && o.state != new.state
+    {
+        txn.delete(by_state_key(t, o.state, seq));
+    }
+    txn.put(by_state_key(t, new.state, seq), state_entry(new, &bytes));
+    if let Some(o) = old
+        && let Some(s) = &o.session_id
+        && o.session_id != new.session_id
+    {
+        txn.delete(by_session_key(t, s, seq));
+    }
+    if let Some(s) = &new.session_id {
+        txn.put(
+            by_session_key(t, s, seq),
+            value::encode(&RunSummary::of(new)),
+        );
+    }
+    let touch = |r: &RunRecord| {
+        (!r.state.is_finished()).then(|| by_touch_key(t, r.state, r.updated_at, seq))
+    };
+    let (was, now) = (old.and_then(touch), touch(new));
+    if was != now {
+        if let Some(k) = was {
+            txn.delete(k);
+        }
+        if let Some(k) = now {
+            txn.put(k, value::encode(&()));
+        }
+    }
+    txn.put(run_key(t, seq), bytes);
     Ok(())
 }
 
@@ -124,33 +259,146 @@ pub(crate) fn write_run(
 pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) -> Result<()> {
     super::budgets::delete_run_holds(txn, old)?;
     let t = &old.key.tenant;
-    txn.delete(run_key(&old.key));
-    txn.delete(by_seq_key(t, old.seq));
+    txn.delete(run_key(t, old.seq));
+    txn.delete(run_id_key(&old.key));
     txn.delete(by_state_key(t, old.state, old.seq));
     if let Some(s) = &old.session_id {
         txn.delete(by_session_key(t, s, old.seq));
     }
+    if !old.state.is_finished() {
+        txn.delete(by_touch_key(t, old.state, old.updated_at, old.seq));
+    }
     Ok(())
 }
 
+/// The most runs a page reads through the touch index (a point read each);
+/// with more matches, the state index's scan answers.
+const TOUCH_READS: usize = 16;
+
+/// The seq at the end of an index key whose prefix is `plen` bytes long.
+fn seq_after(k: &[u8], plen: usize) -> Result<u64> {
+    let b = k
+        .get(plen..plen + 8)
+        .ok_or_else(|| StateError::corrupt("run index key truncated"))?;
+    Ok(u64::from_be_bytes(b.try_into().expect("8 bytes")))
+}
+
 impl KvStore {
-    /// Reads the run an index entry points at, if it still matches.
-    fn indexed_run(&self, q: &StateQuery, seq: u64, id_bytes: &[u8]) -> Result<Option<RunRecord>> {
-        let run_id: String = value::decode(id_bytes, "run index entry")?;
-        let key = RunKey::new(q.tenant.clone(), run_id);
-        let Some(bytes) = self.engine.get(&run_key(&key))? else {
+    /// The run at (tenant, seq), if it is still there and matches `q`.
+    fn run_at_if(&self, q: &StateQuery, seq: u64) -> Result<Option<RunRecord>> {
+        let Some(bytes) = self.engine.get(&run_key(&q.tenant, seq))? else {
             // Deleted between the index read and this one.
             return Ok(None);
         };
-        let r = decode_run(&bytes, &key)?;
-        let matches = r.seq == seq
-            && q.state.is_none_or(|s| s == r.state)
-            && q.session
-                .as_ref()
-                .is_none_or(|s| r.session_id.as_ref() == Some(s))
-            && q.agent.as_ref().is_none_or(|a| &r.agent_name == a)
-            && q.updated_before.is_none_or(|t: Millis| r.updated_at < t);
-        Ok(matches.then_some(r))
+        let r = decode_run_at(&bytes, &q.tenant, seq)?;
+        Ok(run_matches(q, &r).then_some(r))
+    }
+
+    /// A page of an unfinished state's runs last written before `before`,
+    /// from the touch index, when that index holds at most `TOUCH_READS`
+    /// such runs (and so every one after the cursor); `None` (use the state index)
+    /// when there are more. Same order, positions and cursors as the state
+    /// index walk, so the two may answer pages of one walk.
+    fn touched_page(
+        &self,
+        q: &StateQuery,
+        state: RunState,
+        before: Millis,
+        prefix: &[u8],
+        binding: &[u8],
+        page: &PageRequest,
+    ) -> Result<Option<Page<RunRecord>>> {
+        let limit = page.limit;
+        check_limit(limit)?;
+        let end = prefix_end(prefix);
+        let after = match self.cursor_position(Listing::Runs, binding, prefix, &end, page)? {
+            None => 0,
+            Some(pos) => seq_after(&pos, prefix.len())?,
+        };
+        let lo = KeyBuf::table(table::RUN_BY_TOUCH)
+            .str(&q.tenant)
+            .u8(state.tag())
+            .done();
+        let hi = KeyBuf::table(table::RUN_BY_TOUCH)
+            .str(&q.tenant)
+            .u8(state.tag())
+            .u64(before)
+            .done();
+        // A point read per match costs several scanned entries, so the
+        // touch index answers only when matches are few (a reaper's usual
+        // case: none or almost none stale); the bound counts entries behind
+        // the cursor too, so it also ends the scan of a long stale walk.
+        let bound = TOUCH_READS.min(limit + 1);
+        let entries = self.engine.scan(&lo, &hi, bound + 1)?;
+        if entries.len() > bound {
+            return Ok(None);
+        }
+        let mut seqs = entries
+            .iter()
+            .map(|(k, _)| seq_after(k, lo.len() + 8))
+            .collect::<Result<Vec<u64>>>()?;
+        seqs.retain(|&s| s > after);
+        seqs.sort_unstable();
+        seqs.dedup();
+        let mut items = Vec::with_capacity(limit + 1);
+        for seq in seqs {
+            if let Some(r) = self.run_at_if(q, seq)? {
+                items.push(r);
+                if items.len() > limit {
+                    break;
+                }
+            }
+        }
+        let more = items.len() > limit;
+        items.truncate(limit);
+        let cursor = match (more, items.last()) {
+            (true, Some(r)) => Some(self.cursor_at(
+                Listing::Runs,
+                binding,
+                &by_state_key(&q.tenant, state, r.seq),
+            )),
+            _ => None,
+        };
+        Page::new(items, cursor).map(Some)
+    }
+}
+
+impl KvStore {
+    /// A page from a range whose values are the records (the run table,
+    /// an unfinished state's index).
+    fn record_page(
+        &self,
+        q: &StateQuery,
+        prefix: &[u8],
+        binding: &[u8],
+        page: &PageRequest,
+    ) -> Result<Page<RunRecord>> {
+        let end = prefix_end(prefix);
+        let plen = prefix.len();
+        self.scan_page(Listing::Runs, binding, prefix, &end, page, |k, v| {
+            let r = decode_run_at(v, &q.tenant, seq_after(k, plen)?)?;
+            Ok(run_matches(q, &r).then_some(r))
+        })
+    }
+
+    /// A page from a range whose values are summaries (the session index,
+    /// a finished state's index): the record is read only for a match.
+    fn summary_page(
+        &self,
+        q: &StateQuery,
+        prefix: &[u8],
+        binding: &[u8],
+        page: &PageRequest,
+    ) -> Result<Page<RunRecord>> {
+        let end = prefix_end(prefix);
+        let plen = prefix.len();
+        self.scan_page(Listing::Runs, binding, prefix, &end, page, |k, v| {
+            let s: RunSummary = value::decode(v, "run summary")?;
+            if !s.matches(q) {
+                return Ok(None);
+            }
+            self.run_at_if(q, seq_after(k, plen)?)
+        })
     }
 }
 
@@ -166,7 +414,7 @@ impl StateStore for KvStore {
             .as_ref()
             .map(|s| session_key(&SessionKey::new(record.key.tenant.clone(), s.clone())));
         self.submit(move |txn| {
-            let stored = read_run_at(txn, &keys.key, &record.key)?;
+            let stored = read_run_at(txn, &keys.id, &record.key)?;
             check_version(record.version, stored.as_ref().map(|s| s.version))?;
             let new = match &stored {
                 None => {
@@ -209,10 +457,22 @@ impl StateStore for KvStore {
 
     fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
         check_run_key(key)?;
-        self.engine
-            .get(&run_key(key))?
-            .map(|v| decode_run(&v, key))
-            .transpose()
+        let Some(seq) = self.engine.get(&run_id_key(key))? else {
+            return Ok(None);
+        };
+        let seq = decode_seq(&seq)?;
+        // A delete between the two reads leaves no record: not found.
+        let Some(bytes) = self.engine.get(&run_key(&key.tenant, seq))? else {
+            return Ok(None);
+        };
+        let r = decode_run_at(&bytes, &key.tenant, seq)?;
+        if &r.key != key {
+            return Err(StateError::corrupt(format!(
+                "run {}/{} maps to seq {seq}, which holds run {}",
+                key.tenant, key.run_id, r.key.run_id
+            )));
+        }
+        Ok(Some(r))
     }
 
     fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
@@ -222,7 +482,7 @@ impl StateStore for KvStore {
         let max = self.opts.record_bytes_max;
         let keys = RunKeys::of(&key);
         self.submit(move |txn| {
-            let Some(old) = read_run_at(txn, &keys.key, &key)? else {
+            let Some(old) = read_run_at(txn, &keys.id, &key)? else {
                 return Err(StateError::NotFound(Missing::Run(key)));
             };
             let new = patched_run(&old, &delta, now)?;
@@ -247,37 +507,37 @@ impl StateStore for KvStore {
         }
         // The narrowest index that answers the query: a reaper's
         // state query never walks finished runs (L5).
-        let (table_byte, prefix) = match (&q.session, q.state) {
-            (Some(s), _) => (
-                table::RUN_BY_SESSION,
-                KeyBuf::table(table::RUN_BY_SESSION)
-                    .str(&q.tenant)
-                    .str(s)
-                    .done(),
-            ),
-            (None, Some(st)) => (
-                table::RUN_BY_STATE,
-                KeyBuf::table(table::RUN_BY_STATE)
-                    .str(&q.tenant)
-                    .u8(st.tag())
-                    .done(),
-            ),
-            (None, None) => (
-                table::RUN_BY_SEQ,
-                KeyBuf::table(table::RUN_BY_SEQ).str(&q.tenant).done(),
-            ),
-        };
-        debug_assert_eq!(prefix[0], table_byte);
         let binding = crate::codec::cursor::runs_binding(q);
-        let end = prefix_end(&prefix);
-        let plen = prefix.len();
-        self.scan_page(Listing::Runs, &binding, &prefix, &end, page, |k, v| {
-            let seq_bytes = k
-                .get(plen..plen + 8)
-                .ok_or_else(|| StateError::corrupt("run index key truncated"))?;
-            let seq = u64::from_be_bytes(seq_bytes.try_into().expect("8 bytes"));
-            self.indexed_run(q, seq, v)
-        })
+        let t = &q.tenant;
+        match (&q.session, q.state) {
+            (Some(s), _) => {
+                let prefix = KeyBuf::table(table::RUN_BY_SESSION).str(t).str(s).done();
+                self.summary_page(q, &prefix, &binding, page)
+            }
+            (None, Some(st)) if st.is_finished() => {
+                let prefix = KeyBuf::table(table::RUN_BY_STATE)
+                    .str(t)
+                    .u8(st.tag())
+                    .done();
+                self.summary_page(q, &prefix, &binding, page)
+            }
+            (None, Some(st)) => {
+                let prefix = KeyBuf::table(table::RUN_BY_STATE)
+                    .str(t)
+                    .u8(st.tag())
+                    .done();
+                if let Some(before) = q.updated_before
+                    && let Some(p) = self.touched_page(q, st, before, &prefix, &binding, page)?
+                {
+                    return Ok(p);
+                }
+                self.record_page(q, &prefix, &binding, page)
+            }
+            (None, None) => {
+                let prefix = KeyBuf::table(table::RUN).str(t).done();
+                self.record_page(q, &prefix, &binding, page)
+            }
+        }
     }
 
     fn put_session(&self, record: SessionRecord) -> Result<SessionRecord> {

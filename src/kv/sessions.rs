@@ -3,10 +3,10 @@
 
 use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
-use crate::kv::key::{KeyBuf, prefix_end, table};
+use crate::kv::key::{KeyBuf, KeyReader, prefix_end, table};
 use crate::record::{RunKey, SessionKey, SessionRecord};
 
-use super::runs::{delete_run, read_run, session_key};
+use super::runs::{delete_run, read_run_by_seq, session_key};
 use super::{KvStore, check_size};
 use crate::rules::{check_session_key, next_session};
 
@@ -63,11 +63,14 @@ impl KvStore {
                 .done();
             let entries = txn.scan(&prefix, &prefix_end(&prefix), usize::MAX)?;
             let mut runs = Vec::with_capacity(entries.len());
-            for (_, v) in entries {
-                let run_id: String = value::decode(&v, "run index entry")?;
-                let rk = RunKey::new(key.tenant.clone(), run_id);
-                let r = read_run(txn, &rk)?.ok_or_else(|| {
-                    StateError::corrupt(format!("session index names missing run {}", rk.run_id))
+            for (k, _) in entries {
+                let seq = KeyReader::new(&k, table::RUN_BY_SESSION).and_then(|mut r| {
+                    r.str()?;
+                    r.str()?;
+                    r.u64()
+                })?;
+                let r = read_run_by_seq(txn, &key.tenant, seq)?.ok_or_else(|| {
+                    StateError::corrupt(format!("session index names missing run seq {seq}"))
                 })?;
                 runs.push(r);
             }

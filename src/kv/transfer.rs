@@ -16,7 +16,7 @@ use crate::tray::InstanceKey;
 
 use super::KvStore;
 use super::commit::Txn;
-use super::runs::{RunKeys, by_seq_key, read_run, session_key, write_run};
+use super::runs::{RunKeys, by_state_key, read_run, run_key, session_key, write_run};
 use super::trays::{alarm_due_key, alarm_key, epoch_key, read_tray_key, tray_key};
 
 /// Entries an import stages (and later publishes) per atomic group.
@@ -256,7 +256,7 @@ impl KvStore {
                                 actual: s.version,
                             });
                         }
-                        if txn.get(&by_seq_key(&r.key.tenant, r.seq))?.is_some() {
+                        if txn.get(&run_key(&r.key.tenant, r.seq))?.is_some() {
                             return Err(StateError::invalid(format!(
                                 "run {}: seq {} is already used in tenant {}",
                                 r.key.run_id, r.seq, r.key.tenant
@@ -309,7 +309,7 @@ impl KvStore {
         self.submit(move |txn| {
             let r = read_run(txn, &key)?
                 .ok_or_else(|| StateError::NotFound(crate::error::Missing::Run(key.clone())))?;
-            txn.delete(by_seq_key(&key.tenant, r.seq));
+            txn.delete(by_state_key(&key.tenant, r.state, r.seq));
             Ok(())
         })
     }

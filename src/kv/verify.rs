@@ -1,16 +1,15 @@
 //! Whole-store checks and counts: `verify` walks every record and index
 //! entry and reports what disagrees; `stats` counts; `prune` is retention.
 
-use std::collections::HashSet;
-
 use crate::codec::value;
 use crate::error::{Result, StateError};
 use crate::kv::key::{KeyBuf, KeyReader, meta, prefix_end, successor, table};
-use crate::record::{Millis, RunKey, RunRecord, RunState, SessionRecord};
+use crate::record::{Millis, RunRecord, RunState, SessionRecord};
 use crate::tray::{InstanceKey, Tray};
 
 use super::runs::{
-    by_seq_key, by_session_key, by_state_key, decode_run, delete_run, read_run, run_key,
+    RunSummary, by_session_key, by_state_key, by_touch_key, decode_run_at, decode_seq, delete_run,
+    read_run_by_seq, run_id_key, run_key, state_entry,
 };
 use super::trays::{alarm_due_key, alarm_key, marked_env_key, marked_key, read_tray_key, tray_key};
 use super::{KvStore, check_id};
@@ -57,104 +56,8 @@ impl KvStore {
         }
         let mut problems = Vec::new();
         let mut p = |s: String| problems.push(s);
-        let mut seqs = HashSet::new();
         let mut entries = 0u64;
-        self.walk(table::RUN, |k, v| {
-            entries += 1;
-            rep.runs += 1;
-            let key = match KeyReader::new(k, table::RUN)
-                .and_then(|mut r| Ok(RunKey::new(r.str()?, r.str()?)))
-            {
-                Ok(key) => key,
-                Err(e) => {
-                    p(format!("run key undecodable: {e}"));
-                    return Ok(());
-                }
-            };
-            let r = match decode_run(v, &key) {
-                Ok(r) => r,
-                Err(e) => {
-                    p(format!("run {}/{}: {e}", key.tenant, key.run_id));
-                    return Ok(());
-                }
-            };
-            if r.seq == 0 || r.seq >= next_seq {
-                p(format!(
-                    "run {}/{}: seq {} outside 1..{next_seq}",
-                    key.tenant, key.run_id, r.seq
-                ));
-            }
-            // Listings order a tenant's runs by seq: it must be unique
-            // within the tenant.
-            if !seqs.insert((key.tenant.clone(), r.seq)) {
-                p(format!(
-                    "run {}/{}: seq {} used twice",
-                    key.tenant, key.run_id, r.seq
-                ));
-            }
-            let id = value::encode(&r.key.run_id);
-            let t = &key.tenant;
-            let mut want = vec![
-                ("seq", by_seq_key(t, r.seq)),
-                ("state", by_state_key(t, r.state, r.seq)),
-            ];
-            if let Some(s) = &r.session_id {
-                want.push(("session", by_session_key(t, s, r.seq)));
-            }
-            for (what, ik) in want {
-                if self.engine.get(&ik)?.as_deref() != Some(id.as_slice()) {
-                    p(format!(
-                        "run {}/{}: {what} index entry missing or wrong",
-                        key.tenant, key.run_id
-                    ));
-                }
-            }
-            Ok(())
-        })?;
-        for tb in [
-            table::RUN_BY_SEQ,
-            table::RUN_BY_STATE,
-            table::RUN_BY_SESSION,
-        ] {
-            self.walk(tb, |k, v| {
-                entries += 1;
-                let check = || -> Result<bool> {
-                    let mut r = KeyReader::new(k, tb)?;
-                    let tenant = r.str()?;
-                    let state = if tb == table::RUN_BY_STATE {
-                        Some(r.u8()?)
-                    } else {
-                        None
-                    };
-                    let session = if tb == table::RUN_BY_SESSION {
-                        Some(r.str()?)
-                    } else {
-                        None
-                    };
-                    let seq = r.u64()?;
-                    r.end()?;
-                    let run_id: String = value::decode(v, "run index entry")?;
-                    let Some(bytes) = self
-                        .engine
-                        .get(&run_key(&RunKey::new(tenant.clone(), run_id.clone())))?
-                    else {
-                        return Ok(false);
-                    };
-                    let run = decode_run(&bytes, &RunKey::new(tenant, run_id))?;
-                    Ok(run.seq == seq
-                        && state.is_none_or(|s| s == run.state.tag())
-                        && session.is_none_or(|s| run.session_id.as_deref() == Some(s.as_str())))
-                };
-                match check() {
-                    Ok(true) => {}
-                    Ok(false) => p(format!(
-                        "index entry (table {tb:#04x}) points at no matching run"
-                    )),
-                    Err(e) => p(format!("index entry (table {tb:#04x}): {e}")),
-                }
-                Ok(())
-            })?;
-        }
+        rep.runs = self.verify_runs(next_seq, &mut entries, &mut p)?;
         self.walk(table::SESSION, |_, v| {
             entries += 1;
             rep.sessions += 1;
@@ -345,15 +248,20 @@ impl KvStore {
                 let chunk = self.engine.scan(&start, &hi, 256)?;
                 let Some((last, _)) = chunk.last() else { break };
                 start = successor(last);
-                let mut keys = Vec::new();
-                for (_, v) in &chunk {
-                    let run_id: String = value::decode(v, "run index entry")?;
-                    keys.push(RunKey::new(tenant, run_id));
-                }
+                let plen = prefix.len();
+                let seqs = chunk
+                    .iter()
+                    .map(|(k, _)| {
+                        k.get(plen..plen + 8)
+                            .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
+                            .ok_or_else(|| StateError::corrupt("run index key truncated"))
+                    })
+                    .collect::<Result<Vec<u64>>>()?;
+                let tenant = tenant.to_string();
                 let n = self.submit(move |txn| {
                     let mut n = 0u64;
-                    for k in keys {
-                        let Some(r): Option<RunRecord> = read_run(txn, &k)? else {
+                    for seq in seqs {
+                        let Some(r): Option<RunRecord> = read_run_by_seq(txn, &tenant, seq)? else {
                             continue;
                         };
                         if r.state.is_finished() && r.updated_at < finished_before {
@@ -370,5 +278,148 @@ impl KvStore {
             }
         }
         Ok(deleted)
+    }
+}
+
+/// Which run index a key belongs to, for `verify_runs`' messages.
+fn index_name(tb: u8) -> &'static str {
+    match tb {
+        table::RUN_ID => "run id map",
+        table::RUN_BY_STATE => "state index",
+        table::RUN_BY_SESSION => "session index",
+        _ => "touch index",
+    }
+}
+
+impl KvStore {
+    /// `verify`'s run checks: every record decodes under its (tenant, seq)
+    /// and has exactly its id-map, state, session and touch entries, with
+    /// the values they must hold (the state index's copy or summary, the
+    /// session index's summary); every index entry points at a run that
+    /// has it.
+    fn verify_runs(
+        &self,
+        next_seq: u64,
+        entries: &mut u64,
+        p: &mut impl FnMut(String),
+    ) -> Result<u64> {
+        let mut runs = 0u64;
+        self.walk(table::RUN, |k, v| {
+            *entries += 1;
+            runs += 1;
+            let (tenant, seq) = match KeyReader::new(k, table::RUN).and_then(|mut r| {
+                let t = r.str()?;
+                let seq = r.u64()?;
+                r.end()?;
+                Ok((t, seq))
+            }) {
+                Ok(at) => at,
+                Err(e) => {
+                    p(format!("run key undecodable: {e}"));
+                    return Ok(());
+                }
+            };
+            let r = match decode_run_at(v, &tenant, seq) {
+                Ok(r) => r,
+                Err(e) => {
+                    p(format!("run at {tenant}/seq {seq}: {e}"));
+                    return Ok(());
+                }
+            };
+            let name = format!("run {}/{}", tenant, r.key.run_id);
+            if seq == 0 || seq >= next_seq {
+                p(format!("{name}: seq {seq} outside 1..{next_seq}"));
+            }
+            let summary = value::encode(&RunSummary::of(&r));
+            let mut want = vec![
+                ("run id map", run_id_key(&r.key), value::encode(&seq)),
+                (
+                    "state index",
+                    by_state_key(&tenant, r.state, seq),
+                    state_entry(&r, v),
+                ),
+            ];
+            if let Some(s) = &r.session_id {
+                want.push(("session index", by_session_key(&tenant, s, seq), summary));
+            }
+            if !r.state.is_finished() {
+                want.push((
+                    "touch index",
+                    by_touch_key(&tenant, r.state, r.updated_at, seq),
+                    value::encode(&()),
+                ));
+            }
+            for (what, ik, iv) in want {
+                match self.engine.get(&ik)? {
+                    None => p(format!("{name}: {what} entry missing")),
+                    Some(got) if got != iv => p(format!("{name}: {what} entry wrong")),
+                    Some(_) => {}
+                }
+            }
+            Ok(())
+        })?;
+        let mut ids = 0u64;
+        for tb in [
+            table::RUN_ID,
+            table::RUN_BY_STATE,
+            table::RUN_BY_SESSION,
+            table::RUN_BY_TOUCH,
+        ] {
+            self.walk(tb, |k, v| {
+                *entries += 1;
+                let check = || -> Result<bool> {
+                    let mut r = KeyReader::new(k, tb)?;
+                    let tenant = r.str()?;
+                    let (mut state, mut session, mut touched, mut run_id) =
+                        (None, None, None, None);
+                    let seq = match tb {
+                        table::RUN_ID => {
+                            run_id = Some(r.str()?);
+                            decode_seq(v)?
+                        }
+                        table::RUN_BY_STATE => {
+                            state = Some(r.u8()?);
+                            r.u64()?
+                        }
+                        table::RUN_BY_SESSION => {
+                            session = Some(r.str()?);
+                            r.u64()?
+                        }
+                        _ => {
+                            state = Some(r.u8()?);
+                            touched = Some(r.u64()?);
+                            r.u64()?
+                        }
+                    };
+                    r.end()?;
+                    let Some(bytes) = self.engine.get(&run_key(&tenant, seq))? else {
+                        return Ok(false);
+                    };
+                    let run = decode_run_at(&bytes, &tenant, seq)?;
+                    Ok(run_id.is_none_or(|id| id == run.key.run_id)
+                        && state.is_none_or(|s| s == run.state.tag())
+                        && session.is_none_or(|s| run.session_id.as_deref() == Some(s.as_str()))
+                        && touched.is_none_or(|t| t == run.updated_at && !run.state.is_finished()))
+                };
+                if tb == table::RUN_ID {
+                    ids += 1;
+                }
+                match check() {
+                    Ok(true) => {}
+                    Ok(false) => p(format!(
+                        "{} entry (table {tb:#04x}) points at no matching run",
+                        index_name(tb)
+                    )),
+                    Err(e) => p(format!("{} entry (table {tb:#04x}): {e}", index_name(tb))),
+                }
+                Ok(())
+            })?;
+        }
+        // Each run has its one id entry (checked above), so a count that
+        // differs means two ids map to one record.
+        if ids != runs {
+            p(format!("{ids} run id map entries for {runs} runs"));
+        }
+        Ok(runs)
     }
 }

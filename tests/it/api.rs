@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
+use agentstate::Clock as _;
 use agentstate::{
     Cursor, Durability, Entry, FileStore, InstanceKey, MemoryStore, Missing, Options, Page,
     PageRequest, Pages, RetryPolicy, RunKey, RunRecord, RunState, SessionKey, SessionRecord,
@@ -673,6 +674,156 @@ fn both_backends_work_as_arc_dyn_store_across_threads() {
         }
         assert_eq!(by_tenant["beta"], 1);
     }
+}
+
+// ---------------------------------------------------------------------------
+// A reaper's query on the key-value stores: `state(unfinished)` with
+// `updated_before` is answered from the touch index when every match fits
+// in one bounded read, and from the state index otherwise; both answer the
+// same pages, also while the walk's runs are rewritten.
+
+fn stale_walks(store: &dyn Store, clock: &agentstate::ManualClock) {
+    let t = "reaper";
+    // 300 runs: every 3rd running (100), the rest completed; the first 150
+    // written at T0, the rest at T1.
+    let t1 = clock.now_millis() + 1_000_000;
+    let mut running = Vec::new();
+    for i in 0..300u32 {
+        if i == 150 {
+            clock.set(t1);
+        }
+        let mut r = RunRecord::new(RunKey::new(t, format!("r{i:03}")), "agent");
+        r.state = if i % 3 == 0 {
+            RunState::Running
+        } else {
+            RunState::Completed
+        };
+        let r = store.put_run(r).unwrap();
+        clock.advance(1);
+        if r.state == RunState::Running {
+            running.push(r);
+        }
+    }
+    clock.set(t1 + 1_000);
+    let q = StateQuery::new(t)
+        .state(RunState::Running)
+        .updated_before(t1);
+    let stale: Vec<&RunRecord> = running.iter().filter(|r| r.updated_at < t1).collect();
+    assert_eq!(stale.len(), 50);
+    // Limits below, at and above the number of matches (the state index
+    // answers: more than 16 are stale).
+    for limit in [1, 7, 48, 49, 50, 51, 100, 1000] {
+        let got: Vec<RunRecord> = store
+            .iter_runs(&q)
+            .page_size(limit)
+            .collect::<agentstate::Result<_>>()
+            .unwrap();
+        assert_eq!(got.iter().collect::<Vec<_>>(), stale, "limit {limit}");
+    }
+    // A moment with 10 stale runs: the touch index answers (16 at most),
+    // at limits below, at and above 10.
+    let ten = stale[9].updated_at;
+    let few: Vec<&RunRecord> = running.iter().filter(|r| r.updated_at <= ten).collect();
+    assert!(!few.is_empty() && few.len() <= 16, "{}", few.len());
+    let q_few = StateQuery::new(t)
+        .state(RunState::Running)
+        .updated_before(ten + 1);
+    for limit in [1, 3, few.len() - 1, few.len(), few.len() + 1, 100] {
+        let got: Vec<RunRecord> = store
+            .iter_runs(&q_few)
+            .page_size(limit.max(1))
+            .collect::<agentstate::Result<_>>()
+            .unwrap();
+        assert_eq!(got.iter().collect::<Vec<_>>(), few, "limit {limit}");
+    }
+    // No match at all: one empty page without a cursor.
+    let none = store
+        .list_runs(
+            &StateQuery::new(t)
+                .state(RunState::Running)
+                .updated_before(1),
+            &PageRequest::new(10),
+        )
+        .unwrap();
+    assert!(none.items().is_empty() && none.cursor().is_none());
+
+    // A walk while runs change under it: after every page, one stale run
+    // ahead of the cursor and one behind it are rewritten (no longer
+    // stale), and one fresh run ahead becomes completed. Every run that
+    // stayed stale for the whole walk is seen exactly once, in seq order,
+    // and nothing that did not match when read.
+    let mut clock_at = t1 + 2_000;
+    for (q, before, limit) in [
+        (&q, t1, 4),
+        (&q, t1, 60),
+        (&q_few, ten + 1, 2),
+        (&q_few, ten + 1, 60),
+    ] {
+        let stale_now: Vec<RunRecord> = store
+            .iter_runs(q)
+            .collect::<agentstate::Result<_>>()
+            .unwrap();
+        let mut touched = std::collections::HashSet::new();
+        let mut seen = Vec::new();
+        let mut page = PageRequest::new(limit);
+        loop {
+            let got = store.list_runs(q, &page).unwrap();
+            let (items, cursor) = got.into_parts();
+            for r in &items {
+                assert!(
+                    r.state == RunState::Running && r.updated_at < before,
+                    "{r:?}"
+                );
+            }
+            let last = items.last().map(|r| r.seq).unwrap_or(0);
+            seen.extend(items);
+            let Some(c) = cursor else { break };
+            clock.set(clock_at);
+            clock_at += 1;
+            let ahead = stale_now
+                .iter()
+                .find(|r| r.seq > last && !touched.contains(&r.key));
+            let behind = stale_now
+                .iter()
+                .find(|r| r.seq <= last && !touched.contains(&r.key));
+            for r in [ahead, behind].into_iter().flatten() {
+                touched.insert(r.key.clone());
+                store.update_run(&r.key, |_| Ok(())).unwrap();
+            }
+            page = page.with_cursor(Some(c));
+        }
+        let seqs: Vec<u64> = seen.iter().map(|r| r.seq).collect();
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "limit {limit}: {seqs:?}"
+        );
+        for r in stale_now.iter().filter(|r| !touched.contains(&r.key)) {
+            assert!(
+                seen.iter().any(|s| s.key == r.key),
+                "limit {limit}: {} missed",
+                r.key.run_id
+            );
+        }
+        // The next round starts from what is stale now.
+        let _ = seen;
+    }
+}
+
+#[test]
+fn stale_running_walks_agree_on_memory_and_file() {
+    let clock = Arc::new(agentstate::ManualClock::new(1_700_000_000_000));
+    let mem = MemoryStore::with_options(Options::new().clock(clock.clone()));
+    stale_walks(&mem, &clock);
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(agentstate::ManualClock::new(1_700_000_000_000));
+    let file = FileStore::open_with(
+        dir.path().join("f"),
+        Options::new()
+            .durability(Durability::Buffered)
+            .clock(clock.clone()),
+    )
+    .unwrap();
+    stale_walks(&file, &clock);
 }
 
 // ---------------------------------------------------------------------------

@@ -600,7 +600,7 @@ fn cli_stats_and_verify() {
 
 #[test]
 fn cli_verify_exits_1_on_an_inconsistent_store() {
-    // A run whose seq index entry is gone: the store's own writes never
+    // A run whose state index entry is gone: the store's own writes never
     // leave one, so the test makes it through a hook kept for this.
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("db");
@@ -614,7 +614,7 @@ fn cli_verify_exits_1_on_an_inconsistent_store() {
     let r = cli(&["verify", "--db", p(&db)]);
     assert_eq!(r.code, 1, "{}", r.stdout);
     assert!(
-        r.stdout.contains("problem: ") && r.stdout.contains("seq index entry missing"),
+        r.stdout.contains("problem: ") && r.stdout.contains("state index entry missing"),
         "{}",
         r.stdout
     );
@@ -1529,4 +1529,33 @@ fn cli_copy_budgets_and_holds_file_to_redis_and_back() {
         2
     );
     assert_eq!(a, b, "file → redis → file keeps every entry, in order");
+}
+
+#[test]
+fn cli_upgrades_a_format_1_store_once_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("old");
+    std::fs::create_dir_all(&db).unwrap();
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1");
+    let status = std::process::Command::new("cp")
+        .args(["-a", &format!("{}/.", golden.display()), p(&db)])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let r = cli(&["verify", "--db", p(&db)]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("upgrading") && r.stderr.contains("(7 runs; once, crash-safe)"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("upgraded") && r.stderr.contains(": 7 runs in "),
+        "{}",
+        r.stderr
+    );
+    // Once: the next command opens it as it is.
+    let r = cli(&["verify", "--db", p(&db)]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(!r.stderr.contains("upgrad"), "{}", r.stderr);
 }

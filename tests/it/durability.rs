@@ -457,12 +457,42 @@ fn fixture_session() -> SessionRecord {
 
 #[test]
 fn d4_golden_fixture_v1_opens_and_reads_exactly() {
-    let golden = fixture_v1();
+    golden_fixture_opens_and_reads_exactly("v1");
+}
+
+/// The fixture `make_fixtures` writes in this release's layout (format 2).
+#[test]
+fn d4_golden_fixture_v2_opens_and_reads_exactly() {
+    golden_fixture_opens_and_reads_exactly("v2");
+}
+
+fn golden_fixture_opens_and_reads_exactly(name: &str) {
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
     let before = snapshot(&golden);
     let tmp = tempfile::tempdir().unwrap();
-    let path = tmp.path().join("v1");
+    let path = tmp.path().join(name);
     copy_dir(&golden, &path);
-    let store = FileStore::open(&path).unwrap();
+    let upgraded = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = upgraded.clone();
+    let store = FileStore::open_with(
+        &path,
+        Options::new().on_upgrade(move |p| seen.lock().unwrap().push((p.done, p.total))),
+    )
+    .unwrap();
+    // A format-1 store is upgraded once, at its first open, with its
+    // progress reported; a format-2 one is not touched.
+    let progress = upgraded.lock().unwrap().clone();
+    if name == "v1" {
+        assert_eq!(progress, [(0, 7), (7, 7)]);
+    } else {
+        assert!(progress.is_empty(), "{progress:?}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(path.join("AGENTSTATE")).unwrap(),
+        "agentstate store format 2\n"
+    );
 
     // Every run, by key, exactly.
     let runs = fixture_runs();
@@ -581,13 +611,20 @@ fn d4_golden_fixture_v1_opens_and_reads_exactly() {
     let report = store.verify().unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
 
-    // A v1 store takes new writes, and they survive a reopen.
+    // The store takes new writes, and they survive a reopen.
     let r = store
         .put_run(RunRecord::new(RunKey::new("acme", "r_new"), "planner"))
         .unwrap();
     assert_eq!(r.seq, 8, "seq continues after the fixture's");
     drop(store);
-    let store = FileStore::open(&path).unwrap();
+    let upgraded_again = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let again = upgraded_again.clone();
+    let store = FileStore::open_with(
+        &path,
+        Options::new().on_upgrade(move |_| again.store(true, Ordering::SeqCst)),
+    )
+    .unwrap();
+    assert!(!upgraded_again.load(Ordering::SeqCst), "upgraded twice");
     assert_eq!(store.get_run(&r.key).unwrap(), Some(r));
     drop(store);
 
@@ -602,7 +639,7 @@ fn d4_a_newer_format_is_refused_and_no_file_is_touched() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("v2");
     copy_dir(&fixture_v1(), &path);
-    std::fs::write(path.join("AGENTSTATE"), "agentstate store format 2\n").unwrap();
+    std::fs::write(path.join("AGENTSTATE"), "agentstate store format 3\n").unwrap();
     let before = snapshot(&path);
     let mtimes: Vec<_> = before
         .keys()
@@ -611,10 +648,10 @@ fn d4_a_newer_format_is_refused_and_no_file_is_touched() {
     for opts in [Options::new(), Options::new().salvage(true)] {
         match FileStore::open_with(&path, opts) {
             Err(StateError::UnsupportedFormat {
-                found: 2,
-                supported: 1,
+                found: 3,
+                supported: 2,
             }) => {}
-            other => panic!("a format-2 store must be refused: {other:?}"),
+            other => panic!("a format-3 store must be refused: {other:?}"),
         }
     }
     let after = snapshot(&path);
@@ -645,6 +682,203 @@ fn d4_a_newer_format_is_refused_and_no_file_is_touched() {
     // A value whose own version byte is newer is refused by the codec
     // (unit test `newer_version_is_refused_by_name` in src/codec/value.rs):
     // no public API writes one.
+}
+
+/// `n` runs as release 0.1 could have left them: three tenants, every
+/// state, some in a session, some mid tool call, versions and times set.
+fn format1_runs(n: u64) -> Vec<RunRecord> {
+    (0..n)
+        .map(|i| {
+            let tenant = ["acme", "globex", "initech"][(i % 3) as usize];
+            let mut r = run_rec(
+                tenant,
+                &format!("run-{i:06}"),
+                ["planner", "coder"][(i % 2) as usize],
+            );
+            r.state = RunState::ALL[(i % 7) as usize];
+            r.seq = i + 1;
+            r.version = 1 + i % 4;
+            r.created_at = at(i);
+            r.updated_at = at(i + i % 5);
+            r.cost_micros = i * 7;
+            if tenant == "acme" && i % 4 == 0 {
+                r.session_id = Some("s1".into());
+            }
+            if i % 9 == 0 {
+                r.pending_tool_calls = vec![ToolCall {
+                    id: format!("call_{i}"),
+                    name: "search".into(),
+                    arguments: format!(r#"{{"q":"item {i}"}}"#),
+                }];
+            }
+            r
+        })
+        .collect()
+}
+
+/// Child entry point of the upgrade kills: opens (and so upgrades) the
+/// store at `$AGENTSTATE_CRASH_CHILD`, saying each step of the progress
+/// (`phase opened` here means: the upgrade has begun).
+#[test]
+fn d4_upgrade_child_entry() {
+    let Ok(path) = std::env::var(crash::CHILD_ENV) else {
+        return;
+    };
+    let store = FileStore::open_with(
+        &path,
+        Options::new().on_upgrade(|p| {
+            static BEGAN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+            let began = BEGAN.get_or_init(Instant::now);
+            let mut out = std::io::stdout().lock();
+            if p.done == 0 {
+                writeln!(out, "phase opened").unwrap();
+            }
+            writeln!(out, "progress {} {}", p.done, p.total).unwrap();
+            writeln!(out, "at {}", began.elapsed().as_micros()).unwrap();
+            out.flush().unwrap();
+        }),
+    )
+    .unwrap();
+    println!("phase done");
+    drop(store);
+    std::process::exit(0);
+}
+
+/// Checks that the store at `path` holds exactly `runs` (and the session),
+/// by key and in every listing, and verifies.
+fn assert_holds_exactly(path: &Path, runs: &[RunRecord], what: &str) {
+    let store = FileStore::open(path).unwrap_or_else(|e| panic!("{what}: {e}"));
+    for want in runs {
+        assert_eq!(
+            store.get_run(&want.key).unwrap().as_ref(),
+            Some(want),
+            "{what}: {}",
+            want.key.run_id
+        );
+    }
+    for tenant in ["acme", "globex", "initech"] {
+        for q in [
+            StateQuery::new(tenant),
+            StateQuery::new(tenant).state(RunState::Running),
+            StateQuery::new(tenant).state(RunState::Completed),
+            StateQuery::new(tenant).session("s1"),
+            StateQuery::new(tenant)
+                .state(RunState::Paused)
+                .updated_before(at(runs.len() as u64 / 2)),
+        ] {
+            let got: Vec<RunRecord> = store
+                .iter_runs(&q)
+                .page_size(97)
+                .collect::<agentstate::Result<_>>()
+                .unwrap();
+            let want: Vec<&RunRecord> = runs
+                .iter()
+                .filter(|r| {
+                    r.key.tenant == tenant
+                        && q.state.is_none_or(|s| s == r.state)
+                        && q.session
+                            .as_ref()
+                            .is_none_or(|s| r.session_id.as_ref() == Some(s))
+                        && q.updated_before.is_none_or(|t| r.updated_at < t)
+                })
+                .collect();
+            assert_eq!(got.iter().collect::<Vec<_>>(), want, "{what}: {q:?}");
+        }
+    }
+    let report = store.verify().unwrap();
+    assert!(report.is_ok(), "{what}: {:?}", report.problems);
+    assert_eq!(report.runs, runs.len() as u64, "{what}");
+}
+
+/// D4: the upgrade of a format-1 store killed at any moment leaves a store
+/// that opens (as format 1, or as format 2 once the upgrade goes on) with
+/// every record exactly as it was; never one that opens as neither.
+#[test]
+fn d4_an_upgrade_killed_at_any_moment_leaves_every_record() {
+    let n = env_u64("AGENTSTATE_D4_UPGRADE_RUNS", 4000);
+    let kills = env_u64("AGENTSTATE_D4_UPGRADE_KILLS", 12);
+    let tmp = tempfile::tempdir().unwrap();
+    let golden = tmp.path().join("golden");
+    {
+        let store = FileStore::open(&golden).unwrap();
+        store
+            .put_session(SessionRecord::new(SessionKey::new("acme", "s1")))
+            .unwrap();
+    }
+    let runs = format1_runs(n);
+    FileStore::__write_format1_for_tests(&golden, &runs).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(golden.join("AGENTSTATE")).unwrap(),
+        "agentstate store format 1\n"
+    );
+
+    // One whole upgrade in a child: how long it takes, what it says.
+    let whole = tmp.path().join("whole");
+    copy_dir(&golden, &whole);
+    let (out, exited) = crash::run_child(
+        &|| self_command("durability::d4_upgrade_child_entry"),
+        &whole.display().to_string(),
+        crash::KillAt::Start(Duration::from_secs(600)),
+    )
+    .unwrap();
+    // From the upgrade's start to its last step.
+    let took = Duration::from_micros(
+        out.lines
+            .iter()
+            .rev()
+            .find_map(|l| l.strip_prefix("at ")?.parse().ok())
+            .expect("the child timed its upgrade"),
+    );
+    assert!(exited, "the upgrade child did not finish: {:?}", out.lines);
+    let steps: Vec<&String> = out
+        .lines
+        .iter()
+        .filter(|l| l.starts_with("progress "))
+        .collect();
+    assert_eq!(
+        steps.first().map(|s| s.as_str()),
+        Some(format!("progress 0 {n}").as_str())
+    );
+    assert_eq!(
+        steps.last().map(|s| s.as_str()),
+        Some(format!("progress {n} {n}").as_str())
+    );
+    assert!(steps.len() as u64 > n.div_ceil(1000), "{steps:?}");
+    assert_holds_exactly(&whole, &runs, "after a whole upgrade");
+
+    let mut rng = crash::Rng::new(env_u64("AGENTSTATE_CRASH_SEED", 7));
+    let (mut before, mut during, mut after) = (0, 0, 0);
+    for i in 0..kills {
+        let path = tmp.path().join(format!("k{i}"));
+        copy_dir(&golden, &path);
+        let delay = Duration::from_micros(rng.below(took.as_micros() as u64 + 1));
+        let (out, _) = crash::run_child(
+            &|| self_command("durability::d4_upgrade_child_entry"),
+            &path.display().to_string(),
+            crash::KillAt::Opened(delay),
+        )
+        .unwrap();
+        let last = out.lines.iter().rev().find(|l| l.starts_with("progress "));
+        match last.map(|l| l.as_str()) {
+            None => before += 1,
+            Some(l) if l == format!("progress {n} {n}") => after += 1,
+            Some(l) if l == format!("progress 0 {n}") => before += 1,
+            _ => during += 1,
+        }
+        let marker = std::fs::read_to_string(path.join("AGENTSTATE")).unwrap();
+        assert!(
+            marker == "agentstate store format 1\n" || marker == "agentstate store format 2\n",
+            "kill {i} at {delay:?}: marker {marker:?}"
+        );
+        assert_holds_exactly(&path, &runs, &format!("kill {i} at {delay:?}"));
+    }
+    eprintln!(
+        "d4 upgrade: {n} runs upgraded in {took:?}; {kills} kills: {before} before its first batch, {during} during, {after} after its last"
+    );
+    assert!(
+        during > 0,
+        "no kill landed during the upgrade; raise AGENTSTATE_D4_UPGRADE_KILLS"
+    );
 }
 
 // ---------------------------------------------------------------------------
