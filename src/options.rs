@@ -67,7 +67,17 @@ pub struct Options {
     pub(crate) salvage: bool,
     pub(crate) create_parents: bool,
     pub(crate) engine: FileEngine,
+    pub(crate) cache_bytes: u64,
+    pub(crate) write_buffer_bytes: u64,
+    pub(crate) flush_at_close: bool,
 }
+
+/// The block cache's default size (fjall engine): 16 MiB.
+pub const CACHE_BYTES_DEFAULT: u64 = 16 << 20;
+/// The write buffer's default size (fjall engine): 16 MiB.
+pub const WRITE_BUFFER_BYTES_DEFAULT: u64 = 16 << 20;
+/// The smallest write buffer `Options::write_buffer_bytes` accepts: 4 MiB.
+pub const WRITE_BUFFER_BYTES_MIN: u64 = 4 << 20;
 
 impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -77,6 +87,9 @@ impl std::fmt::Debug for Options {
             .field("salvage", &self.salvage)
             .field("create_parents", &self.create_parents)
             .field("engine", &self.engine)
+            .field("cache_bytes", &self.cache_bytes)
+            .field("write_buffer_bytes", &self.write_buffer_bytes)
+            .field("flush_at_close", &self.flush_at_close)
             .finish_non_exhaustive()
     }
 }
@@ -91,13 +104,17 @@ impl Default for Options {
             salvage: false,
             create_parents: false,
             engine: FileEngine::Fjall,
+            cache_bytes: CACHE_BYTES_DEFAULT,
+            write_buffer_bytes: WRITE_BUFFER_BYTES_DEFAULT,
+            flush_at_close: true,
         }
     }
 }
 
 impl Options {
     /// System clock, 1 MiB records, default scrubber, `Durability::Immediate`,
-    /// the fjall engine.
+    /// the fjall engine with a 16 MiB block cache and a 16 MiB write
+    /// buffer, flushed at a clean close.
     pub fn new() -> Self {
         Self::default()
     }
@@ -141,5 +158,47 @@ impl Options {
     pub fn engine(mut self, engine: FileEngine) -> Self {
         self.engine = engine;
         self
+    }
+    /// The block cache of a file store (fjall engine; sled ignores it):
+    /// table blocks kept in memory after a read, so the next read of them
+    /// costs no disk access or decoding. Default
+    /// [`CACHE_BYTES_DEFAULT`] (16 MiB). A bigger cache helps stores whose
+    /// hot runs do not fit; it never grows past this.
+    pub fn cache_bytes(mut self, bytes: u64) -> Self {
+        self.cache_bytes = bytes;
+        self
+    }
+    /// The most memory writes not yet flushed into a table may hold (fjall
+    /// engine; sled ignores it): the active memtable and the sealed ones
+    /// waiting for their flush, together. One memtable is a fifth of it
+    /// (fjall makes writers wait while four wait for their flush). Default
+    /// [`WRITE_BUFFER_BYTES_DEFAULT`] (16 MiB), at least
+    /// [`WRITE_BUFFER_BYTES_MIN`] (4 MiB). Smaller means less memory and
+    /// more, smaller table files (more compaction work).
+    pub fn write_buffer_bytes(mut self, bytes: u64) -> Self {
+        self.write_buffer_bytes = bytes.max(WRITE_BUFFER_BYTES_MIN);
+        self
+    }
+    /// Whether a clean close (the last handle dropped, every write synced)
+    /// flushes the memtables into tables and removes the journal they made
+    /// redundant, so the next open has no journal to replay (fjall engine;
+    /// sled ignores it). Default `true`: the close then takes one flush
+    /// (tens of milliseconds for a full memtable), and the next open
+    /// milliseconds instead of a replay of up to 64 MB of journal. `false`
+    /// closes at once and leaves the journal for the next open. A close
+    /// after a failed write, or whose flush fails, leaves the journal as it
+    /// is either way.
+    pub fn flush_at_close(mut self, flush: bool) -> Self {
+        self.flush_at_close = flush;
+        self
+    }
+
+    /// What the fjall engine is opened with.
+    pub(crate) fn tuning(&self) -> crate::kv::engine::file::Tuning {
+        crate::kv::engine::file::Tuning {
+            cache_bytes: self.cache_bytes,
+            write_buffer_bytes: self.write_buffer_bytes,
+            flush_at_close: self.flush_at_close,
+        }
     }
 }
