@@ -10,7 +10,9 @@
 //! parent
 //!
 //! 1. runs a child that creates N runs with `Durability::Buffered` from 8
-//!    threads and closes the store (`clean`);
+//!    threads, walks them all with pages of 1000 (its peak RSS, `VmHWM`,
+//!    is `rss_mib_1m` of `benches/compare.rs` at N = 1M) and closes the
+//!    store (`clean`);
 //! 2. opens that store `--opens` times, each in a fresh child process that
 //!    times `FileStore::open_with` and one `get_run` (`open_ms`, `read_ms`);
 //! 3. runs a child that loads another N runs into a second store and is
@@ -21,7 +23,7 @@
 //! The lines it prints:
 //!
 //! ```text
-//! PROBE load n=N clean=true load_s=… hwm_mib=… journal_mib=…
+//! PROBE load n=N clean=true load_s=… walk_s=… close_s=… hwm_load_mib=… hwm_mib=… journal_mib=…
 //! PROBE open case=clean i=0 open_ms=… read_ms=… total_ms=… hwm_mib=… journal_mib=…
 //! PROBE summary case=clean median_ms=… first_ms=… …
 //! ```
@@ -38,7 +40,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agentstate::{
-    Durability, FileStore, Options, RunKey, RunRecord, RunState, StateStore, ToolCall,
+    Durability, FileStore, Options, PageRequest, RunKey, RunRecord, RunState, StateQuery,
+    StateStore, ToolCall,
 };
 
 /// `MODE:N:DIR` with MODE `load-close`, `load-kill` or `open`.
@@ -77,8 +80,23 @@ fn record(i: u64) -> RunRecord {
     r
 }
 
+/// `Durability::Buffered`, and the memory bounds from
+/// `AGENTSTATE_PROBE_CACHE_MIB` / `AGENTSTATE_PROBE_WRITE_BUFFER_MIB` when
+/// set (else the defaults).
 fn buffered() -> Options {
-    Options::new().durability(Durability::Buffered)
+    let mib = |var: &str| {
+        std::env::var(var)
+            .ok()
+            .map(|v| v.parse::<u64>().expect("a number of MiB") << 20)
+    };
+    let mut o = Options::new().durability(Durability::Buffered);
+    if let Some(b) = mib("AGENTSTATE_PROBE_CACHE_MIB") {
+        o = o.cache_bytes(b);
+    }
+    if let Some(b) = mib("AGENTSTATE_PROBE_WRITE_BUFFER_MIB") {
+        o = o.write_buffer_bytes(b);
+    }
+    o
 }
 
 fn vm_hwm_mib() -> f64 {
@@ -148,11 +166,31 @@ fn child(spec: &str) {
                     std::thread::sleep(std::time::Duration::from_secs(1));
                 }
             }
+            // As `rss_mib_1m` in benches/compare.rs: walk every run with
+            // pages of 1000, then read the peak.
+            let hwm_load = vm_hwm_mib();
+            let walked = Instant::now();
+            let mut seen = 0u64;
+            let mut page = PageRequest::new(1000);
+            loop {
+                let got = store
+                    .list_runs(&StateQuery::new(TENANT), &page)
+                    .expect("list");
+                let (items, cursor) = got.into_parts();
+                seen += items.len() as u64;
+                match cursor {
+                    Some(c) => page = page.with_cursor(Some(c)),
+                    None => break,
+                }
+            }
+            assert_eq!(seen, n);
+            let walk_s = walked.elapsed().as_secs_f64();
+            let hwm_walk = vm_hwm_mib();
+            let closing = Instant::now();
             drop(store);
             println!(
-                "PROBE load n={n} clean=true load_s={load_s:.2} close_s={:.2} hwm_mib={:.1} journal_mib={:.1}",
-                t.elapsed().as_secs_f64() - load_s,
-                vm_hwm_mib(),
+                "PROBE load n={n} clean=true load_s={load_s:.2} walk_s={walk_s:.2} close_s={:.2} hwm_load_mib={hwm_load:.1} hwm_mib={hwm_walk:.1} journal_mib={:.1}",
+                closing.elapsed().as_secs_f64(),
                 journal_mib(&dir)
             );
         }

@@ -147,6 +147,11 @@ impl FjallEngine {
                 // the background on its own schedule.
                 .manual_journal_persist(true)
                 .cache_size(tuning.cache_bytes)
+                // A new journal at every memtable flush once the active
+                // one holds a memtable's worth (fjall: 64 MB), so a reopen
+                // after a crash replays about one memtable's writes; fjall
+                // removes a sealed journal once its memtable is flushed.
+                .journal_rotation_size(memtable_bytes(tuning.write_buffer_bytes))
                 .open()
         });
         let db = match opened {
@@ -163,10 +168,10 @@ impl FjallEngine {
                 )));
             }
         };
-        let memtable = memtable_bytes(tuning.write_buffer_bytes);
         let ks = db
             .keyspace("agentstate", || {
-                KeyspaceCreateOptions::default().max_memtable_size(memtable)
+                KeyspaceCreateOptions::default()
+                    .max_memtable_size(memtable_bytes(tuning.write_buffer_bytes))
             })
             .map_err(map_err)?;
         // D5: fjall's checksums do not cover a batch's sequence number;
