@@ -184,7 +184,8 @@ impl Options {
     /// redundant, so the next open has no journal to replay (fjall engine;
     /// sled ignores it). Default `true`: the close then takes one flush
     /// (tens of milliseconds for a full memtable), and the next open
-    /// milliseconds instead of a replay of up to 64 MB of journal. `false`
+    /// milliseconds instead of a replay of the journal (up to the write
+    /// buffer's worth; ~16 ms per MB on a small machine). `false`
     /// closes at once and leaves the journal for the next open. A close
     /// after a failed write, or whose flush fails, leaves the journal as it
     /// is either way.

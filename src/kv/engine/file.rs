@@ -149,8 +149,9 @@ impl FjallEngine {
                 .cache_size(tuning.cache_bytes)
                 // A new journal at every memtable flush once the active
                 // one holds a memtable's worth (fjall: 64 MB), so a reopen
-                // after a crash replays about one memtable's writes; fjall
-                // removes a sealed journal once its memtable is flushed.
+                // after a crash replays only what is not yet flushed (at
+                // most the write buffer); fjall removes a sealed journal
+                // once its memtable is flushed.
                 .journal_rotation_size(memtable_bytes(tuning.write_buffer_bytes))
                 .open()
         });
