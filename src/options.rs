@@ -82,7 +82,17 @@ pub struct Options {
     pub(crate) create_parents: bool,
     pub(crate) engine: FileEngine,
     pub(crate) on_upgrade: Option<ProgressFn>,
+    pub(crate) cache_bytes: u64,
+    pub(crate) write_buffer_bytes: u64,
+    pub(crate) flush_at_close: bool,
 }
+
+/// The block cache's default size (fjall engine): 16 MiB.
+pub const CACHE_BYTES_DEFAULT: u64 = 16 << 20;
+/// The write buffer's default size (fjall engine): 16 MiB.
+pub const WRITE_BUFFER_BYTES_DEFAULT: u64 = 16 << 20;
+/// The smallest write buffer `Options::write_buffer_bytes` accepts: 4 MiB.
+pub const WRITE_BUFFER_BYTES_MIN: u64 = 4 << 20;
 
 impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -92,6 +102,9 @@ impl std::fmt::Debug for Options {
             .field("salvage", &self.salvage)
             .field("create_parents", &self.create_parents)
             .field("engine", &self.engine)
+            .field("cache_bytes", &self.cache_bytes)
+            .field("write_buffer_bytes", &self.write_buffer_bytes)
+            .field("flush_at_close", &self.flush_at_close)
             .finish_non_exhaustive()
     }
 }
@@ -107,13 +120,17 @@ impl Default for Options {
             create_parents: false,
             engine: FileEngine::Fjall,
             on_upgrade: None,
+            cache_bytes: CACHE_BYTES_DEFAULT,
+            write_buffer_bytes: WRITE_BUFFER_BYTES_DEFAULT,
+            flush_at_close: true,
         }
     }
 }
 
 impl Options {
     /// System clock, 1 MiB records, default scrubber, `Durability::Immediate`,
-    /// the fjall engine.
+    /// the fjall engine with a 16 MiB block cache and a 16 MiB write
+    /// buffer, flushed at a clean close.
     pub fn new() -> Self {
         Self::default()
     }
@@ -166,5 +183,48 @@ impl Options {
     pub fn on_upgrade(mut self, f: impl Fn(UpgradeProgress) + Send + Sync + 'static) -> Self {
         self.on_upgrade = Some(StdArc::new(f));
         self
+    }
+    /// The block cache of a file store (fjall engine; sled ignores it):
+    /// table blocks kept in memory after a read, so the next read of them
+    /// costs no disk access or decoding. Default
+    /// [`CACHE_BYTES_DEFAULT`] (16 MiB). A bigger cache helps stores whose
+    /// hot runs do not fit; it never grows past this.
+    pub fn cache_bytes(mut self, bytes: u64) -> Self {
+        self.cache_bytes = bytes;
+        self
+    }
+    /// The most memory writes not yet flushed into a table may hold (fjall
+    /// engine; sled ignores it): the active memtable and the sealed ones
+    /// waiting for their flush, together. One memtable is a fifth of it
+    /// (fjall makes writers wait while four wait for their flush). Default
+    /// [`WRITE_BUFFER_BYTES_DEFAULT`] (16 MiB), at least
+    /// [`WRITE_BUFFER_BYTES_MIN`] (4 MiB). Smaller means less memory and
+    /// more, smaller table files (more compaction work).
+    pub fn write_buffer_bytes(mut self, bytes: u64) -> Self {
+        self.write_buffer_bytes = bytes.max(WRITE_BUFFER_BYTES_MIN);
+        self
+    }
+    /// Whether a clean close (the last handle dropped, every write synced)
+    /// flushes the memtables into tables and removes the journal they made
+    /// redundant, so the next open has no journal to replay (fjall engine;
+    /// sled ignores it). Default `true`: the close then takes one flush
+    /// (tens of milliseconds for a full memtable), and the next open
+    /// milliseconds instead of a replay of the journal (up to the write
+    /// buffer's worth; ~16 ms per MB on a small machine). `false`
+    /// closes at once and leaves the journal for the next open. A close
+    /// after a failed write, or whose flush fails, leaves the journal as it
+    /// is either way.
+    pub fn flush_at_close(mut self, flush: bool) -> Self {
+        self.flush_at_close = flush;
+        self
+    }
+
+    /// What the fjall engine is opened with.
+    pub(crate) fn tuning(&self) -> crate::kv::engine::file::Tuning {
+        crate::kv::engine::file::Tuning {
+            cache_bytes: self.cache_bytes,
+            write_buffer_bytes: self.write_buffer_bytes,
+            flush_at_close: self.flush_at_close,
+        }
     }
 }

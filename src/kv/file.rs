@@ -320,6 +320,7 @@ fn create(path: &Path, opts: &Options) -> Result<()> {
             opts.engine,
             &tmp.join(db_dir(opts.engine)),
             SyncMode::Data,
+            opts.tuning(),
         )?;
         let store = KvStore::assemble(engine, opts.clone(), None)?;
         drop(store);
@@ -441,8 +442,13 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
         Durability::Immediate => SyncMode::Data,
         Durability::Buffered => SyncMode::Buffer,
     };
-    let engine = crate::kv::engine::open_file(opts.engine, &path.join(db_dir(opts.engine)), mode)
-        .map_err(unregister)?;
+    let engine = crate::kv::engine::open_file(
+        opts.engine,
+        &path.join(db_dir(opts.engine)),
+        mode,
+        opts.tuning(),
+    )
+    .map_err(unregister)?;
     let salvage = opts.salvage;
     let state = FileState {
         path: path.to_path_buf(),

@@ -1215,8 +1215,16 @@ fn build_store_on(
     big_docs: u64,
 ) -> BTreeMap<String, Entry> {
     let clock = Arc::new(ManualClock::new(1_700_000_000_000));
-    let store =
-        FileStore::open_with(path, Options::new().clock(clock.clone()).engine(engine)).unwrap();
+    // Closed without the flush at close, so the journal keeps every write
+    // for the journal damages below (as after a crash).
+    let store = FileStore::open_with(
+        path,
+        Options::new()
+            .clock(clock.clone())
+            .engine(engine)
+            .flush_at_close(false),
+    )
+    .unwrap();
     let mut want = BTreeMap::new();
     let session = store
         .put_session(SessionRecord::new(SessionKey::new("acme", "s1")))
@@ -1312,8 +1320,10 @@ fn build_store_on(
     );
     want.insert("session/acme/s1".into(), Entry::Session(session));
     drop(store);
-    // What was written is exactly what a clean reopen reads.
-    let store = FileStore::open_with(path, Options::new().engine(engine)).unwrap();
+    // What was written is exactly what a clean reopen reads (which keeps
+    // the journal too).
+    let store =
+        FileStore::open_with(path, Options::new().engine(engine).flush_at_close(false)).unwrap();
     let got = export_all(&store, 1000).unwrap();
     assert_eq!(got.len(), want.len());
     for (k, e) in &want {
@@ -1865,13 +1875,17 @@ fn d6_a_full_disk_is_unavailable_and_the_store_refuses_until_reopened() {
     match Tmpfs::mount(&mnt, "4m") {
         Ok(fs) => {
             let path = mnt.join("store");
-            let store = FileStore::open(&path).unwrap();
+            // Memtables bigger than the disk: nothing is flushed into a
+            // table (which would free journal space on the reopen), so the
+            // disk stays full.
+            let opts = || Options::new().write_buffer_bytes(40 << 20);
+            let store = FileStore::open_with(&path, opts()).unwrap();
             let (run, acked, failed) = fill_until_failure(&store, 16 * 1024);
             assert!(acked.len() > 10, "only {} writes fit in 4 MiB", acked.len());
             drop(store);
             // Reopened on the still-full disk, it opens (or says why not)
             // and refuses what it cannot persist.
-            match FileStore::open(&path) {
+            match FileStore::open_with(&path, opts()) {
                 Ok(store) => {
                     let (key, _) = filler(1_000_000, 0);
                     let big = tray(true, &noise(7, 64 * 1024), "prod");
@@ -2024,9 +2038,10 @@ fn journal_of(path: &Path) -> PathBuf {
     path.join(&jnls[0])
 }
 
-/// A store of `n` runs created one commit each, cleanly closed.
+/// A store of `n` runs created one commit each, cleanly closed without the
+/// flush at close (so its journal holds every commit).
 fn many_commits(path: &Path, n: u64) -> Vec<RunRecord> {
-    let store = FileStore::open(path).unwrap();
+    let store = FileStore::open_with(path, Options::new().flush_at_close(false)).unwrap();
     let runs: Vec<RunRecord> = (0..n)
         .map(|i| {
             store
@@ -2172,6 +2187,79 @@ fn d8_a_journal_cut_short_is_refused_unless_salvaged() {
 }
 
 // ---------------------------------------------------------------------------
+/// Bytes of journal data in the store at `path` (fjall's `*.jnl` files).
+fn journal_bytes(path: &Path) -> u64 {
+    store_files(path)
+        .into_iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "jnl"))
+        .map(|f| std::fs::metadata(path.join(f)).unwrap().len())
+        .sum()
+}
+
+#[test]
+fn d8_a_clean_close_empties_the_journal_and_loses_nothing() {
+    // A clean close flushes the memtables and empties the journals they
+    // made redundant (kv/engine/file.rs). Runs big enough that memtables
+    // also rotate and flush while writing; a small write buffer.
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("store");
+    let opts = || {
+        Options::new()
+            .durability(agentstate::Durability::Buffered)
+            .write_buffer_bytes(4 << 20)
+    };
+    let big = |i: u64| {
+        let mut r = RunRecord::new(RunKey::new("acme", format!("r{i:05}")), "a");
+        r.pending_tool_calls = vec![ToolCall {
+            id: "c".into(),
+            name: "t".into(),
+            arguments: format!("{{\"pad\":\"{}\"}}", "x".repeat(1500)),
+        }];
+        r
+    };
+    let n = 2500;
+    let store = FileStore::open_with(&path, opts()).unwrap();
+    let mut runs: Vec<RunRecord> = (0..n).map(|i| store.put_run(big(i)).unwrap()).collect();
+    assert_eq!(store.commits(), n);
+    drop(store);
+    assert_eq!(journal_bytes(&path), 0, "the clean close left journal data");
+    let hwm: u64 = std::fs::read_to_string(path.join("HWM"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(hwm, n, "the mark counts every commit");
+
+    // Everything is there, and writes after the reopen are newer than
+    // everything the tables hold (the engine's sequence numbers went on).
+    for round in 0..2u64 {
+        let store = FileStore::open_with(&path, opts().flush_at_close(round == 0)).unwrap();
+        assert_eq!(store.commits(), n + round * 100);
+        for r in &runs {
+            assert_eq!(store.get_run(&r.key).unwrap().as_ref(), Some(r));
+        }
+        for r in runs.iter_mut().take(100) {
+            let mut next = r.clone();
+            next.state = RunState::Completed;
+            *r = store.put_run(next).unwrap();
+        }
+        drop(store);
+        if round == 0 {
+            assert_eq!(journal_bytes(&path), 0);
+        } else {
+            // Closed without the flush: the next open replays the journal.
+            assert!(journal_bytes(&path) > 0);
+        }
+    }
+    let store = FileStore::open_with(&path, opts()).unwrap();
+    assert_eq!(store.commits(), n + 200);
+    for r in &runs {
+        assert_eq!(store.get_run(&r.key).unwrap().as_ref(), Some(r));
+    }
+    let report = store.verify().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+}
+
 // D9: readers never see a write before it is durable, nor part of a group.
 
 #[test]

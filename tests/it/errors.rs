@@ -107,7 +107,14 @@ fn assert_says_once(e: &StateError, kind: ErrorKind) {
 #[test]
 fn e3_a_full_disk_says_so_once_and_keeps_its_source() {
     let fs = Tmpfs::mount("4m");
-    let store = FileStore::open(fs.at.join("store")).unwrap();
+    // Memtables bigger than the disk: the journal's write is what fails
+    // (a memtable flush failing first would poison fjall, an error with
+    // no I/O source).
+    let store = FileStore::open_with(
+        fs.at.join("store"),
+        agentstate::Options::new().write_buffer_bytes(40 << 20),
+    )
+    .unwrap();
     // Four writers, so a failed group has several callers: each gets the
     // error itself, not its text wrapped again.
     let errors: Vec<StateError> = std::thread::scope(|scope| {

@@ -1,8 +1,10 @@
 //! The fjall engine: one keyspace of one fjall database.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
+use fjall::{AbstractTree, Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
 
 use super::{Engine, Write};
 use crate::error::{Result, StateError};
@@ -16,22 +18,40 @@ pub(crate) enum SyncMode {
     Buffer,
 }
 
-/// The memtable size, the most a store holds in memory of writes not yet
-/// in a table (fjall's default is 64 MiB). A reopen still reads the whole
-/// active journal, which fjall 3.1 rotates only past 64 MB.
-const MEMTABLE_BYTES: u64 = 8 * 1024 * 1024;
+/// How much the fjall engine may hold in memory, and what a clean close
+/// does (from `Options`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tuning {
+    /// The block cache, bytes.
+    pub(crate) cache_bytes: u64,
+    /// All memtables together (the active one and those waiting to be
+    /// flushed), bytes; one memtable is a fifth of it.
+    pub(crate) write_buffer_bytes: u64,
+    /// Flush at a clean close and remove the journals it made redundant.
+    pub(crate) flush_at_close: bool,
+}
 
 /// fjall behind the engine trait.
 pub(crate) struct FjallEngine {
+    /// `None` only while the engine is dropped.
+    open: Option<Open>,
+    dir: PathBuf,
+    mode: SyncMode,
+    tuning: Tuning,
+    /// A commit or sync failed: the close leaves every file as it is.
+    failed: AtomicBool,
+}
+
+struct Open {
     db: Database,
     ks: Keyspace,
-    mode: SyncMode,
 }
 
 impl std::fmt::Debug for FjallEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FjallEngine")
             .field("mode", &self.mode)
+            .field("tuning", &self.tuning)
             .finish()
     }
 }
@@ -109,8 +129,12 @@ fn check_version_files(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// How long a clean close waits for fjall to flush its memtables before it
+/// gives up and leaves the journal in place (the next open replays it).
+const CLOSE_FLUSH_WAIT: Duration = Duration::from_secs(30);
+
 impl FjallEngine {
-    pub(crate) fn open(dir: &Path, mode: SyncMode) -> Result<Self> {
+    pub(crate) fn open(dir: &Path, mode: SyncMode, tuning: Tuning) -> Result<Self> {
         check_version_files(dir)?;
         // fjall 3.1 checks some on-disk lengths of its journal with
         // `debug_assert!` (journal/entry.rs), so a damaged journal panics a
@@ -122,7 +146,13 @@ impl FjallEngine {
                 // We sync per batch ourselves; fjall must not also sync in
                 // the background on its own schedule.
                 .manual_journal_persist(true)
-                .cache_size(32 * 1024 * 1024)
+                .cache_size(tuning.cache_bytes)
+                // A new journal at every memtable flush once the active
+                // one holds a memtable's worth (fjall: 64 MB), so a reopen
+                // after a crash replays only what is not yet flushed (at
+                // most the write buffer); fjall removes a sealed journal
+                // once its memtable is flushed.
+                .journal_rotation_size(memtable_bytes(tuning.write_buffer_bytes))
                 .open()
         });
         let db = match opened {
@@ -141,7 +171,8 @@ impl FjallEngine {
         };
         let ks = db
             .keyspace("agentstate", || {
-                KeyspaceCreateOptions::default().max_memtable_size(MEMTABLE_BYTES)
+                KeyspaceCreateOptions::default()
+                    .max_memtable_size(memtable_bytes(tuning.write_buffer_bytes))
             })
             .map_err(map_err)?;
         // D5: fjall's checksums do not cover a batch's sequence number;
@@ -151,7 +182,86 @@ impl FjallEngine {
             Ok(snap.get(&ks, k).map_err(map_err)?.map(|v| v.to_vec()))
         })?;
         drop(snap);
-        Ok(FjallEngine { db, ks, mode })
+        Ok(FjallEngine {
+            open: Some(Open { db, ks }),
+            dir: dir.to_path_buf(),
+            mode,
+            tuning,
+            failed: AtomicBool::new(false),
+        })
+    }
+
+    fn fj(&self) -> &Open {
+        self.open
+            .as_ref()
+            .expect("the engine is open until dropped")
+    }
+
+    /// Records a failed commit or sync: the close then touches nothing.
+    fn watch<T>(&self, r: fjall::Result<T>) -> Result<T> {
+        r.map_err(|e| {
+            self.failed.store(true, Ordering::SeqCst);
+            map_err(e)
+        })
+    }
+}
+
+/// The size of one memtable for a write buffer of `bytes`: fjall 3.1
+/// holds the active memtable and up to four sealed ones waiting for their
+/// flush before it makes writers wait (`Keyspace::local_backpressure`;
+/// its own write-buffer bound, `max_write_buffer_size`, is not
+/// implemented), so a fifth keeps all of them within it.
+fn memtable_bytes(write_buffer_bytes: u64) -> u64 {
+    (write_buffer_bytes / 5).max(1 << 20)
+}
+
+/// Flushes every memtable of `ks` into tables and returns the highest
+/// sequence number they now cover (every journaled batch is at or below
+/// it), or `None` when fjall failed or did not finish within
+/// `CLOSE_FLUSH_WAIT`. Runs with no writer left (the engine is dropped).
+fn flush_all(db: &Database, ks: &Keyspace) -> Option<u64> {
+    // The journal first, so a flush that fails midway loses nothing.
+    db.persist(PersistMode::SyncAll).ok()?;
+    let tree = &ks.tree;
+    let covered = tree
+        .get_highest_memtable_seqno()
+        .max(tree.get_highest_persisted_seqno())
+        .unwrap_or(0);
+    ks.rotate_memtable().ok()?;
+    let start = Instant::now();
+    // Sealed memtables (this one and any rotated before) are flushed by
+    // fjall's workers, each table synced before its memtable goes; a
+    // worker that fails poisons the database and never flushes them,
+    // hence the deadline.
+    while tree.get_highest_memtable_seqno().is_some() {
+        if start.elapsed() > CLOSE_FLUSH_WAIT {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Some(covered)
+}
+
+impl Drop for FjallEngine {
+    /// A clean close: flush the memtables into tables, close fjall, then
+    /// remove the journals whose every batch the tables now hold, so the
+    /// next open replays nothing (fjall's recovery reads and decodes every
+    /// batch of every journal on disk, even those already in tables). A
+    /// crash at any moment of it leaves journals that replay to the same
+    /// data; any doubt keeps them.
+    fn drop(&mut self) {
+        let Some(Open { db, ks }) = self.open.take() else {
+            return;
+        };
+        let persisted = (self.tuning.flush_at_close && !self.failed.load(Ordering::SeqCst))
+            .then(|| flush_all(&db, &ks))
+            .flatten();
+        drop(ks);
+        drop(db);
+        if let Some(persisted) = persisted {
+            // Best effort: a journal left behind is replayed, never lost.
+            let _ = super::journal::remove_flushed(&self.dir, persisted);
+        }
     }
 }
 
@@ -160,20 +270,19 @@ impl Engine for FjallEngine {
         // Reads go through a snapshot, which sees only published batches:
         // `Keyspace::get` reads at the newest sequence number and can see
         // half of a batch that is being applied to the memtable.
-        let snap = self.db.snapshot();
-        Ok(snap
-            .get(&self.ks, key)
-            .map_err(map_err)?
-            .map(|v| v.to_vec()))
+        let fj = self.fj();
+        let snap = fj.db.snapshot();
+        Ok(snap.get(&fj.ks, key).map_err(map_err)?.map(|v| v.to_vec()))
     }
 
     fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         if start >= end {
             return Ok(Vec::new());
         }
+        let fj = self.fj();
         let mut out = Vec::new();
-        let snap = self.db.snapshot();
-        for guard in snap.range(&self.ks, start..end).take(limit) {
+        let snap = fj.db.snapshot();
+        for guard in snap.range(&fj.ks, start..end).take(limit) {
             let (k, v) = guard.into_inner().map_err(map_err)?;
             out.push((k.to_vec(), v.to_vec()));
         }
@@ -185,23 +294,24 @@ impl Engine for FjallEngine {
             SyncMode::Data => PersistMode::SyncData,
             SyncMode::Buffer => PersistMode::Buffer,
         };
+        let fj = self.fj();
         // fjall journals and persists the batch before it publishes the
         // batch's sequence number, so no reader sees it before the sync.
-        let mut b = self.db.batch().durability(Some(mode));
+        let mut b = fj.db.batch().durability(Some(mode));
         for (k, v) in batch {
             match v {
-                Some(v) => b.insert(&self.ks, k, v),
-                None => b.remove(&self.ks, k),
+                Some(v) => b.insert(&fj.ks, k, v),
+                None => b.remove(&fj.ks, k),
             }
         }
-        b.commit().map_err(map_err)
+        self.watch(b.commit())
     }
 
     fn sync(&self) -> Result<()> {
-        self.db.persist(PersistMode::SyncAll).map_err(map_err)
+        self.watch(self.fj().db.persist(PersistMode::SyncAll))
     }
 
     fn disk_bytes(&self) -> u64 {
-        self.db.disk_space().unwrap_or(0)
+        self.fj().db.disk_space().unwrap_or(0)
     }
 }

@@ -29,6 +29,9 @@
 //! read ends the file's batches there (fjall already refused or cut it).
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Result, StateError};
@@ -42,48 +45,79 @@ const TAG_END: u8 = 3;
 const TAG_CLEAR: u8 = 4;
 const TRAILER: &[u8] = b"FJL\x03";
 
-/// A cursor over one journal file's bytes.
-struct Bytes<'a> {
-    buf: &'a [u8],
-    at: usize,
+/// How much of a journal file is read at a time: the check streams the
+/// files rather than holding one in memory.
+const READ_BUF: usize = 256 * 1024;
+
+/// A reader of one journal file's entries, counting the bytes consumed.
+struct Bytes<R> {
+    r: R,
+    at: u64,
 }
 
-impl<'a> Bytes<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.at.checked_add(n)?;
-        let s = self.buf.get(self.at..end)?;
-        self.at = end;
-        Some(s)
+impl<R: Read> Bytes<R> {
+    fn fill(&mut self, buf: &mut [u8]) -> Option<()> {
+        self.r.read_exact(buf).ok()?;
+        self.at += buf.len() as u64;
+        Some(())
+    }
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let mut b = [0u8; N];
+        self.fill(&mut b)?;
+        Some(b)
     }
     fn u8(&mut self) -> Option<u8> {
-        self.take(1).map(|b| b[0])
+        self.array::<1>().map(|b| b[0])
     }
     fn u16(&mut self) -> Option<u16> {
-        self.take(2).map(|b| u16::from_le_bytes([b[0], b[1]]))
+        self.array().map(u16::from_le_bytes)
     }
     fn u32(&mut self) -> Option<u32> {
-        self.take(4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+        self.array().map(u32::from_le_bytes)
     }
     fn u64(&mut self) -> Option<u64> {
-        self.take(8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        self.array().map(u64::from_le_bytes)
+    }
+    /// Appends `n` bytes to `arena`; returns where they start.
+    fn take_into(&mut self, n: usize, arena: &mut Vec<u8>) -> Option<usize> {
+        let from = arena.len();
+        let got = (&mut self.r)
+            .take(n as u64)
+            .read_to_end(arena)
+            .ok()
+            .filter(|&got| got == n);
+        if got.is_none() {
+            arena.truncate(from);
+            return None;
+        }
+        self.at += n as u64;
+        Some(from)
     }
 }
 
-/// One write of a batch, or a clear of a keyspace.
-enum Op<'a> {
-    Put(u64, &'a [u8], &'a [u8]),
-    Delete(u64, &'a [u8]),
+/// One write of a batch, or a clear of a keyspace; keys and values are
+/// ranges of the batch's arena.
+enum Op {
+    Put(u64, Range<usize>, Range<usize>),
+    Delete(u64, Range<usize>),
     /// A write the check cannot read (a compressed value): the key is
     /// left out of the check.
-    Unknown(u64, &'a [u8]),
+    Unknown(u64, Range<usize>),
     Clear(u64),
 }
 
-/// The next whole batch and its sequence number, or `None` at the end of
-/// what can be read.
-fn next_batch<'a>(b: &mut Bytes<'a>) -> Option<(u64, Vec<Op<'a>>)> {
+/// One whole batch of a journal.
+struct Batch {
+    seqno: u64,
+    ops: Vec<Op>,
+    /// The keys and values the ops point into.
+    arena: Vec<u8>,
+}
+
+/// The next whole batch, or `None` at the end of what can be read.
+fn next_batch<R: Read>(b: &mut Bytes<R>, arena: Vec<u8>) -> Option<Batch> {
+    let mut arena = arena;
+    arena.clear();
     if b.u8()? != TAG_START {
         return None;
     }
@@ -99,8 +133,10 @@ fn next_batch<'a>(b: &mut Bytes<'a>) -> Option<(u64, Vec<Op<'a>>)> {
                 let key_len = usize::from(b.u16()?);
                 let _value_len = b.u32()?;
                 let stored_len = b.u32()? as usize;
-                let key = b.take(key_len)?;
-                let value = b.take(stored_len)?;
+                let k = b.take_into(key_len, &mut arena)?;
+                let key = k..k + key_len;
+                let v = b.take_into(stored_len, &mut arena)?;
+                let value = v..v + stored_len;
                 ops.push(match (value_type, compression) {
                     (0, 0) => Op::Put(keyspace, key, value),
                     // Tombstone and weak tombstone.
@@ -116,7 +152,23 @@ fn next_batch<'a>(b: &mut Bytes<'a>) -> Option<(u64, Vec<Op<'a>>)> {
         return None;
     }
     let _checksum = b.u64()?;
-    (b.take(TRAILER.len())? == TRAILER).then_some((seqno, ops))
+    (b.array::<4>()? == *TRAILER).then_some(Batch { seqno, ops, arena })
+}
+
+/// Opens a journal file for streaming, or `None` when it is gone (the
+/// engine removed it meanwhile).
+fn open_journal(file: &Path) -> Result<Option<Bytes<BufReader<File>>>> {
+    match File::open(file) {
+        Ok(f) => Ok(Some(Bytes {
+            r: BufReader::with_capacity(READ_BUF, f),
+            at: 0,
+        })),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StateError::unavailable(
+            format!("reading {}: {e}", file.display()),
+            Some(e),
+        )),
+    }
 }
 
 /// The journal files of the database at `dir`, oldest first.
@@ -160,20 +212,13 @@ pub(crate) fn check_replay(
     // Each key of the oldest batch, with its last write in file order.
     let mut first: Option<LastWrites> = None;
     let mut prev: Option<u64> = None;
+    let mut arena = Vec::new();
     for file in journal_files(dir)? {
-        let buf = match std::fs::read(&file) {
-            Ok(buf) => buf,
-            // Flushed and removed by the engine meanwhile.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => {
-                return Err(StateError::unavailable(
-                    format!("reading {}: {e}", file.display()),
-                    Some(e),
-                ));
-            }
+        let Some(mut b) = open_journal(&file)? else {
+            continue;
         };
-        let mut b = Bytes { buf: &buf, at: 0 };
-        while let Some((seqno, ops)) = next_batch(&mut b) {
+        while let Some(batch) = next_batch(&mut b, arena) {
+            let seqno = batch.seqno;
             if prev.is_some_and(|p| seqno <= p) {
                 return Err(out_of_order(
                     dir,
@@ -183,13 +228,14 @@ pub(crate) fn check_replay(
             prev = Some(seqno);
             let seed = first.is_none();
             let last = first.get_or_insert_with(LastWrites::new);
-            for op in ops {
+            let bytes = &batch.arena;
+            for op in &batch.ops {
                 let (ks, key, value) = match op {
-                    Op::Put(ks, k, v) => (ks, k, Some(Some(v))),
-                    Op::Delete(ks, k) => (ks, k, Some(None)),
-                    Op::Unknown(ks, k) => (ks, k, None),
+                    Op::Put(ks, k, v) => (*ks, &bytes[k.clone()], Some(Some(&bytes[v.clone()]))),
+                    Op::Delete(ks, k) => (*ks, &bytes[k.clone()], Some(None)),
+                    Op::Unknown(ks, k) => (*ks, &bytes[k.clone()], None),
                     Op::Clear(ks) => {
-                        if ks == keyspace {
+                        if *ks == keyspace {
                             last.clear();
                         }
                         continue;
@@ -208,7 +254,9 @@ pub(crate) fn check_replay(
                     }
                 }
             }
+            arena = batch.arena;
         }
+        arena = Vec::new();
     }
     for (key, want) in first.unwrap_or_default() {
         if read(&key)? != want {
@@ -219,6 +267,87 @@ pub(crate) fn check_replay(
         }
     }
     Ok(())
+}
+
+/// How far past the last whole batch a journal must hold only zeros for
+/// `remove_flushed` to empty it.
+const ZERO_TAIL: u64 = 64 * 1024;
+
+/// Whether the bytes of `file` from `from` on are zeros, up to
+/// `ZERO_TAIL` of them or the end. fjall preallocates its journals, so a
+/// journal's last batch is followed by zeros, and its recovery stops at the
+/// first byte that is no entry tag (0 is none) and cuts the file there:
+/// nothing past it is ever replayed. The window is a margin beyond that.
+fn zeros_from(file: &Path, from: u64) -> std::io::Result<bool> {
+    let mut f = File::open(file)?;
+    f.seek(SeekFrom::Start(from))?;
+    let mut tail = Vec::new();
+    f.take(ZERO_TAIL).read_to_end(&mut tail)?;
+    Ok(tail.iter().all(|&b| b == 0))
+}
+
+/// After a clean close: empties, oldest first, the journal files under
+/// `dir` whose every batch has a sequence number at or below `covered`
+/// (the engine's tables hold all of them) and whose last batch is
+/// followed by zeros or nothing (`zeros_from`); stops at the first file that does not qualify, so what is left
+/// is always the newest journals, in order. Older files are removed; the
+/// newest, the one fjall appends to, is replaced by an empty file (temp
+/// file, fsync, rename), because fjall recovers its sequence counter from
+/// the tables only when it finds an active journal to replay: with none it
+/// would start again at 0 and hide every table entry from its snapshots.
+/// Returns how many files were emptied.
+///
+/// Safe at any moment of a crash: every journal removed or emptied held
+/// only batches the tables hold, and fjall's replay skips those of a
+/// journal left behind.
+pub(crate) fn remove_flushed(dir: &Path, covered: u64) -> Result<usize> {
+    let files = journal_files(dir)?;
+    let mut emptied = 0;
+    for (i, file) in files.iter().enumerate() {
+        let Some(mut b) = open_journal(file)? else {
+            continue;
+        };
+        let mut arena = Vec::new();
+        let mut end = 0;
+        let mut newer = false;
+        while let Some(batch) = next_batch(&mut b, arena) {
+            if batch.seqno > covered {
+                newer = true;
+                break;
+            }
+            end = b.at;
+            arena = batch.arena;
+        }
+        drop(b);
+        if end == 0 && std::fs::metadata(file).is_ok_and(|m| m.len() == 0) {
+            // Already empty.
+            continue;
+        }
+        let whole = zeros_from(file, end).map_err(|e| io_err(file, e))?;
+        if newer || !whole {
+            break;
+        }
+        if i + 1 < files.len() {
+            std::fs::remove_file(file).map_err(|e| io_err(file, e))?;
+        } else {
+            let tmp = file.with_extension("jnl.tmp");
+            File::create(&tmp)
+                .and_then(|f| f.sync_all())
+                .and_then(|()| std::fs::rename(&tmp, file))
+                .map_err(|e| io_err(file, e))?;
+        }
+        emptied += 1;
+    }
+    if emptied > 0 {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_err(dir, e))?;
+    }
+    Ok(emptied)
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> StateError {
+    StateError::unavailable(format!("journal {}: {e}", path.display()), Some(e))
 }
 
 #[cfg(test)]
@@ -298,6 +427,36 @@ mod tests {
     }
 
     #[test]
+    fn only_whole_covered_journals_are_emptied_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let padded = |batches: &[Vec<u8>]| {
+            let mut b = batches.concat();
+            b.resize(b.len() + 100, 0);
+            b
+        };
+        std::fs::write(d.join("1.jnl"), padded(&[batch(2, &[]), batch(3, &[])])).unwrap();
+        std::fs::write(d.join("2.jnl"), padded(&[batch(4, &[])])).unwrap();
+        std::fs::write(d.join("3.jnl"), padded(&[batch(5, &[])])).unwrap();
+        // Batch 5 is newer than what the tables cover: 3.jnl stays.
+        assert_eq!(remove_flushed(d, 4).unwrap(), 2);
+        assert!(!d.join("1.jnl").exists() && !d.join("2.jnl").exists());
+        assert!(std::fs::metadata(d.join("3.jnl")).unwrap().len() > 0);
+        // Covered: the newest journal is emptied, not removed.
+        assert_eq!(remove_flushed(d, 5).unwrap(), 1);
+        assert_eq!(std::fs::metadata(d.join("3.jnl")).unwrap().len(), 0);
+        assert_eq!(remove_flushed(d, 5).unwrap(), 0);
+        // Bytes after the last batch that are not zeros (something the
+        // parser cannot read) keep that journal and every newer one.
+        let mut odd = batch(6, &[]);
+        odd.extend(b"\x07junk");
+        std::fs::write(d.join("4.jnl"), odd).unwrap();
+        std::fs::write(d.join("5.jnl"), padded(&[batch(7, &[])])).unwrap();
+        assert_eq!(remove_flushed(d, 100).unwrap(), 0);
+        assert!(d.join("4.jnl").exists() && std::fs::metadata(d.join("5.jnl")).unwrap().len() > 0);
+    }
+
+    #[test]
     fn garbage_is_read_as_no_batches_never_a_panic() {
         for bytes in [
             &b""[..],
@@ -306,8 +465,8 @@ mod tests {
             b"\x02\x00",
             &[1; 64],
         ] {
-            let mut b = Bytes { buf: bytes, at: 0 };
-            assert!(next_batch(&mut b).is_none());
+            let mut b = Bytes { r: bytes, at: 0 };
+            assert!(next_batch(&mut b, Vec::new()).is_none());
         }
     }
 }

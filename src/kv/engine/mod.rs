@@ -39,9 +39,10 @@ pub(crate) fn open_file(
     kind: FileEngine,
     dir: &Path,
     mode: file::SyncMode,
+    tuning: file::Tuning,
 ) -> Result<Box<dyn Engine>> {
     match kind {
-        FileEngine::Fjall => Ok(Box::new(file::FjallEngine::open(dir, mode)?)),
+        FileEngine::Fjall => Ok(Box::new(file::FjallEngine::open(dir, mode, tuning)?)),
         #[cfg(feature = "sled")]
         FileEngine::Sled => Ok(Box::new(sled::SledEngine::open(dir, mode)?)),
         #[cfg(not(feature = "sled"))]
