@@ -89,8 +89,12 @@ pub struct Options {
 
 /// The block cache's default size (fjall engine): 16 MiB.
 pub const CACHE_BYTES_DEFAULT: u64 = 16 << 20;
-/// The write buffer's default size (fjall engine): 16 MiB.
-pub const WRITE_BUFFER_BYTES_DEFAULT: u64 = 16 << 20;
+/// The write buffer's default size (fjall engine): 5 MiB, so one memtable
+/// is 1 MiB. A range scan steps over every version a memtable holds of the
+/// keys in its range, so a small memtable keeps scans of often-rewritten
+/// keys (pages of running runs, trays, alarms) from slowing down between
+/// flushes (BENCHMARKS.md, "Latency growth").
+pub const WRITE_BUFFER_BYTES_DEFAULT: u64 = 5 << 20;
 /// The smallest write buffer `Options::write_buffer_bytes` accepts: 4 MiB.
 pub const WRITE_BUFFER_BYTES_MIN: u64 = 4 << 20;
 
@@ -129,7 +133,7 @@ impl Default for Options {
 
 impl Options {
     /// System clock, 1 MiB records, default scrubber, `Durability::Immediate`,
-    /// the fjall engine with a 16 MiB block cache and a 16 MiB write
+    /// the fjall engine with a 16 MiB block cache and a 5 MiB write
     /// buffer, flushed at a clean close.
     pub fn new() -> Self {
         Self::default()
@@ -197,7 +201,7 @@ impl Options {
     /// engine; sled ignores it): the active memtable and the sealed ones
     /// waiting for their flush, together. One memtable is a fifth of it
     /// (fjall makes writers wait while four wait for their flush). Default
-    /// [`WRITE_BUFFER_BYTES_DEFAULT`] (16 MiB), at least
+    /// [`WRITE_BUFFER_BYTES_DEFAULT`] (5 MiB), at least
     /// [`WRITE_BUFFER_BYTES_MIN`] (4 MiB). Smaller means less memory and
     /// more, smaller table files (more compaction work).
     pub fn write_buffer_bytes(mut self, bytes: u64) -> Self {
