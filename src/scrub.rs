@@ -407,20 +407,26 @@ impl Scrubber {
     /// copied as given), as plain text otherwise. Idempotent; never panics.
     #[must_use]
     pub fn scrub_arguments(&self, text: &str) -> String {
+        self.scrubbed_arguments(text).into_owned()
+    }
+
+    /// [`scrub_arguments`](Self::scrub_arguments), borrowing `text` when
+    /// nothing in it changes.
+    fn scrubbed_arguments<'t>(&self, text: &'t str) -> Cow<'t, str> {
         if self.is_default() && !crate::scrub_prefilter::may_hold_secret(text) {
-            return text.to_owned();
+            return Cow::Borrowed(text);
         }
         if let Some(json) = json::scrub(self, text) {
-            return json.into_owned();
+            return json;
         }
         let Some(plain) = self.fixed_point(text, true) else {
-            return text.to_owned();
+            return Cow::Borrowed(text);
         };
         // Redaction can turn malformed JSON into valid JSON; the next pass
         // would then take the JSON path, so take it now.
         match json::scrub(self, &plain) {
-            Some(Cow::Owned(json)) => json,
-            _ => plain,
+            Some(Cow::Owned(json)) => Cow::Owned(json),
+            _ => Cow::Owned(plain),
         }
     }
 
@@ -437,18 +443,27 @@ impl Scrubber {
     /// scrubbed by [`scrub_arguments`](Self::scrub_arguments).
     #[must_use]
     pub fn scrub_run(&self, record: &RunRecord) -> RunRecord {
-        let mut scrubbed = record.clone();
-        for call in &mut scrubbed.pending_tool_calls {
-            call.arguments = self.scrub_arguments(&call.arguments);
+        self.scrub_run_owned(record.clone())
+    }
+
+    /// `record` with the arguments of every pending tool call scrubbed, in
+    /// place: for a caller that owns the record, no clone of it, and no
+    /// allocation at all when nothing is redacted.
+    #[must_use]
+    pub(crate) fn scrub_run_owned(&self, mut record: RunRecord) -> RunRecord {
+        for call in &mut record.pending_tool_calls {
+            if let Cow::Owned(clean) = self.scrubbed_arguments(&call.arguments) {
+                call.arguments = clean;
+            }
         }
-        scrubbed
+        record
     }
 
     /// True when [`scrub_arguments`](Self::scrub_arguments) would return
     /// `text` unchanged.
     #[must_use]
     pub fn is_clean(&self, text: &str) -> bool {
-        self.scrub_arguments(text) == text
+        self.scrubbed_arguments(text) == text
     }
 
     /// Applies passes (shapes, and pairs first when `with_pairs`) until one
