@@ -87,22 +87,27 @@
 //! - Arguments in which no rule can find anything come back exactly as
 //!   given, JSON layout included: a one-pass prefilter
 //!   (`src/scrub_prefilter.rs`) rejects them before any parsing.
-//! - Other valid JSON is parsed, scrubbed as a value and written back with
-//!   `serde_json::to_string` (compact; object keys sorted). `serde_json`
-//!   is built with `float_roundtrip`: it reads every float it writes back
-//!   to the same bits, so the second pass parses exactly what the first
-//!   one wrote.
+//! - Other valid JSON is walked once (`src/scrub/json.rs`): what does not
+//!   change is copied byte for byte (layout, key order, escapes and the
+//!   spelling of every number), and only a string, key or value that is
+//!   redacted is written anew (as JSON, escaped the way `serde_json`
+//!   writes strings). The second pass finds every rewritten piece at its
+//!   fixed point and copies it. An object that gives a key twice is read
+//!   the way `serde_json` reads it, as holding the last one: both
+//!   spellings of a renamed key get the same new name.
 //! - Text that is not JSON (malformed, or nested deeper than `serde_json`'s
 //!   recursion limit of 128) is scrubbed as plain text. If redaction turned
 //!   it into valid JSON (say a PEM block holding a raw control character
 //!   was removed), the result is then scrubbed as JSON, which is what the
 //!   second pass would do.
 
+mod json;
+
+use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::{Arc, LazyLock};
 
 use regex::Regex;
-use serde_json::Value;
 
 use crate::error::StateError;
 use crate::record::RunRecord;
@@ -294,8 +299,9 @@ static FLAG: LazyLock<Regex> = LazyLock::new(|| {
 ///   `key=value`, `key: value` and `--key value` pairs whose key names a
 ///   secret.
 /// - Scrubbing is idempotent and never panics. Arguments with nothing to
-///   redact come back exactly as given; other valid JSON comes back as
-///   compact JSON (`serde_json::to_string`, keys sorted).
+///   redact come back exactly as given; in other valid JSON only what is
+///   redacted is rewritten, the rest (layout, key order, numbers) stays as
+///   given.
 ///
 /// `Scrubber::default()` is cheap: the built-in rules are compiled once per
 /// process and shared, and clones share everything through `Arc`s.
@@ -396,24 +402,32 @@ impl Scrubber {
         Ok(self)
     }
 
-    /// Scrubs tool-call arguments: as JSON when `text` is valid JSON (the
-    /// result is then compact JSON with sorted keys, unless nothing in it
-    /// could be redacted: then it is `text` as given), as plain text
-    /// otherwise. Idempotent; never panics.
+    /// Scrubs tool-call arguments: as JSON when `text` is valid JSON (only
+    /// the redacted strings, keys and values are rewritten; the rest is
+    /// copied as given), as plain text otherwise. Idempotent; never panics.
     #[must_use]
     pub fn scrub_arguments(&self, text: &str) -> String {
+        self.scrubbed_arguments(text).into_owned()
+    }
+
+    /// [`scrub_arguments`](Self::scrub_arguments), borrowing `text` when
+    /// nothing in it changes.
+    fn scrubbed_arguments<'t>(&self, text: &'t str) -> Cow<'t, str> {
         if self.is_default() && !crate::scrub_prefilter::may_hold_secret(text) {
-            return text.to_owned();
+            return Cow::Borrowed(text);
         }
-        if let Some(json) = self.scrub_json(text) {
+        if let Some(json) = json::scrub(self, text) {
             return json;
         }
-        let plain = self
-            .fixed_point(text, true)
-            .unwrap_or_else(|| text.to_owned());
+        let Some(plain) = self.fixed_point(text, true) else {
+            return Cow::Borrowed(text);
+        };
         // Redaction can turn malformed JSON into valid JSON; the next pass
         // would then take the JSON path, so take it now.
-        self.scrub_json(&plain).unwrap_or(plain)
+        match json::scrub(self, &plain) {
+            Some(Cow::Owned(json)) => Cow::Owned(json),
+            _ => Cow::Owned(plain),
+        }
     }
 
     /// Replaces the secret-shaped substrings of a plain string (the shapes
@@ -429,77 +443,27 @@ impl Scrubber {
     /// scrubbed by [`scrub_arguments`](Self::scrub_arguments).
     #[must_use]
     pub fn scrub_run(&self, record: &RunRecord) -> RunRecord {
-        let mut scrubbed = record.clone();
-        for call in &mut scrubbed.pending_tool_calls {
-            call.arguments = self.scrub_arguments(&call.arguments);
+        self.scrub_run_owned(record.clone())
+    }
+
+    /// `record` with the arguments of every pending tool call scrubbed, in
+    /// place: for a caller that owns the record, no clone of it, and no
+    /// allocation at all when nothing is redacted.
+    #[must_use]
+    pub(crate) fn scrub_run_owned(&self, mut record: RunRecord) -> RunRecord {
+        for call in &mut record.pending_tool_calls {
+            if let Cow::Owned(clean) = self.scrubbed_arguments(&call.arguments) {
+                call.arguments = clean;
+            }
         }
-        scrubbed
+        record
     }
 
     /// True when [`scrub_arguments`](Self::scrub_arguments) would return
     /// `text` unchanged.
     #[must_use]
     pub fn is_clean(&self, text: &str) -> bool {
-        self.scrub_arguments(text) == text
-    }
-
-    /// The JSON path: `None` when `text` is not valid JSON.
-    fn scrub_json(&self, text: &str) -> Option<String> {
-        let mut value: Value = serde_json::from_str(text).ok()?;
-        self.scrub_value(&mut value);
-        Some(value.to_string())
-    }
-
-    /// Recursion is bounded: `serde_json` refuses to parse more than 128
-    /// levels, and redaction only makes values shallower.
-    fn scrub_value(&self, value: &mut Value) {
-        match value {
-            Value::Object(map) => {
-                // Keys are scrubbed like string values (X3). A key that
-                // changes is renamed after the keys that do not, so a
-                // renamed key never displaces one that stays, and made
-                // unique within the object so no entry is lost.
-                let mut renamed = Vec::new();
-                for (key, item) in std::mem::take(map) {
-                    match self.fixed_point(&key, true) {
-                        None => {
-                            let item = self.scrubbed_item(&key, None, item);
-                            map.insert(key, item);
-                        }
-                        Some(clean) => renamed.push((clean, key, item)),
-                    }
-                }
-                for (clean, key, item) in renamed {
-                    let item = self.scrubbed_item(&key, Some(&clean), item);
-                    let mut name = clean.clone();
-                    let mut n = 2u64;
-                    while map.contains_key(&name) {
-                        name = format!("{clean} #{n}");
-                        n += 1;
-                    }
-                    map.insert(name, item);
-                }
-            }
-            Value::Array(items) => items.iter_mut().for_each(|item| self.scrub_value(item)),
-            Value::String(text) => {
-                if let Some(clean) = self.fixed_point(text, true) {
-                    *text = clean;
-                }
-            }
-            Value::Number(_) | Value::Bool(_) | Value::Null => {}
-        }
-    }
-
-    /// The value under `key` (renamed to `clean` when the key itself held
-    /// a secret): redacted whole when either name is a secret key (so the
-    /// second pass, which sees only the new name, decides the same way),
-    /// scrubbed otherwise.
-    fn scrubbed_item(&self, key: &str, clean: Option<&str>, mut item: Value) -> Value {
-        if self.is_secret_key(key) || clean.is_some_and(|c| self.is_secret_key(c)) {
-            return Value::String(REDACTED.to_owned());
-        }
-        self.scrub_value(&mut item);
-        item
+        self.scrubbed_arguments(text) == text
     }
 
     /// Applies passes (shapes, and pairs first when `with_pairs`) until one
@@ -755,6 +719,7 @@ fn value_span(text: &str, start: usize) -> Option<(Range<usize>, usize)> {
 mod tests {
     use super::*;
     use crate::record::{RunKey, ToolCall};
+    use serde_json::Value;
 
     /// Scrubs `input` as arguments, checks idempotence of both public
     /// entry points on it and on the output, and returns the output.
@@ -1146,13 +1111,13 @@ mod tests {
     }
 
     #[test]
-    fn json_output_is_compact_sorted_and_stable() {
+    fn json_keeps_its_layout_order_and_numbers() {
+        // Only the redacted value is rewritten: whitespace, key order and
+        // the spelling of every number stay as given.
         let args = "{\n  \"z\": 1,\n  \"a\": [1, 2.5, -0.0, 1e300, 123456789012345678901234567890],\n  \"password\": \"x\"\n}";
-        // Floats as serde_json writes them (`1e+300` in current releases).
-        let (huge, big) = (Value::from(1e300), Value::from(1.234_567_890_123_456_8e29));
         assert_eq!(
             scrub(args),
-            format!(r#"{{"a":[1,2.5,-0.0,{huge},{big}],"password":"[REDACTED]","z":1}}"#)
+            "{\n  \"z\": 1,\n  \"a\": [1, 2.5, -0.0, 1e300, 123456789012345678901234567890],\n  \"password\": \"[REDACTED]\"\n}"
         );
         assert!(!Scrubber::new().is_clean(args));
         // Scalars are JSON too.
@@ -1161,6 +1126,11 @@ mod tests {
         assert_eq!(
             scrub(&format!("\"{}\"", format_args!("ghp_{}", fake(36)))),
             "\"[REDACTED]\""
+        );
+        // A string that changes is written back with JSON's escapes.
+        assert_eq!(
+            scrub(&format!(r#"{{ "s": "a\"\\\u0001\/ ghp_{}" }}"#, fake(36))),
+            r#"{ "s": "a\"\\\u0001/ [REDACTED]" }"#
         );
     }
 
@@ -1293,7 +1263,7 @@ mod tests {
         let key = pem("RSA ").replace('\n', "\u{1}");
         let args = format!("{{ \"key\": \"{key}\", \"b\": 1 }}");
         assert!(serde_json::from_str::<Value>(&args).is_err());
-        assert_eq!(scrub(&args), r#"{"b":1,"key":"[REDACTED]"}"#);
+        assert_eq!(scrub(&args), r#"{ "key": "[REDACTED]", "b": 1 }"#);
     }
 
     #[test]
@@ -1422,7 +1392,7 @@ mod tests {
         );
         assert_eq!(
             out,
-            r#"{"customer_ssn":"[REDACTED]","name":"Ann","taxId":"[REDACTED]"}"#
+            r#"{"customer_ssn":"[REDACTED]","taxId":"[REDACTED]","name":"Ann"}"#
         );
         assert_eq!(
             scrub_with(&scrubber, "ssn=078-05-1120 ok"),
@@ -1524,7 +1494,7 @@ mod tests {
         let scrubbed = Scrubber::new().scrub_run(&record);
         assert_eq!(
             scrubbed.pending_tool_calls[0].arguments,
-            r#"{"api_key":"[REDACTED]","url":"https://api.example.com"}"#
+            r#"{"url":"https://api.example.com","api_key":"[REDACTED]"}"#
         );
         assert_eq!(
             scrubbed.pending_tool_calls[1].arguments,

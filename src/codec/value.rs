@@ -75,7 +75,8 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T>
 }
 
 /// A run record as format 1 lays it out: every field before caps.
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
 struct RunRecordV1 {
     key: RunKey,
     version: u64,
@@ -93,30 +94,85 @@ struct RunRecordV1 {
     seq: u64,
 }
 
+/// [`RunRecordV1`] borrowed from a record, for writing: serde writes a
+/// reference as what it points at, so the bytes are the same, without a
+/// clone of every string and tool call.
+#[derive(Serialize)]
+struct RunRecordV1Ref<'a> {
+    key: &'a RunKey,
+    version: u64,
+    state: RunState,
+    agent_name: &'a str,
+    session_id: &'a Option<String>,
+    messages_read: u64,
+    pending_tool_calls: &'a [ToolCall],
+    usage: Usage,
+    cost_micros: u64,
+    iterations: u64,
+    approval: &'a Option<Approval>,
+    created_at: Millis,
+    updated_at: Millis,
+    seq: u64,
+}
+
+/// At least the encoded size of a run record, counted from its strings
+/// (a length prefix of at most 10 bytes each) and its fixed fields, so the
+/// buffer is allocated once without encoding the record twice.
+fn run_size_bound(r: &RunRecord) -> usize {
+    let text = |s: &str| s.len() + 10;
+    let opt = |s: &Option<String>| 1 + s.as_deref().map_or(0, text);
+    let calls: usize = r
+        .pending_tool_calls
+        .iter()
+        .map(|c| text(&c.id) + text(&c.name) + text(&c.arguments))
+        .sum();
+    let approval = 1 + r
+        .approval
+        .as_ref()
+        .map_or(0, |a| text(&a.id) + text(&a.prompt));
+    let budget = opt(&r.budget);
+    // Every other field is a number, an enum tag or an option of numbers:
+    // 40 of them at 10 bytes each covers the record and its caps.
+    OVERHEAD_BYTES
+        + text(&r.key.tenant)
+        + text(&r.key.run_id)
+        + text(&r.agent_name)
+        + opt(&r.session_id)
+        + 10
+        + calls
+        + approval
+        + budget
+        + 400
+}
+
 /// Encodes a run record: at format 1 when it has no caps and no budget
 /// (the layout earlier releases read), else at [`RUN_FORMAT_CAPS`].
 pub(crate) fn encode_run(r: &RunRecord) -> Vec<u8> {
-    if r.caps.is_none() && r.budget.is_none() {
-        let v1 = RunRecordV1 {
-            key: r.key.clone(),
+    let mut buf = Vec::with_capacity(run_size_bound(r));
+    let mut out = if r.caps.is_none() && r.budget.is_none() {
+        buf.push(FORMAT_VERSION);
+        let v1 = RunRecordV1Ref {
+            key: &r.key,
             version: r.version,
             state: r.state,
-            agent_name: r.agent_name.clone(),
-            session_id: r.session_id.clone(),
+            agent_name: &r.agent_name,
+            session_id: &r.session_id,
             messages_read: r.messages_read,
-            pending_tool_calls: r.pending_tool_calls.clone(),
+            pending_tool_calls: &r.pending_tool_calls,
             usage: r.usage,
             cost_micros: r.cost_micros,
             iterations: r.iterations,
-            approval: r.approval.clone(),
+            approval: &r.approval,
             created_at: r.created_at,
             updated_at: r.updated_at,
             seq: r.seq,
         };
-        return encode(&v1);
+        postcard::to_extend(&v1, buf)
+    } else {
+        buf.push(RUN_FORMAT_CAPS);
+        postcard::to_extend(r, buf)
     }
-    let mut out =
-        postcard::to_extend(r, vec![RUN_FORMAT_CAPS]).expect("stored types always serialize");
+    .expect("stored types always serialize");
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
@@ -195,6 +251,51 @@ mod tests {
                 supported: 1
             })
         ));
+    }
+
+    #[test]
+    fn borrowed_format_1_writes_the_owned_layout_and_the_bound_holds() {
+        let mut r = RunRecord::new(RunKey::new("acme", "run-1"), "planner");
+        r.session_id = Some("s".repeat(300));
+        r.pending_tool_calls = (0..3)
+            .map(|i| ToolCall {
+                id: format!("call_{i}"),
+                name: "web_search".into(),
+                arguments: "{\"q\":1}".repeat(i * 50),
+            })
+            .collect();
+        r.approval = Some(Approval {
+            id: "ap".into(),
+            prompt: "ok?".into(),
+        });
+        (r.version, r.seq, r.created_at, r.updated_at) = (u64::MAX, u64::MAX, u64::MAX, 7);
+        r.usage.input_tokens = u64::MAX;
+        let v = encode_run(&r);
+        let owned = RunRecordV1 {
+            key: r.key.clone(),
+            version: r.version,
+            state: r.state,
+            agent_name: r.agent_name.clone(),
+            session_id: r.session_id.clone(),
+            messages_read: r.messages_read,
+            pending_tool_calls: r.pending_tool_calls.clone(),
+            usage: r.usage,
+            cost_micros: r.cost_micros,
+            iterations: r.iterations,
+            approval: r.approval.clone(),
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            seq: r.seq,
+        };
+        assert_eq!(v, encode(&owned), "format 1 bytes changed");
+        assert!(v.len() <= run_size_bound(&r), "{} > bound", v.len());
+        assert_eq!(decode_run(&v).unwrap(), r);
+        let capped = r
+            .with_caps(Caps::new().cost_micros(u64::MAX))
+            .with_budget("b".repeat(100));
+        let v = encode_run(&capped);
+        assert!(v.len() <= run_size_bound(&capped), "{} > bound", v.len());
+        assert_eq!(decode_run(&v).unwrap(), capped);
     }
 
     #[test]

@@ -66,14 +66,20 @@ impl<'a> Txn<'a> {
     }
 
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let key = self.at(key);
-        if let Some(v) = self.writes.get(&key) {
+        let staged;
+        let key = if self.staged {
+            staged = self.at(key);
+            staged.as_slice()
+        } else {
+            key
+        };
+        if let Some(v) = self.writes.get(key) {
             return Ok(v.clone());
         }
-        if let Some(v) = self.group.get(&key) {
+        if let Some(v) = self.group.get(key) {
             return Ok(v.clone());
         }
-        self.engine.get(&key)
+        self.engine.get(key)
     }
 
     pub(crate) fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
@@ -310,7 +316,12 @@ impl Committer {
             if job.run(&mut txn) {
                 next_seq = txn.next_seq;
                 let writes = txn.writes;
-                overlay.extend(writes);
+                if overlay.is_empty() {
+                    // The group's first writes: taken whole, not re-inserted.
+                    overlay = writes;
+                } else {
+                    overlay.extend(writes);
+                }
             }
         }
         if overlay.is_empty() {

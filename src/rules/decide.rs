@@ -152,7 +152,7 @@ pub(crate) fn checked_entry(e: Entry, scrubber: &Scrubber, max: usize) -> Result
                     r.key.run_id
                 )));
             }
-            Entry::Run(scrubber.scrub_run(&r))
+            Entry::Run(scrubber.scrub_run_owned(r))
         }
         Entry::Session(s) => {
             check_session_key(&s.key)?;
