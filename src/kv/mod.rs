@@ -130,14 +130,19 @@ impl KvStore {
 
 impl Sink for KvStore {
     fn commit(&self, mut batch: Vec<Write>, counters: Counters) -> Result<()> {
-        batch.push((
-            meta::NEXT_SEQ.to_vec(),
-            Some(value::encode(&counters.next_seq)),
-        ));
-        batch.push((
-            meta::COMMITS.to_vec(),
-            Some(value::encode(&counters.commits)),
-        ));
+        // The counters are read back only by a reopen: a memory store keeps
+        // them in the committer alone (its META values stay those of its
+        // creation).
+        if self.file.is_some() {
+            batch.push((
+                meta::NEXT_SEQ.to_vec(),
+                Some(value::encode(&counters.next_seq)),
+            ));
+            batch.push((
+                meta::COMMITS.to_vec(),
+                Some(value::encode(&counters.commits)),
+            ));
+        }
         match self.engine.commit(batch) {
             Ok(()) => {
                 if let (Some(f), Durability::Immediate) = (&self.file, self.opts.durability) {

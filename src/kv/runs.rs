@@ -405,7 +405,7 @@ impl KvStore {
 impl StateStore for KvStore {
     fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
         check_record(&record)?;
-        let record = self.opts.scrubber.scrub_run(&record);
+        let record = self.opts.scrubber.scrub_run_owned(record);
         let now = self.now();
         let max = self.opts.record_bytes_max;
         let keys = RunKeys::of(&record.key);

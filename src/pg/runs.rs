@@ -136,7 +136,7 @@ impl StateStore for PostgresStore {
     fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
         check_record(&record)?;
         // X1: scrubbed before anything reaches the server.
-        let record = self.opts.options.scrubber.scrub_run(&record);
+        let record = self.opts.options.scrubber.scrub_run_owned(record);
         let now = self.now();
         let max = self.max();
         self.txn(|tx| {

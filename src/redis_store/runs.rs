@@ -338,7 +338,7 @@ impl RedisStore {
 impl StateStore for RedisStore {
     fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
         check_record(&record)?;
-        let record = self.opts.options.scrubber.scrub_run(&record);
+        let record = self.opts.options.scrubber.scrub_run_owned(record);
         let max = self.max();
         let (h, crc) = run_head(&record);
         check_size("run record", h.len() + value::OVERHEAD_BYTES - 1, max)?;
