@@ -228,8 +228,6 @@ impl KvStore {
     /// the engine: `accept` turns an entry into an item or skips it. Reads
     /// one matching entry past the page to know whether the walk ends here
     /// (L3), and costs O(limit + skipped entries) (L5).
-    // Every listing states all of these; a struct for them would only be
-    // built to be taken apart here.
     pub(crate) fn scan_page<T>(
         &self,
         listing: Listing,

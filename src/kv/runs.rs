@@ -363,41 +363,44 @@ impl KvStore {
     }
 }
 
-impl KvStore {
-    /// A page from a range whose values are the records (the run table,
-    /// an unfinished state's index).
-    fn record_page(
-        &self,
-        q: &StateQuery,
-        prefix: &[u8],
-        binding: &[u8],
-        page: &PageRequest,
-    ) -> Result<Page<RunRecord>> {
-        let end = prefix_end(prefix);
-        let plen = prefix.len();
-        self.scan_page(Listing::Runs, binding, prefix, &end, page, |k, v| {
-            let r = decode_run_at(v, &q.tenant, seq_after(k, plen)?)?;
-            Ok(run_matches(q, &r).then_some(r))
-        })
-    }
+/// What a run index range holds as its values.
+#[derive(Clone, Copy)]
+enum Holds {
+    /// The records (the run table, an unfinished state's index).
+    Records,
+    /// Summaries (the session index, a finished state's index): the record
+    /// is read only for an entry whose summary matches.
+    Summaries,
+}
 
-    /// A page from a range whose values are summaries (the session index,
-    /// a finished state's index): the record is read only for a match.
-    fn summary_page(
+impl KvStore {
+    /// A page of the runs under `prefix` (whose keys end in a seq) that
+    /// match `q`.
+    fn index_page(
         &self,
         q: &StateQuery,
         prefix: &[u8],
+        holds: Holds,
         binding: &[u8],
         page: &PageRequest,
     ) -> Result<Page<RunRecord>> {
         let end = prefix_end(prefix);
         let plen = prefix.len();
         self.scan_page(Listing::Runs, binding, prefix, &end, page, |k, v| {
-            let s: RunSummary = value::decode(v, "run summary")?;
-            if !s.matches(q) {
-                return Ok(None);
+            let seq = seq_after(k, plen)?;
+            match holds {
+                Holds::Records => {
+                    let r = decode_run_at(v, &q.tenant, seq)?;
+                    Ok(run_matches(q, &r).then_some(r))
+                }
+                Holds::Summaries => {
+                    let s: RunSummary = value::decode(v, "run summary")?;
+                    if !s.matches(q) {
+                        return Ok(None);
+                    }
+                    self.run_at_if(q, seq)
+                }
             }
-            self.run_at_if(q, seq_after(k, plen)?)
         })
     }
 }
@@ -512,14 +515,14 @@ impl StateStore for KvStore {
         match (&q.session, q.state) {
             (Some(s), _) => {
                 let prefix = KeyBuf::table(table::RUN_BY_SESSION).str(t).str(s).done();
-                self.summary_page(q, &prefix, &binding, page)
+                self.index_page(q, &prefix, Holds::Summaries, &binding, page)
             }
             (None, Some(st)) if st.is_finished() => {
                 let prefix = KeyBuf::table(table::RUN_BY_STATE)
                     .str(t)
                     .u8(st.tag())
                     .done();
-                self.summary_page(q, &prefix, &binding, page)
+                self.index_page(q, &prefix, Holds::Summaries, &binding, page)
             }
             (None, Some(st)) => {
                 let prefix = KeyBuf::table(table::RUN_BY_STATE)
@@ -531,11 +534,11 @@ impl StateStore for KvStore {
                 {
                     return Ok(p);
                 }
-                self.record_page(q, &prefix, &binding, page)
+                self.index_page(q, &prefix, Holds::Records, &binding, page)
             }
             (None, None) => {
                 let prefix = KeyBuf::table(table::RUN).str(t).done();
-                self.record_page(q, &prefix, &binding, page)
+                self.index_page(q, &prefix, Holds::Records, &binding, page)
             }
         }
     }
