@@ -193,6 +193,7 @@ pub(crate) fn checked_entry(e: Entry, scrubber: &Scrubber, max: usize) -> Result
 /// runs have distinct `seq`s. A backend that writes an import entry by
 /// entry checks this first, so a duplicate is refused before anything is
 /// written (into an empty store, nothing else can collide).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn check_import_unique(entries: &[Entry]) -> Result<()> {
     use std::collections::HashSet;
     let mut seen: HashSet<(u8, Vec<String>)> = HashSet::new();
