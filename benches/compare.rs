@@ -677,22 +677,11 @@ impl Sqlite {
             .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
             .expect("wal");
         assert_eq!(mode.to_lowercase(), "wal");
-        conn.execute_batch(
-            "PRAGMA synchronous=FULL;
-             CREATE TABLE runs(
-                 seq INTEGER PRIMARY KEY,
-                 tenant TEXT NOT NULL,
-                 run_id TEXT NOT NULL,
-                 version INTEGER NOT NULL,
-                 state INTEGER NOT NULL,
-                 session_id TEXT,
-                 updated_at INTEGER NOT NULL,
-                 body BLOB NOT NULL,
-                 UNIQUE(tenant, run_id));
-             CREATE INDEX runs_by_tenant ON runs(tenant, seq);
-             CREATE INDEX runs_by_state ON runs(tenant, state, seq);
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous=FULL; {}
              CREATE INDEX runs_by_session ON runs(tenant, session_id, seq) WHERE session_id IS NOT NULL;",
-        )
+            sqlite_side::RUNS_SCHEMA
+        ))
         .expect("sqlite schema");
         Sqlite {
             conn,

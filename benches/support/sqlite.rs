@@ -17,6 +17,20 @@ use agentstate::RunState;
 
 use super::{TENANT, body_bytes, listing_state, now_ms, run_id};
 
+/// The runs table and the indexes both SQLite contenders use.
+pub const RUNS_SCHEMA: &str = "CREATE TABLE runs(
+    seq INTEGER PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    session_id TEXT,
+    updated_at INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    UNIQUE(tenant, run_id));
+CREATE INDEX runs_by_tenant ON runs(tenant, seq);
+CREATE INDEX runs_by_state ON runs(tenant, state, seq);";
+
 /// The database file inside its directory.
 pub const DB_FILE: &str = "runs.db";
 /// Rows per load transaction.
@@ -58,22 +72,9 @@ pub fn load_child(n: u64, patches: u64, dir: &Path) {
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
         .expect("wal");
     assert_eq!(mode.to_lowercase(), "wal");
-    conn.execute_batch(
-        "PRAGMA synchronous=NORMAL;
-         PRAGMA cache_size=-65536;
-         CREATE TABLE runs(
-             seq INTEGER PRIMARY KEY,
-             tenant TEXT NOT NULL,
-             run_id TEXT NOT NULL,
-             version INTEGER NOT NULL,
-             state INTEGER NOT NULL,
-             session_id TEXT,
-             updated_at INTEGER NOT NULL,
-             body BLOB NOT NULL,
-             UNIQUE(tenant, run_id));
-         CREATE INDEX runs_by_tenant ON runs(tenant, seq);
-         CREATE INDEX runs_by_state ON runs(tenant, state, seq);",
-    )
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous=NORMAL; PRAGMA cache_size=-65536; {RUNS_SCHEMA}"
+    ))
     .expect("sqlite schema");
     let body = body_bytes();
     let tail = tail_rows(n);

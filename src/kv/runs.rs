@@ -81,23 +81,40 @@ impl RunSummary {
     }
 
     fn matches(&self, q: &StateQuery) -> bool {
-        q.state.is_none_or(|s| s == self.state)
-            && q.session
-                .as_ref()
-                .is_none_or(|s| self.session_id.as_ref() == Some(s))
-            && q.agent.as_ref().is_none_or(|a| &self.agent_name == a)
-            && q.updated_before.is_none_or(|t| self.updated_at < t)
+        answers(
+            q,
+            self.state,
+            self.session_id.as_deref(),
+            &self.agent_name,
+            self.updated_at,
+        )
     }
+}
+
+/// True when a run of these fields answers `q`: the one filter check of
+/// records and summaries alike.
+fn answers(
+    q: &StateQuery,
+    state: RunState,
+    session_id: Option<&str>,
+    agent_name: &str,
+    updated_at: Millis,
+) -> bool {
+    q.state.is_none_or(|s| s == state)
+        && q.session.as_deref().is_none_or(|s| session_id == Some(s))
+        && q.agent.as_deref().is_none_or(|a| agent_name == a)
+        && q.updated_before.is_none_or(|t| updated_at < t)
 }
 
 /// True when `r` answers `q`.
 fn run_matches(q: &StateQuery, r: &RunRecord) -> bool {
-    q.state.is_none_or(|s| s == r.state)
-        && q.session
-            .as_ref()
-            .is_none_or(|s| r.session_id.as_ref() == Some(s))
-        && q.agent.as_ref().is_none_or(|a| &r.agent_name == a)
-        && q.updated_before.is_none_or(|t: Millis| r.updated_at < t)
+    answers(
+        q,
+        r.state,
+        r.session_id.as_deref(),
+        &r.agent_name,
+        r.updated_at,
+    )
 }
 
 /// A run's id-map key: all of a write that does not depend on what the

@@ -77,6 +77,8 @@ impl KvStore {
         let lo = KeyBuf::table(v1::RUN).done();
         let hi = prefix_end(&lo);
         let total = self.count(v1::RUN_BY_SEQ)?;
+        // A record format 1 stored is moved as it is, whatever today's size
+        // limit: the upgrade refuses nothing the store already holds.
         let max = usize::MAX;
         let mut done = 0u64;
         progress(UpgradeProgress { done, total });
