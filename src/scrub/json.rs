@@ -483,8 +483,15 @@ mod tests {
             "not idempotent on {:?}",
             text
         );
+        // When the input already holds the marker, the reference's output
+        // cannot show whether a secret key's value was replaced (by an equal
+        // one, written differently), so there the text may change.
         let as_read = serde_json::from_str::<Value>(text).map(|v| v.to_string());
-        if unique_keys && as_read.as_deref().is_ok_and(|t| t == old) {
+        if unique_keys
+            && as_read
+                .as_deref()
+                .is_ok_and(|t| t == old && !t.contains(REDACTED))
+        {
             prop_assert_eq!(&new, text, "nothing redacted, yet the text changed");
         }
         Ok(())
@@ -735,6 +742,16 @@ mod tests {
                 agree(&s, case).unwrap_or_else(|e| panic!("{e}"));
             }
         }
+    }
+
+    #[test]
+    fn a_secret_value_that_spells_the_marker_with_escapes_becomes_the_marker() {
+        // Found by CI's proptest run: the value is replaced (by an equal
+        // one), so the text may change; the result must still agree.
+        let s = Scrubber::new();
+        let args = r#"{"apassword":"\u005BREDACTED\u005D"}"#;
+        assert_eq!(s.scrub_arguments(args), r#"{"apassword":"[REDACTED]"}"#);
+        agree_on(&s, args, true).unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[test]
