@@ -332,8 +332,11 @@ static FLAG: LazyLock<Regex> = LazyLock::new(|| {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Scrubber {
-    /// Built-in shapes, then the user's patterns, applied in this order.
-    rules: Arc<[Rule]>,
+    /// Built-in shapes, then the user's patterns, applied in this order;
+    /// `None` is the built-in shapes alone, compiled at the first scrub
+    /// rather than when the scrubber (or a store's `Options`) is made, so
+    /// opening a store does not wait for regexes it may never run.
+    rules: Option<Arc<[Rule]>>,
     /// User-added secret key names, normalized.
     secret_keys: Arc<[String]>,
 }
@@ -342,7 +345,7 @@ impl Default for Scrubber {
     /// The built-in rules only.
     fn default() -> Self {
         Scrubber {
-            rules: Arc::clone(&DEFAULT_RULES),
+            rules: None,
             secret_keys: Arc::default(),
         }
     }
@@ -392,13 +395,13 @@ impl Scrubber {
             .capture_names()
             .position(|name| name == Some("secret"))
             .unwrap_or(0);
-        let mut rules = self.rules.to_vec();
+        let mut rules = self.rules().to_vec();
         rules.push(Rule {
             regex,
             group,
             accept: always,
         });
-        self.rules = rules.into();
+        self.rules = Some(rules.into());
         Ok(self)
     }
 
@@ -495,7 +498,7 @@ impl Scrubber {
             step(&|t| self.pair_ranges(&PAIR, t, true));
             step(&|t| self.pair_ranges(&FLAG, t, false));
         }
-        for rule in self.rules.iter() {
+        for rule in self.rules() {
             step(&|t| rule_ranges(rule, t));
         }
         changed
@@ -531,7 +534,15 @@ impl Scrubber {
 
     /// The built-in rules only: the prefilter knows them.
     fn is_default(&self) -> bool {
-        Arc::ptr_eq(&self.rules, &DEFAULT_RULES) && self.secret_keys.is_empty()
+        self.rules.is_none() && self.secret_keys.is_empty()
+    }
+
+    /// The rules applied in order (the built-in ones compile on first use).
+    fn rules(&self) -> &[Rule] {
+        match &self.rules {
+            Some(rules) => rules,
+            None => &DEFAULT_RULES,
+        }
     }
 
     /// Whether a key names a secret (the rule in the module docs).
@@ -1526,9 +1537,16 @@ mod tests {
     fn default_shares_compiled_rules() {
         let a = Scrubber::default();
         let b = Scrubber::new();
-        assert!(Arc::ptr_eq(&a.rules, &b.rules));
+        assert!(a.rules.is_none() && b.rules.is_none());
+        assert!(std::ptr::eq(a.rules(), b.rules()));
+        assert!(std::ptr::eq(a.rules(), &**DEFAULT_RULES));
         let c = a.clone().with_secret_key("pin");
-        assert!(Arc::ptr_eq(&a.rules, &c.rules));
+        assert!(c.rules.is_none());
+        let d = a
+            .clone()
+            .with_pattern(r"\bPIN-[0-9]{4}\b")
+            .expect("valid pattern");
+        assert_eq!(d.rules().len(), DEFAULT_RULES.len() + 1);
         send_sync::<Scrubber>();
     }
 }
