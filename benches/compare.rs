@@ -52,12 +52,13 @@
 //! SQLite beside the big tenant (issue 13, `benches/support/sqlite.rs`):
 //! a second child loads the same runs into a SQLite table (WAL; indexes
 //! `(tenant, seq)` and `(tenant, state, seq)`; a ~260-byte body blob per
-//! row), the last 1% of them and the same 1000 patches with the WAL
+//! row: the record's fields without a column, in postcard), the last 1% of them and the same 1000 patches with the WAL
 //! truncated first and autocheckpoint off, and is killed the same way.
 //! Then, side by side: open + first read after the kill (each rep in a
 //! fresh process on a fresh copy of the killed directory, ours and
 //! SQLite's alternating); our page walk with SQLite's keyset walk
-//! (`WHERE tenant = ? AND seq > ? ORDER BY seq LIMIT 101`) page by page;
+//! (`WHERE tenant = ? AND seq > ? ORDER BY seq LIMIT 101`) page by page,
+//! twice (whole rows; and the rows built into `RunRecord`s, as ours);
 //! the stale reaper (`updated_before` earlier than every write: matches
 //! nothing); and, after both close cleanly, open + first read in fresh
 //! processes again.
@@ -881,8 +882,11 @@ struct Listing {
     /// a scan of records clustered by seq.
     engine_small: EnginePages,
     engine_big: EnginePages,
-    /// SQLite's keyset page of the same runs, timed beside `page_big`.
+    /// SQLite's keyset page of the same runs, timed beside `page_big`:
+    /// whole rows (columns and the body copied out), and the same rows
+    /// built into the `RunRecord`s our page returns.
     page_sqlite: Stats,
+    page_sqlite_records: Stats,
     sqlite_plan: String,
     sqlite_load_s: f64,
     /// The stale reaper at the big size (µs to learn that nothing
@@ -1078,8 +1082,8 @@ fn listing(dir: &Path, s: Sizes) -> Listing {
     let (first, seen) = walk(&big, StateQuery::new(TENANT), 100);
     assert_eq!(seen, s.big);
     let (reaper_first, _) = walk(&big, reaper_query(), 100);
-    let (page_big, page_sqlite, seen) = walk_beside_sqlite(&big, &sqlite);
-    assert_eq!(seen, (s.big, s.big));
+    let (page_big, page_sqlite, page_sqlite_records, seen) = walk_beside_sqlite(&big, &sqlite);
+    assert_eq!(seen, (s.big, s.big, s.big));
     let (reaper_big, seen) = walk(&big, reaper_query(), 100);
     assert_eq!(seen, s.big.div_ceil(100));
     // The stale reaper: running runs last written before any run was.
@@ -1133,6 +1137,7 @@ fn listing(dir: &Path, s: Sizes) -> Listing {
         engine_small,
         engine_big,
         page_sqlite: stats(page_sqlite),
+        page_sqlite_records: stats(page_sqlite_records),
         sqlite_plan,
         sqlite_load_s,
         stale: stats(stale),
@@ -1154,18 +1159,21 @@ const MIB: f64 = 1024.0 * 1024.0;
 /// last acknowledged write a reopen after the kill must read back.
 const KILL_PATCHES: u64 = 1000;
 
-/// Our page walk with SQLite's keyset walk of the same runs: SQLite's
-/// page i right after our page i. Returns both sides' page times (µs) and
-/// the runs each saw.
-fn walk_beside_sqlite(
-    store: &FileStore,
-    sqlite: &sqlite_side::Pager,
-) -> (Vec<f64>, Vec<f64>, (usize, usize)) {
-    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-    let (mut seen, mut seen_sqlite) = (0, 0);
+/// Our page walk with SQLite's keyset walks of the same runs: SQLite's
+/// page i (whole rows), then the same page built into `RunRecord`s, right
+/// after our page i. Returns the three page times (µs) and the runs each
+/// walk saw.
+/// Page times (µs) of one walk beside SQLite: ours, SQLite's whole rows,
+/// SQLite's records; and the runs each walk saw.
+type BesideSqlite = (Vec<f64>, Vec<f64>, Vec<f64>, (usize, usize, usize));
+
+fn walk_beside_sqlite(store: &FileStore, sqlite: &sqlite_side::Pager) -> BesideSqlite {
+    let (mut ours, mut theirs, mut records) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut seen, mut seen_sqlite, mut seen_records) = (0, 0, 0);
     let mut page = Some(PageRequest::new(100));
     let mut after = Some(0i64);
-    while page.is_some() || after.is_some() {
+    let mut after_records = Some(0i64);
+    while page.is_some() || after.is_some() || after_records.is_some() {
         if let Some(p) = page.take() {
             let t = Instant::now();
             let got = store.list_runs(&StateQuery::new(TENANT), &p).expect("list");
@@ -1183,8 +1191,16 @@ fn walk_beside_sqlite(
             std::hint::black_box(&rows);
             after = next;
         }
+        if let Some(a) = after_records.take() {
+            let t = Instant::now();
+            let (rows, next) = sqlite.page_records(a);
+            records.push(t.elapsed().as_secs_f64() * 1e6);
+            seen_records += rows.len();
+            std::hint::black_box(&rows);
+            after_records = next;
+        }
     }
-    (ours, theirs, (seen, seen_sqlite))
+    (ours, theirs, records, (seen, seen_sqlite, seen_records))
 }
 
 /// The run a reopen reads first, and the version it must find.
@@ -1760,6 +1776,14 @@ fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
         ),
     );
     row(
+        &format!("sqlite: page of 100 at {big} runs, as RunRecords"),
+        page(&l.page_sqlite_records),
+        &pnote(
+            &l.page_sqlite_records,
+            "the same rows, each built into the RunRecord our page returns (body decoded; no checksum)",
+        ),
+    );
+    row(
         &format!("stale reaper at {big} runs"),
         page(&l.stale),
         &pnote(
@@ -1918,6 +1942,11 @@ fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
     res(
         "page_1m_vs_sqlite",
         l.page_big.median_us / l.page_sqlite.median_us,
+    );
+    res("page_1m_sqlite_records_us", l.page_sqlite_records.median_us);
+    res(
+        "page_1m_vs_sqlite_records",
+        l.page_big.median_us / l.page_sqlite_records.median_us,
     );
     res("reaper_stale_1m_us", l.stale.median_us);
     res("reaper_stale_1m_sqlite_us", l.stale_sqlite.median_us);

@@ -49,12 +49,34 @@ pub(crate) enum Listing {
     Budgets = 7,
 }
 
-/// The AEAD keyed by the 32-byte key derived from the store's secret.
-fn cipher(secret: &[u8; 16]) -> XChaCha20Poly1305 {
+/// The 32-byte cursor key derived from a store's secret.
+fn derive(secret: &[u8; 16]) -> [u8; 32] {
     let hk = hkdf::Hkdf::<sha2::Sha256>::new(None, secret);
     let mut key = [0u8; 32];
     hk.expand(KEY_INFO, &mut key)
         .expect("32 bytes is a valid HKDF-SHA256 output length");
+    key
+}
+
+std::thread_local! {
+    /// The last secret this thread used and its derived key: the HKDF
+    /// (four SHA-256 blocks) cost more than the AEAD of a cursor, and a
+    /// thread pages one store at a time far more often than it switches.
+    static DERIVED: std::cell::Cell<Option<([u8; 16], [u8; 32])>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// The AEAD keyed by the 32-byte key derived from the store's secret.
+fn cipher(secret: &[u8; 16]) -> XChaCha20Poly1305 {
+    let key = DERIVED.with(|d| match d.get() {
+        Some((s, key)) if &s == secret => key,
+        _ => {
+            let key = derive(secret);
+            d.set(Some((*secret, key)));
+            key
+        }
+    });
+    debug_assert_eq!(key, derive(secret));
     XChaCha20Poly1305::new(&key.into())
 }
 

@@ -239,35 +239,32 @@ impl KvStore {
     ) -> Result<Page<T>> {
         let limit = page.limit;
         check_limit(limit)?;
-        let mut start = match self.cursor_position(listing, binding, lo, hi, page)? {
+        let start = match self.cursor_position(listing, binding, lo, hi, page)? {
             None => lo.to_vec(),
             Some(pos) => successor(&pos),
         };
-        let mut items: Vec<(Vec<u8>, T)> = Vec::with_capacity(limit + 1);
-        let chunk = (limit + 1).clamp(16, 1024);
-        'outer: loop {
-            let entries = self.engine.scan(&start, hi, chunk)?;
-            let exhausted = entries.len() < chunk;
-            for (k, v) in entries {
-                start = successor(&k);
-                if let Some(item) = accept(&k, &v)? {
-                    items.push((k, item));
-                    if items.len() > limit {
-                        break 'outer;
-                    }
-                }
+        // One scan that stops at the first match past the page (which says
+        // a next page exists); of the keys only the page's last is kept,
+        // for its cursor, and the entries are read in place.
+        let mut items: Vec<T> = Vec::with_capacity(limit);
+        let mut last = Vec::new();
+        let mut more = false;
+        self.engine.scan_each(&start, hi, &mut |k, v| {
+            let Some(item) = accept(k, v)? else {
+                return Ok(true);
+            };
+            if items.len() == limit {
+                more = true;
+                return Ok(false);
             }
-            if exhausted {
-                break;
+            items.push(item);
+            if items.len() == limit {
+                last.extend_from_slice(k);
             }
-        }
-        let more = items.len() > limit;
-        items.truncate(limit);
-        let cursor = match (more, items.last()) {
-            (true, Some((k, _))) => Some(self.cursor_at(listing, binding, k)),
-            _ => None,
-        };
-        Page::new(items.into_iter().map(|(_, t)| t).collect(), cursor)
+            Ok(true)
+        })?;
+        let cursor = more.then(|| self.cursor_at(listing, binding, &last));
+        Page::new(items, cursor)
     }
 
     /// The position a page's cursor holds, checked to lie inside the

@@ -296,6 +296,23 @@ impl Engine for FjallEngine {
         Ok(out)
     }
 
+    fn scan_each(&self, start: &[u8], end: &[u8], visit: &mut super::Visit<'_>) -> Result<()> {
+        if start >= end {
+            return Ok(());
+        }
+        let fj = self.fj();
+        // The iterator holds its own snapshot of the tree (no lock), and
+        // hands out slices of the blocks it reads: nothing is copied.
+        let snap = fj.db.snapshot();
+        for guard in snap.range(&fj.ks, start..end) {
+            let (k, v) = guard.into_inner().map_err(map_err)?;
+            if !visit(&k, &v)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     fn commit(&self, batch: Vec<Write>) -> Result<()> {
         let mode = match self.mode {
             SyncMode::Data => PersistMode::SyncData,

@@ -16,6 +16,9 @@ use crate::options::FileEngine;
 /// One write of a batch: a value to put, or `None` to delete.
 pub(crate) type Write = (Vec<u8>, Option<Vec<u8>>);
 
+/// What [`Engine::scan_each`] hands each pair to: `Ok(false)` stops.
+pub(crate) type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool> + 'a;
+
 /// An ordered key-value engine.
 ///
 /// Invariant: `commit` is atomic (all of a batch or none is ever visible,
@@ -26,6 +29,31 @@ pub(crate) trait Engine: Send + Sync {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
     /// Up to `limit` pairs with `start <= key < end`, ascending.
     fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+    /// Hands the pairs with `start <= key < end` to `visit` in ascending
+    /// order until it returns `false` (or an error, which ends the scan and
+    /// is returned). The slices are borrowed from the engine where it can
+    /// (no copy per entry); `visit` may read the engine, since no engine
+    /// lock is held while it runs.
+    ///
+    /// This default reads chunks through [`Engine::scan`], each ending in
+    /// a lock-free visit of its copies.
+    fn scan_each(&self, start: &[u8], end: &[u8], visit: &mut Visit<'_>) -> Result<()> {
+        const CHUNK: usize = 256;
+        let mut from = start.to_vec();
+        loop {
+            let entries = self.scan(&from, end, CHUNK)?;
+            let exhausted = entries.len() < CHUNK;
+            for (k, v) in &entries {
+                if !visit(k, v)? {
+                    return Ok(());
+                }
+            }
+            match entries.last() {
+                Some((k, _)) if !exhausted => from = crate::kv::key::successor(k),
+                _ => return Ok(()),
+            }
+        }
+    }
     /// Applies a batch atomically and durably.
     fn commit(&self, batch: Vec<Write>) -> Result<()>;
     /// Makes every committed batch durable (a no-op in memory).
