@@ -567,7 +567,7 @@ mod tests {
                                 .any(|a| a.instance == inst(w) && a.due_at == due),
                             "alarm {w}@{due} missing from {seen:?}"
                         );
-                        if x % 3 == 0 {
+                        if x.is_multiple_of(3) {
                             assert!(s.ack_alarm(&inst(w), 0, due).unwrap());
                         }
                     }
