@@ -41,6 +41,8 @@ pub(crate) struct KvStore {
     /// Set when a commit failed; writes are refused until reopened (D6).
     poisoned: AtomicBool,
     file: Option<file::FileState>,
+    /// Where a due-alarm listing may start (see `trays::AlarmFloor`).
+    alarm_floor: trays::AlarmFloor,
 }
 
 impl std::fmt::Debug for KvStore {
@@ -106,6 +108,7 @@ impl KvStore {
             secret,
             poisoned: AtomicBool::new(false),
             file,
+            alarm_floor: trays::AlarmFloor::default(),
         })
     }
 

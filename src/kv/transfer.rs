@@ -196,6 +196,8 @@ impl KvStore {
             };
             let last = whole || chunk.len() < IMPORT_GROUP;
             let mark = first && !last;
+            // The chunk may hold alarms due at any time.
+            let _lowered = self.alarm_floor.lower(0);
             self.submit(move |txn: &mut Txn<'_>| {
                 for (k, v) in chunk {
                     txn.put(k[1..].to_vec(), v);

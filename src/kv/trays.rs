@@ -19,6 +19,70 @@ use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 use super::commit::Txn;
 use super::{KvStore, check_id, check_limit};
 
+/// A lower bound, kept in memory, on the due time of every live entry of
+/// the due-time index (`ALARM_BY_DUE`), so a due listing's first page
+/// seeks past the tombstones that replaced and acknowledged alarms leave
+/// below it (they stay in the engine's memtables and L0 tables until a
+/// compaction into the last level drops them, and a scan from the index's
+/// start steps over every one).
+///
+/// Invariant: every live entry that a reader's snapshot can hold has a due
+/// time `>= at` when the reader reads `at`. It holds because:
+/// - a writer of the index that can add an entry below `at` (`set_alarm`,
+///   an import's publish) lowers `at` and counts itself in `started`
+///   before it queues its write, and counts itself in `done` only after
+///   its commit (or failure) is known;
+/// - a first page raises `at` to the first live due time its snapshot
+///   held (or past `now` when it held none at or below it) only when no
+///   such writer was in flight when it read `at` (`started == done`) and
+///   none started since (`started` unchanged): every write it could have
+///   missed lowers `at` after the raise.
+#[derive(Debug, Default)]
+pub(crate) struct AlarmFloor(crate::sync::Mutex<Floor>);
+
+#[derive(Debug, Default)]
+struct Floor {
+    at: Millis,
+    started: u64,
+    done: u64,
+}
+
+/// A writer of the due-time index in flight: counted in `done` when
+/// dropped, whatever became of its write.
+pub(crate) struct Lowered<'a>(&'a AlarmFloor);
+
+impl Drop for Lowered<'_> {
+    fn drop(&mut self) {
+        self.0.0.lock().done += 1;
+    }
+}
+
+impl AlarmFloor {
+    /// Before a write that may add index entries due at `due` or later.
+    pub(crate) fn lower(&self, due: Millis) -> Lowered<'_> {
+        let mut f = self.0.lock();
+        f.at = f.at.min(due);
+        f.started += 1;
+        Lowered(self)
+    }
+
+    /// Where a first page may start, and the token a raise needs (`None`
+    /// while a writer is in flight).
+    fn start(&self) -> (Millis, Option<u64>) {
+        let f = self.0.lock();
+        (f.at, (f.started == f.done).then_some(f.started))
+    }
+
+    /// After a first page read from `start()`'s bound: no live entry is
+    /// due before `due`.
+    fn raise(&self, token: u64, due: Millis) {
+        let mut f = self.0.lock();
+        if f.started == token {
+            f.at = f.at.max(due);
+        }
+    }
+}
+
 /// Who to wake for a marked tray: the value of both marked indexes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Waker {
@@ -309,6 +373,7 @@ impl TrayStore for KvStore {
     fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
         check_instance(instance)?;
         let instance = instance.clone();
+        let _lowered = self.alarm_floor.lower(due_at);
         self.submit(move |txn| {
             fence(txn, &instance, epoch)?;
             let k = alarm_key(&instance);
@@ -328,12 +393,21 @@ impl TrayStore for KvStore {
     }
 
     fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
-        let lo = KeyBuf::table(table::ALARM_BY_DUE).done();
+        let index = KeyBuf::table(table::ALARM_BY_DUE).done();
         let hi = match now.checked_add(1) {
             Some(n) => KeyBuf::table(table::ALARM_BY_DUE).u64(n).done(),
-            None => prefix_end(&lo),
+            None => prefix_end(&index),
         };
-        self.scan_page(Listing::Alarms, &lo, &lo, &hi, page, |k, _| {
+        // A first page starts at the floor (no live entry is below it); a
+        // later one at its cursor, checked against the whole index.
+        let (lo, raise) = match page.cursor {
+            None => {
+                let (at, token) = self.alarm_floor.start();
+                (KeyBuf::table(table::ALARM_BY_DUE).u64(at).done(), token)
+            }
+            Some(_) => (index.clone(), None),
+        };
+        let answer = self.scan_page(Listing::Alarms, &index, &lo, &hi, page, |k, _| {
             let mut r = KeyReader::new(k, table::ALARM_BY_DUE)?;
             let due_at = r.u64()?;
             let instance = InstanceKey {
@@ -342,7 +416,15 @@ impl TrayStore for KvStore {
             };
             r.end()?;
             Ok(Some(Alarm { instance, due_at }))
-        })
+        })?;
+        if let Some(token) = raise {
+            let first = match answer.items().first() {
+                Some(a) => a.due_at,
+                None => now.saturating_add(1),
+            };
+            self.alarm_floor.raise(token, first);
+        }
+        Ok(answer)
     }
 
     fn ack_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<bool> {
@@ -377,4 +459,155 @@ pub(crate) fn import_tray(txn: &mut Txn<'_>, k: &TrayKey, t: &Tray) {
         txn.put(marked_env_key(&t.env, k), w);
     }
     txn.put(tray_key(k), value::encode(t));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::api::TrayStore;
+    use crate::page::PageRequest;
+    use crate::tray::{Alarm, InstanceKey};
+    use crate::{FileStore, MemoryStore};
+
+    fn inst(n: u64) -> InstanceKey {
+        InstanceKey::new("floor", format!("i{n}"))
+    }
+
+    /// Every due alarm, following cursors.
+    fn all_due(s: &dyn TrayStore, now: u64, limit: usize) -> Vec<Alarm> {
+        let mut out = Vec::new();
+        let mut page = PageRequest::new(limit);
+        loop {
+            let p = s.due_alarms(now, &page).expect("due_alarms");
+            out.extend(p.items().iter().cloned());
+            match p.cursor() {
+                Some(c) => page = PageRequest::new(limit).after(Some(c)),
+                None => return out,
+            }
+        }
+    }
+
+    /// The floor a first page raises never hides an alarm set below it
+    /// afterwards, nor one a later page reaches by its cursor.
+    #[test]
+    fn alarm_floor_keeps_every_alarm_due() {
+        let s = MemoryStore::new();
+        let due = |now| {
+            all_due(&s, now, 1)
+                .into_iter()
+                .map(|a| (a.instance.id, a.due_at))
+                .collect::<Vec<_>>()
+        };
+        s.set_alarm(&inst(1), 0, 1_000).unwrap();
+        assert_eq!(due(2_000), [("i1".to_string(), 1_000)]);
+        // Below the floor the first page raised to 1000.
+        s.set_alarm(&inst(2), 0, 10).unwrap();
+        assert_eq!(due(2_000), [("i2".into(), 10), ("i1".into(), 1_000)]);
+        // Nothing due: the floor moves past `now`; an alarm below it and
+        // an earlier `now` still answer.
+        assert!(s.ack_alarm(&inst(1), 0, 1_000).unwrap());
+        assert!(s.ack_alarm(&inst(2), 0, 10).unwrap());
+        assert_eq!(due(5_000), []);
+        s.set_alarm(&inst(3), 0, 3).unwrap();
+        assert_eq!(due(2), []);
+        assert_eq!(due(3), [("i3".into(), 3)]);
+        // Replacing an alarm with an earlier one.
+        s.set_alarm(&inst(4), 0, 7_000).unwrap();
+        assert_eq!(due(9_000), [("i3".into(), 3), ("i4".into(), 7_000)]);
+        assert!(s.ack_alarm(&inst(3), 0, 3).unwrap());
+        assert_eq!(due(9_000), [("i4".into(), 7_000)]);
+        s.set_alarm(&inst(4), 0, 5).unwrap();
+        assert_eq!(due(9_000), [("i4".into(), 5)]);
+        // An import publishes alarms of any time.
+        let entries: Vec<_> = {
+            let mut page = PageRequest::new(100);
+            let mut out = Vec::new();
+            loop {
+                let p = crate::admin::StoreAdmin::export_page(&s, &page).unwrap();
+                out.extend(p.items().iter().cloned());
+                match p.cursor() {
+                    Some(c) => page = PageRequest::new(100).after(Some(c)),
+                    None => break out,
+                }
+            }
+        };
+        // The empty store's first page raises its floor past `now`.
+        let u = MemoryStore::new();
+        assert!(all_due(&u, 9_000, 10).is_empty());
+        crate::admin::StoreAdmin::import(&u, &mut entries.into_iter().map(Ok)).unwrap();
+        assert_eq!(
+            all_due(&u, 9_000, 10)
+                .into_iter()
+                .map(|a| (a.instance.id, a.due_at))
+                .collect::<Vec<_>>(),
+            [("i4".to_string(), 5)]
+        );
+    }
+
+    /// Writers set alarms at random times while readers list due ones
+    /// (and so raise the floor): a writer's alarm is due as soon as its
+    /// set returns, until it acks it.
+    fn race(s: Arc<dyn TrayStore + Send + Sync>, rounds: u64) {
+        const NOW: u64 = 1 << 20;
+        let writers: Vec<_> = (0..3u64)
+            .map(|w| {
+                let s = Arc::clone(&s);
+                std::thread::spawn(move || {
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(w + 1);
+                    for _ in 0..rounds {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let due = x % NOW;
+                        s.set_alarm(&inst(w), 0, due).unwrap();
+                        let seen = all_due(&*s, NOW, 2);
+                        assert!(
+                            seen.iter()
+                                .any(|a| a.instance == inst(w) && a.due_at == due),
+                            "alarm {w}@{due} missing from {seen:?}"
+                        );
+                        if x.is_multiple_of(3) {
+                            assert!(s.ack_alarm(&inst(w), 0, due).unwrap());
+                        }
+                    }
+                })
+            })
+            .collect();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..2u64)
+            .map(|r| {
+                let (s, stop) = (Arc::clone(&s), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    let mut n = r;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        n += 1;
+                        let now = (n * 7_919) % (NOW + NOW / 8);
+                        s.due_alarms(now, &PageRequest::new(1)).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().expect("writer");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for r in readers {
+            r.join().expect("reader");
+        }
+    }
+
+    #[test]
+    fn alarm_floor_races_memory() {
+        race(Arc::new(MemoryStore::new()), 2_000);
+    }
+
+    #[test]
+    fn alarm_floor_races_file() {
+        let dir = tempfile::tempdir().unwrap();
+        race(
+            Arc::new(FileStore::open(dir.path().join("s")).unwrap()),
+            150,
+        );
+    }
 }
