@@ -5,9 +5,37 @@
 use super::entry::Entry;
 use std::{
     fs::{File, OpenOptions},
-    io::{BufReader, Seek},
+    io::{BufReader, Read},
     path::{Path, PathBuf},
 };
+
+/// A buffered reader of the journal file that counts the bytes it hands
+/// out, so the reader knows its position without asking the kernel
+/// (agentstate patch: `BufReader::stream_position` is an `lseek` syscall,
+/// and upstream asked for it after every entry of a replay).
+pub(crate) struct CountingReader {
+    inner: BufReader<File>,
+    pos: u64,
+}
+
+impl CountingReader {
+    pub(crate) fn get_mut(&mut self) -> &mut File {
+        self.inner.get_mut()
+    }
+
+    /// Bytes consumed from the start of the file.
+    pub(crate) fn position(&self) -> u64 {
+        self.pos
+    }
+}
+
+impl Read for CountingReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
 
 /// Reads and emits through the entries in a journal file, but doesn't
 /// check the validity of batches
@@ -17,7 +45,7 @@ use std::{
 #[expect(clippy::module_name_repetitions)]
 pub struct JournalReader {
     pub(crate) path: PathBuf,
-    pub(crate) reader: BufReader<File>,
+    pub(crate) reader: CountingReader,
     pub(crate) last_valid_pos: u64,
 }
 
@@ -27,7 +55,10 @@ impl JournalReader {
 
         Ok(Self {
             path: path.as_ref().into(),
-            reader: BufReader::new(file),
+            reader: CountingReader {
+                inner: BufReader::new(file),
+                pos: 0,
+            },
             last_valid_pos: 0,
         })
     }
@@ -40,7 +71,7 @@ impl JournalReader {
     }
 
     fn maybe_truncate_file_to_last_valid_pos(&mut self) -> crate::Result<()> {
-        let stream_pos = self.reader.stream_position()?;
+        let stream_pos = self.reader.position();
 
         if stream_pos > self.last_valid_pos {
             self.truncate_file(self.last_valid_pos)?;
@@ -56,7 +87,7 @@ impl Iterator for JournalReader {
     fn next(&mut self) -> Option<Self::Item> {
         match Entry::decode_from(&mut self.reader) {
             Ok(item) => {
-                self.last_valid_pos = fail_iter!(self.reader.stream_position());
+                self.last_valid_pos = self.reader.position();
                 Some(Ok(item))
             }
             Err(e) => {
