@@ -133,9 +133,9 @@ impl Trie {
         // complete (transitions filled, ends merged) before the node.
         let mut fail = vec![0u16; next.len()];
         let mut queue = std::collections::VecDeque::new();
-        for b in 0..256 {
-            match next[0][b] {
-                NONE => next[0][b] = 0,
+        for slot in &mut next[0] {
+            match *slot {
+                NONE => *slot = 0,
                 child => {
                     fail[usize::from(child)] = 0;
                     queue.push_back(child);
@@ -146,11 +146,12 @@ impl Trie {
             let node = usize::from(node);
             let f = usize::from(fail[node]);
             ends[node] |= ends[f];
-            for b in 0..256 {
-                match next[node][b] {
-                    NONE => next[node][b] = next[f][b],
+            let via_fail = next[f];
+            for (slot, &target) in next[node].iter_mut().zip(&via_fail) {
+                match *slot {
+                    NONE => *slot = target,
                     child => {
-                        fail[usize::from(child)] = next[f][b];
+                        fail[usize::from(child)] = target;
                         queue.push_back(child);
                     }
                 }
