@@ -7,9 +7,10 @@
 //! It looks for what every rule needs to see, in two forms of the text:
 //!
 //! - the raw text, for the secret shapes: each shape's match holds a fixed
-//!   piece (`sk-`, `ghp_`, `xox`, `AKIA`, `eyJ`, `-----BEGIN`, `://` with an
-//!   `@` somewhere, …) that JSON can only spell differently with a `\u`
-//!   escape — and any `\u` escape makes the answer `true`;
+//!   piece (`sk-`, `ghp_`, `xox`, `AKIA`, `eyJ`, `-----BEGIN`, …, and for a
+//!   URL password `:/` — `:\/` in JSON — with an `@` after it) that JSON
+//!   can only spell differently with a `\u` escape — and any `\u` escape
+//!   makes the answer `true`;
 //! - the text's *skeleton*: every character mapped as the key rule
 //!   normalizes a key (lower-cased; `_`, `-`, `.` and whitespace dropped),
 //!   once as written and once with JSON's escapes read (`\t` is whitespace
@@ -19,13 +20,17 @@
 //!   here holds a piece of every secret word (`pass`, `pw`, `secret`,
 //!   `token`, `auth`, `cred`, `cookie`, `apikey`, …).
 //!
+//! Both are one pass over the text's bytes: two automata (Aho-Corasick,
+//! built once into 256-state byte tables) step side by side, the second
+//! reading each byte as the skeleton maps it. Only a text with a backslash
+//! or a non-ASCII character has its skeletons built and searched apart
+//! (escapes and Unicode case need more than one byte at a time).
+//!
 //! A text that holds none of these reaches the rules unchanged: the
 //! property test below runs generated texts (JSON and not, secrets as
 //! values, as keys and as words) through both and checks it.
 
 use std::sync::LazyLock;
-
-use aho_corasick::AhoCorasick;
 
 /// Pieces of the raw text that every secret shape's match contains.
 const SHAPE_PIECES: &[&str] = &[
@@ -78,36 +83,180 @@ const KEY_PIECES: &[&str] = &[
     "jwt",
 ];
 
-/// A multi-substring finder: the SIMD one (Teddy) where the CPU has it,
-/// else an Aho-Corasick DFA.
-enum Finder {
-    Packed(aho_corasick::packed::Searcher),
-    Dfa(AhoCorasick),
+/// A multi-substring automaton's transition table over bytes, with its
+/// states numbered so that one `u8` names each: row `s` holds the next
+/// state after each byte. [`MATCH`] (and [`UNSURE`], where used) are
+/// absorbing: once reached, every byte keeps the state there, so a scan
+/// need not stop to look until its end.
+struct Table {
+    rows: Box<[[u8; 256]; 256]>,
 }
 
-impl Finder {
-    fn new(pieces: &[&str]) -> Finder {
-        match aho_corasick::packed::Searcher::new(pieces.iter()) {
-            Some(s) => Finder::Packed(s),
-            None => Finder::Dfa(
-                AhoCorasick::builder()
-                    .kind(Some(aho_corasick::AhoCorasickKind::DFA))
-                    .build(pieces)
-                    .expect("prefilter pieces build"),
-            ),
-        }
-    }
+/// The start state of every table.
+const ROOT: u8 = 0;
+/// A piece occurred (absorbing).
+const MATCH: u8 = 1;
+/// The key table met a byte it cannot map alone (a backslash, or a byte of
+/// a non-ASCII character): the skeletons must be built (absorbing).
+const UNSURE: u8 = 2;
+/// The first state number left for the automaton's own states.
+const FIRST_FREE: usize = 3;
 
-    fn is_match(&self, haystack: &[u8]) -> bool {
-        match self {
-            Finder::Packed(s) => s.find(haystack).is_some(),
-            Finder::Dfa(ac) => ac.is_match(haystack),
+/// An Aho-Corasick automaton over bytes, as a full transition function:
+/// `next[node][byte]`, and for each node the kinds (bit set) of the pieces
+/// that end there, its failure chain included.
+struct Trie {
+    next: Vec<[u16; 256]>,
+    ends: Vec<u8>,
+}
+
+impl Trie {
+    /// `pieces` with their kind bits.
+    fn new(pieces: &[(&[u8], u8)]) -> Trie {
+        const NONE: u16 = u16::MAX;
+        let mut next = vec![[NONE; 256]];
+        let mut ends = vec![0u8];
+        for &(piece, kind) in pieces {
+            let mut at = 0usize;
+            for &b in piece {
+                if next[at][usize::from(b)] == NONE {
+                    next.push([NONE; 256]);
+                    ends.push(0);
+                    next[at][usize::from(b)] =
+                        u16::try_from(next.len() - 1).expect("prefilter automaton fits u16");
+                }
+                at = usize::from(next[at][usize::from(b)]);
+            }
+            ends[at] |= kind;
         }
+        // Breadth first: a node's failure target is shallower, so it is
+        // complete (transitions filled, ends merged) before the node.
+        let mut fail = vec![0u16; next.len()];
+        let mut queue = std::collections::VecDeque::new();
+        for slot in &mut next[0] {
+            match *slot {
+                NONE => *slot = 0,
+                child => {
+                    fail[usize::from(child)] = 0;
+                    queue.push_back(child);
+                }
+            }
+        }
+        while let Some(node) = queue.pop_front() {
+            let node = usize::from(node);
+            let f = usize::from(fail[node]);
+            ends[node] |= ends[f];
+            let via_fail = next[f];
+            for (slot, &target) in next[node].iter_mut().zip(&via_fail) {
+                match *slot {
+                    NONE => *slot = target,
+                    child => {
+                        fail[usize::from(child)] = target;
+                        queue.push_back(child);
+                    }
+                }
+            }
+        }
+        Trie { next, ends }
     }
 }
 
-static SHAPES: LazyLock<Finder> = LazyLock::new(|| Finder::new(SHAPE_PIECES));
-static KEYS: LazyLock<Finder> = LazyLock::new(|| Finder::new(KEY_PIECES));
+/// Numbers the states a table reaches from its root (state 0 of `space`
+/// automaton states), in the order they are found; `step(state, byte)`
+/// gives either a fixed state (`Err`) or an automaton state to number
+/// (`Ok`).
+fn number(space: usize, step: impl Fn(usize, u8) -> Result<usize, u8>) -> Table {
+    let mut rows = Box::new([[ROOT; 256]; 256]);
+    for fixed in [MATCH, UNSURE] {
+        rows[usize::from(fixed)] = [fixed; 256];
+    }
+    let mut ids: Vec<Option<u8>> = vec![None; space];
+    ids[0] = Some(ROOT);
+    let mut next_id = FIRST_FREE;
+    let mut todo = vec![0];
+    while let Some(s) = todo.pop() {
+        let id = ids[s].expect("numbered before queued");
+        for b in 0..=255u8 {
+            let target = match step(s, b) {
+                Err(fixed) => fixed,
+                Ok(t) => *ids[t].get_or_insert_with(|| {
+                    todo.push(t);
+                    next_id += 1;
+                    u8::try_from(next_id - 1).expect("prefilter automaton fits 256 states")
+                }),
+            };
+            rows[usize::from(id)][usize::from(b)] = target;
+        }
+    }
+    Table { rows }
+}
+
+impl Table {
+    /// The state after `bytes`, from the root.
+    fn run(&self, bytes: &[u8]) -> u8 {
+        bytes
+            .iter()
+            .fold(ROOT, |s, &b| self.rows[usize::from(s)][usize::from(b)])
+    }
+}
+
+/// A shape piece (the match is the answer).
+const SHAPE: u8 = 1;
+/// `:/` or `:\/`: from here on, an `@` makes a URL password possible.
+const URL_SCHEME: u8 = 2;
+
+/// The three tables the prefilter runs.
+struct Tables {
+    /// Over the raw text: the shape pieces, and a URL scheme followed by
+    /// an `@` (a URL password's `scheme://user:password@` holds both, in
+    /// that order).
+    raw: Table,
+    /// Over the raw text, read as its skeleton: the key pieces. A byte the
+    /// skeleton drops keeps the state; a backslash or a non-ASCII byte goes
+    /// to [`UNSURE`].
+    key: Table,
+    /// Over a built skeleton: the key pieces.
+    skeleton: Table,
+}
+
+static TABLES: LazyLock<Tables> = LazyLock::new(|| {
+    let mut raw_pieces: Vec<(&[u8], u8)> =
+        SHAPE_PIECES.iter().map(|p| (p.as_bytes(), SHAPE)).collect();
+    raw_pieces.extend([(&b":/"[..], URL_SCHEME), (&b":\\/"[..], URL_SCHEME)]);
+    let raw = Trie::new(&raw_pieces);
+    // A raw state is a trie node and whether a URL scheme came before:
+    // `node * 2 + armed`.
+    let raw = number(raw.next.len() * 2, |state, b| {
+        let (node, armed) = (state / 2, state % 2 == 1);
+        let to = usize::from(raw.next[node][usize::from(b)]);
+        let ends = raw.ends[to];
+        if ends & SHAPE != 0 || (armed && b == b'@') {
+            return Err(MATCH);
+        }
+        Ok(to * 2 + usize::from(armed || ends & URL_SCHEME != 0))
+    });
+    let key_pieces: Vec<(&[u8], u8)> = KEY_PIECES.iter().map(|p| (p.as_bytes(), SHAPE)).collect();
+    let keys = Trie::new(&key_pieces);
+    let key_step = |node: usize, b: u8| {
+        let to = usize::from(keys.next[node][usize::from(b)]);
+        if keys.ends[to] != 0 {
+            Err(MATCH)
+        } else {
+            Ok(to)
+        }
+    };
+    let key = number(keys.next.len(), |node, b| {
+        if b >= 0x80 || b == b'\\' {
+            return Err(UNSURE);
+        }
+        match ASCII_SKELETON[usize::from(b)] {
+            0 => Ok(node),
+            m => key_step(node, m),
+        }
+    });
+    let skeleton = number(keys.next.len(), key_step);
+    Tables { raw, key, skeleton }
+});
 
 /// The skeleton of each ASCII byte: its lower case, or 0 when the key rule
 /// drops it (`_`, `-`, `.`, whitespace).
@@ -130,47 +279,34 @@ static ASCII_SKELETON: [u8; 128] = {
 /// False only when the default scrubber's rules cannot change `text`
 /// (see the module docs); true when they may.
 pub(crate) fn may_hold_secret(text: &str) -> bool {
-    if SHAPES.is_match(text.as_bytes()) || url_password_possible(text) {
+    let t = &*TABLES;
+    // One pass, both automata: the shapes over the raw bytes, the key
+    // pieces over the skeleton the same bytes spell.
+    let (mut raw, mut key) = (ROOT, ROOT);
+    for &b in text.as_bytes() {
+        raw = t.raw.rows[usize::from(raw)][usize::from(b)];
+        key = t.key.rows[usize::from(key)][usize::from(b)];
+    }
+    if raw == MATCH || key == MATCH {
         return true;
     }
-    let bytes = text.as_bytes();
-    if bytes.len() <= STACK_SKELETON && text.is_ascii() {
-        // The common short argument: its skeleton on the stack.
-        let mut buf = [0u8; STACK_SKELETON];
-        let mut n = 0;
-        for &b in bytes {
-            let m = ASCII_SKELETON[usize::from(b & 0x7f)];
-            // `n` < `bytes.len()` <= the buffer's length: the mask only
-            // spares the bounds check.
-            buf[n & (STACK_SKELETON - 1)] = m;
-            n += usize::from(m != 0);
-        }
-        if KEYS.is_match(&buf[..n]) {
-            return true;
-        }
-        if !bytes.contains(&b'\\') {
-            return false;
-        }
-        let mut skeleton = Vec::with_capacity(text.len());
-        skeleton_of(text, true, &mut skeleton);
-        return KEYS.is_match(&skeleton);
+    if key != UNSURE {
+        return false;
     }
+    // A backslash or a non-ASCII character: the skeleton as written, then
+    // with JSON's escapes read.
     let mut skeleton = Vec::with_capacity(text.len());
     skeleton_of(text, false, &mut skeleton);
-    if KEYS.is_match(&skeleton) {
+    if t.skeleton.run(&skeleton) == MATCH {
         return true;
     }
     if text.contains('\\') {
         skeleton.clear();
         skeleton_of(text, true, &mut skeleton);
-        return KEYS.is_match(&skeleton);
+        return t.skeleton.run(&skeleton) == MATCH;
     }
     false
 }
-
-/// Texts up to this long have their ASCII skeleton built on the stack (a
-/// power of two).
-const STACK_SKELETON: usize = 512;
 
 /// Writes the skeleton of ASCII `bytes` to the front of `out` (at least as
 /// long) and returns its length; without a branch per byte: every byte's
@@ -185,11 +321,6 @@ fn ascii_skeleton(bytes: &[u8], out: &mut [u8]) -> usize {
         n += usize::from(m != 0);
     }
     n.min(out.len())
-}
-
-/// A password in a URL needs `scheme:/` (`:\/` in JSON) and an `@`.
-fn url_password_possible(text: &str) -> bool {
-    text.contains('@') && (text.contains(":/") || text.contains(":\\/"))
 }
 
 /// Appends `text` mapped one character at a time as a key is normalized;
@@ -336,6 +467,69 @@ mod tests {
         assert!(!may_hold_secret(args));
         assert!(!may_hold_secret("weather in Paris"));
         assert!(!may_hold_secret(r#"{"url":"https://example.com/a"}"#));
+    }
+
+    /// The tables' answer is the plain definition's: a shape piece in the
+    /// raw text, `:/` or `:\/` before an `@`, or a key piece in either
+    /// skeleton.
+    fn by_definition(text: &str) -> bool {
+        let has = |hay: &[u8], pieces: &[&str]| {
+            pieces
+                .iter()
+                .any(|p| hay.windows(p.len()).any(|w| w == p.as_bytes()))
+        };
+        let url = text.find('@').is_some_and(|_| {
+            [":/", ":\\/"].iter().any(|scheme| {
+                text.find(scheme)
+                    .is_some_and(|at| text[at + scheme.len()..].contains('@'))
+            })
+        });
+        let mut written = Vec::new();
+        skeleton_of(text, false, &mut written);
+        let mut escaped = Vec::new();
+        skeleton_of(text, true, &mut escaped);
+        has(text.as_bytes(), SHAPE_PIECES)
+            || url
+            || has(&written, KEY_PIECES)
+            || has(&escaped, KEY_PIECES)
+    }
+
+    #[test]
+    fn tables_fit_and_agree_with_the_definition() {
+        let t = &*TABLES;
+        for text in [
+            "",
+            "a@b.c https://x.com/",
+            "https://u:p@host",
+            "https:\\/\\/u:p@host",
+            "@https://",
+            "xx sk-",
+            "s k-",
+            "PaSs",
+            "p_a-s.s",
+            "pa\\tss",
+            "\\token",
+            "to\\u006ben",
+            "caf\u{e9} token",
+            "caf\u{e9}",
+        ] {
+            assert_eq!(may_hold_secret(text), by_definition(text), "{text:?}");
+        }
+        assert_eq!(t.raw.run(b"ghp_"), MATCH);
+        assert_eq!(t.key.run("é".as_bytes()), UNSURE);
+        assert_eq!(t.skeleton.run(b"cookie"), MATCH);
+    }
+
+    #[test]
+    fn url_password_needs_the_scheme_before_the_at() {
+        for text in [
+            r#"{"email":"bob@example.com","site":"https://example.com/a"}"#,
+            "mail bob@example.com about http://x",
+        ] {
+            assert!(!may_hold_secret(text), "{text:?}");
+            assert_eq!(full(text), untouched(text), "{text:?}");
+        }
+        assert!(may_hold_secret(r#"{"db":"postgres:\/\/u:pw1@h"}"#));
     }
 
     #[test]
@@ -502,6 +696,13 @@ mod tests {
         #[test]
         fn prop_clean_json_is_left_alone_by_the_rules(t in json()) {
             check(&t)?;
+        }
+
+        /// The one-pass tables answer what the definition says, for every
+        /// text.
+        #[test]
+        fn prop_tables_are_the_definition(t in text()) {
+            prop_assert_eq!(may_hold_secret(&t), by_definition(&t), "{:?}", t);
         }
     }
 }
