@@ -19,6 +19,27 @@ pub struct SnapshotTrackerInner {
     freed_count: AtomicU64,
 
     pub(crate) lowest_freed_instant: AtomicU64,
+
+    /// agentstate patch: the first sequence number a write batch being
+    /// applied may use, `u64::MAX` when none is. A flush or compaction that
+    /// registers a new tree version takes a sequence number and publishes
+    /// it (lsm-tree's `upgrade_version`), and that also made the items of a
+    /// batch still being inserted visible: a snapshot opened then read part
+    /// of the batch. Snapshots never start above this bound.
+    applying: AtomicU64,
+}
+
+/// agentstate patch: a write batch being applied (see `applying`); the
+/// bound is lifted when this is dropped, after the batch is published or
+/// when its commit fails.
+pub struct Applying<'a>(&'a SnapshotTrackerInner);
+
+impl Drop for Applying<'_> {
+    fn drop(&mut self) {
+        self.0
+            .applying
+            .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 #[derive(Clone)]
@@ -40,7 +61,24 @@ impl SnapshotTracker {
             lowest_freed_instant: AtomicU64::default(),
             seqno,
             gc_lock: RwLock::default(),
+            applying: AtomicU64::new(u64::MAX),
         }))
+    }
+
+    /// agentstate patch: called with the journal writer held (so one batch
+    /// at a time), before the batch takes its sequence number from
+    /// `next_seqno`: every number it may take is at or above the bound.
+    pub fn begin_apply(&self, next_seqno: &SequenceNumberCounter) -> Applying<'_> {
+        self.applying
+            .store(next_seqno.get(), std::sync::atomic::Ordering::SeqCst);
+        Applying(self)
+    }
+
+    /// The visible sequence number, but never above a batch being applied.
+    fn readable(&self) -> SeqNo {
+        self.seqno
+            .get()
+            .min(self.applying.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     pub fn get_ref(&self) -> SequenceNumberCounter {
@@ -73,7 +111,7 @@ impl SnapshotTracker {
         #[expect(clippy::expect_used)]
         let _lock = self.gc_lock.read().expect("lock is poisoned");
 
-        let seqno = self.seqno.get();
+        let seqno = self.readable();
 
         self.data
             .entry(seqno)
@@ -139,7 +177,7 @@ impl SnapshotTracker {
 
         if self.data.is_empty() {
             self.lowest_freed_instant.store(
-                self.seqno.get().saturating_sub(1),
+                self.readable().saturating_sub(1),
                 std::sync::atomic::Ordering::Release,
             );
         }
@@ -149,7 +187,7 @@ impl SnapshotTracker {
         #[expect(clippy::expect_used)]
         let _lock = self.gc_lock.write().expect("lock is poisoned");
 
-        let seqno_threshold = self.seqno.get();
+        let seqno_threshold = self.readable();
 
         let mut lowest_retained = 0;
         let mut none_retained = true;

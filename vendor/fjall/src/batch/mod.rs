@@ -110,6 +110,14 @@ impl WriteBatch {
             return Err(crate::Error::Poisoned);
         }
 
+        // agentstate patch: no snapshot opens above this batch until it is
+        // published (see `SnapshotTracker::begin_apply`).
+        let applying = self
+            .db
+            .supervisor
+            .snapshot_tracker
+            .begin_apply(&self.db.supervisor.seqno);
+
         let batch_seqno = self.db.supervisor.seqno.next();
 
         journal_writer
@@ -163,6 +171,9 @@ impl WriteBatch {
 
         self.db.supervisor.snapshot_tracker.publish(batch_seqno);
 
+        // Lifted before the journal writer is released, so it never lifts
+        // the next batch's bound.
+        drop(applying);
         drop(journal_writer);
 
         log::trace!("batch: Freed journal writer");
