@@ -78,14 +78,11 @@ use std::time::{Duration, Instant};
 
 use agentstate::{
     Durability, FileStore, Options, PageRequest, RunKey, RunRecord, RunState, StateDelta,
-    StateQuery, StateStore, ToolCall, Usage,
+    StateQuery, StateStore, Usage,
 };
 
 const CHILD_ENV: &str = "AGENTSTATE_BENCH_CHILD";
 const DIR_ENV: &str = "AGENTSTATE_BENCH_DIR";
-const TENANT: &str = "acme";
-/// Tool-call arguments that make an encoded run record about 300 bytes.
-const ARGS: &str = r#"{"query":"quarterly revenue by region for the last four quarters","max_results":25,"filters":{"region":["emea","apac","amer"],"currency":"EUR"},"include_sources":true,"note":"benchmark record of realistic size"}"#;
 /// Bytes per floor write (about one encoded run record plus its index keys).
 const RECORD_BYTES: usize = 300;
 /// Loader threads for the buffered bulk loads.
@@ -264,8 +261,11 @@ mod pg_section;
 #[cfg(feature = "postgres")]
 #[path = "../tests/it/pg_server.rs"]
 mod pg_server;
+#[path = "support/records.rs"]
+mod records;
 #[path = "support/sqlite.rs"]
 mod sqlite_side;
+use records::{ARGS, TENANT, listing_state, mix, now_ms, record, run_id};
 
 #[cfg(feature = "postgres")]
 fn run_pg(quick: bool) {
@@ -409,50 +409,6 @@ fn redis_section(s: Sizes) {
 
 // ---------------------------------------------------------------------------
 // Records
-
-/// A run id shaped like a UUID: random order, so a listing's lookups land
-/// all over the key space as they would in production.
-///
-/// `AGENTSTATE_BENCH_IDS=sequential` makes them ascend with `i` instead
-/// (ULID-like), for the locality experiment in BENCHMARKS.md.
-fn run_id(i: u64) -> String {
-    static SEQUENTIAL: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-        std::env::var("AGENTSTATE_BENCH_IDS").is_ok_and(|v| v == "sequential")
-    });
-    if *SEQUENTIAL {
-        format!("{i:016x}{:016x}", mix(i))
-    } else {
-        format!("{:016x}{:016x}", mix(i), mix(i ^ 0x5bd1_e995_0000_0000))
-    }
-}
-
-fn mix(mut x: u64) -> u64 {
-    // splitmix64 finaliser
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-fn record(tenant: &str, id: String, state: RunState) -> RunRecord {
-    let mut r = RunRecord::new(RunKey::new(tenant, id), "planner");
-    r.state = state;
-    r.pending_tool_calls = vec![ToolCall {
-        id: "call_01".into(),
-        name: "web_search".into(),
-        arguments: ARGS.into(),
-    }];
-    r
-}
-
-/// State of the i-th run of a listing tenant: 1% running, 99% finished.
-fn listing_state(i: u64) -> RunState {
-    if i.is_multiple_of(100) {
-        RunState::Running
-    } else {
-        RunState::Completed
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Durable writes
@@ -736,13 +692,6 @@ fn body_bytes() -> Vec<u8> {
     let mut b = ARGS.as_bytes().to_vec();
     b.resize(RECORD_BYTES - 40, b' ');
     b
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// fjall alone: one batch of the run and two index entries, synced, per op.

@@ -40,44 +40,23 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agentstate::{
-    Durability, FileStore, Options, PageRequest, RunKey, RunRecord, RunState, StateQuery,
-    StateStore, ToolCall,
+    Durability, FileStore, Options, PageRequest, RunKey, RunRecord, StateQuery, StateStore,
 };
 
 /// `MODE:N:DIR` with MODE `load-close`, `load-kill` or `open`.
 const CHILD_ENV: &str = "AGENTSTATE_PROBE_CHILD";
 /// The number of runs each load creates.
 const N_ENV: &str = "AGENTSTATE_PROBE_N";
-const TENANT: &str = "acme";
 const LOADERS: u64 = 8;
-/// Tool-call arguments that make an encoded record about 300 bytes, as in
-/// `benches/compare.rs`.
-const ARGS: &str = r#"{"query":"quarterly revenue by region for the last four quarters","max_results":25,"filters":{"region":["emea","apac","amer"],"currency":"EUR"},"include_sources":true,"note":"benchmark record of realistic size"}"#;
 
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+#[path = "../benches/support/records.rs"]
+#[allow(dead_code)] // the bench's clock, unused here
+mod records;
+use records::{TENANT, listing_state, record as record_of, run_id};
 
-fn run_id(i: u64) -> String {
-    format!("{:016x}{:016x}", mix(i), mix(i ^ 0x5bd1_e995_0000_0000))
-}
-
+/// The i-th run, as `benches/compare.rs` writes it.
 fn record(i: u64) -> RunRecord {
-    let mut r = RunRecord::new(RunKey::new(TENANT, run_id(i)), "planner");
-    r.state = if i.is_multiple_of(100) {
-        RunState::Running
-    } else {
-        RunState::Completed
-    };
-    r.pending_tool_calls = vec![ToolCall {
-        id: "call_01".into(),
-        name: "web_search".into(),
-        arguments: ARGS.into(),
-    }];
-    r
+    record_of(TENANT, run_id(i), listing_state(i))
 }
 
 /// `Durability::Buffered`, and the memory bounds from

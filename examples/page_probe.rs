@@ -28,56 +28,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use agentstate::{
-    Durability, FileStore, Options, PageRequest, RunKey, RunRecord, RunState, StateQuery,
-    StateStore, ToolCall,
-};
+use agentstate::{Durability, FileStore, Options, PageRequest, StateQuery, StateStore};
 
+#[path = "../benches/support/records.rs"]
+mod records;
 #[path = "../benches/support/sqlite.rs"]
 #[allow(dead_code)] // the bench's loader and reaper, unused here
 mod sqlite_side;
+use records::{TENANT, listing_state, now_ms, record, run_id};
 
-const TENANT: &str = "acme";
-const ARGS: &str = r#"{"query":"quarterly revenue by region for the last four quarters","max_results":25,"filters":{"region":["emea","apac","amer"],"currency":"EUR"},"include_sources":true,"note":"benchmark record of realistic size"}"#;
 const LOADERS: u64 = 8;
-
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-/// The bench's run ids: UUID-like, in random order.
-fn run_id(i: u64) -> String {
-    format!("{:016x}{:016x}", mix(i), mix(i ^ 0x5bd1_e995_0000_0000))
-}
-
-fn record(tenant: &str, id: String, state: RunState) -> RunRecord {
-    let mut r = RunRecord::new(RunKey::new(tenant, id), "planner");
-    r.state = state;
-    r.pending_tool_calls = vec![ToolCall {
-        id: "call_01".into(),
-        name: "web_search".into(),
-        arguments: ARGS.into(),
-    }];
-    r
-}
-
-fn listing_state(i: u64) -> RunState {
-    if i.is_multiple_of(100) {
-        RunState::Running
-    } else {
-        RunState::Completed
-    }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// The bench's SQLite loader waits here to be killed; the probe goes on.
 fn wait_for_kill() {}

@@ -252,7 +252,7 @@ impl KvStore {
         let mut items: Vec<T> = Vec::with_capacity(limit);
         let mut last = Vec::new();
         let mut more = false;
-        self.engine.scan_each(&start, hi, &mut |k, v| {
+        self.engine.scan_each(&start, hi, limit + 1, &mut |k, v| {
             let Some(item) = accept(k, v)? else {
                 return Ok(true);
             };

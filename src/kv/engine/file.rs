@@ -296,7 +296,13 @@ impl Engine for FjallEngine {
         Ok(out)
     }
 
-    fn scan_each(&self, start: &[u8], end: &[u8], visit: &mut super::Visit<'_>) -> Result<()> {
+    fn scan_each(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        _want: usize,
+        visit: &mut super::Visit<'_>,
+    ) -> Result<()> {
         if start >= end {
             return Ok(());
         }

@@ -35,14 +35,23 @@ pub(crate) trait Engine: Send + Sync {
     /// (no copy per entry); `visit` may read the engine, since no engine
     /// lock is held while it runs.
     ///
-    /// This default reads chunks through [`Engine::scan`], each ending in
-    /// a lock-free visit of its copies.
-    fn scan_each(&self, start: &[u8], end: &[u8], visit: &mut Visit<'_>) -> Result<()> {
-        const CHUNK: usize = 256;
+    /// `want` is how many pairs the caller expects to visit (a page's
+    /// limit and one more). This default reads chunks of that many
+    /// (16 to 1024) through [`Engine::scan`], each read at one moment and
+    /// then visited, copied, with no lock held; a page that fits one chunk
+    /// is read at one moment, as a page always was.
+    fn scan_each(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        want: usize,
+        visit: &mut Visit<'_>,
+    ) -> Result<()> {
+        let chunk = want.clamp(16, 1024);
         let mut from = start.to_vec();
         loop {
-            let entries = self.scan(&from, end, CHUNK)?;
-            let exhausted = entries.len() < CHUNK;
+            let entries = self.scan(&from, end, chunk)?;
+            let exhausted = entries.len() < chunk;
             for (k, v) in &entries {
                 if !visit(k, v)? {
                     return Ok(());
