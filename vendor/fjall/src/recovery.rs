@@ -139,6 +139,7 @@ pub fn recover_sealed_memtables(
     let keyspaces_lock = db.supervisor.keyspaces.read().expect("lock is poisoned");
 
     let mut persisted_seqnos: HashMap<_, _> = HashMap::default();
+    let mut ids = db.meta_keyspace.resolver();
 
     for journal_path in sealed_journal_paths {
         log::debug!("Recovering sealed journal: {}", journal_path.display());
@@ -159,7 +160,7 @@ pub fn recover_sealed_memtables(
                 highest_encountered_keyspace_id =
                     highest_encountered_keyspace_id.max(item.keyspace_id);
 
-                let Some(keyspace_name) = db.meta_keyspace.resolve_id(item.keyspace_id)? else {
+                let Some(keyspace_name) = ids.resolve(item.keyspace_id)? else {
                     continue;
                 };
 
@@ -206,7 +207,7 @@ pub fn recover_sealed_memtables(
             }
 
             for keyspace_id in &batch.cleared_keyspaces {
-                let Some(keyspace_name) = db.meta_keyspace.resolve_id(*keyspace_id)? else {
+                let Some(keyspace_name) = ids.resolve(*keyspace_id)? else {
                     continue;
                 };
 
