@@ -153,6 +153,13 @@ impl FjallEngine {
                 // most the write buffer); fjall removes a sealed journal
                 // once its memtable is flushed.
                 .journal_rotation_size(memtable_bytes(tuning.write_buffer_bytes))
+                // Each new journal, and the empty one a clean close
+                // leaves, starts in a file already written with zeros
+                // (prepared by a fjall worker, or at a clean close): a
+                // synced append into written blocks commits no file-system
+                // metadata (vendor fjall patch; BENCHMARKS.md, "Spare
+                // journal").
+                .journal_spare_size(spare_bytes(&tuning))
                 .open()
         });
         let db = match opened {
@@ -213,6 +220,12 @@ impl FjallEngine {
     }
 }
 
+/// The spare journal's size: twice the rotation size (a memtable), as a
+/// journal is rotated only at a flush after it passed that size.
+fn spare_bytes(tuning: &Tuning) -> u64 {
+    2 * memtable_bytes(tuning.write_buffer_bytes)
+}
+
 /// The size of one memtable for a write buffer of `bytes`: fjall 3.1
 /// holds the active memtable and up to four sealed ones waiting for their
 /// flush before it makes writers wait (`Keyspace::local_backpressure`;
@@ -268,6 +281,10 @@ impl Drop for FjallEngine {
         if let Some(persisted) = persisted {
             // Best effort: a journal left behind is replayed, never lost.
             let _ = super::journal::remove_flushed(&self.dir, persisted);
+            // The flush may have rotated the journal into the spare: leave
+            // one for the next open's empty journal (a few ms of zeros,
+            // only when there is none). Best effort as well.
+            let _ = fjall::prepare_spare_journal(&self.dir, spare_bytes(&self.tuning));
         }
     }
 }

@@ -30,7 +30,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -55,7 +55,7 @@ struct Bytes<R> {
     at: u64,
 }
 
-impl<R: Read> Bytes<R> {
+impl<R: BufRead> Bytes<R> {
     fn fill(&mut self, buf: &mut [u8]) -> Option<()> {
         self.r.read_exact(buf).ok()?;
         self.at += buf.len() as u64;
@@ -81,17 +81,37 @@ impl<R: Read> Bytes<R> {
     /// Appends `n` bytes to `arena`; returns where they start.
     fn take_into(&mut self, n: usize, arena: &mut Vec<u8>) -> Option<usize> {
         let from = arena.len();
-        let got = (&mut self.r)
-            .take(n as u64)
-            .read_to_end(arena)
-            .ok()
-            .filter(|&got| got == n);
-        if got.is_none() {
-            arena.truncate(from);
-            return None;
+        let mut left = n;
+        while left > 0 {
+            let chunk = match self.r.fill_buf() {
+                Ok(chunk) if !chunk.is_empty() => chunk,
+                _ => {
+                    arena.truncate(from);
+                    return None;
+                }
+            };
+            let k = chunk.len().min(left);
+            arena.extend_from_slice(&chunk[..k]);
+            self.r.consume(k);
+            left -= k;
         }
         self.at += n as u64;
         Some(from)
+    }
+    /// Steps over `n` bytes without copying them.
+    fn skip(&mut self, n: usize) -> Option<()> {
+        let mut left = n;
+        while left > 0 {
+            let avail = self.r.fill_buf().ok()?.len();
+            if avail == 0 {
+                return None;
+            }
+            let k = avail.min(left);
+            self.r.consume(k);
+            left -= k;
+        }
+        self.at += n as u64;
+        Some(())
     }
 }
 
@@ -103,6 +123,8 @@ enum Op {
     /// A write the check cannot read (a compressed value): the key is
     /// left out of the check.
     Unknown(u64, Range<usize>),
+    /// A write whose value the reader did not ask for (stepped over).
+    Skipped,
     Clear(u64),
 }
 
@@ -114,8 +136,17 @@ struct Batch {
     arena: Vec<u8>,
 }
 
+/// What a reader of batches wants of each write.
+enum Want<'a> {
+    /// Only the batches' numbers and ends.
+    Numbers,
+    /// Every key, and the value of the writes `value` says yes to
+    /// (keyspace, key); the others are `Op::Skipped`.
+    Keys(&'a dyn Fn(u64, &[u8]) -> bool),
+}
+
 /// The next whole batch, or `None` at the end of what can be read.
-fn next_batch<R: Read>(b: &mut Bytes<R>, arena: Vec<u8>) -> Option<Batch> {
+fn next_batch<R: BufRead>(b: &mut Bytes<R>, arena: Vec<u8>, want: &Want<'_>) -> Option<Batch> {
     let mut arena = arena;
     arena.clear();
     if b.u8()? != TAG_START {
@@ -133,8 +164,18 @@ fn next_batch<R: Read>(b: &mut Bytes<R>, arena: Vec<u8>) -> Option<Batch> {
                 let key_len = usize::from(b.u16()?);
                 let _value_len = b.u32()?;
                 let stored_len = b.u32()? as usize;
+                let Want::Keys(wants_value) = want else {
+                    b.skip(key_len + stored_len)?;
+                    continue;
+                };
                 let k = b.take_into(key_len, &mut arena)?;
                 let key = k..k + key_len;
+                if !wants_value(keyspace, &arena[key.clone()]) {
+                    b.skip(stored_len)?;
+                    arena.truncate(k);
+                    ops.push(Op::Skipped);
+                    continue;
+                }
                 let v = b.take_into(stored_len, &mut arena)?;
                 let value = v..v + stored_len;
                 ops.push(match (value_type, compression) {
@@ -217,7 +258,15 @@ pub(crate) fn check_replay(
         let Some(mut b) = open_journal(&file)? else {
             continue;
         };
-        while let Some(batch) = next_batch(&mut b, arena) {
+        loop {
+            // The oldest batch keeps every value of `keyspace`; later ones
+            // only those of its keys still tracked.
+            let wants = |ks: u64, key: &[u8]| {
+                ks == keyspace && first.as_ref().is_none_or(|last| last.contains_key(key))
+            };
+            let Some(batch) = next_batch(&mut b, arena, &Want::Keys(&wants)) else {
+                break;
+            };
             let seqno = batch.seqno;
             if prev.is_some_and(|p| seqno <= p) {
                 return Err(out_of_order(
@@ -234,6 +283,7 @@ pub(crate) fn check_replay(
                     Op::Put(ks, k, v) => (*ks, &bytes[k.clone()], Some(Some(&bytes[v.clone()]))),
                     Op::Delete(ks, k) => (*ks, &bytes[k.clone()], Some(None)),
                     Op::Unknown(ks, k) => (*ks, &bytes[k.clone()], None),
+                    Op::Skipped => continue,
                     Op::Clear(ks) => {
                         if *ks == keyspace {
                             last.clear();
@@ -310,7 +360,7 @@ pub(crate) fn remove_flushed(dir: &Path, covered: u64) -> Result<usize> {
         let mut arena = Vec::new();
         let mut end = 0;
         let mut newer = false;
-        while let Some(batch) = next_batch(&mut b, arena) {
+        while let Some(batch) = next_batch(&mut b, arena, &Want::Numbers) {
             if batch.seqno > covered {
                 newer = true;
                 break;
@@ -466,7 +516,9 @@ mod tests {
             &[1; 64],
         ] {
             let mut b = Bytes { r: bytes, at: 0 };
-            assert!(next_batch(&mut b, Vec::new()).is_none());
+            assert!(next_batch(&mut b, Vec::new(), &Want::Numbers).is_none());
+            let mut b = Bytes { r: bytes, at: 0 };
+            assert!(next_batch(&mut b, Vec::new(), &Want::Keys(&|_, _| true)).is_none());
         }
     }
 }

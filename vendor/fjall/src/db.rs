@@ -796,6 +796,14 @@ impl Database {
             }
         }
 
+        // agentstate patch: an empty active journal (a clean close leaves
+        // one) starts in the spare, written with zeros ahead of time.
+        if db.config.journal_spare_size_in_bytes > 0 {
+            if let Err(e) = db.supervisor.journal.get_writer()?.adopt_spare_if_empty() {
+                log::warn!("Could not start the journal in the spare: {e:?}");
+            }
+        }
+
         db.supervisor
             .snapshot_tracker
             .set(db.supervisor.seqno.get());
@@ -844,6 +852,15 @@ impl Database {
             &db.active_thread_counter,
         )?;
 
+        // agentstate patch: a spare journal for the first rotation, written
+        // by a worker (see `Builder::journal_spare_size`).
+        if db.config.journal_spare_size_in_bytes > 0 {
+            let _ = db
+                .worker_pool
+                .sender
+                .try_send(WorkerMessage::PrepareSpareJournal);
+        }
+
         log::trace!("Database recovery successful");
 
         Ok(db)
@@ -868,6 +885,14 @@ impl Database {
             config.journal_compression_threshold,
         );
         let journal = Arc::new(journal);
+
+        // agentstate patch: the spare for the first journal after a reopen
+        // (or the first rotation), written now so a new store has it.
+        if let Err(e) =
+            crate::journal::writer::prepare_spare(journal_folder_path, config.journal_spare_size_in_bytes)
+        {
+            log::warn!("Could not write the spare journal: {e:?}");
+        }
 
         // NOTE: Lastly, fsync version marker, which contains the version
         let mut marker = std::fs::File::create_new(config.path.join(VERSION_MARKER))?;
@@ -950,6 +975,15 @@ impl Database {
             &PoisonDart::new(db.is_poisoned.clone()),
             &db.active_thread_counter,
         )?;
+
+        // agentstate patch: a spare journal for the first rotation, written
+        // by a worker (see `Builder::journal_spare_size`).
+        if db.config.journal_spare_size_in_bytes > 0 {
+            let _ = db
+                .worker_pool
+                .sender
+                .try_send(WorkerMessage::PrepareSpareJournal);
+        }
 
         Ok(db)
     }

@@ -31,6 +31,10 @@ pub struct Config {
     /// (agentstate patch: a constant of 64 MB upstream)
     pub(crate) journal_rotation_size_in_bytes: u64,
 
+    /// Bytes of zeros a spare journal file is written with ahead of time
+    /// (agentstate patch; 0: no spare, upstream's sparse journals)
+    pub(crate) journal_spare_size_in_bytes: u64,
+
     /// Max size of all journals in bytes
     pub(crate) max_journaling_size_in_bytes: u64, // TODO: should be configurable during runtime: AtomicU64
 
@@ -79,6 +83,7 @@ impl Config {
             descriptor_table: Some(Arc::new(DescriptorTable::new(get_open_file_limit()))),
             max_write_buffer_size_in_bytes: None,
             journal_rotation_size_in_bytes: 64_000_000,
+            journal_spare_size_in_bytes: 0,
             max_journaling_size_in_bytes: /* 512 MiB */ 512 * 1_024 * 1_024,
             worker_threads,
             // journal_recovery_mode: RecoveryMode::default(),

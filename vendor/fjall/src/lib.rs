@@ -179,3 +179,16 @@ pub use lsm_tree::{
 pub mod util {
     pub use lsm_tree::util::{prefix_to_range, prefixed_range};
 }
+
+/// agentstate patch: writes the spare journal file of the database whose
+/// folder is `folder` (`bytes` zeros; see `Builder::journal_spare_size`)
+/// unless it exists; for a caller that just closed the database and wants
+/// the next open to start its journal in one.
+///
+/// # Errors
+///
+/// I/O errors writing, syncing or renaming the file.
+#[doc(hidden)]
+pub fn prepare_spare_journal(folder: &std::path::Path, bytes: u64) -> std::io::Result<()> {
+    journal::writer::prepare_spare(folder, bytes)
+}

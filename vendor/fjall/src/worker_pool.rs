@@ -21,6 +21,8 @@ pub enum WorkerMessage {
     Compact(Keyspace),
     Close,
     RotateMemtable(Keyspace, MemtableId),
+    /// agentstate patch: write the spare journal file if there is none.
+    PrepareSpareJournal,
 }
 
 impl std::fmt::Debug for WorkerMessage {
@@ -34,6 +36,7 @@ impl std::fmt::Debug for WorkerMessage {
                 Self::Close => Cow::Borrowed("WorkerMessage:Close"),
                 Self::RotateMemtable(k, memtable_id) =>
                     Cow::Owned(format!("WorkerMessage:Rotate({:?}, {memtable_id})", k.name)),
+                Self::PrepareSpareJournal => Cow::Borrowed("WorkerMessage:PrepareSpareJournal"),
             }
         )
     }
@@ -182,11 +185,13 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
             let journal_writer = keyspace.supervisor.journal.get_writer()?;
             keyspace.inner_rotate_memtable(journal_writer, memtable_id)?;
         }
+        WorkerMessage::PrepareSpareJournal => prepare_spare_journal(ctx),
         WorkerMessage::Flush => {
             let Some(task) = ctx.supervisor.flush_manager.dequeue() else {
                 return Ok(false);
             };
 
+            let mut rotated = false;
             {
                 log::trace!("acquiring journal lock to maybe rotate journal");
                 let mut journal_writer = ctx.supervisor.journal.get_writer()?;
@@ -207,6 +212,7 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
                     };
 
                     journal_manager.rotate_journal(&mut journal_writer, seqno_map)?;
+                    rotated = true;
 
                     if journal_manager.disk_space_used()
                         >= ctx.supervisor.db_config.max_journaling_size_in_bytes
@@ -226,6 +232,12 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
                     // https://github.com/fjall-rs/fjall/issues/329
                     journal_writer.persist(crate::PersistMode::SyncAll)?;
                 }
+            }
+
+            if rotated {
+                // The rotation took the spare (if there was one): write the
+                // next one in the background, not under the journal lock.
+                ctx.sender.try_send(WorkerMessage::PrepareSpareJournal).ok();
             }
 
             run_flush(
@@ -259,6 +271,18 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
     }
 
     Ok(false)
+}
+
+/// agentstate patch: writes the spare journal (see
+/// `Builder::journal_spare_size`); a failure (a full disk, say) only means
+/// the next rotation starts a sparse journal, as upstream does.
+fn prepare_spare_journal(ctx: &WorkerState) {
+    let config = &ctx.supervisor.db_config;
+    if let Err(e) =
+        crate::journal::writer::prepare_spare(&config.path, config.journal_spare_size_in_bytes)
+    {
+        log::warn!("Could not write the spare journal: {e:?}");
+    }
 }
 
 #[cfg(test)]

@@ -20,6 +20,61 @@ pub const PRE_ALLOCATED_BYTES: u64 = 64 * 1_024 * 1_024;
 
 pub const JOURNAL_BUFFER_BYTES: usize = 8 * 1_024;
 
+/// agentstate patch: the spare journal file, in the journal folder (see
+/// `Builder::journal_spare_size`). Not a `*.jnl` file, so recovery never
+/// reads it; it holds only zeros.
+pub const SPARE_FILE: &str = "journal.spare";
+
+/// Serializes `prepare_spare`: two workers must not write the same
+/// temporary file.
+static SPARE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Writes `folder/journal.spare` with `bytes` zeros unless it exists (or
+/// `bytes` is 0): into a temporary file, synced, then renamed, and the
+/// folder synced. A crash at any point leaves no spare or a whole one.
+pub fn prepare_spare(folder: &Path, bytes: u64) -> std::io::Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let _one = SPARE_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let spare = folder.join(SPARE_FILE);
+    if spare.try_exists()? {
+        return Ok(());
+    }
+    let tmp = folder.join("journal.spare.tmp");
+    let mut file = File::create(&tmp)?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = usize::try_from(left.min(zeros.len() as u64)).unwrap_or(zeros.len());
+        file.write_all(&zeros[..n])?;
+        left -= n as u64;
+    }
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, &spare)?;
+    fsync_directory(folder)
+}
+
+/// Takes the spare as the journal at `path`: a hard link (which, unlike a
+/// rename, fails if `path` exists), the spare's name removed, the folder
+/// synced before anything is written to it. `None` when there is no spare.
+fn take_spare(path: &Path) -> crate::Result<Option<File>> {
+    let Some(folder) = path.parent() else {
+        return Ok(None);
+    };
+    let spare = folder.join(SPARE_FILE);
+    match std::fs::hard_link(&spare, path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    std::fs::remove_file(&spare)?;
+    fsync_directory(folder)?;
+    let file = OpenOptions::new().read(true).write(true).open(path)?;
+    Ok(Some(file))
+}
+
 pub struct Writer {
     pub(crate) path: PathBuf,
     file: BufWriter<File>,
@@ -124,6 +179,18 @@ impl Writer {
     pub fn create_new<P: Into<PathBuf>>(path: P) -> crate::Result<Self> {
         let path = path.into();
 
+        if let Some(file) = take_spare(&path)? {
+            log::debug!("Journal {} starts in the spare file", path.display());
+            return Ok(Self {
+                path,
+                file: BufWriter::new(file),
+                buf: Vec::new(),
+                is_buffer_dirty: false,
+                compression: CompressionType::None,
+                compression_threshold: 0,
+            });
+        }
+
         let file = File::create_new(&path).inspect_err(|e| {
             log::error!("Failed to create journal file at {}: {e:?}", path.display());
         })?;
@@ -147,6 +214,34 @@ impl Writer {
             compression: CompressionType::None,
             compression_threshold: 0,
         })
+    }
+
+    /// agentstate patch: when this journal holds nothing (length 0, as a
+    /// clean close leaves it), replaces its file with the spare (see
+    /// `Builder::journal_spare_size`), written from its start: an empty
+    /// journal and one of zeros replay the same (no batch), so a crash
+    /// before or after the rename recovers the same. Returns whether it
+    /// did; without a spare nothing changes.
+    pub fn adopt_spare_if_empty(&mut self) -> crate::Result<bool> {
+        if self.is_buffer_dirty
+            || !self.file.buffer().is_empty()
+            || self.file.get_ref().metadata()?.len() != 0
+        {
+            return Ok(false);
+        }
+        let Some(folder) = self.path.parent().map(Path::to_path_buf) else {
+            return Ok(false);
+        };
+        match std::fs::rename(folder.join(SPARE_FILE), &self.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+        fsync_directory(&folder)?;
+        let file = OpenOptions::new().read(true).write(true).open(&self.path)?;
+        self.file = BufWriter::with_capacity(JOURNAL_BUFFER_BYTES, file);
+        log::debug!("Empty journal {} replaced by the spare", self.path.display());
+        Ok(true)
     }
 
     pub fn from_file<P: AsRef<Path>>(path: P) -> crate::Result<Self> {

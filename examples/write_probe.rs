@@ -1,0 +1,144 @@
+//! The write probe: durable creates on a fresh file store
+//! (`Durability::Immediate`, the default), from one writer or from eight,
+//! in fresh stores side by side with the disk's floor, so two builds can
+//! be compared run against run (BENCHMARKS.md, "Spare journal"):
+//!
+//! ```text
+//! cargo run --release --example write_probe -- [--rounds 5] [--ops 2000] [--dir DIR]
+//! ```
+//!
+//! Each round makes one store and runs, one after the other, `ops`
+//! appends of 300 bytes + `fdatasync` to a file of its own (the floor),
+//! `ops` creates from one writer, and `ops` creates from eight writers
+//! (`ops / 8` each, a tenant each). It prints one line per round and the
+//! medians:
+//!
+//! ```text
+//! PROBE round=0 floor_us=… one_us=… eight_us=… per_group=… one_vs_floor=… eight_vs_one=…
+//! ```
+//!
+//! `*_us` are µs per op (wall clock); `per_group` is creates per group
+//! commit with eight writers.
+
+#![allow(clippy::print_stdout)]
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use agentstate::{FileStore, RunState, StateStore};
+
+#[path = "../benches/support/records.rs"]
+#[allow(dead_code)] // the listing helpers and the clock, unused here
+mod records;
+use records::{record, run_id};
+
+fn floor_us(dir: &Path, ops: usize) -> f64 {
+    let path = dir.join("floor.log");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("floor file");
+    let buf = [b'r'; 300];
+    let t = Instant::now();
+    for _ in 0..ops {
+        f.write_all(&buf).expect("floor write");
+        f.sync_data().expect("floor sync");
+    }
+    let us = t.elapsed().as_secs_f64() * 1e6 / ops as f64;
+    drop(f);
+    std::fs::remove_file(&path).expect("floor remove");
+    us
+}
+
+fn one_us(store: &FileStore, ops: usize) -> f64 {
+    let t = Instant::now();
+    for i in 0..ops as u64 {
+        store
+            .put_run(record("solo", run_id(i), RunState::Pending))
+            .expect("create");
+    }
+    t.elapsed().as_secs_f64() * 1e6 / ops as f64
+}
+
+/// µs per create and creates per group, eight writers.
+fn eight_us(store: &Arc<FileStore>, ops: usize) -> (f64, f64) {
+    let per = (ops / 8).max(1) as u64;
+    let before = store.commits();
+    let t = Instant::now();
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for i in 0..per {
+                    store
+                        .put_run(record(&format!("w{w}"), run_id(i), RunState::Pending))
+                        .expect("create");
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().expect("writer");
+    }
+    let n = (8 * per) as f64;
+    let groups = (store.commits() - before).max(1) as f64;
+    (t.elapsed().as_secs_f64() * 1e6 / n, n / groups)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let mut rounds = 5usize;
+    let mut ops = 2000usize;
+    let mut base: Option<PathBuf> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        match a.as_str() {
+            "--rounds" => rounds = value().parse().expect("--rounds N"),
+            "--ops" => ops = value().parse().expect("--ops N"),
+            "--dir" => base = Some(PathBuf::from(value())),
+            _ => panic!("usage: write_probe [--rounds N] [--ops N] [--dir DIR]"),
+        }
+    }
+    let tmp = match &base {
+        Some(b) => tempfile::tempdir_in(b),
+        None => tempfile::tempdir(),
+    }
+    .expect("scratch dir");
+    let (mut floor, mut one, mut eight, mut groups) = (vec![], vec![], vec![], vec![]);
+    for round in 0..rounds {
+        let dir = tmp.path().join(format!("r{round}"));
+        std::fs::create_dir_all(&dir).expect("round dir");
+        let store = Arc::new(FileStore::open(dir.join("store")).expect("open"));
+        let f = floor_us(&dir, ops);
+        let o = one_us(&store, ops);
+        let (e, g) = eight_us(&store, ops);
+        println!(
+            "PROBE round={round} floor_us={f:.1} one_us={o:.1} eight_us={e:.1} per_group={g:.2} \
+             one_vs_floor={:.3} eight_vs_one={:.3}",
+            f / o,
+            o / e
+        );
+        drop(store);
+        std::fs::remove_dir_all(&dir).expect("round cleanup");
+        floor.push(f);
+        one.push(o);
+        eight.push(e);
+        groups.push(g);
+    }
+    let (f, o, e) = (median(floor), median(one), median(eight));
+    println!(
+        "PROBE median floor_us={f:.1} one_us={o:.1} eight_us={e:.1} per_group={:.2} \
+         one_vs_floor={:.3} eight_vs_one={:.3}",
+        median(groups),
+        f / o,
+        o / e
+    );
+}
