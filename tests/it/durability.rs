@@ -2236,16 +2236,23 @@ fn d1_new_journals_start_in_zeros_written_ahead_and_lose_nothing() {
         let store = FileStore::open(&path).unwrap();
         runs.extend((0..5).map(|i| store.put_run(big(i)).unwrap()));
     }
-    // The clean close emptied the journal; the reopen started it in the
-    // spare: allocated, all zeros past what was written since.
+    // The clean close emptied the journal and left a spare; after the
+    // reopen a worker moves the empty journal into it: allocated, zeros.
     let store = FileStore::open(&path).unwrap();
-    let (jnl, len, allocated) = active_journal(&path);
-    assert_eq!(std::fs::read(&jnl).unwrap().iter().filter(|&&b| b != 0).count(), 0);
-    assert!(
-        len >= 1 << 20 && allocated >= 1 << 20,
-        "{} is {len} bytes long with {allocated} allocated: not the spare",
-        jnl.display()
-    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let jnl = loop {
+        let (jnl, len, allocated) = active_journal(&path);
+        if len >= 1 << 20 && allocated >= 1 << 20 {
+            break jnl;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} is {len} bytes long with {allocated} allocated: not the spare",
+            jnl.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(std::fs::read(&jnl).unwrap().iter().all(|&b| b == 0));
     // Rotations (a memtable is 1 MiB) take the spare; a worker writes the
     // next one.
     runs.extend((5..3005).map(|i| store.put_run(big(i)).unwrap()));

@@ -796,14 +796,6 @@ impl Database {
             }
         }
 
-        // agentstate patch: an empty active journal (a clean close leaves
-        // one) starts in the spare, written with zeros ahead of time.
-        if db.config.journal_spare_size_in_bytes > 0 {
-            if let Err(e) = db.supervisor.journal.get_writer()?.adopt_spare_if_empty() {
-                log::warn!("Could not start the journal in the spare: {e:?}");
-            }
-        }
-
         db.supervisor
             .snapshot_tracker
             .set(db.supervisor.seqno.get());
