@@ -1184,18 +1184,19 @@ fn timed_open(kind: &str, dir: &Path, read: &ReadBack) -> f64 {
     out.get("total_us").parse().expect("total_us")
 }
 
-/// Bytes allocated on disk to the files under `dir` whose names end with
-/// `suffix` (fjall sizes a new journal file to 64 MiB up front, sparsely:
-/// its blocks, not its length, say how much was written).
+/// Bytes of journal data in the files under `dir` whose names end with
+/// `suffix`: each up to its last byte that is not zero (fjall sizes a new
+/// journal to 64 MiB sparsely, and ours start in a file of written zeros:
+/// neither its length nor its blocks say how much was written).
 fn files_bytes(dir: &Path, suffix: &str) -> u64 {
-    use std::os::unix::fs::MetadataExt as _;
     let mut total = 0;
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let Ok(m) = e.metadata() else { continue };
         if m.is_dir() {
             total += files_bytes(&e.path(), suffix);
         } else if e.file_name().to_string_lossy().ends_with(suffix) {
-            total += m.blocks() * 512;
+            let bytes = std::fs::read(e.path()).unwrap_or_default();
+            total += bytes.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1) as u64;
         }
     }
     total
@@ -1813,7 +1814,7 @@ fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
         &onote(
             &l.kill_ours,
             &format!(
-                "copy of the killed store; {:.1} MiB of journal (*.jnl, allocated) at the kill",
+                "copy of the killed store; {:.1} MiB of journal (*.jnl, up to the last byte written) at the kill",
                 l.journal_bytes as f64 / MIB
             ),
         ),

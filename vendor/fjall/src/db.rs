@@ -844,13 +844,11 @@ impl Database {
             &db.active_thread_counter,
         )?;
 
-        // agentstate patch: a spare journal for the first rotation, written
-        // by a worker (see `Builder::journal_spare_size`).
+        // agentstate patch: an empty active journal (a clean close leaves
+        // one) moves into the spare at its first write (see
+        // `Writer::adopt_spare_at_first_write`).
         if db.config.journal_spare_size_in_bytes > 0 {
-            let _ = db
-                .worker_pool
-                .sender
-                .try_send(WorkerMessage::PrepareSpareJournal);
+            db.supervisor.journal.get_writer()?.adopt_spare_at_first_write();
         }
 
         log::trace!("Database recovery successful");
@@ -968,14 +966,6 @@ impl Database {
             &db.active_thread_counter,
         )?;
 
-        // agentstate patch: a spare journal for the first rotation, written
-        // by a worker (see `Builder::journal_spare_size`).
-        if db.config.journal_spare_size_in_bytes > 0 {
-            let _ = db
-                .worker_pool
-                .sender
-                .try_send(WorkerMessage::PrepareSpareJournal);
-        }
 
         Ok(db)
     }

@@ -278,17 +278,6 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
 /// the next rotation starts a sparse journal, as upstream does.
 fn prepare_spare_journal(ctx: &WorkerState) {
     let config = &ctx.supervisor.db_config;
-    // First, an empty active journal (a clean close leaves one) moves into
-    // the spare there is: done here rather than in the open, whose time it
-    // would add a folder sync to.
-    match ctx.supervisor.journal.get_writer() {
-        Ok(mut writer) => {
-            if let Err(e) = writer.adopt_spare_if_empty() {
-                log::warn!("Could not start the journal in the spare: {e:?}");
-            }
-        }
-        Err(e) => log::warn!("Could not start the journal in the spare: {e:?}"),
-    }
     if let Err(e) =
         crate::journal::writer::prepare_spare(&config.path, config.journal_spare_size_in_bytes)
     {

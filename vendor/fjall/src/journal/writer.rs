@@ -83,6 +83,9 @@ pub struct Writer {
 
     compression: CompressionType,
     compression_threshold: usize,
+
+    /// agentstate patch: see `adopt_spare_at_first_write`.
+    adopt_spare: bool,
 }
 
 /// The persist mode allows setting the durability guarantee of previous writes
@@ -188,6 +191,7 @@ impl Writer {
                 is_buffer_dirty: false,
                 compression: CompressionType::None,
                 compression_threshold: 0,
+                adopt_spare: false,
             });
         }
 
@@ -213,35 +217,49 @@ impl Writer {
             is_buffer_dirty: false,
             compression: CompressionType::None,
             compression_threshold: 0,
+            adopt_spare: false,
         })
+    }
+
+    /// agentstate patch: at its first batch, this journal moves into the
+    /// spare if it is still empty then (see `adopt_spare_if_empty`). Set by
+    /// the open for the active journal, so the open itself pays no rename
+    /// and no folder sync, and the first write pays them once.
+    pub fn adopt_spare_at_first_write(&mut self) {
+        self.adopt_spare = true;
     }
 
     /// agentstate patch: when this journal holds nothing (length 0, as a
     /// clean close leaves it), replaces its file with the spare (see
     /// `Builder::journal_spare_size`), written from its start: an empty
     /// journal and one of zeros replay the same (no batch), so a crash
-    /// before or after the rename recovers the same. Returns whether it
-    /// did; without a spare nothing changes.
-    pub fn adopt_spare_if_empty(&mut self) -> crate::Result<bool> {
+    /// before or after the rename recovers the same. Without a spare, or
+    /// when the rename fails, nothing changes; an error after the rename
+    /// is returned (the journal's file must not stay the unlinked one).
+    fn adopt_spare_if_empty(&mut self) -> crate::Result<()> {
         if self.is_buffer_dirty
             || !self.file.buffer().is_empty()
             || self.file.get_ref().metadata()?.len() != 0
         {
-            return Ok(false);
+            return Ok(());
         }
         let Some(folder) = self.path.parent().map(Path::to_path_buf) else {
-            return Ok(false);
+            return Ok(());
         };
         match std::fs::rename(folder.join(SPARE_FILE), &self.path) {
             Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    log::warn!("Could not start the journal in the spare: {e:?}");
+                }
+                return Ok(());
+            }
         }
         fsync_directory(&folder)?;
         let file = OpenOptions::new().read(true).write(true).open(&self.path)?;
         self.file = BufWriter::with_capacity(JOURNAL_BUFFER_BYTES, file);
         log::debug!("Empty journal {} replaced by the spare", self.path.display());
-        Ok(true)
+        Ok(())
     }
 
     pub fn from_file<P: AsRef<Path>>(path: P) -> crate::Result<Self> {
@@ -274,6 +292,7 @@ impl Writer {
                 is_buffer_dirty: false,
                 compression: CompressionType::None,
                 compression_threshold: 0,
+                adopt_spare: false,
             });
         }
 
@@ -291,6 +310,7 @@ impl Writer {
             is_buffer_dirty: false,
             compression: CompressionType::None,
             compression_threshold: 0,
+            adopt_spare: false,
         })
     }
 
@@ -424,6 +444,9 @@ impl Writer {
         batch_size: usize,
         seqno: SeqNo,
     ) -> crate::Result<usize> {
+        if std::mem::take(&mut self.adopt_spare) {
+            self.adopt_spare_if_empty()?;
+        }
         if batch_size == 0 {
             return Ok(0);
         }
