@@ -221,9 +221,11 @@ impl FjallEngine {
 }
 
 /// The spare journal's size: twice the rotation size (a memtable), as a
-/// journal is rotated only at a flush after it passed that size.
+/// journal is rotated only at a flush after it passed that size, and at
+/// most 8 MiB (appends past a spare's end work, each sync then also
+/// commits the file's new blocks).
 fn spare_bytes(tuning: &Tuning) -> u64 {
-    2 * memtable_bytes(tuning.write_buffer_bytes)
+    (2 * memtable_bytes(tuning.write_buffer_bytes)).min(8 << 20)
 }
 
 /// The size of one memtable for a write buffer of `bytes`: fjall 3.1

@@ -42,16 +42,23 @@ pub fn prepare_spare(folder: &Path, bytes: u64) -> std::io::Result<()> {
         return Ok(());
     }
     let tmp = folder.join("journal.spare.tmp");
-    let mut file = File::create(&tmp)?;
-    let zeros = vec![0u8; 1 << 20];
-    let mut left = bytes;
-    while left > 0 {
-        let n = usize::try_from(left.min(zeros.len() as u64)).unwrap_or(zeros.len());
-        file.write_all(&zeros[..n])?;
-        left -= n as u64;
+    let written = (|| {
+        let mut file = File::create(&tmp)?;
+        let zeros = vec![0u8; 1 << 20];
+        let mut left = bytes;
+        while left > 0 {
+            let n = usize::try_from(left.min(zeros.len() as u64)).unwrap_or(zeros.len());
+            file.write_all(&zeros[..n])?;
+            left -= n as u64;
+        }
+        file.sync_all()
+    })();
+    if let Err(e) = written {
+        // A full disk, say: the zeros must not keep the space a journal
+        // needs.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
-    file.sync_all()?;
-    drop(file);
     std::fs::rename(&tmp, &spare)?;
     fsync_directory(folder)
 }
