@@ -91,15 +91,17 @@ fn vm_hwm_mib() -> f64 {
 /// Bytes of fjall journal (`db/*.jnl`) data in the store: the file sizes
 /// as `du` counts them (fjall preallocates its journals sparsely).
 fn journal_mib(dir: &Path) -> f64 {
-    use std::os::unix::fs::MetadataExt as _;
     let Ok(entries) = std::fs::read_dir(dir.join("db")) else {
         return 0.0;
     };
+    // Each journal up to its last byte that is not zero: journals start
+    // sparse (fjall) or in zeros written ahead (the spare), so neither
+    // their length nor their blocks say how much was written.
     let bytes: u64 = entries
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().ends_with(".jnl"))
-        .filter_map(|e| e.metadata().ok())
-        .map(|m| m.blocks() * 512)
+        .map(|e| std::fs::read(e.path()).unwrap_or_default())
+        .map(|b| b.iter().rposition(|&x| x != 0).map_or(0, |p| p + 1) as u64)
         .sum();
     bytes as f64 / (1024.0 * 1024.0)
 }

@@ -187,6 +187,15 @@ impl FjallEngine {
                     // Kept by fjall with the keyspace: a store keeps the
                     // block size it was created with.
                     .data_block_size_policy(fjall::config::BlockSizePolicy::all(16 * 1024))
+                    // Bloom filters in partitions at every level (fjall:
+                    // from L3 on): a point read loads one partition of a
+                    // table's filter, not all of it. The first read after
+                    // opening a 1M-run store loaded 2.9 MB of whole filters
+                    // (262 KB to 1.5 MB each); the open probe's clean open
+                    // + first read went from ~8.9 ms to a 4.7 ms median,
+                    // and resident memory down with it. Kept with the
+                    // keyspace, like the block size.
+                    .filter_block_partitioning_policy(fjall::config::PartitioningPolicy::all(true))
             })
             .map_err(map_err)?;
         // D5: fjall's checksums do not cover a batch's sequence number;
