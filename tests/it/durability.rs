@@ -2203,7 +2203,12 @@ fn active_journal(path: &Path) -> (PathBuf, u64, u64) {
         .unwrap()
         .filter_map(|e| {
             let p = e.unwrap().path();
-            let id = p.file_name()?.to_str()?.strip_suffix(".jnl")?.parse().ok()?;
+            let id = p
+                .file_name()?
+                .to_str()?
+                .strip_suffix(".jnl")?
+                .parse()
+                .ok()?;
             Some((id, p))
         })
         .collect();
@@ -2240,7 +2245,11 @@ fn d1_new_journals_start_in_zeros_written_ahead_and_lose_nothing() {
     // write after the reopen moves the empty journal into it: allocated,
     // zeros after that write's batch.
     let store = FileStore::open(&path).unwrap();
-    assert_eq!(active_journal(&path).1, 0, "the clean close left the journal empty");
+    assert_eq!(
+        active_journal(&path).1,
+        0,
+        "the clean close left the journal empty"
+    );
     runs.push(store.put_run(big(5)).unwrap());
     let (jnl, len, allocated) = active_journal(&path);
     assert!(
@@ -2250,7 +2259,10 @@ fn d1_new_journals_start_in_zeros_written_ahead_and_lose_nothing() {
     );
     let bytes = std::fs::read(&jnl).unwrap();
     let written = bytes.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
-    assert!(written > 1000 && written < 4096, "{written} bytes of one batch");
+    assert!(
+        written > 1000 && written < 4096,
+        "{written} bytes of one batch"
+    );
     // Rotations (a memtable is 1 MiB) take the spare; a worker writes the
     // next one.
     runs.extend((6..3006).map(|i| store.put_run(big(i)).unwrap()));
