@@ -30,8 +30,118 @@ use crate::kv::engine::{Engine, Write};
 use crate::limits::GROUP_JOBS_MAX;
 use crate::sync::{Arc, Condvar, Mutex};
 
-/// Pending writes keyed by engine key; `None` deletes.
-pub(crate) type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+/// Pending writes, one per engine key (a later write of a key replaces
+/// the earlier); `None` deletes.
+///
+/// A create writes four or five keys and a group holds a few jobs, so the
+/// usual overlay is a short list: a plain `Vec` searched from its end, with
+/// no node to allocate, no ordered insert, and handed to the engine as the
+/// batch itself. Past [`OVERLAY_LIST_MAX`] entries (an import, a group of
+/// many jobs) it becomes a `BTreeMap`, so a put or read stays O(log n).
+#[derive(Debug, Clone)]
+pub(crate) enum Overlay {
+    /// Distinct keys in the order first written.
+    List(Vec<Write>),
+    /// Keyed, for overlays too long to search.
+    Map(BTreeMap<Vec<u8>, Option<Vec<u8>>>),
+}
+
+/// The longest overlay kept as a list.
+const OVERLAY_LIST_MAX: usize = 32;
+
+impl Default for Overlay {
+    fn default() -> Self {
+        Overlay::List(Vec::new())
+    }
+}
+
+impl Overlay {
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            Overlay::List(l) => l.is_empty(),
+            Overlay::Map(m) => m.is_empty(),
+        }
+    }
+
+    /// The pending write of `key`: `Some(None)` when it is deleted.
+    pub(crate) fn get(&self, key: &[u8]) -> Option<&Option<Vec<u8>>> {
+        match self {
+            Overlay::List(l) => l.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v),
+            Overlay::Map(m) => m.get(key),
+        }
+    }
+
+    /// Sets `key`'s pending write, replacing an earlier one.
+    pub(crate) fn insert(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
+        match self {
+            Overlay::List(l) => {
+                if let Some(slot) = l.iter_mut().rev().find(|(k, _)| *k == key) {
+                    slot.1 = value;
+                } else if l.len() < OVERLAY_LIST_MAX {
+                    l.push((key, value));
+                } else {
+                    let mut m: BTreeMap<_, _> = std::mem::take(l).into_iter().collect();
+                    m.insert(key, value);
+                    *self = Overlay::Map(m);
+                }
+            }
+            Overlay::Map(m) => {
+                m.insert(key, value);
+            }
+        }
+    }
+
+    /// Applies `later`'s writes over these.
+    pub(crate) fn extend(&mut self, later: Overlay) {
+        if self.is_empty() {
+            // Taken whole, not re-inserted.
+            *self = later;
+            return;
+        }
+        match later {
+            Overlay::List(l) => {
+                for (k, v) in l {
+                    self.insert(k, v);
+                }
+            }
+            Overlay::Map(m) => {
+                for (k, v) in m {
+                    self.insert(k, v);
+                }
+            }
+        }
+    }
+
+    /// The pending writes with `start <= key < end`, in no order.
+    fn range<'s>(
+        &'s self,
+        start: &'s [u8],
+        end: &'s [u8],
+    ) -> Box<dyn Iterator<Item = (&'s [u8], Option<&'s Vec<u8>>)> + 's> {
+        match self {
+            Overlay::List(l) => Box::new(
+                l.iter()
+                    .filter(move |(k, _)| k.as_slice() >= start && k.as_slice() < end)
+                    .map(|(k, v)| (k.as_slice(), v.as_ref())),
+            ),
+            Overlay::Map(m) => Box::new(
+                m.range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
+                    .map(|(k, v)| (k.as_slice(), v.as_ref())),
+            ),
+        }
+    }
+
+    /// The writes as one batch, in key order.
+    pub(crate) fn into_batch(self) -> Vec<Write> {
+        match self {
+            Overlay::List(mut l) => {
+                l.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                l
+            }
+            Overlay::Map(m) => m.into_iter().collect(),
+        }
+    }
+}
 
 /// KvStore-wide counters owned by the commit lock.
 #[derive(Debug, Clone, Copy)]
@@ -115,13 +225,15 @@ impl<'a> Txn<'a> {
                 .map(|(k, v)| (k[1..].to_vec(), v))
                 .collect());
         }
-        let range = (Bound::Included(start), Bound::Excluded(end));
+        if start >= end {
+            return Ok(Vec::new());
+        }
         // Each pending entry hides at most one engine entry, so asking the
         // engine for that many more is always enough.
         let mut pending: BTreeMap<&[u8], Option<&Vec<u8>>> = BTreeMap::new();
         for layer in [self.group, &self.writes] {
-            for (k, v) in layer.range::<[u8], _>(range) {
-                pending.insert(k.as_slice(), v.as_ref());
+            for (k, v) in layer.range(start, end) {
+                pending.insert(k, v);
             }
         }
         let base = self
@@ -302,26 +414,20 @@ impl Committer {
             }
             return;
         }
-        let mut overlay = Overlay::new();
+        let mut overlay = Overlay::default();
         let mut next_seq = counters.next_seq;
         let mut jobs = group;
         for job in jobs.iter_mut() {
             let mut txn = Txn {
                 engine: sink.engine(),
                 group: &overlay,
-                writes: Overlay::new(),
+                writes: Overlay::default(),
                 next_seq,
                 staged: false,
             };
             if job.run(&mut txn) {
                 next_seq = txn.next_seq;
-                let writes = txn.writes;
-                if overlay.is_empty() {
-                    // The group's first writes: taken whole, not re-inserted.
-                    overlay = writes;
-                } else {
-                    overlay.extend(writes);
-                }
+                overlay.extend(txn.writes);
             }
         }
         if overlay.is_empty() {
@@ -334,7 +440,7 @@ impl Committer {
             next_seq,
             commits: counters.commits + 1,
         };
-        match sink.commit(overlay.into_iter().collect(), next) {
+        match sink.commit(overlay.into_batch(), next) {
             Ok(()) => {
                 *counters = next;
                 for job in jobs {
