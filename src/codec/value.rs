@@ -7,7 +7,9 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use crate::budget::Caps;
 use crate::error::{Result, StateError};
-use crate::record::{Approval, Millis, RunKey, RunRecord, RunState, ToolCall, Usage};
+#[cfg(test)]
+use crate::record::Millis;
+use crate::record::{Approval, RunKey, RunRecord, RunState, ToolCall, Usage};
 
 /// The format this build writes. A value with a higher version was written
 /// by a newer release and is refused.

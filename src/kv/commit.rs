@@ -251,19 +251,27 @@ impl<'a> Txn<'a> {
 }
 
 /// A queued request: runs inside a group, answers after the commit.
-trait Job: Send {
+trait Job: Send + Sync {
     /// Runs the request; returns its writes when it succeeded.
-    fn run(&mut self, txn: &mut Txn<'_>) -> bool;
+    fn run(&self, txn: &mut Txn<'_>) -> bool;
     /// Delivers the answer; `failed` is the group's commit error, if any.
-    fn finish(self: Box<Self>, failed: Option<&dyn Fn() -> StateError>);
+    fn finish(&self, failed: Option<&dyn Fn() -> StateError>);
 }
 
-type Slot<T> = Arc<Mutex<Option<Result<T>>>>;
-
+/// A request and its answer, shared by the caller (who reads the answer)
+/// and the queue (whose leader runs it): one allocation per request, and
+/// the answer written once, where the caller takes it.
 struct TypedJob<T, F> {
+    cell: Mutex<JobCell<T, F>>,
+}
+
+struct JobCell<T, F> {
+    /// The request, until it runs.
     f: Option<F>,
+    /// What it returned; final (and the caller's to take) once `answered`.
     out: Option<Result<T>>,
-    slot: Slot<T>,
+    /// Set by `finish`, after the group's commit.
+    answered: bool,
 }
 
 impl<T, F> Job for TypedJob<T, F>
@@ -271,23 +279,26 @@ where
     T: Send + 'static,
     F: FnOnce(&mut Txn<'_>) -> Result<T> + Send + 'static,
 {
-    fn run(&mut self, txn: &mut Txn<'_>) -> bool {
-        let f = self.f.take().expect("a job runs once");
+    fn run(&self, txn: &mut Txn<'_>) -> bool {
+        let f = self.cell.lock().f.take().expect("a job runs once");
         let out = f(txn);
         let ok = out.is_ok();
-        self.out = Some(out);
+        self.cell.lock().out = Some(out);
         ok
     }
 
-    fn finish(self: Box<Self>, failed: Option<&dyn Fn() -> StateError>) {
-        let out = match (self.out, failed) {
-            (Some(Ok(_)), Some(err)) => Err(err()),
-            (Some(out), _) => out,
+    fn finish(&self, failed: Option<&dyn Fn() -> StateError>) {
+        let mut cell = self.cell.lock();
+        match (&cell.out, failed) {
+            (Some(Ok(_)), Some(err)) => cell.out = Some(Err(err())),
+            (Some(_), _) => {}
             // Never ran: its group failed before it (the store is poisoned).
-            (None, Some(err)) => Err(err()),
-            (None, None) => Err(StateError::unavailable("request was not run", None)),
-        };
-        *self.slot.lock() = Some(out);
+            (None, Some(err)) => cell.out = Some(Err(err())),
+            (None, None) => {
+                cell.out = Some(Err(StateError::unavailable("request was not run", None)));
+            }
+        }
+        cell.answered = true;
     }
 }
 
@@ -303,7 +314,10 @@ pub(crate) trait Sink: Send + Sync {
 
 /// What the queue mutex guards.
 struct Queue {
-    jobs: Vec<Box<dyn Job>>,
+    jobs: Vec<Arc<dyn Job>>,
+    /// An empty list to swap with `jobs` when a leader takes them all, so
+    /// a group costs no allocation of its own.
+    spare: Vec<Arc<dyn Job>>,
     /// A leader is running a group (from draining it to answering it).
     leading: bool,
     /// Jobs in the last group: the writers expected back for the next one.
@@ -335,6 +349,7 @@ impl Committer {
         Committer {
             queue: Mutex::new(Queue {
                 jobs: Vec::new(),
+                spare: Vec::new(),
                 leading: false,
                 last_group: 0,
                 last_took: Duration::ZERO,
@@ -356,21 +371,26 @@ impl Committer {
         T: Send + 'static,
         F: FnOnce(&mut Txn<'_>) -> Result<T> + Send + 'static,
     {
-        let slot: Slot<T> = Arc::new(Mutex::new(None));
+        let job = Arc::new(TypedJob {
+            cell: Mutex::new(JobCell {
+                f: Some(f),
+                out: None,
+                answered: false,
+            }),
+        });
         let mut q = self.queue.lock();
-        q.jobs.push(Box::new(TypedJob {
-            f: Some(f),
-            out: None,
-            slot: slot.clone(),
-        }));
+        q.jobs.push(job.clone());
         if q.gather_until != 0 && q.jobs.len() >= q.gather_until {
             self.arrived.notify_one();
         }
         loop {
             // Answers are written before the group's `answered` notice,
-            // under no lock but the slot's own.
-            if let Some(answer) = slot.lock().take() {
-                return answer;
+            // under no lock but the job's own.
+            {
+                let mut cell = job.cell.lock();
+                if cell.answered {
+                    return cell.out.take().expect("an answered job holds its answer");
+                }
             }
             if q.leading {
                 q = self.answered.wait(q);
@@ -389,15 +409,23 @@ impl Committer {
                 q.gather_until = 0;
             }
             let n = q.jobs.len().min(GROUP_JOBS_MAX);
-            let group: Vec<Box<dyn Job>> = q.jobs.drain(..n).collect();
+            let mut group = if n == q.jobs.len() {
+                let spare = std::mem::take(&mut q.spare);
+                std::mem::replace(&mut q.jobs, spare)
+            } else {
+                q.jobs.drain(..n).collect()
+            };
             drop(q);
             let started = Instant::now();
             {
                 let mut counters = self.counters.lock();
-                Self::run_group(sink, &mut counters, group);
+                Self::run_group(sink, &mut counters, &mut group);
             }
             let took = started.elapsed();
             q = self.queue.lock();
+            if q.spare.capacity() < group.capacity() {
+                q.spare = group;
+            }
             q.leading = false;
             q.last_group = n;
             q.last_took = took;
@@ -406,18 +434,19 @@ impl Committer {
         }
     }
 
-    fn run_group(sink: &dyn Sink, counters: &mut Counters, group: Vec<Box<dyn Job>>) {
+    /// Runs and answers the jobs of `group`, leaving it empty.
+    fn run_group(sink: &dyn Sink, counters: &mut Counters, group: &mut Vec<Arc<dyn Job>>) {
         if let Some(err) = sink.refused() {
             let make = move || err.replicate();
-            for job in group {
+            for job in group.drain(..) {
                 job.finish(Some(&make));
             }
             return;
         }
         let mut overlay = Overlay::default();
         let mut next_seq = counters.next_seq;
-        let mut jobs = group;
-        for job in jobs.iter_mut() {
+        let jobs = group;
+        for job in jobs.iter() {
             let mut txn = Txn {
                 engine: sink.engine(),
                 group: &overlay,
@@ -431,7 +460,7 @@ impl Committer {
             }
         }
         if overlay.is_empty() {
-            for job in jobs {
+            for job in jobs.drain(..) {
                 job.finish(None);
             }
             return;
@@ -443,7 +472,7 @@ impl Committer {
         match sink.commit(overlay.into_batch(), next) {
             Ok(()) => {
                 *counters = next;
-                for job in jobs {
+                for job in jobs.drain(..) {
                     job.finish(None);
                 }
             }
@@ -451,7 +480,7 @@ impl Committer {
                 // Each caller gets the error itself (variant, text, source),
                 // not its text wrapped again.
                 let make = move || e.replicate();
-                for job in jobs {
+                for job in jobs.drain(..) {
                     job.finish(Some(&make));
                 }
             }
