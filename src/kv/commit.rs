@@ -28,7 +28,10 @@ use std::time::{Duration, Instant};
 use crate::error::{Result, StateError};
 use crate::kv::engine::{Engine, Write};
 use crate::limits::GROUP_JOBS_MAX;
-use crate::sync::{Arc, Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
+// A job's handles are std's `Arc` under loom too: loom's cannot hold a
+// `dyn Job`, and what the models explore is the job's mutex, not its count.
+use std::sync::Arc;
 
 /// Pending writes, one per engine key (a later write of a key replaces
 /// the earlier); `None` deletes.
