@@ -28,9 +28,12 @@ use std::time::{Duration, Instant};
 use crate::error::{Result, StateError};
 use crate::kv::engine::{Engine, Write};
 use crate::limits::GROUP_JOBS_MAX;
+#[cfg(not(loom))]
+use crate::sync::Arc;
 use crate::sync::{Condvar, Mutex};
 // A job's handles are std's `Arc` under loom too: loom's cannot hold a
 // `dyn Job`, and what the models explore is the job's mutex, not its count.
+#[cfg(loom)]
 use std::sync::Arc;
 
 /// Pending writes, one per engine key (a later write of a key replaces
