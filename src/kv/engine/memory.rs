@@ -1,6 +1,5 @@
 //! The memory engine: a `BTreeMap` behind a reader-writer lock.
 
-use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -16,16 +15,23 @@ pub(crate) struct MemoryEngine {
     map: RwLock<BTreeMap<Key, Vec<u8>>>,
 }
 
-/// A stored key, ordered as its bytes are, with its first 32 bytes kept
-/// beside it as four big-endian numbers: most comparisons an insert makes
-/// are decided there, in a few instructions, without a call to `memcmp`
-/// (32 bytes hold a run id map key's tenant and a 20-byte run id).
+/// A stored key, with its first 32 bytes kept beside it as four
+/// big-endian numbers: most comparisons are decided there, in a few
+/// instructions, without a call to `memcmp` (32 bytes hold a run id map
+/// key's tenant and a 20-byte run id).
 ///
 /// The numbers pad a shorter key with zeros, so two keys with different
 /// heads compare as their bytes do (a byte that differs decides both; a
 /// key that ends first is a prefix of the other and smaller both ways);
-/// with equal heads, the bytes decide. So the order is the bytes' order,
-/// and the map can be searched with a plain `&[u8]` (`Borrow`).
+/// with equal heads, the bytes decide.
+///
+/// The map holds keys in *descending* byte order (`Ord` is the bytes'
+/// order reversed), and scans walk it backwards. A `BTreeMap` searches
+/// each node from its smallest key, and most writes append: a new run's
+/// record, state index and touch index keys are each the greatest of
+/// their prefix. In ascending order each such insert compared with every
+/// key of every node down its path; in descending order it stops at a
+/// node's first keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Key {
     head: Head,
@@ -52,18 +58,21 @@ impl Key {
     }
 }
 
-impl Ord for Key {
+impl Key {
+    /// The order of the keys' bytes.
     #[inline(always)]
-    fn cmp(&self, other: &Self) -> Ordering {
+    fn byte_order(&self, other: &Self) -> Ordering {
         self.head
             .cmp(&other.head)
             .then_with(|| self.bytes.cmp(&other.bytes))
     }
 }
 
-impl Borrow<[u8]> for Key {
-    fn borrow(&self) -> &[u8] {
-        &self.bytes
+impl Ord for Key {
+    /// The bytes' order reversed (see the type's docs).
+    #[inline(always)]
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.byte_order(self)
     }
 }
 
@@ -74,9 +83,8 @@ impl PartialOrd for Key {
 }
 
 std::thread_local! {
-    /// A key to search with, reused by each read of this thread: searched
-    /// as a `Key`, its head decides most comparisons, where a plain `&[u8]`
-    /// would call `memcmp` at each.
+    /// A key to search with, reused by each read of this thread, so a
+    /// read allocates none.
     static PROBE: RefCell<Key> = const {
         RefCell::new(Key {
             head: (0, 0, 0, 0),
@@ -89,7 +97,7 @@ impl Engine for MemoryEngine {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let map = self.map.read();
         // Borrowed only while the map is searched (never across a lock);
-        // should it be borrowed all the same, the plain bytes search.
+        // should it be borrowed all the same, a key of its own searches.
         Ok(PROBE.with(|probe| match probe.try_borrow_mut() {
             Ok(mut probe) => {
                 probe.head = head(key);
@@ -97,7 +105,7 @@ impl Engine for MemoryEngine {
                 probe.bytes.extend_from_slice(key);
                 map.get(&*probe).cloned()
             }
-            Err(_) => map.get(key).cloned(),
+            Err(_) => map.get(&Key::new(key.to_vec())).cloned(),
         }))
     }
 
@@ -105,9 +113,12 @@ impl Engine for MemoryEngine {
         if start >= end {
             return Ok(Vec::new());
         }
+        let (start, end) = (Key::new(start.to_vec()), Key::new(end.to_vec()));
         let map = self.map.read();
+        // Descending: `end` (excluded) comes first, `start` last.
         Ok(map
-            .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
+            .range((Bound::Excluded(&end), Bound::Included(&start)))
+            .rev()
             .take(limit)
             .map(|(k, v)| (k.bytes.clone(), v.clone()))
             .collect())
@@ -119,7 +130,7 @@ impl Engine for MemoryEngine {
         for (k, v) in batch {
             match v {
                 Some(v) => map.insert(Key::new(k), v),
-                None => map.remove(k.as_slice()),
+                None => map.remove(&Key::new(k)),
             };
         }
         Ok(())
@@ -140,8 +151,8 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// Keys order exactly as their bytes do (short keys, zeros, shared
-        /// prefixes around the 32-byte head included).
+        /// Keys order exactly as their bytes do, reversed in the map (short
+        /// keys, zeros, shared prefixes around the 32-byte head included).
         #[test]
         fn prop_key_order_is_byte_order(
             a in prop::collection::vec(prop_oneof![Just(0u8), Just(1u8), any::<u8>()], 0..40),
@@ -151,7 +162,8 @@ mod tests {
             // Half the time, b starts with a's first bytes.
             let b: Vec<u8> = a.iter().take(shared).chain(b.iter()).copied().collect();
             let (ka, kb) = (Key::new(a.clone()), Key::new(b.clone()));
-            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+            prop_assert_eq!(ka.byte_order(&kb), a.cmp(&b));
+            prop_assert_eq!(ka.cmp(&kb), b.cmp(&a));
             prop_assert_eq!(ka == kb, a == b);
         }
     }
@@ -195,6 +207,16 @@ mod tests {
             .map(|(k, _)| k)
             .collect();
         assert_eq!(mid, sorted[4..7].to_vec());
+        // A limit keeps the smallest keys of the range, ascending.
+        let first: Vec<Vec<u8>> = e
+            .scan(&[0], &[255; 21], 3)
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(first, sorted[1..4].to_vec());
+        assert!(e.scan(&[1, 2], &[1, 2], 10).unwrap().is_empty());
+        assert!(e.scan(&[1, 3], &[1, 2], 10).unwrap().is_empty());
         e.commit(vec![(vec![1; 16], None)]).unwrap();
         assert_eq!(e.get(&[1; 16]).unwrap(), None);
     }
