@@ -52,6 +52,10 @@ pub(crate) enum Overlay {
     Map(BTreeMap<Vec<u8>, Option<Vec<u8>>>),
 }
 
+/// A pending write as a scan sees it: the key, and its value (`None`:
+/// deleted).
+type Pending<'s> = (&'s [u8], Option<&'s Vec<u8>>);
+
 /// The longest overlay kept as a list.
 const OVERLAY_LIST_MAX: usize = 32;
 
@@ -123,7 +127,7 @@ impl Overlay {
         &'s self,
         start: &'s [u8],
         end: &'s [u8],
-    ) -> Box<dyn Iterator<Item = (&'s [u8], Option<&'s Vec<u8>>)> + 's> {
+    ) -> Box<dyn Iterator<Item = Pending<'s>> + 's> {
         match self {
             Overlay::List(l) => Box::new(
                 l.iter()
