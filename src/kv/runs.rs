@@ -423,9 +423,9 @@ impl KvStore {
 }
 
 impl StateStore for KvStore {
-    fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
+    fn put_run(&self, mut record: RunRecord) -> Result<RunRecord> {
         check_record(&record)?;
-        let record = self.opts.scrubber.scrub_run_owned(record);
+        self.opts.scrubber.scrub_run_in_place(&mut record);
         let now = self.now();
         let max = self.opts.record_bytes_max;
         let keys = RunKeys::of(&record.key);
