@@ -454,12 +454,17 @@ impl Scrubber {
     /// allocation at all when nothing is redacted.
     #[must_use]
     pub(crate) fn scrub_run_owned(&self, mut record: RunRecord) -> RunRecord {
+        self.scrub_run_in_place(&mut record);
+        record
+    }
+
+    /// [`scrub_run_owned`](Self::scrub_run_owned) where the record is.
+    pub(crate) fn scrub_run_in_place(&self, record: &mut RunRecord) {
         for call in &mut record.pending_tool_calls {
             if let Cow::Owned(clean) = self.scrubbed_arguments(&call.arguments) {
                 call.arguments = clean;
             }
         }
-        record
     }
 
     /// True when [`scrub_arguments`](Self::scrub_arguments) would return

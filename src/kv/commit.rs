@@ -28,10 +28,130 @@ use std::time::{Duration, Instant};
 use crate::error::{Result, StateError};
 use crate::kv::engine::{Engine, Write};
 use crate::limits::GROUP_JOBS_MAX;
-use crate::sync::{Arc, Condvar, Mutex};
+#[cfg(not(loom))]
+use crate::sync::Arc;
+use crate::sync::{Condvar, Mutex};
+// A job's handles are std's `Arc` under loom too: loom's cannot hold a
+// `dyn Job`, and what the models explore is the job's mutex, not its count.
+#[cfg(loom)]
+use std::sync::Arc;
 
-/// Pending writes keyed by engine key; `None` deletes.
-pub(crate) type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+/// Pending writes, one per engine key (a later write of a key replaces
+/// the earlier); `None` deletes.
+///
+/// A create writes four or five keys and a group holds a few jobs, so the
+/// usual overlay is a short list: a plain `Vec` searched from its end, with
+/// no node to allocate, no ordered insert, and handed to the engine as the
+/// batch itself. Past [`OVERLAY_LIST_MAX`] entries (an import, a group of
+/// many jobs) it becomes a `BTreeMap`, so a put or read stays O(log n).
+#[derive(Debug, Clone)]
+pub(crate) enum Overlay {
+    /// Distinct keys in the order first written.
+    List(Vec<Write>),
+    /// Keyed, for overlays too long to search.
+    Map(BTreeMap<Vec<u8>, Option<Vec<u8>>>),
+}
+
+/// A pending write as a scan sees it: the key, and its value (`None`:
+/// deleted).
+type Pending<'s> = (&'s [u8], Option<&'s Vec<u8>>);
+
+/// The longest overlay kept as a list.
+const OVERLAY_LIST_MAX: usize = 32;
+
+impl Default for Overlay {
+    fn default() -> Self {
+        Overlay::List(Vec::new())
+    }
+}
+
+impl Overlay {
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            Overlay::List(l) => l.is_empty(),
+            Overlay::Map(m) => m.is_empty(),
+        }
+    }
+
+    /// The pending write of `key`: `Some(None)` when it is deleted.
+    pub(crate) fn get(&self, key: &[u8]) -> Option<&Option<Vec<u8>>> {
+        match self {
+            Overlay::List(l) => l.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v),
+            Overlay::Map(m) => m.get(key),
+        }
+    }
+
+    /// Sets `key`'s pending write, replacing an earlier one.
+    pub(crate) fn insert(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
+        match self {
+            Overlay::List(l) => {
+                if let Some(slot) = l.iter_mut().rev().find(|(k, _)| *k == key) {
+                    slot.1 = value;
+                } else if l.len() < OVERLAY_LIST_MAX {
+                    l.push((key, value));
+                } else {
+                    let mut m: BTreeMap<_, _> = std::mem::take(l).into_iter().collect();
+                    m.insert(key, value);
+                    *self = Overlay::Map(m);
+                }
+            }
+            Overlay::Map(m) => {
+                m.insert(key, value);
+            }
+        }
+    }
+
+    /// Applies `later`'s writes over these.
+    pub(crate) fn extend(&mut self, later: Overlay) {
+        if self.is_empty() {
+            // Taken whole, not re-inserted.
+            *self = later;
+            return;
+        }
+        match later {
+            Overlay::List(l) => {
+                for (k, v) in l {
+                    self.insert(k, v);
+                }
+            }
+            Overlay::Map(m) => {
+                for (k, v) in m {
+                    self.insert(k, v);
+                }
+            }
+        }
+    }
+
+    /// The pending writes with `start <= key < end`, in no order.
+    fn range<'s>(
+        &'s self,
+        start: &'s [u8],
+        end: &'s [u8],
+    ) -> Box<dyn Iterator<Item = Pending<'s>> + 's> {
+        match self {
+            Overlay::List(l) => Box::new(
+                l.iter()
+                    .filter(move |(k, _)| k.as_slice() >= start && k.as_slice() < end)
+                    .map(|(k, v)| (k.as_slice(), v.as_ref())),
+            ),
+            Overlay::Map(m) => Box::new(
+                m.range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
+                    .map(|(k, v)| (k.as_slice(), v.as_ref())),
+            ),
+        }
+    }
+
+    /// The writes as one batch, in key order.
+    pub(crate) fn into_batch(self) -> Vec<Write> {
+        match self {
+            Overlay::List(mut l) => {
+                l.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                l
+            }
+            Overlay::Map(m) => m.into_iter().collect(),
+        }
+    }
+}
 
 /// KvStore-wide counters owned by the commit lock.
 #[derive(Debug, Clone, Copy)]
@@ -115,13 +235,15 @@ impl<'a> Txn<'a> {
                 .map(|(k, v)| (k[1..].to_vec(), v))
                 .collect());
         }
-        let range = (Bound::Included(start), Bound::Excluded(end));
+        if start >= end {
+            return Ok(Vec::new());
+        }
         // Each pending entry hides at most one engine entry, so asking the
         // engine for that many more is always enough.
         let mut pending: BTreeMap<&[u8], Option<&Vec<u8>>> = BTreeMap::new();
         for layer in [self.group, &self.writes] {
-            for (k, v) in layer.range::<[u8], _>(range) {
-                pending.insert(k.as_slice(), v.as_ref());
+            for (k, v) in layer.range(start, end) {
+                pending.insert(k, v);
             }
         }
         let base = self
@@ -139,19 +261,27 @@ impl<'a> Txn<'a> {
 }
 
 /// A queued request: runs inside a group, answers after the commit.
-trait Job: Send {
+trait Job: Send + Sync {
     /// Runs the request; returns its writes when it succeeded.
-    fn run(&mut self, txn: &mut Txn<'_>) -> bool;
+    fn run(&self, txn: &mut Txn<'_>) -> bool;
     /// Delivers the answer; `failed` is the group's commit error, if any.
-    fn finish(self: Box<Self>, failed: Option<&dyn Fn() -> StateError>);
+    fn finish(&self, failed: Option<&dyn Fn() -> StateError>);
 }
 
-type Slot<T> = Arc<Mutex<Option<Result<T>>>>;
-
+/// A request and its answer, shared by the caller (who reads the answer)
+/// and the queue (whose leader runs it): one allocation per request, and
+/// the answer written once, where the caller takes it.
 struct TypedJob<T, F> {
+    cell: Mutex<JobCell<T, F>>,
+}
+
+struct JobCell<T, F> {
+    /// The request, until it runs.
     f: Option<F>,
+    /// What it returned; final (and the caller's to take) once `answered`.
     out: Option<Result<T>>,
-    slot: Slot<T>,
+    /// Set by `finish`, after the group's commit.
+    answered: bool,
 }
 
 impl<T, F> Job for TypedJob<T, F>
@@ -159,23 +289,26 @@ where
     T: Send + 'static,
     F: FnOnce(&mut Txn<'_>) -> Result<T> + Send + 'static,
 {
-    fn run(&mut self, txn: &mut Txn<'_>) -> bool {
-        let f = self.f.take().expect("a job runs once");
+    fn run(&self, txn: &mut Txn<'_>) -> bool {
+        let f = self.cell.lock().f.take().expect("a job runs once");
         let out = f(txn);
         let ok = out.is_ok();
-        self.out = Some(out);
+        self.cell.lock().out = Some(out);
         ok
     }
 
-    fn finish(self: Box<Self>, failed: Option<&dyn Fn() -> StateError>) {
-        let out = match (self.out, failed) {
-            (Some(Ok(_)), Some(err)) => Err(err()),
-            (Some(out), _) => out,
+    fn finish(&self, failed: Option<&dyn Fn() -> StateError>) {
+        let mut cell = self.cell.lock();
+        match (&cell.out, failed) {
+            (Some(Ok(_)), Some(err)) => cell.out = Some(Err(err())),
+            (Some(_), _) => {}
             // Never ran: its group failed before it (the store is poisoned).
-            (None, Some(err)) => Err(err()),
-            (None, None) => Err(StateError::unavailable("request was not run", None)),
-        };
-        *self.slot.lock() = Some(out);
+            (None, Some(err)) => cell.out = Some(Err(err())),
+            (None, None) => {
+                cell.out = Some(Err(StateError::unavailable("request was not run", None)));
+            }
+        }
+        cell.answered = true;
     }
 }
 
@@ -191,7 +324,10 @@ pub(crate) trait Sink: Send + Sync {
 
 /// What the queue mutex guards.
 struct Queue {
-    jobs: Vec<Box<dyn Job>>,
+    jobs: Vec<Arc<dyn Job>>,
+    /// An empty list to swap with `jobs` when a leader takes them all, so
+    /// a group costs no allocation of its own.
+    spare: Vec<Arc<dyn Job>>,
     /// A leader is running a group (from draining it to answering it).
     leading: bool,
     /// Jobs in the last group: the writers expected back for the next one.
@@ -223,6 +359,7 @@ impl Committer {
         Committer {
             queue: Mutex::new(Queue {
                 jobs: Vec::new(),
+                spare: Vec::new(),
                 leading: false,
                 last_group: 0,
                 last_took: Duration::ZERO,
@@ -244,21 +381,26 @@ impl Committer {
         T: Send + 'static,
         F: FnOnce(&mut Txn<'_>) -> Result<T> + Send + 'static,
     {
-        let slot: Slot<T> = Arc::new(Mutex::new(None));
+        let job = Arc::new(TypedJob {
+            cell: Mutex::new(JobCell {
+                f: Some(f),
+                out: None,
+                answered: false,
+            }),
+        });
         let mut q = self.queue.lock();
-        q.jobs.push(Box::new(TypedJob {
-            f: Some(f),
-            out: None,
-            slot: slot.clone(),
-        }));
+        q.jobs.push(job.clone());
         if q.gather_until != 0 && q.jobs.len() >= q.gather_until {
             self.arrived.notify_one();
         }
         loop {
             // Answers are written before the group's `answered` notice,
-            // under no lock but the slot's own.
-            if let Some(answer) = slot.lock().take() {
-                return answer;
+            // under no lock but the job's own.
+            {
+                let mut cell = job.cell.lock();
+                if cell.answered {
+                    return cell.out.take().expect("an answered job holds its answer");
+                }
             }
             if q.leading {
                 q = self.answered.wait(q);
@@ -277,15 +419,23 @@ impl Committer {
                 q.gather_until = 0;
             }
             let n = q.jobs.len().min(GROUP_JOBS_MAX);
-            let group: Vec<Box<dyn Job>> = q.jobs.drain(..n).collect();
+            let mut group = if n == q.jobs.len() {
+                let spare = std::mem::take(&mut q.spare);
+                std::mem::replace(&mut q.jobs, spare)
+            } else {
+                q.jobs.drain(..n).collect()
+            };
             drop(q);
             let started = Instant::now();
             {
                 let mut counters = self.counters.lock();
-                Self::run_group(sink, &mut counters, group);
+                Self::run_group(sink, &mut counters, &mut group);
             }
             let took = started.elapsed();
             q = self.queue.lock();
+            if q.spare.capacity() < group.capacity() {
+                q.spare = group;
+            }
             q.leading = false;
             q.last_group = n;
             q.last_took = took;
@@ -294,38 +444,33 @@ impl Committer {
         }
     }
 
-    fn run_group(sink: &dyn Sink, counters: &mut Counters, group: Vec<Box<dyn Job>>) {
+    /// Runs and answers the jobs of `group`, leaving it empty.
+    fn run_group(sink: &dyn Sink, counters: &mut Counters, group: &mut Vec<Arc<dyn Job>>) {
         if let Some(err) = sink.refused() {
             let make = move || err.replicate();
-            for job in group {
+            for job in group.drain(..) {
                 job.finish(Some(&make));
             }
             return;
         }
-        let mut overlay = Overlay::new();
+        let mut overlay = Overlay::default();
         let mut next_seq = counters.next_seq;
-        let mut jobs = group;
-        for job in jobs.iter_mut() {
+        let jobs = group;
+        for job in jobs.iter() {
             let mut txn = Txn {
                 engine: sink.engine(),
                 group: &overlay,
-                writes: Overlay::new(),
+                writes: Overlay::default(),
                 next_seq,
                 staged: false,
             };
             if job.run(&mut txn) {
                 next_seq = txn.next_seq;
-                let writes = txn.writes;
-                if overlay.is_empty() {
-                    // The group's first writes: taken whole, not re-inserted.
-                    overlay = writes;
-                } else {
-                    overlay.extend(writes);
-                }
+                overlay.extend(txn.writes);
             }
         }
         if overlay.is_empty() {
-            for job in jobs {
+            for job in jobs.drain(..) {
                 job.finish(None);
             }
             return;
@@ -334,10 +479,10 @@ impl Committer {
             next_seq,
             commits: counters.commits + 1,
         };
-        match sink.commit(overlay.into_iter().collect(), next) {
+        match sink.commit(overlay.into_batch(), next) {
             Ok(()) => {
                 *counters = next;
-                for job in jobs {
+                for job in jobs.drain(..) {
                     job.finish(None);
                 }
             }
@@ -345,7 +490,7 @@ impl Committer {
                 // Each caller gets the error itself (variant, text, source),
                 // not its text wrapped again.
                 let make = move || e.replicate();
-                for job in jobs {
+                for job in jobs.drain(..) {
                     job.finish(Some(&make));
                 }
             }

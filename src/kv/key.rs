@@ -102,13 +102,15 @@ impl KeyBuf {
         KeyBuf(v)
     }
     pub(crate) fn str(mut self, s: &str) -> Self {
-        for &b in s.as_bytes() {
-            if b == ESC {
-                self.0.extend_from_slice(&[ESC, ESCAPED_NUL]);
-            } else {
-                self.0.push(b);
-            }
+        // The stretches between NULs are copied whole: most strings have
+        // none, and go in one copy.
+        let mut rest = s.as_bytes();
+        while let Some(i) = rest.iter().position(|&b| b == ESC) {
+            self.0.extend_from_slice(&rest[..i]);
+            self.0.extend_from_slice(&[ESC, ESCAPED_NUL]);
+            rest = &rest[i + 1..];
         }
+        self.0.extend_from_slice(rest);
         self.0.extend_from_slice(&[ESC, TERMINATOR]);
         self
     }
@@ -261,6 +263,37 @@ mod tests {
         assert_eq!(r.u64().unwrap(), 7);
         assert_eq!(r.u8().unwrap(), 3);
         r.end().unwrap();
+    }
+
+    #[test]
+    fn strings_are_escaped_byte_for_byte_as_stored() {
+        let k = KeyBuf::table(table::TRAY)
+            .str("\0a\0\0b\0")
+            .str("plain")
+            .done();
+        let want: &[u8] = &[
+            table::TRAY,
+            0,
+            0xFF,
+            b'a',
+            0,
+            0xFF,
+            0,
+            0xFF,
+            b'b',
+            0,
+            0xFF,
+            0,
+            1,
+            b'p',
+            b'l',
+            b'a',
+            b'i',
+            b'n',
+            0,
+            1,
+        ];
+        assert_eq!(k, want);
     }
 
     #[test]

@@ -423,9 +423,9 @@ impl KvStore {
 }
 
 impl StateStore for KvStore {
-    fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
+    fn put_run(&self, mut record: RunRecord) -> Result<RunRecord> {
         check_record(&record)?;
-        let record = self.opts.scrubber.scrub_run_owned(record);
+        self.opts.scrubber.scrub_run_in_place(&mut record);
         let now = self.now();
         let max = self.opts.record_bytes_max;
         let keys = RunKeys::of(&record.key);
@@ -433,6 +433,9 @@ impl StateStore for KvStore {
             .session_id
             .as_ref()
             .map(|s| session_key(&SessionKey::new(record.key.tenant.clone(), s.clone())));
+        // Boxed, so the job that carries it to the leader moves a pointer
+        // instead of the whole record at each step.
+        let record = Box::new(record);
         self.submit(move |txn| {
             let stored = read_run_at(txn, &keys.id, &record.key)?;
             check_version(record.version, stored.as_ref().map(|s| s.version))?;
@@ -454,7 +457,7 @@ impl StateStore for KvStore {
                     }
                     let seq = txn.next_seq;
                     txn.next_seq += 1;
-                    let new = created_run(record, seq, now);
+                    let new = created_run(*record, seq, now);
                     // A run created with amounts already spent spends them
                     // on its budget too.
                     let delta = StateDelta {
@@ -468,7 +471,7 @@ impl StateStore for KvStore {
                     }
                     new
                 }
-                Some(s) => updated_run(s, record, now)?,
+                Some(s) => updated_run(s, *record, now)?,
             };
             write_run(txn, stored.as_ref(), &new, max, keys)?;
             Ok(new)

@@ -1,6 +1,6 @@
 //! The memory engine: a `BTreeMap` behind a reader-writer lock.
 
-use std::borrow::Borrow;
+use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -15,48 +15,64 @@ pub(crate) struct MemoryEngine {
     map: RwLock<BTreeMap<Key, Vec<u8>>>,
 }
 
-/// A stored key, ordered as its bytes are, with its first 16 bytes kept
-/// beside it as two big-endian numbers: most comparisons an insert makes
-/// are decided there, in a few instructions, without a call to `memcmp`.
+/// A stored key, with its first 32 bytes kept beside it as four
+/// big-endian numbers: most comparisons are decided there, in a few
+/// instructions, without a call to `memcmp` (32 bytes hold a run id map
+/// key's tenant and a 20-byte run id).
 ///
 /// The numbers pad a shorter key with zeros, so two keys with different
 /// heads compare as their bytes do (a byte that differs decides both; a
 /// key that ends first is a prefix of the other and smaller both ways);
-/// with equal heads, the bytes decide. So the order is the bytes' order,
-/// and the map can be searched with a plain `&[u8]` (`Borrow`).
+/// with equal heads, the bytes decide.
+///
+/// The map holds keys in *descending* byte order (`Ord` is the bytes'
+/// order reversed), and scans walk it backwards. A `BTreeMap` searches
+/// each node from its smallest key, and most writes append: a new run's
+/// record, state index and touch index keys are each the greatest of
+/// their prefix. In ascending order each such insert compared with every
+/// key of every node down its path; in descending order it stops at a
+/// node's first keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Key {
-    head: (u64, u64),
+    head: Head,
     bytes: Vec<u8>,
+}
+
+/// A key's first 32 bytes, zero-padded, as big-endian numbers.
+type Head = (u64, u64, u64, u64);
+
+fn head(bytes: &[u8]) -> Head {
+    let mut head = [0u8; 32];
+    let n = bytes.len().min(32);
+    head[..n].copy_from_slice(&bytes[..n]);
+    let word = |i: usize| u64::from_be_bytes(head[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    (word(0), word(1), word(2), word(3))
 }
 
 impl Key {
     fn new(bytes: Vec<u8>) -> Key {
-        let mut head = [0u8; 16];
-        let n = bytes.len().min(16);
-        head[..n].copy_from_slice(&bytes[..n]);
-        let (hi, lo) = head.split_at(8);
         Key {
-            head: (
-                u64::from_be_bytes(hi.try_into().expect("8 bytes")),
-                u64::from_be_bytes(lo.try_into().expect("8 bytes")),
-            ),
+            head: head(&bytes),
             bytes,
         }
     }
 }
 
-impl Ord for Key {
-    fn cmp(&self, other: &Self) -> Ordering {
+impl Key {
+    /// The order of the keys' bytes.
+    #[inline(always)]
+    fn byte_order(&self, other: &Self) -> Ordering {
         self.head
             .cmp(&other.head)
             .then_with(|| self.bytes.cmp(&other.bytes))
     }
 }
 
-impl Borrow<[u8]> for Key {
-    fn borrow(&self) -> &[u8] {
-        &self.bytes
+impl Ord for Key {
+    /// The bytes' order reversed (see the type's docs).
+    #[inline(always)]
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.byte_order(self)
     }
 }
 
@@ -66,18 +82,43 @@ impl PartialOrd for Key {
     }
 }
 
+std::thread_local! {
+    /// A key to search with, reused by each read of this thread, so a
+    /// read allocates none.
+    static PROBE: RefCell<Key> = const {
+        RefCell::new(Key {
+            head: (0, 0, 0, 0),
+            bytes: Vec::new(),
+        })
+    };
+}
+
 impl Engine for MemoryEngine {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.map.read().get(key).cloned())
+        let map = self.map.read();
+        // Borrowed only while the map is searched (never across a lock);
+        // should it be borrowed all the same, a key of its own searches.
+        Ok(PROBE.with(|probe| match probe.try_borrow_mut() {
+            Ok(mut probe) => {
+                probe.head = head(key);
+                probe.bytes.clear();
+                probe.bytes.extend_from_slice(key);
+                map.get(&*probe).cloned()
+            }
+            Err(_) => map.get(&Key::new(key.to_vec())).cloned(),
+        }))
     }
 
     fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         if start >= end {
             return Ok(Vec::new());
         }
+        let (start, end) = (Key::new(start.to_vec()), Key::new(end.to_vec()));
         let map = self.map.read();
+        // Descending: `end` (excluded) comes first, `start` last.
         Ok(map
-            .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
+            .range((Bound::Excluded(&end), Bound::Included(&start)))
+            .rev()
             .take(limit)
             .map(|(k, v)| (k.bytes.clone(), v.clone()))
             .collect())
@@ -89,7 +130,7 @@ impl Engine for MemoryEngine {
         for (k, v) in batch {
             match v {
                 Some(v) => map.insert(Key::new(k), v),
-                None => map.remove(k.as_slice()),
+                None => map.remove(&Key::new(k)),
             };
         }
         Ok(())
@@ -110,18 +151,19 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// Keys order exactly as their bytes do (short keys, zeros, shared
-        /// prefixes around the 16-byte head included).
+        /// Keys order exactly as their bytes do, reversed in the map (short
+        /// keys, zeros, shared prefixes around the 32-byte head included).
         #[test]
         fn prop_key_order_is_byte_order(
-            a in prop::collection::vec(prop_oneof![Just(0u8), Just(1u8), any::<u8>()], 0..24),
-            b in prop::collection::vec(prop_oneof![Just(0u8), Just(1u8), any::<u8>()], 0..24),
-            shared in 0usize..20,
+            a in prop::collection::vec(prop_oneof![Just(0u8), Just(1u8), any::<u8>()], 0..40),
+            b in prop::collection::vec(prop_oneof![Just(0u8), Just(1u8), any::<u8>()], 0..40),
+            shared in 0usize..36,
         ) {
             // Half the time, b starts with a's first bytes.
             let b: Vec<u8> = a.iter().take(shared).chain(b.iter()).copied().collect();
             let (ka, kb) = (Key::new(a.clone()), Key::new(b.clone()));
-            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+            prop_assert_eq!(ka.byte_order(&kb), a.cmp(&b));
+            prop_assert_eq!(ka.cmp(&kb), b.cmp(&a));
             prop_assert_eq!(ka == kb, a == b);
         }
     }
@@ -139,6 +181,9 @@ mod tests {
             [vec![1; 16], vec![2]].concat(),
             vec![1, 2],
             vec![255; 20],
+            vec![2; 32],
+            [vec![2; 32], vec![0]].concat(),
+            [vec![2; 31], vec![3]].concat(),
         ];
         e.commit(keys.iter().map(|k| (k.clone(), Some(k.clone()))).collect())
             .unwrap();
@@ -162,6 +207,16 @@ mod tests {
             .map(|(k, _)| k)
             .collect();
         assert_eq!(mid, sorted[4..7].to_vec());
+        // A limit keeps the smallest keys of the range, ascending.
+        let first: Vec<Vec<u8>> = e
+            .scan(&[0], &[255; 21], 3)
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(first, sorted[1..4].to_vec());
+        assert!(e.scan(&[1, 2], &[1, 2], 10).unwrap().is_empty());
+        assert!(e.scan(&[1, 3], &[1, 2], 10).unwrap().is_empty());
         e.commit(vec![(vec![1; 16], None)]).unwrap();
         assert_eq!(e.get(&[1; 16]).unwrap(), None);
     }
