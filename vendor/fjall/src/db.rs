@@ -711,8 +711,7 @@ impl Database {
                         highest_encountered_keyspace_id =
                             highest_encountered_keyspace_id.max(item.keyspace_id);
 
-                        let Some(keyspace_name) = ids.resolve(item.keyspace_id)?
-                        else {
+                        let Some(keyspace_name) = ids.resolve(item.keyspace_id)? else {
                             continue;
                         };
 
@@ -848,7 +847,10 @@ impl Database {
         // one) moves into the spare at its first write (see
         // `Writer::adopt_spare_at_first_write`).
         if db.config.journal_spare_size_in_bytes > 0 {
-            db.supervisor.journal.get_writer()?.adopt_spare_at_first_write();
+            db.supervisor
+                .journal
+                .get_writer()?
+                .adopt_spare_at_first_write();
         }
 
         log::trace!("Database recovery successful");
@@ -878,9 +880,10 @@ impl Database {
 
         // agentstate patch: the spare for the first journal after a reopen
         // (or the first rotation), written now so a new store has it.
-        if let Err(e) =
-            crate::journal::writer::prepare_spare(journal_folder_path, config.journal_spare_size_in_bytes)
-        {
+        if let Err(e) = crate::journal::writer::prepare_spare(
+            journal_folder_path,
+            config.journal_spare_size_in_bytes,
+        ) {
             log::warn!("Could not write the spare journal: {e:?}");
         }
 
@@ -965,7 +968,6 @@ impl Database {
             &PoisonDart::new(db.is_poisoned.clone()),
             &db.active_thread_counter,
         )?;
-
 
         Ok(db)
     }

@@ -36,7 +36,9 @@ pub fn prepare_spare(folder: &Path, bytes: u64) -> std::io::Result<()> {
     if bytes == 0 {
         return Ok(());
     }
-    let _one = SPARE_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = SPARE_LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let spare = folder.join(SPARE_FILE);
     if spare.try_exists()? {
         return Ok(());
@@ -265,7 +267,10 @@ impl Writer {
         fsync_directory(&folder)?;
         let file = OpenOptions::new().read(true).write(true).open(&self.path)?;
         self.file = BufWriter::with_capacity(JOURNAL_BUFFER_BYTES, file);
-        log::debug!("Empty journal {} replaced by the spare", self.path.display());
+        log::debug!(
+            "Empty journal {} replaced by the spare",
+            self.path.display()
+        );
         Ok(())
     }
 
