@@ -129,7 +129,8 @@ fn seq_key(seq: u64) -> Vec<u8> {
 /// the first is answered: the one-wake-up hand-off (`notify_all` once per
 /// group) and the new leader's wait for the last group's writers (the
 /// shim's timed wait, which may end at once) never lose a wake-up, never
-/// answer a request twice or not at all, and keep seqs gap-free.
+/// answer a request twice or not at all, never answer before the commit,
+/// and keep seqs gap-free.
 #[test]
 fn loom_commit_queue_callers_coming_back_are_all_answered() {
     model(|| {
@@ -151,6 +152,13 @@ fn loom_commit_queue_callers_coming_back_are_all_answered() {
                             Ok(seq)
                         })
                         .expect("no failure is injected");
+                    // An answer comes only after its group committed: the
+                    // write is there the moment the caller has its `Ok`.
+                    assert_eq!(
+                        sink.get(&seq_key(seq)),
+                        Some(vec![id]),
+                        "answered Ok before its group committed"
+                    );
                     seqs.push(seq);
                 }
                 seqs
