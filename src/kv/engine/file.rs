@@ -159,7 +159,7 @@ impl FjallEngine {
                 // synced append into written blocks commits no file-system
                 // metadata (vendor fjall patch; BENCHMARKS.md, "Spare
                 // journal").
-                .journal_spare_size(spare_bytes(&tuning))
+                .journal_spare_size(spare_bytes(dir, &tuning))
                 .open()
         });
         let db = match opened {
@@ -232,9 +232,29 @@ impl FjallEngine {
 /// The spare journal's size: twice the rotation size (a memtable), as a
 /// journal is rotated only at a flush after it passed that size, and at
 /// most 8 MiB (appends past a spare's end work, each sync then also
-/// commits the file's new blocks).
-fn spare_bytes(tuning: &Tuning) -> u64 {
-    (2 * memtable_bytes(tuning.write_buffer_bytes)).min(8 << 20)
+/// commits the file's new blocks). None (0) on a file system with less
+/// than 64 spares' worth free: zeros written ahead must never be what
+/// fills a disk.
+fn spare_bytes(dir: &Path, tuning: &Tuning) -> u64 {
+    let want = (2 * memtable_bytes(tuning.write_buffer_bytes)).min(8 << 20);
+    match free_bytes(dir) {
+        Some(free) if free < 64 * want => 0,
+        _ => want,
+    }
+}
+
+/// Bytes free to an unprivileged user on the file system holding `dir`
+/// (or its nearest existing parent); `None` when it cannot be told.
+#[cfg(unix)]
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let at = dir.ancestors().find(|p| p.exists())?;
+    let s = rustix::fs::statvfs(at).ok()?;
+    Some(s.f_bavail.saturating_mul(s.f_frsize))
+}
+
+#[cfg(not(unix))]
+fn free_bytes(_dir: &Path) -> Option<u64> {
+    None
 }
 
 /// The size of one memtable for a write buffer of `bytes`: fjall 3.1
@@ -295,7 +315,7 @@ impl Drop for FjallEngine {
             // The flush may have rotated the journal into the spare: leave
             // one for the next open's empty journal (a few ms of zeros,
             // only when there is none). Best effort as well.
-            let _ = fjall::prepare_spare_journal(&self.dir, spare_bytes(&self.tuning));
+            let _ = fjall::prepare_spare_journal(&self.dir, spare_bytes(&self.dir, &self.tuning));
         }
     }
 }
