@@ -440,14 +440,9 @@ struct Durable {
     writers8_groups: u64,
     writers8_ops: u64,
     /// µs per `Scrubber::scrub_run` of the bench record, and per create on
-    /// the memory store: of records built before the timed loop (the
-    /// store's logic alone, as `scrub_us` times the scrubber alone), and
-    /// with each record built inside the loop (the figure's definition
-    /// before: the bench's own `format!` of the id and the record's strings
-    /// counted too).
+    /// the memory store.
     scrub_us: f64,
     memory_create_us: f64,
-    memory_create_with_record_us: f64,
 }
 
 /// ops/s from per-op latencies in µs.
@@ -531,21 +526,12 @@ fn cpu_path(s: Sizes, d: &mut Durable) {
     }
     d.scrub_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
     let mem = agentstate::MemoryStore::new();
-    let records: Vec<RunRecord> = (0..n as u64)
-        .map(|i| record(TENANT, run_id(i), RunState::Pending))
-        .collect();
-    let t = Instant::now();
-    for r in records {
-        mem.put_run(r).expect("create");
-    }
-    d.memory_create_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
-    let mem = agentstate::MemoryStore::new();
     let t = Instant::now();
     for i in 0..n as u64 {
         mem.put_run(record(TENANT, run_id(i), RunState::Pending))
             .expect("create");
     }
-    d.memory_create_with_record_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    d.memory_create_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
 }
 
 /// Phase C: one writer, then eight, in alternating short rounds.
@@ -1665,12 +1651,7 @@ fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
     row(
         "CPU: create on the memory store",
         format!("{:.1} µs", d.memory_create_us),
-        "the store's logic without a disk; records built before the timed loop",
-    );
-    row(
-        "CPU: the same, each record built in the loop",
-        format!("{:.1} µs", d.memory_create_with_record_us),
-        "the bench's format! of the id and the record's strings counted too",
+        "the store's logic without a disk",
     );
     let page = |st: &Stats| format!("{:.0} µs", st.median_us);
     let pnote = |st: &Stats, what: &str| {
@@ -1920,10 +1901,6 @@ fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
     );
     res("scrub_us", d.scrub_us);
     res("memory_create_us", d.memory_create_us);
-    res(
-        "memory_create_with_record_us",
-        d.memory_create_with_record_us,
-    );
     res("page_10k_us", l.page_small.median_us);
     res("page_1m_us", l.page_big.median_us);
     res("page_1m_first_walk_us", l.page_big_first.median_us);
