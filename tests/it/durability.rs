@@ -2196,7 +2196,20 @@ fn journal_bytes(path: &Path) -> u64 {
         .sum()
 }
 
-/// Allocated bytes of the active (newest) journal of the store at `path`.
+/// Run `r{i:05}` of tenant `acme` with a pending tool call whose arguments
+/// carry `pad` bytes, so a few thousand of them fill memtables.
+fn padded_run(i: u64, pad: usize) -> RunRecord {
+    let mut r = RunRecord::new(RunKey::new("acme", format!("r{i:05}")), "a");
+    r.pending_tool_calls = vec![ToolCall {
+        id: "c".into(),
+        name: "t".into(),
+        arguments: format!("{{\"pad\":\"{}\"}}", "x".repeat(pad)),
+    }];
+    r
+}
+
+/// The active (newest) journal of the store at `path`: its path, length
+/// and allocated bytes.
 fn active_journal(path: &Path) -> (PathBuf, u64, u64) {
     use std::os::unix::fs::MetadataExt as _;
     let mut journals: Vec<(u64, PathBuf)> = std::fs::read_dir(path.join("db"))
@@ -2227,15 +2240,7 @@ fn d1_new_journals_start_in_zeros_written_ahead_and_lose_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("store");
     let spare = path.join("db").join("journal.spare");
-    let big = |i: u64| {
-        let mut r = RunRecord::new(RunKey::new("acme", format!("r{i:05}")), "a");
-        r.pending_tool_calls = vec![ToolCall {
-            id: "c".into(),
-            name: "t".into(),
-            arguments: format!("{{\"pad\":\"{}\"}}", "x".repeat(1000)),
-        }];
-        r
-    };
+    let big = |i: u64| padded_run(i, 1000);
     let mut runs: Vec<RunRecord> = Vec::new();
     {
         let store = FileStore::open(&path).unwrap();
@@ -2297,15 +2302,7 @@ fn d8_a_clean_close_empties_the_journal_and_loses_nothing() {
             .durability(agentstate::Durability::Buffered)
             .write_buffer_bytes(4 << 20)
     };
-    let big = |i: u64| {
-        let mut r = RunRecord::new(RunKey::new("acme", format!("r{i:05}")), "a");
-        r.pending_tool_calls = vec![ToolCall {
-            id: "c".into(),
-            name: "t".into(),
-            arguments: format!("{{\"pad\":\"{}\"}}", "x".repeat(1500)),
-        }];
-        r
-    };
+    let big = |i: u64| padded_run(i, 1500);
     let n = 2500;
     let store = FileStore::open_with(&path, opts()).unwrap();
     let mut runs: Vec<RunRecord> = (0..n).map(|i| store.put_run(big(i)).unwrap()).collect();
