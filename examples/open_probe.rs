@@ -193,6 +193,30 @@ fn child(spec: &str) {
                 journal_mib(&dir)
             );
         }
+        "open-loop" => {
+            // Opens (and first reads) over and over in one process: the
+            // open's steady-state cost, for `perf record`.
+            let loops: usize = std::env::var("AGENTSTATE_PROBE_LOOPS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(100);
+            let mut times = Vec::with_capacity(loops);
+            for _ in 0..loops {
+                let t = Instant::now();
+                let store = FileStore::open_with(&dir, buffered()).expect("open");
+                let got = store.get_run(&RunKey::new(TENANT, run_id(n / 2)));
+                assert!(got.expect("first read").is_some());
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+                drop(store);
+            }
+            times.sort_by(f64::total_cmp);
+            println!(
+                "PROBE open-loop loops={loops} min_ms={:.3} median_ms={:.3} max_ms={:.3}",
+                times[0],
+                times[loops / 2],
+                times[loops - 1]
+            );
+        }
         other => panic!("unknown probe mode {other}"),
     }
 }
@@ -291,6 +315,17 @@ fn main() {
     println!("{}", run_child("load-close", n, &clean));
     opens("clean", n, &clean, count.max(1));
     println!("{}", run_child("load-kill", n, &killed));
+    if let Ok(keep) = std::env::var("AGENTSTATE_PROBE_KEEP") {
+        // A copy of the killed store before any open recovers it, for
+        // profiling the recovery again and again.
+        let ok = Command::new("cp")
+            .args(["-a", "--sparse=always"])
+            .arg(&killed)
+            .arg(&keep)
+            .status()
+            .expect("cp");
+        assert!(ok.success(), "copying the killed store to {keep}");
+    }
     opens("kill", n, &killed, count.max(1));
     println!("PROBE loadavg {}", load_avg());
 }

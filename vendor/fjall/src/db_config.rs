@@ -71,11 +71,18 @@ fn get_open_file_limit() -> usize {
     return 150;
 }
 
+/// agentstate patch: the machine's parallelism, asked once per process.
+/// `available_parallelism` reads `/proc/self/cgroup` and the cgroup's CPU
+/// quota files (about 0.1 ms), and an open built three configurations.
+fn queried_cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+}
+
 impl Config {
     /// Creates a new configuration
     pub fn new(path: &Path) -> Self {
-        let queried_cores = std::thread::available_parallelism().map(usize::from);
-        let worker_threads = queried_cores.unwrap_or(1).min(DEFAULT_CPU_CORES);
+        let worker_threads = queried_cores().min(DEFAULT_CPU_CORES);
 
         Self {
             path: absolute_path(path),
