@@ -470,7 +470,11 @@ impl Table {
             .table_file_opened_uncached
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 
-        let trailer = sfa::Reader::from_reader(&mut file)?;
+        // agentstate patch: the trailer and its table of contents read
+        // through a buffer. sfa reads them field by field (1 to 16 bytes
+        // at a time), which unbuffered was ~34 `read` calls a table.
+        let trailer =
+            sfa::Reader::from_reader(&mut std::io::BufReader::with_capacity(4_096, &mut file))?;
         let regions = ParsedRegions::parse_from_toc(trailer.toc())?;
 
         log::trace!("Reading meta block, with meta_ptr={:?}", regions.metadata);
