@@ -233,3 +233,25 @@ mod tests {
         assert_eq!(1, attempts);
     }
 }
+
+/// agentstate patch: a section of an sfa file read whole into memory, for
+/// reading a small file's sections without opening it once per section.
+pub(crate) trait SectionBytes {
+    /// The section's bytes in `file`, or `UnexpectedEof` when it ends
+    /// past the file's end.
+    fn in_bytes<'a>(&self, file: &'a [u8]) -> std::io::Result<&'a [u8]>;
+}
+
+impl SectionBytes for sfa::TocEntry {
+    fn in_bytes<'a>(&self, file: &'a [u8]) -> std::io::Result<&'a [u8]> {
+        let start = usize::try_from(self.pos()).ok();
+        let end = start.and_then(|s| s.checked_add(usize::try_from(self.len()).ok()?));
+        match (start, end) {
+            (Some(s), Some(e)) if e <= file.len() => Ok(&file[s..e]),
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "an sfa section ends past the end of its file",
+            )),
+        }
+    }
+}

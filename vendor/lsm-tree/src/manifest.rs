@@ -2,9 +2,9 @@
 // This source code is licensed under both the Apache 2.0 and MIT License
 // (found in the LICENSE-* files in the repository)
 
-use crate::{checksum::ChecksumType, FormatVersion, TreeType};
+use crate::{checksum::ChecksumType, file::SectionBytes as _, FormatVersion, TreeType};
 use byteorder::ReadBytesExt;
-use std::{io::Read, path::Path};
+use std::io::Read;
 
 pub struct Manifest {
     pub version: FormatVersion,
@@ -13,7 +13,9 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    pub fn decode_from(path: &Path, reader: &sfa::Reader) -> Result<Self, crate::Error> {
+    /// agentstate patch: decodes from the manifest file's bytes, read once
+    /// (each section opened the file again).
+    pub fn decode_from(bytes: &[u8], reader: &sfa::Reader) -> Result<Self, crate::Error> {
         let toc = reader.toc();
 
         let version = {
@@ -25,7 +27,7 @@ impl Manifest {
                 .section(b"format_version")
                 .expect("format_version section should exist in manifest");
 
-            let mut reader = section.buf_reader(path)?;
+            let mut reader = section.in_bytes(bytes)?;
             let version = reader.read_u8()?;
             FormatVersion::try_from(version).map_err(|()| crate::Error::InvalidVersion(version))?
         };
@@ -39,7 +41,7 @@ impl Manifest {
                 .section(b"tree_type")
                 .expect("tree_type section should exist in manifest");
 
-            let mut reader = section.buf_reader(path)?;
+            let mut reader = section.in_bytes(bytes)?;
             let tree_type = reader.read_u8()?;
             tree_type
                 .try_into()
@@ -55,7 +57,7 @@ impl Manifest {
                 .section(b"level_count")
                 .expect("level_count section should exist in manifest");
 
-            let mut reader = section.buf_reader(path)?;
+            let mut reader = section.in_bytes(bytes)?;
             reader.read_u8()?
         };
 
@@ -73,7 +75,7 @@ impl Manifest {
                     .expect("filter_hash_type section should exist in manifest");
 
                 section
-                    .buf_reader(path)?
+                    .in_bytes(bytes)?
                     .bytes()
                     .collect::<Result<Vec<_>, _>>()?
             };

@@ -948,8 +948,10 @@ impl Tree {
 
         {
             let manifest_path = config.path.join(format!("v{}", version.id()));
-            let reader = sfa::Reader::new(&manifest_path)?;
-            let manifest = Manifest::decode_from(&manifest_path, &reader)?;
+            // agentstate patch: read once (see Manifest::decode_from).
+            let bytes = std::fs::read(&manifest_path)?;
+            let reader = sfa::Reader::from_reader(&mut std::io::Cursor::new(&bytes))?;
+            let manifest = Manifest::decode_from(&bytes, &reader)?;
 
             if manifest.version != FormatVersion::V3 {
                 return Err(crate::Error::InvalidVersion(manifest.version.into()));

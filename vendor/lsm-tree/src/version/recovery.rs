@@ -3,8 +3,11 @@
 // (found in the LICENSE-* files in the repository)
 
 use crate::{
-    coding::Decode, file::CURRENT_VERSION_FILE, version::VersionId, vlog::BlobFileId, Checksum,
-    SeqNo, TableId, TreeType,
+    coding::Decode,
+    file::{SectionBytes as _, CURRENT_VERSION_FILE},
+    version::VersionId,
+    vlog::BlobFileId,
+    Checksum, SeqNo, TableId, TreeType,
 };
 use byteorder::{LittleEndian, ReadBytesExt};
 use std::path::Path;
@@ -42,7 +45,11 @@ pub fn recover(folder: &Path) -> crate::Result<Recovery> {
         version_file_path.display(),
     );
 
-    let reader = sfa::Reader::new(&version_file_path)?;
+    // agentstate patch: the version file read once; its sections are
+    // parsed from memory (each section's reader opened the file again:
+    // nine opens of it per tree at every open, with the manifest's).
+    let bytes = std::fs::read(&version_file_path)?;
+    let reader = sfa::Reader::from_reader(&mut std::io::Cursor::new(&bytes))?;
     let toc = reader.toc();
 
     // // TODO: vvv move into Version::decode vvv
@@ -55,7 +62,7 @@ pub fn recover(folder: &Path) -> crate::Result<Recovery> {
             .inspect_err(|_| {
                 log::error!("tables section not found in version #{curr_version_id} - maybe the file is corrupted?");
             })?
-            .buf_reader(&version_file_path)?;
+            .in_bytes(&bytes)?;
 
         let level_count = reader.read_u8()?;
 
@@ -101,7 +108,7 @@ pub fn recover(folder: &Path) -> crate::Result<Recovery> {
             .inspect_err(|_| {
                 log::error!("blob_files section not found in version #{curr_version_id} - maybe the file is corrupted?");
             })?
-            .buf_reader(&version_file_path)?;
+            .in_bytes(&bytes)?;
 
         let blob_file_count = reader.read_u32::<LittleEndian>()?;
         let mut blob_file_ids = Vec::with_capacity(blob_file_count as usize);
@@ -134,7 +141,7 @@ pub fn recover(folder: &Path) -> crate::Result<Recovery> {
             .inspect_err(|_| {
                 log::error!("blob_gc_stats section not found in version #{curr_version_id} - maybe the file is corrupted?");
             })?
-            .buf_reader(&version_file_path)?;
+            .in_bytes(&bytes)?;
 
         crate::blob_tree::FragmentationMap::decode_from(&mut reader)?
     };
@@ -145,9 +152,7 @@ pub fn recover(folder: &Path) -> crate::Result<Recovery> {
             .inspect_err(|_|{
                 log::error!("tree_type section not found in version #{curr_version_id} - maybe the file is corrupted?");
             })?
-            .buf_reader(
-                &version_file_path
-            )?
+            .in_bytes(&bytes)?
             .read_u8()?;
 
             TreeType::try_from(byte).map_err(|()| crate::Error::InvalidHeader("TreeType"))?
