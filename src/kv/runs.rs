@@ -19,19 +19,25 @@ use super::commit::Txn;
 use super::{KvStore, check_id, check_limit, check_size};
 use crate::budget::BudgetKey;
 
+// The keys a run write makes are sized for their strings (see
+// `KeyBuf::sized`): a map holds four of them per run.
+
 /// Where a run's record is: (tenant, seq).
 pub(crate) fn run_key(tenant: &str, seq: u64) -> Vec<u8> {
-    KeyBuf::table(table::RUN).str(tenant).u64(seq).done()
+    KeyBuf::sized(table::RUN, tenant.len() + 2 + 8)
+        .str(tenant)
+        .u64(seq)
+        .done()
 }
 /// The run id map's key: (tenant, run_id) → seq.
 pub(crate) fn run_id_key(k: &RunKey) -> Vec<u8> {
-    KeyBuf::table(table::RUN_ID)
+    KeyBuf::sized(table::RUN_ID, k.tenant.len() + 2 + k.run_id.len() + 2)
         .str(&k.tenant)
         .str(&k.run_id)
         .done()
 }
 pub(crate) fn by_state_key(tenant: &str, state: RunState, seq: u64) -> Vec<u8> {
-    KeyBuf::table(table::RUN_BY_STATE)
+    KeyBuf::sized(table::RUN_BY_STATE, tenant.len() + 2 + 1 + 8)
         .str(tenant)
         .u8(state.tag())
         .u64(seq)
@@ -45,7 +51,7 @@ pub(crate) fn by_session_key(tenant: &str, session: &str, seq: u64) -> Vec<u8> {
         .done()
 }
 pub(crate) fn by_touch_key(tenant: &str, state: RunState, updated_at: Millis, seq: u64) -> Vec<u8> {
-    KeyBuf::table(table::RUN_BY_TOUCH)
+    KeyBuf::sized(table::RUN_BY_TOUCH, tenant.len() + 2 + 1 + 8 + 8)
         .str(tenant)
         .u8(state.tag())
         .u64(updated_at)
