@@ -10,7 +10,7 @@ use crate::record::{
     Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateQuery,
 };
 use crate::rules::{
-    check_record, check_run_key, check_version, created_run, patched_run, updated_run,
+    check_record, check_run_key, check_version, created_run_in_place, patched_run, updated_run,
 };
 use serde::{Deserialize, Serialize};
 
@@ -439,8 +439,9 @@ impl StateStore for KvStore {
             .session_id
             .as_ref()
             .map(|s| session_key(&SessionKey::new(record.key.tenant.clone(), s.clone())));
-        // Boxed, so the job that carries it to the leader moves a pointer
-        // instead of the whole record at each step.
+        // Boxed, so the job that carries it to the leader, and its answer
+        // back, move a pointer instead of the whole record at each step:
+        // the box made here is the one returned.
         let record = Box::new(record);
         self.submit(move |txn| {
             let stored = read_run_at(txn, &keys.id, &record.key)?;
@@ -463,7 +464,8 @@ impl StateStore for KvStore {
                     }
                     let seq = txn.next_seq;
                     txn.next_seq += 1;
-                    let new = created_run(*record, seq, now);
+                    let mut new = record;
+                    created_run_in_place(&mut new, seq, now);
                     // A run created with amounts already spent spends them
                     // on its budget too.
                     let delta = StateDelta {
@@ -477,11 +479,12 @@ impl StateStore for KvStore {
                     }
                     new
                 }
-                Some(s) => updated_run(s, *record, now)?,
+                Some(s) => Box::new(updated_run(s, *record, now)?),
             };
             write_run(txn, stored.as_ref(), &new, max, keys)?;
             Ok(new)
         })
+        .map(|new| *new)
     }
 
     fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
