@@ -34,9 +34,11 @@ fn main() {
     let rounds: usize = args.get(2).map_or(5, |a| a.parse().expect("ROUNDS"));
     // The bench times scrubs just before, so the scrubber's tables are
     // built by then: build them here too, outside the timing.
-    std::hint::black_box(
-        agentstate::Scrubber::default().scrub_run(&record(TENANT, run_id(0), RunState::Pending)),
-    );
+    std::hint::black_box(agentstate::Scrubber::default().scrub_run(&record(
+        TENANT,
+        run_id(0),
+        RunState::Pending,
+    )));
     let mut times = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let mem = MemoryStore::new();

@@ -280,13 +280,29 @@ impl Product {
             *c = u8::try_from(i).expect("at most 256 classes");
         }
         let width = columns.len().next_power_of_two();
-        // Each pair's state number, once found (`u32::MAX`: not yet).
-        let mut ids = vec![u32::MAX; 256 * 256];
-        let id = |r: u8, k: u8| usize::from(r) * 256 + usize::from(k);
+        // Each pair's state number, once found (`u32::MAX`: not yet), a row
+        // per raw state made when first needed. No buffer of the build is
+        // large enough for the allocator to map it apart and unmap it
+        // after (glibc then raises its thresholds, and the heap a store
+        // grows in behaves differently from then on).
+        let mut ids: Vec<Vec<u32>> = vec![Vec::new(); 256];
         // State 0 is the roots' pair, state 1 the match; the pairs as found.
         let mut pairs: Vec<(u8, u8)> = vec![(ROOT, ROOT), (MATCH, MATCH)];
-        ids[id(ROOT, ROOT)] = 0;
-        let mut next: Vec<u32> = Vec::new();
+        let mut number = |r: u8, k: u8, pairs: &mut Vec<(u8, u8)>| -> u32 {
+            let row = &mut ids[usize::from(r)];
+            if row.is_empty() {
+                row.resize(256, u32::MAX);
+            }
+            let slot = &mut row[usize::from(k)];
+            if *slot == u32::MAX {
+                pairs.push((r, k));
+                *slot = u32::try_from(pairs.len() - 1).expect("at most 65,536 pairs");
+            }
+            *slot
+        };
+        number(ROOT, ROOT, &mut pairs);
+        // Made whole at once (never grown): the rows not reached stay zero.
+        let mut next = vec![0u32; BOTH_CELLS];
         let mut s = 0;
         while s < pairs.len() {
             let (r, k) = pairs[s];
@@ -296,29 +312,19 @@ impl Product {
                     None => 0,
                     Some(_) if s == 1 => 1,
                     Some(&b) => {
-                        let (nr, nk) = (
-                            raw.rows[usize::from(r)][b],
-                            key.rows[usize::from(k)][b],
-                        );
+                        let (nr, nk) = (raw.rows[usize::from(r)][b], key.rows[usize::from(k)][b]);
                         if nr == MATCH || nk == MATCH {
                             1
                         } else {
-                            let slot = &mut ids[id(nr, nk)];
-                            if *slot == u32::MAX {
-                                pairs.push((nr, nk));
-                                *slot =
-                                    u32::try_from(pairs.len() - 1).expect("at most 65,536 pairs");
-                            }
-                            *slot
+                            number(nr, nk, &mut pairs)
                         }
                     }
                 };
-                next.push(target * u32::try_from(width).expect("at most 256 classes"));
+                assert!(s * width + c < BOTH_CELLS, "prefilter states fit");
+                next[s * width + c] = target * u32::try_from(width).expect("at most 256 classes");
             }
             s += 1;
         }
-        assert!(next.len() <= BOTH_CELLS, "prefilter states fit");
-        next.resize(BOTH_CELLS, 0);
         Product {
             class,
             next: next.into_boxed_slice().try_into().expect("sized above"),
