@@ -25,7 +25,7 @@
 //! the skeleton maps it, stepped as one automaton over the pairs of their
 //! states (1,218 pairs are reachable; the bytes both treat alike share a
 //! column: a table of 512 KB, 312 KB of it used, built on first use with
-//! ~5M instructions), so a byte costs one lookup in the chain of state
+//! ~7M instructions), so a byte costs one lookup in the chain of state
 //! reads instead of two. Only a text with a backslash or a non-ASCII
 //! character has its skeletons built and searched apart (escapes and
 //! Unicode case need more than one byte at a time).
