@@ -101,6 +101,15 @@ impl KeyBuf {
         v.push(table);
         KeyBuf(v)
     }
+    /// A key whose components after the table byte take `rest` bytes (a
+    /// string its length and 2 for its terminator; a NUL in it 1 more, and
+    /// the buffer then grows): sized exactly, so a key kept in a map holds
+    /// no spare capacity.
+    pub(crate) fn sized(table: u8, rest: usize) -> Self {
+        let mut v = Vec::with_capacity(1 + rest);
+        v.push(table);
+        KeyBuf(v)
+    }
     pub(crate) fn str(mut self, s: &str) -> Self {
         // The stretches between NULs are copied whole: most strings have
         // none, and go in one copy.

@@ -10,7 +10,7 @@ use crate::record::{
     Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateQuery,
 };
 use crate::rules::{
-    check_record, check_run_key, check_version, created_run, patched_run, updated_run,
+    check_record, check_run_key, check_version, created_run_in_place, patched_run, updated_run,
 };
 use serde::{Deserialize, Serialize};
 
@@ -19,19 +19,25 @@ use super::commit::Txn;
 use super::{KvStore, check_id, check_limit, check_size};
 use crate::budget::BudgetKey;
 
+// The keys a run write makes are sized for their strings (see
+// `KeyBuf::sized`): a map holds four of them per run.
+
 /// Where a run's record is: (tenant, seq).
 pub(crate) fn run_key(tenant: &str, seq: u64) -> Vec<u8> {
-    KeyBuf::table(table::RUN).str(tenant).u64(seq).done()
+    KeyBuf::sized(table::RUN, tenant.len() + 2 + 8)
+        .str(tenant)
+        .u64(seq)
+        .done()
 }
 /// The run id map's key: (tenant, run_id) → seq.
 pub(crate) fn run_id_key(k: &RunKey) -> Vec<u8> {
-    KeyBuf::table(table::RUN_ID)
+    KeyBuf::sized(table::RUN_ID, k.tenant.len() + 2 + k.run_id.len() + 2)
         .str(&k.tenant)
         .str(&k.run_id)
         .done()
 }
 pub(crate) fn by_state_key(tenant: &str, state: RunState, seq: u64) -> Vec<u8> {
-    KeyBuf::table(table::RUN_BY_STATE)
+    KeyBuf::sized(table::RUN_BY_STATE, tenant.len() + 2 + 1 + 8)
         .str(tenant)
         .u8(state.tag())
         .u64(seq)
@@ -45,7 +51,7 @@ pub(crate) fn by_session_key(tenant: &str, session: &str, seq: u64) -> Vec<u8> {
         .done()
 }
 pub(crate) fn by_touch_key(tenant: &str, state: RunState, updated_at: Millis, seq: u64) -> Vec<u8> {
-    KeyBuf::table(table::RUN_BY_TOUCH)
+    KeyBuf::sized(table::RUN_BY_TOUCH, tenant.len() + 2 + 1 + 8 + 8)
         .str(tenant)
         .u8(state.tag())
         .u64(updated_at)
@@ -433,8 +439,9 @@ impl StateStore for KvStore {
             .session_id
             .as_ref()
             .map(|s| session_key(&SessionKey::new(record.key.tenant.clone(), s.clone())));
-        // Boxed, so the job that carries it to the leader moves a pointer
-        // instead of the whole record at each step.
+        // Boxed, so the job that carries it to the leader, and its answer
+        // back, move a pointer instead of the whole record at each step:
+        // the box made here is the one returned.
         let record = Box::new(record);
         self.submit(move |txn| {
             let stored = read_run_at(txn, &keys.id, &record.key)?;
@@ -457,7 +464,8 @@ impl StateStore for KvStore {
                     }
                     let seq = txn.next_seq;
                     txn.next_seq += 1;
-                    let new = created_run(*record, seq, now);
+                    let mut new = record;
+                    created_run_in_place(&mut new, seq, now);
                     // A run created with amounts already spent spends them
                     // on its budget too.
                     let delta = StateDelta {
@@ -471,11 +479,12 @@ impl StateStore for KvStore {
                     }
                     new
                 }
-                Some(s) => updated_run(s, *record, now)?,
+                Some(s) => Box::new(updated_run(s, *record, now)?),
             };
             write_run(txn, stored.as_ref(), &new, max, keys)?;
             Ok(new)
         })
+        .map(|new| *new)
     }
 
     fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {

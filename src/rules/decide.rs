@@ -29,14 +29,19 @@ pub(crate) fn check_version(expected: u64, stored: Option<u64>) -> Result<()> {
 }
 
 /// A run as created: version 1, its `seq`, both times `now`.
-pub(crate) fn created_run(record: RunRecord, seq: u64, now: Millis) -> RunRecord {
-    RunRecord {
-        version: 1,
-        seq,
-        created_at: now,
-        updated_at: now,
-        ..record
-    }
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn created_run(mut record: RunRecord, seq: u64, now: Millis) -> RunRecord {
+    created_run_in_place(&mut record, seq, now);
+    record
+}
+
+/// [`created_run`], done to `record` where it is (a boxed record stays in
+/// its box).
+pub(crate) fn created_run_in_place(record: &mut RunRecord, seq: u64, now: Millis) {
+    record.version = 1;
+    record.seq = seq;
+    record.created_at = now;
+    record.updated_at = now;
 }
 
 /// R6: the accumulating field a put would move, if any.
