@@ -21,14 +21,10 @@
 //!   `token`, `auth`, `cred`, `cookie`, `apikey`, …).
 //!
 //! Both are one pass over the text's bytes: two automata (Aho-Corasick,
-//! built once into 256-state byte tables), the second reading each byte as
-//! the skeleton maps it, stepped as one automaton over the pairs of their
-//! states (1,218 pairs are reachable; the bytes both treat alike share a
-//! column: a table of 512 KB, 312 KB of it used, built on first use with
-//! ~7M instructions), so a byte costs one lookup in the chain of state
-//! reads instead of two. Only a text with a backslash or a non-ASCII
-//! character has its skeletons built and searched apart (escapes and
-//! Unicode case need more than one byte at a time).
+//! built once into 256-state byte tables) step side by side, the second
+//! reading each byte as the skeleton maps it. Only a text with a backslash
+//! or a non-ASCII character has its skeletons built and searched apart
+//! (escapes and Unicode case need more than one byte at a time).
 //!
 //! A text that holds none of these reaches the rules unchanged: the
 //! property test below runs generated texts (JSON and not, secrets as
@@ -213,158 +209,14 @@ const URL_SCHEME: u8 = 2;
 struct Tables {
     /// Over the raw text: the shape pieces, and a URL scheme followed by
     /// an `@` (a URL password's `scheme://user:password@` holds both, in
-    /// that order). Stepped through `both`; kept for the tests.
-    #[cfg(test)]
+    /// that order).
     raw: Table,
     /// Over the raw text, read as its skeleton: the key pieces. A byte the
     /// skeleton drops keeps the state; a backslash or a non-ASCII byte goes
-    /// to [`UNSURE`]. Stepped through `both`; kept for the tests.
-    #[cfg(test)]
+    /// to [`UNSURE`].
     key: Table,
     /// Over a built skeleton: the key pieces.
     skeleton: Table,
-    /// `raw` and `key` stepped as one automaton (see [`Product`]).
-    both: Product,
-}
-
-/// The raw and key tables as one automaton over the pairs of their states
-/// reachable from the roots, so a byte costs one lookup in the state chain,
-/// not two. Every pair in which either table matched is one absorbing
-/// state, state 1 ([`Product::matched`]).
-///
-/// The bytes both tables treat alike share a class (`class`), so a row has
-/// a column per class (a few dozen), not per byte, and the rows a text
-/// visits stay in the first-level cache. A state is stored as its row's
-/// offset (`state * width`): a step is `s = next[s + class[byte]]`.
-struct Product {
-    /// Each byte's class: its column in a row.
-    class: [u8; 256],
-    /// [`BOTH_CELLS`] cells, the unreached rows zero: with a length of a
-    /// power of two, a masked index needs no bounds check.
-    next: Box<[u32; BOTH_CELLS]>,
-    /// A row's length: the classes, rounded up to a power of two.
-    width: usize,
-    /// The key table's state of each state (to tell [`UNSURE`]).
-    key: Vec<u8>,
-}
-
-/// The start state's offset: the pair of the two roots.
-const BOTH_ROOT: u32 = 0;
-/// Room for the rows (a power of two): 2,048 states of 64 classes (1,218
-/// states are reached, of at most 64 classes).
-const BOTH_CELLS: usize = 2048 * 64;
-
-impl Product {
-    fn new(raw: &Table, key: &Table) -> Product {
-        // Two bytes are alike when every state of both tables goes to the
-        // same state on each.
-        let column = |b: usize| -> Vec<u8> {
-            (0..256)
-                .map(|s| raw.rows[s][b])
-                .chain((0..256).map(|s| key.rows[s][b]))
-                .collect()
-        };
-        let mut columns: Vec<Vec<u8>> = Vec::new();
-        let mut class = [0u8; 256];
-        let mut first_of: Vec<usize> = Vec::new();
-        for (b, c) in class.iter_mut().enumerate() {
-            let col = column(b);
-            let i = match columns.iter().position(|k| *k == col) {
-                Some(i) => i,
-                None => {
-                    columns.push(col);
-                    first_of.push(b);
-                    columns.len() - 1
-                }
-            };
-            *c = u8::try_from(i).expect("at most 256 classes");
-        }
-        let width = columns.len().next_power_of_two();
-        // Each pair's state number, once found (`u32::MAX`: not yet), a row
-        // per raw state made when first needed. No buffer of the build is
-        // large enough for the allocator to map it apart and unmap it
-        // after (glibc then raises its thresholds, and the heap a store
-        // grows in behaves differently from then on).
-        let mut ids: Vec<Vec<u32>> = vec![Vec::new(); 256];
-        // State 0 is the roots' pair, state 1 the match; the pairs as found.
-        let mut pairs: Vec<(u8, u8)> = vec![(ROOT, ROOT), (MATCH, MATCH)];
-        let mut number = |r: u8, k: u8, pairs: &mut Vec<(u8, u8)>| -> u32 {
-            let row = &mut ids[usize::from(r)];
-            if row.is_empty() {
-                row.resize(256, u32::MAX);
-            }
-            let slot = &mut row[usize::from(k)];
-            if *slot == u32::MAX {
-                pairs.push((r, k));
-                *slot = u32::try_from(pairs.len() - 1).expect("at most 65,536 pairs");
-            }
-            *slot
-        };
-        number(ROOT, ROOT, &mut pairs);
-        // Made whole at once (never grown): the rows not reached stay zero.
-        let mut next = vec![0u32; BOTH_CELLS];
-        let mut s = 0;
-        while s < pairs.len() {
-            let (r, k) = pairs[s];
-            for c in 0..width {
-                let target = match first_of.get(c) {
-                    // Columns past the classes are never read.
-                    None => 0,
-                    Some(_) if s == 1 => 1,
-                    Some(&b) => {
-                        let (nr, nk) = (raw.rows[usize::from(r)][b], key.rows[usize::from(k)][b]);
-                        if nr == MATCH || nk == MATCH {
-                            1
-                        } else {
-                            number(nr, nk, &mut pairs)
-                        }
-                    }
-                };
-                assert!(s * width + c < BOTH_CELLS, "prefilter states fit");
-                next[s * width + c] = target * u32::try_from(width).expect("at most 256 classes");
-            }
-            s += 1;
-        }
-        Product {
-            class,
-            next: next.into_boxed_slice().try_into().expect("sized above"),
-            width,
-            key: pairs.iter().map(|&(_, k)| k).collect(),
-        }
-    }
-
-    /// The state's offset after `bytes`, from the roots.
-    #[inline]
-    fn run(&self, bytes: &[u8]) -> u32 {
-        let mut s = BOTH_ROOT;
-        let (next, class) = (&*self.next, &self.class);
-        let mut step = |b: u8| {
-            // Every stored offset is a row's: the mask changes no index.
-            s = next[(s as usize + usize::from(class[usize::from(b)])) & (BOTH_CELLS - 1)];
-        };
-        // Four bytes a turn: the loop's own count and branch once per four.
-        let mut quads = bytes.chunks_exact(4);
-        for q in &mut quads {
-            step(q[0]);
-            step(q[1]);
-            step(q[2]);
-            step(q[3]);
-        }
-        for &b in quads.remainder() {
-            step(b);
-        }
-        s
-    }
-
-    /// True when the state at `offset` is the match.
-    fn matched(&self, offset: u32) -> bool {
-        offset as usize == self.width
-    }
-
-    /// The key table's state of the state at `offset`.
-    fn key_state(&self, offset: u32) -> u8 {
-        self.key[offset as usize / self.width]
-    }
 }
 
 static TABLES: LazyLock<Tables> = LazyLock::new(|| {
@@ -403,15 +255,7 @@ static TABLES: LazyLock<Tables> = LazyLock::new(|| {
         }
     });
     let skeleton = number(keys.next.len(), key_step);
-    let both = Product::new(&raw, &key);
-    Tables {
-        #[cfg(test)]
-        raw,
-        #[cfg(test)]
-        key,
-        skeleton,
-        both,
-    }
+    Tables { raw, key, skeleton }
 });
 
 /// The skeleton of each ASCII byte: its lower case, or 0 when the key rule
@@ -438,11 +282,27 @@ pub(crate) fn may_hold_secret(text: &str) -> bool {
     let t = &*TABLES;
     // One pass, both automata: the shapes over the raw bytes, the key
     // pieces over the skeleton the same bytes spell.
-    let s = t.both.run(text.as_bytes());
-    if t.both.matched(s) {
+    let (mut raw, mut key) = (ROOT, ROOT);
+    let mut step = |b: u8| {
+        raw = t.raw.rows[usize::from(raw)][usize::from(b)];
+        key = t.key.rows[usize::from(key)][usize::from(b)];
+    };
+    // Four bytes a turn: the loop's own count and branch once per four.
+    let bytes = text.as_bytes();
+    let mut quads = bytes.chunks_exact(4);
+    for q in &mut quads {
+        step(q[0]);
+        step(q[1]);
+        step(q[2]);
+        step(q[3]);
+    }
+    for &b in quads.remainder() {
+        step(b);
+    }
+    if raw == MATCH || key == MATCH {
         return true;
     }
-    if t.both.key_state(s) != UNSURE {
+    if key != UNSURE {
         return false;
     }
     // A backslash or a non-ASCII character: the skeleton as written, then
@@ -670,7 +530,6 @@ mod tests {
         assert_eq!(t.raw.run(b"ghp_"), MATCH);
         assert_eq!(t.key.run("é".as_bytes()), UNSURE);
         assert_eq!(t.skeleton.run(b"cookie"), MATCH);
-        assert!(t.both.key.len() * t.both.width <= BOTH_CELLS);
     }
 
     #[test]
