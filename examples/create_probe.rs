@@ -26,7 +26,7 @@ use agentstate::{MemoryStore, RunState, StateStore};
 #[path = "../benches/support/records.rs"]
 #[allow(dead_code)]
 mod records;
-use records::{TENANT, record, run_id};
+use records::{TENANT, record, run_id, thread_cpu_ns};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -42,14 +42,14 @@ fn main() {
     let mut times = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let mem = MemoryStore::new();
-        let cpu = thread_cpu_s();
+        let cpu = thread_cpu_ns();
         let t = Instant::now();
         for i in 0..n {
             mem.put_run(record(TENANT, run_id(i), RunState::Pending))
                 .expect("create");
         }
         let us = t.elapsed().as_secs_f64() * 1e6 / n.max(1) as f64;
-        let cpu_us = (thread_cpu_s() - cpu) * 1e6 / n.max(1) as f64;
+        let cpu_us = (thread_cpu_ns() - cpu) as f64 / 1e3 / n.max(1) as f64;
         println!("PROBE round={round} us_per_create={us:.3} cpu_us_per_create={cpu_us:.3}");
         times.push(us);
     }
@@ -59,17 +59,4 @@ fn main() {
         .map(|s| s.split_whitespace().next().unwrap_or("?").to_string())
         .unwrap_or_else(|_| "?".into());
     println!("PROBE median us_per_create={median:.3} load={load}");
-}
-
-/// This thread's CPU time in seconds: unlike the wall clock, it does not
-/// count the time other processes hold the core.
-fn thread_cpu_s() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the call to fill.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime");
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }

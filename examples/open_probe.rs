@@ -30,6 +30,12 @@
 //!
 //! `total_ms` is open + first read, in a process that has not touched the
 //! store before (the page cache is warm: the files were just written).
+//!
+//! For profiling: `AGENTSTATE_PROBE_KEEP=DIR` copies the killed store to
+//! `DIR` before any open recovers it (to reopen fresh copies of it again
+//! and again), and the child mode `open-loop:N:DIR` opens a store
+//! `AGENTSTATE_PROBE_LOOPS` times (default 100) in one process and prints
+//! the min, median and max of open + first read.
 
 #![allow(clippy::print_stdout)]
 

@@ -31,6 +31,7 @@ use std::time::Instant;
 use agentstate::{Durability, FileStore, Options, PageRequest, StateQuery, StateStore};
 
 #[path = "../benches/support/records.rs"]
+#[allow(dead_code)] // the thread clock, unused here
 mod records;
 #[path = "../benches/support/sqlite.rs"]
 #[allow(dead_code)] // the bench's loader and reaper, unused here

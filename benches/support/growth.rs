@@ -35,6 +35,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::records::thread_cpu_ns;
+
 use agentstate::{
     FileStore, InstanceKey, PageRequest, RunKey, RunRecord, RunState, SessionKey, SessionRecord,
     StateDelta, StateQuery, StateStore, Tray, TrayOp, TrayStore,
@@ -363,18 +365,6 @@ fn worker(store: &FileStore, counter: &AtomicU64, total: u64, thread: u64, seed:
             epochs[inst as usize] = stored;
         }
     }
-}
-
-/// CPU time of the calling thread, ns.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec through a valid pointer.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn now_millis() -> u64 {

@@ -1,8 +1,9 @@
 //! The runs every benchmark and probe writes: one tenant, UUID-like ids,
-//! records of realistic size (one pending tool call), 1% running. Shared
-//! by `benches/compare.rs`, `examples/open_probe.rs` and
-//! `examples/page_probe.rs` (each includes this file with `#[path]`), so
-//! their figures are of the same data.
+//! records of realistic size (one pending tool call), 1% running, and the
+//! thread CPU clock the growth part and `create_probe` time calls with.
+//! Shared by `benches/compare.rs` and the `open`, `page`, `write` and
+//! `create` probes in `examples/` (each includes this file with `#[path]`),
+//! so their figures are of the same data.
 
 use agentstate::{RunKey, RunRecord, RunState, ToolCall};
 
@@ -60,4 +61,17 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// CPU time of the calling thread, ns: unlike the wall clock, it does not
+/// count the time other processes hold the core.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

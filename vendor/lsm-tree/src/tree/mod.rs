@@ -1173,9 +1173,9 @@ impl Tree {
     /// (in no version) are moved into `trash/` beside `tables/`, and queued
     /// with whatever an earlier open left in `trash/` for a thread of their
     /// own to delete ([`crate::delete_discarded_tables`], which the caller
-    /// runs once its whole open is done). Upstream deleted them here, inside the open:
-    /// freeing a 67 MB table's blocks took 20–70 ms of a reopen after a
-    /// kill -9. A rename frees nothing, so the open pays a rename per table
+    /// runs once its whole open is done). Upstream deleted them here,
+    /// inside the open: freeing a 67 MB table's blocks took 20–70 ms of a
+    /// reopen after a kill -9. A rename frees nothing, so the open pays a rename per table
     /// and one folder sync. They must leave `tables/` before the open
     /// returns: the next table ids count on from the version's highest,
     /// so a new table may take an orphan's name.
@@ -1206,8 +1206,10 @@ impl Tree {
         if discarded.is_empty() {
             return Ok(());
         }
-        #[expect(clippy::expect_used, reason = "a poisoned queue is a bug")]
-        DISCARDED.lock().expect("discard queue").extend(discarded);
+        DISCARDED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(discarded);
         Ok(())
     }
 
@@ -1246,10 +1248,11 @@ static DISCARDED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::ne
 /// their blocks competes with nothing the open does. What a process that
 /// exits first leaves stays in `trash/`, and its next open queues it again.
 pub fn delete_discarded_tables() {
-    let discarded = match DISCARDED.lock() {
-        Ok(mut q) => std::mem::take(&mut *q),
-        Err(_) => return,
-    };
+    let discarded = std::mem::take(
+        &mut *DISCARDED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
     if discarded.is_empty() {
         return;
     }
