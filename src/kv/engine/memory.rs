@@ -1,8 +1,9 @@
-//! The memory engine: a `BTreeMap` behind a reader-writer lock.
+//! The memory engine: an ordered set of rows (key and value in one
+//! allocation) behind a reader-writer lock.
 
 use std::cell::RefCell;
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::ops::Bound;
 
 use super::{Engine, Write};
@@ -12,13 +13,19 @@ use crate::sync::RwLock;
 /// In-process rows; they go when the process does.
 #[derive(Debug, Default)]
 pub(crate) struct MemoryEngine {
-    map: RwLock<BTreeMap<Key, Vec<u8>>>,
+    map: RwLock<BTreeSet<Key>>,
 }
 
-/// A stored key, with its first 32 bytes kept beside it as four
-/// big-endian numbers: most comparisons are decided there, in a few
-/// instructions, without a call to `memcmp` (32 bytes hold a run id map
-/// key's tenant and a 20-byte run id).
+/// A stored row: its key and value in one allocation (`bytes` is the key
+/// then the value, `len` the key's length), with the key's first 32 bytes
+/// kept beside it as four big-endian numbers: most comparisons are decided
+/// there, in a few instructions, without a call to `memcmp` (32 bytes hold
+/// a run id map key's tenant and a 20-byte run id).
+///
+/// One allocation a row, not one for the key and one for the value: a
+/// create keeps four rows, and what a row costs is mostly the allocator's
+/// (the key and value a write brings are freed once copied, so the next
+/// write's come back from the allocator's per-thread cache).
 ///
 /// The numbers pad a shorter key with zeros, so two keys with different
 /// heads compare as their bytes do (a byte that differs decides both; a
@@ -32,9 +39,11 @@ pub(crate) struct MemoryEngine {
 /// their prefix. In ascending order each such insert compared with every
 /// key of every node down its path; in descending order it stops at a
 /// node's first keys.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 struct Key {
     head: Head,
+    /// The key's length: `bytes[..len]` is the key, the rest its value.
+    len: usize,
     bytes: Vec<u8>,
 }
 
@@ -50,23 +59,51 @@ fn head(bytes: &[u8]) -> Head {
 }
 
 impl Key {
+    /// A key with no value (a bound or a probe).
     fn new(bytes: Vec<u8>) -> Key {
         Key {
             head: head(&bytes),
+            len: bytes.len(),
             bytes,
         }
     }
-}
 
-impl Key {
+    /// A row: `key` and `value` copied into one allocation.
+    fn row(key: &[u8], value: &[u8]) -> Key {
+        let mut bytes = Vec::with_capacity(key.len() + value.len());
+        bytes.extend_from_slice(key);
+        bytes.extend_from_slice(value);
+        Key {
+            head: head(key),
+            len: key.len(),
+            bytes,
+        }
+    }
+
+    fn key(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    fn value(&self) -> &[u8] {
+        &self.bytes[self.len..]
+    }
+
     /// The order of the keys' bytes.
     #[inline(always)]
     fn byte_order(&self, other: &Self) -> Ordering {
         self.head
             .cmp(&other.head)
-            .then_with(|| self.bytes.cmp(&other.bytes))
+            .then_with(|| self.key().cmp(other.key()))
     }
 }
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.byte_order(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Key {}
 
 impl Ord for Key {
     /// The bytes' order reversed (see the type's docs).
@@ -88,6 +125,7 @@ std::thread_local! {
     static PROBE: RefCell<Key> = const {
         RefCell::new(Key {
             head: (0, 0, 0, 0),
+            len: 0,
             bytes: Vec::new(),
         })
     };
@@ -101,11 +139,14 @@ impl Engine for MemoryEngine {
         Ok(PROBE.with(|probe| match probe.try_borrow_mut() {
             Ok(mut probe) => {
                 probe.head = head(key);
+                probe.len = key.len();
                 probe.bytes.clear();
                 probe.bytes.extend_from_slice(key);
-                map.get(&*probe).cloned()
+                map.get(&*probe).map(|row| row.value().to_vec())
             }
-            Err(_) => map.get(&Key::new(key.to_vec())).cloned(),
+            Err(_) => map
+                .get(&Key::new(key.to_vec()))
+                .map(|row| row.value().to_vec()),
         }))
     }
 
@@ -120,7 +161,7 @@ impl Engine for MemoryEngine {
             .range((Bound::Excluded(&end), Bound::Included(&start)))
             .rev()
             .take(limit)
-            .map(|(k, v)| (k.bytes.clone(), v.clone()))
+            .map(|row| (row.key().to_vec(), row.value().to_vec()))
             .collect())
     }
 
@@ -129,9 +170,13 @@ impl Engine for MemoryEngine {
         let mut map = self.map.write();
         for (k, v) in batch {
             match v {
-                Some(v) => map.insert(Key::new(k), v),
-                None => map.remove(&Key::new(k)),
-            };
+                Some(v) => {
+                    map.replace(Key::row(&k, &v));
+                }
+                None => {
+                    map.remove(&Key::new(k));
+                }
+            }
         }
         Ok(())
     }
