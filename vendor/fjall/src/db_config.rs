@@ -71,12 +71,13 @@ fn get_open_file_limit() -> usize {
     return 150;
 }
 
-/// agentstate patch: the machine's parallelism, asked once per process.
-/// `available_parallelism` reads `/proc/self/cgroup` and the cgroup's CPU
-/// quota files (about 0.1 ms), and an open built three configurations.
+/// agentstate patch: the machine's parallelism, asked once per process
+/// (`lsm_tree::available_cores`, shared with lsm-tree's caches and the
+/// snapshot tracker's map). `available_parallelism` reads
+/// `/proc/self/cgroup` and the cgroup's CPU quota files (40–55 µs), and an
+/// open built three configurations.
 fn queried_cores() -> usize {
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+    lsm_tree::available_cores()
 }
 
 impl Config {

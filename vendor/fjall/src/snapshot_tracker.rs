@@ -56,7 +56,12 @@ impl std::ops::Deref for SnapshotTracker {
 impl SnapshotTracker {
     pub fn new(seqno: SequenceNumberCounter) -> Self {
         Self(Arc::new(SnapshotTrackerInner {
-            data: DashMap::default(),
+            // agentstate patch: dashmap's default shard count asks the OS
+            // for the parallelism itself; this one is asked once per process.
+            data: DashMap::with_hasher_and_shard_amount(
+                xxhash_rust::xxh3::Xxh3Builder::default(),
+                lsm_tree::default_shards(),
+            ),
             freed_count: AtomicU64::default(),
             lowest_freed_instant: AtomicU64::default(),
             seqno,

@@ -84,6 +84,8 @@ impl Cache {
             .weight_capacity(bytes)
             .hot_allocation(0.8)
             .estimated_items_capacity(10_000)
+            // agentstate patch: see `crate::available_cores`.
+            .shards(crate::default_shards())
             .build()
             .expect("cache options should be valid");
 

@@ -24,9 +24,17 @@ impl DescriptorTable {
     pub fn new(capacity: usize) -> Self {
         use quick_cache::sync::DefaultLifecycle;
 
-        let quick_cache = QuickCache::with(
-            1_000,
-            capacity as u64,
+        // agentstate patch: the shard count from `crate::available_cores`
+        // (quick_cache's `with` asks the OS for its own).
+        #[expect(clippy::expect_used, reason = "nothing we can do if it fails")]
+        let opts = quick_cache::OptionsBuilder::new()
+            .estimated_items_capacity(1_000)
+            .weight_capacity(capacity as u64)
+            .shards(crate::default_shards())
+            .build()
+            .expect("cache options should be valid");
+        let quick_cache = QuickCache::with_options(
+            opts,
             UnitWeighter,
             rustc_hash::FxBuildHasher,
             DefaultLifecycle::default(),

@@ -194,6 +194,27 @@ pub use {
 #[cfg(feature = "metrics")]
 pub use metrics::Metrics;
 
+/// agentstate patch: the machine's parallelism, asked once per process.
+///
+/// `std::thread::available_parallelism` reads `/proc/self/cgroup` and the
+/// cgroup's CPU quota files, 40–55 µs a call on a small VM, and an open
+/// asked it three times: once for fjall's workers and once for each
+/// concurrent map's shard count (quick_cache's, then dashmap's, each with
+/// its own memo). Those maps now take their shard count from here, and so
+/// does fjall.
+#[must_use]
+pub fn available_cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+}
+
+/// The shard count a concurrent map gets: quick_cache's and dashmap's own
+/// default (four per core, a power of two).
+#[must_use]
+pub fn default_shards() -> usize {
+    (available_cores() * 4).next_power_of_two()
+}
+
 #[doc(hidden)]
 #[must_use]
 #[allow(missing_docs, clippy::missing_errors_doc, clippy::unwrap_used)]
