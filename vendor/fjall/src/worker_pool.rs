@@ -71,54 +71,96 @@ impl WorkerPool {
     ) -> crate::Result<()> {
         log::debug!("Starting worker pool with {pool_size} threads");
 
-        let thread_handles = claim_and_spawn(pool_size, thread_counter, |i| {
-            std::thread::Builder::new()
-                .name("fjall:worker".to_string())
-                .spawn({
-                    log::trace!("Starting fjall worker thread #{i}");
-
-                    let worker_state = WorkerState {
-                        pool_size,
-                        worker_id: i,
-                        rx: self.rx.clone(),
-                        supervisor: supervisor.clone(),
-                        stats: stats.clone(),
-                        sender: self.sender.clone(),
-                    };
-
-                    let thread_counter = thread_counter.clone();
-                    let poison_dart = poison_dart.clone();
-
-                    move || {
-                        // The counter must drop on *every* way out of this
-                        // thread, not just the graceful one: `Database::drop`
-                        // spins on it (`while counter > 0`), so a worker that
-                        // returns an error or unwinds would keep the database
-                        // closing forever.
-                        let _counter_guard = ActiveThreadGuard(thread_counter);
-
-                        loop {
-                            match worker_tick(&worker_state) {
-                                Ok(should_abort) => {
-                                    if should_abort {
-                                        log::debug!("Worker #{i} closes because DB is dropping");
-                                        return Ok(());
-                                    }
-                                }
-                                Err(e) => {
-                                    log::error!("Worker #{i} crashed: {e:?}");
-                                    poison_dart.poison();
-                                    return Err(e);
-                                }
-                            }
-                        }
-                    }
-                })
-        })?;
+        // agentstate patch: the open spawns only the first worker, and that
+        // worker spawns the others before it takes its first message. A
+        // thread's spawn cost the open 55–150 µs here, once per worker.
+        let spawner = Spawner {
+            pool_size,
+            rx: self.rx.clone(),
+            sender: self.sender.clone(),
+            supervisor: supervisor.clone(),
+            stats: stats.clone(),
+            poison_dart: poison_dart.clone(),
+            thread_counter: thread_counter.clone(),
+        };
+        let thread_handles =
+            claim_and_spawn(pool_size.min(1), thread_counter, |i| spawner.spawn(i))?;
 
         *self.thread_handles.lock().expect("lock is poisoned") = thread_handles;
 
         Ok(())
+    }
+}
+
+/// What starting a worker needs (agentstate patch): the pool's first
+/// worker holds one to start the others.
+#[derive(Clone)]
+struct Spawner {
+    pool_size: usize,
+    rx: flume::Receiver<WorkerMessage>,
+    sender: flume::Sender<WorkerMessage>,
+    supervisor: Supervisor,
+    stats: Arc<Stats>,
+    poison_dart: PoisonDart,
+    thread_counter: Arc<AtomicUsize>,
+}
+
+impl Spawner {
+    /// Spawns worker `i`; worker 0 first spawns workers `1..pool_size`.
+    /// Their slots in the counter are claimed (by `claim_and_spawn`) before
+    /// each spawn, so a close that comes first waits for them too. A spawn
+    /// that fails there leaves the pool smaller, not the database closed:
+    /// one worker runs every kind of task.
+    fn spawn(&self, i: usize) -> std::io::Result<WorkerHandle> {
+        log::trace!("Starting fjall worker thread #{i}");
+
+        let worker_state = WorkerState {
+            pool_size: self.pool_size,
+            worker_id: i,
+            rx: self.rx.clone(),
+            supervisor: self.supervisor.clone(),
+            stats: self.stats.clone(),
+            sender: self.sender.clone(),
+        };
+        let thread_counter = self.thread_counter.clone();
+        let poison_dart = self.poison_dart.clone();
+        let rest = (i == 0 && self.pool_size > 1).then(|| self.clone());
+
+        std::thread::Builder::new()
+            .name("fjall:worker".to_string())
+            .spawn(move || {
+                // The counter must drop on *every* way out of this
+                // thread, not just the graceful one: `Database::drop`
+                // spins on it (`while counter > 0`), so a worker that
+                // returns an error or unwinds would keep the database
+                // closing forever.
+                let _counter_guard = ActiveThreadGuard(thread_counter);
+
+                if let Some(rest) = rest {
+                    let counter = rest.thread_counter.clone();
+                    if let Err(e) =
+                        claim_and_spawn(rest.pool_size - 1, &counter, |j| rest.spawn(j + 1))
+                    {
+                        log::warn!("Could not start every fjall worker: {e:?}");
+                    }
+                }
+
+                loop {
+                    match worker_tick(&worker_state) {
+                        Ok(should_abort) => {
+                            if should_abort {
+                                log::debug!("Worker #{i} closes because DB is dropping");
+                                return Ok(());
+                            }
+                        }
+                        Err(e) => {
+                            log::error!("Worker #{i} crashed: {e:?}");
+                            poison_dart.poison();
+                            return Err(e);
+                        }
+                    }
+                }
+            })
     }
 }
 
