@@ -18,7 +18,7 @@
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::{LazyLock, Mutex as StdMutex};
 use std::time::{Duration, Instant};
@@ -207,9 +207,26 @@ fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
+/// A small file's bytes, read to its end without asking its size first
+/// (`fs::read` asks, a `statx` per file; the open reads three such files).
+pub(in crate::kv) fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
+    // One read holds any of them but a version file of a store with
+    // hundreds of tables, and that one reads on in growing steps.
+    let mut bytes = Vec::with_capacity(4096);
+    File::open(path)?.take(u64::MAX).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// [`read_small`] as text: `InvalidData` when it is not UTF-8, as
+/// `fs::read_to_string`.
+fn read_small_text(path: &Path) -> std::io::Result<String> {
+    String::from_utf8(read_small(path)?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 fn read_hwm(dir: &Path) -> Result<u64> {
     let path = dir.join(HWM);
-    match fs::read_to_string(&path) {
+    match read_small_text(&path) {
         Ok(s) => s
             .trim()
             .parse()
@@ -228,7 +245,7 @@ fn read_hwm(dir: &Path) -> Result<u64> {
 /// opened.
 fn check_marker(path: &Path) -> Result<u8> {
     let marker = path.join(MARKER);
-    let text = fs::read_to_string(&marker).map_err(|e| {
+    let text = read_small_text(&marker).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             StateError::invalid(format!(
                 "{} is not an agentstate store (no {MARKER} file); pick an empty or new path",
@@ -268,7 +285,7 @@ pub(super) fn write_marker(path: &Path, version: u8) -> Result<()> {
 /// when it is the other one.
 fn check_engine(path: &Path, wanted: FileEngine) -> Result<()> {
     let file = path.join(ENGINE);
-    let found = match fs::read(&file) {
+    let found = match read_small(&file) {
         Ok(bytes) => match bytes.as_slice() {
             b"fjall\n" => FileEngine::Fjall,
             b"sled\n" => FileEngine::Sled,
@@ -402,18 +419,24 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
             "the sled engine needs agentstate built with the `sled` feature",
         ));
     }
-    if path.exists() && !path.is_dir() {
-        return Err(StateError::invalid(format!(
-            "{} is a file, not an agentstate store directory; pick a new path",
-            path.display()
-        )));
-    }
-    let is_empty_dir = fs::read_dir(path)
-        .map(|mut d| d.next().is_none())
-        .unwrap_or(false);
-    if !path.exists() || is_empty_dir {
-        sweep_stale_creations(path);
-        create(path, &opts)?;
+    // A store's marker is the first thing an open reads; only when it is
+    // not there is the path looked at further (missing, a file, an empty
+    // directory to create the store in). Three to seven system calls fewer
+    // for every open of an existing store.
+    if !path.join(MARKER).is_file() {
+        if path.exists() && !path.is_dir() {
+            return Err(StateError::invalid(format!(
+                "{} is a file, not an agentstate store directory; pick a new path",
+                path.display()
+            )));
+        }
+        let is_empty_dir = fs::read_dir(path)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+        if !path.exists() || is_empty_dir {
+            sweep_stale_creations(path);
+            create(path, &opts)?;
+        }
     }
     let marker = check_marker(path)?;
     check_engine(path, opts.engine)?;

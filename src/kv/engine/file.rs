@@ -99,7 +99,7 @@ fn check_version_files(dir: &Path) -> Result<()> {
             })?
             .path();
         let current = ks.join("current");
-        let bytes = match std::fs::read(&current) {
+        let bytes = match crate::kv::file::read_small(&current) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => {
@@ -115,7 +115,7 @@ fn check_version_files(dir: &Path) -> Result<()> {
         let id = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
         let want = u128::from_le_bytes(bytes[8..24].try_into().expect("16 bytes"));
         let version = ks.join(format!("v{id}"));
-        let body = std::fs::read(&version).map_err(|e| {
+        let body = crate::kv::file::read_small(&version).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 damaged(&current, "it names a version file that does not exist")
             } else {
