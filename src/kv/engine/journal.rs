@@ -109,12 +109,6 @@ impl<R: BufRead> Bytes<R> {
     fn u8(&mut self) -> Option<u8> {
         self.array::<1>().map(|b| b[0])
     }
-    fn u16(&mut self) -> Option<u16> {
-        self.array().map(u16::from_le_bytes)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.array().map(u32::from_le_bytes)
-    }
     fn u64(&mut self) -> Option<u64> {
         self.array().map(u64::from_le_bytes)
     }
