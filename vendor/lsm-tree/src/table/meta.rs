@@ -77,8 +77,11 @@ macro_rules! read_u64 {
 impl ParsedMeta {
     #[expect(clippy::expect_used, clippy::too_many_lines)]
     pub fn load_with_handle(file: &File, handle: &BlockHandle) -> crate::Result<Self> {
-        let block = Block::from_file(file, *handle, CompressionType::None)?;
+        Self::load_from_block(Block::from_file(file, *handle, CompressionType::None)?)
+    }
 
+    /// agentstate patch: the metadata from its block, already read.
+    pub fn load_from_block(block: Block) -> crate::Result<Self> {
         if block.header.block_type != BlockType::Meta {
             return Err(crate::Error::InvalidTag((
                 "BlockType",

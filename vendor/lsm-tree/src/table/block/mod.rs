@@ -134,7 +134,17 @@ impl Block {
         compression: CompressionType,
     ) -> crate::Result<Self> {
         let buf = crate::file::read_exact(file, *handle.offset(), handle.size() as usize)?;
+        Self::from_bytes(buf, handle, compression)
+    }
 
+    /// agentstate patch: a block from the bytes `handle` names, already
+    /// read (`from_file`, and a table's open, which reads its file's tail
+    /// once for the trailer and the blocks in it).
+    pub fn from_bytes(
+        buf: Slice,
+        handle: BlockHandle,
+        compression: CompressionType,
+    ) -> crate::Result<Self> {
         let header = Header::decode_from(&mut &buf[..])?;
 
         #[expect(clippy::indexing_slicing)]
