@@ -207,8 +207,10 @@ fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
-/// A small file's bytes, read to its end without asking its size first
-/// (`fs::read` asks, a `statx` per file; the open reads three such files).
+/// A small file's bytes, read to its end without asking its size first:
+/// `fs::read` (and `File`'s own `read_to_end`, hence the `take`) asks, a
+/// `statx` per file, and an open reads five to seven such files (marker,
+/// `ENGINE`, `HWM`, each keyspace's `current` and version file).
 pub(in crate::kv) fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
     // One read holds any of them but a version file of a store with
     // hundreds of tables, and that one reads on in growing steps.

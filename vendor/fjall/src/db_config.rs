@@ -71,19 +71,15 @@ fn get_open_file_limit() -> usize {
     return 150;
 }
 
-/// agentstate patch: the machine's parallelism, asked once per process
-/// (`lsm_tree::available_cores`, shared with lsm-tree's caches and the
-/// snapshot tracker's map). `available_parallelism` reads
-/// `/proc/self/cgroup` and the cgroup's CPU quota files (40–55 µs), and an
-/// open built three configurations.
-fn queried_cores() -> usize {
-    lsm_tree::available_cores()
-}
-
 impl Config {
     /// Creates a new configuration
     pub fn new(path: &Path) -> Self {
-        let worker_threads = queried_cores().min(DEFAULT_CPU_CORES);
+        // agentstate patch: the machine's parallelism asked once per
+        // process (`lsm_tree::available_cores`, shared with lsm-tree's
+        // caches and the snapshot tracker's map): `available_parallelism`
+        // reads `/proc/self/cgroup` and the cgroup's CPU quota files
+        // (40–55 µs), and an open built three configurations.
+        let worker_threads = lsm_tree::available_cores().min(DEFAULT_CPU_CORES);
 
         Self {
             path: absolute_path(path),

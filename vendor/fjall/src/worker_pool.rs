@@ -137,10 +137,9 @@ impl Spawner {
                 let _counter_guard = ActiveThreadGuard(thread_counter);
 
                 if let Some(rest) = rest {
-                    let counter = rest.thread_counter.clone();
-                    if let Err(e) =
-                        claim_and_spawn(rest.pool_size - 1, &counter, |j| rest.spawn(j + 1))
-                    {
+                    if let Err(e) = claim_and_spawn(rest.pool_size - 1, &rest.thread_counter, |j| {
+                        rest.spawn(j + 1)
+                    }) {
                         log::warn!("Could not start every fjall worker: {e:?}");
                     }
                 }

@@ -2,13 +2,13 @@
 // This source code is licensed under both the Apache 2.0 and MIT License
 // (found in the LICENSE-* files in the repository)
 
-use super::{Block, BlockHandle, DataBlock};
+use super::{Block, DataBlock};
 use crate::{
     checksum::ChecksumType, coding::Decode, table::block::BlockType, CompressionType, KeyRange,
     SeqNo, TableId,
 };
 use byteorder::{LittleEndian, ReadBytesExt};
-use std::{fs::File, ops::Deref};
+use std::ops::Deref;
 
 /// Nanosecond timestamp.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Ord, PartialOrd)]
@@ -76,11 +76,9 @@ macro_rules! read_u64 {
 
 impl ParsedMeta {
     #[expect(clippy::expect_used, clippy::too_many_lines)]
-    pub fn load_with_handle(file: &File, handle: &BlockHandle) -> crate::Result<Self> {
-        Self::load_from_block(Block::from_file(file, *handle, CompressionType::None)?)
-    }
-
-    /// agentstate patch: the metadata from its block, already read.
+    /// agentstate patch: the metadata from its block, already read (was
+    /// `load_with_handle`, which read it; a table's open now reads it
+    /// from the file's tail).
     pub fn load_from_block(block: Block) -> crate::Result<Self> {
         if block.header.block_type != BlockType::Meta {
             return Err(crate::Error::InvalidTag((

@@ -1175,8 +1175,8 @@ impl Tree {
     /// own to delete ([`crate::delete_discarded_tables`], which the caller
     /// runs once its whole open is done). Upstream deleted them here,
     /// inside the open: freeing a 67 MB table's blocks took 20–70 ms of a
-    /// reopen after a kill -9. A rename frees nothing, so the open pays a rename per table
-    /// and one folder sync. They must leave `tables/` before the open
+    /// reopen after a kill -9. A rename frees nothing, so the open pays a
+    /// rename per table and one folder sync. They must leave `tables/` before the open
     /// returns: the next table ids count on from the version's highest,
     /// so a new table may take an orphan's name.
     fn discard_orphaned_tables(
