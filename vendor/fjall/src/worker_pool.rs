@@ -82,6 +82,7 @@ impl WorkerPool {
             stats: stats.clone(),
             poison_dart: poison_dart.clone(),
             thread_counter: thread_counter.clone(),
+            compactions: Arc::default(),
         };
         let thread_handles =
             claim_and_spawn(pool_size.min(1), thread_counter, |i| spawner.spawn(i))?;
@@ -103,6 +104,7 @@ struct Spawner {
     stats: Arc<Stats>,
     poison_dart: PoisonDart,
     thread_counter: Arc<AtomicUsize>,
+    compactions: Arc<Compactions>,
 }
 
 impl Spawner {
@@ -121,6 +123,7 @@ impl Spawner {
             supervisor: self.supervisor.clone(),
             stats: self.stats.clone(),
             sender: self.sender.clone(),
+            compactions: self.compactions.clone(),
         };
         let thread_counter = self.thread_counter.clone();
         let poison_dart = self.poison_dart.clone();
@@ -208,6 +211,69 @@ struct WorkerState {
     rx: flume::Receiver<WorkerMessage>,
     sender: flume::Sender<WorkerMessage>,
     stats: Arc<Stats>,
+    compactions: Arc<Compactions>,
+}
+
+/// agentstate patch: the pool's compactions, shared by its workers. The
+/// first worker of a pool of several leaves a request to a worker that is
+/// compacting (it runs the request when it is done), so one worker stays
+/// free for flushes without sending requests round the queue.
+#[derive(Default)]
+struct Compactions {
+    /// Compactions running now.
+    running: AtomicUsize,
+    /// Requests left for a running compaction's worker, one per keyspace.
+    left: Mutex<Vec<Keyspace>>,
+}
+
+impl Compactions {
+    /// Leaves `keyspace`'s request to a running compaction's worker; false
+    /// when none runs any more (the request is then the caller's).
+    fn leave(&self, keyspace: Keyspace) -> bool {
+        {
+            let mut left = self.left.lock().expect("lock is poisoned");
+            if !left.iter().any(|k| k.name == keyspace.name) {
+                left.push(keyspace.clone());
+            }
+        }
+        // A worker that finishes lowers `running` before it looks at
+        // `left`: if it is still above zero here, that worker sees the
+        // request; if not, take it back (whoever removes it runs it).
+        if self.running.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            return true;
+        }
+        !self.take(&keyspace)
+    }
+
+    /// Removes `keyspace`'s request if it is still left; true if it was.
+    fn take(&self, keyspace: &Keyspace) -> bool {
+        let mut left = self.left.lock().expect("lock is poisoned");
+        let before = left.len();
+        left.retain(|k| k.name != keyspace.name);
+        left.len() != before
+    }
+
+    /// The next request left, if any.
+    fn next(&self) -> Option<Keyspace> {
+        self.left.lock().expect("lock is poisoned").pop()
+    }
+}
+
+/// Runs `keyspace`'s compaction, then every request left meanwhile.
+fn compact(ctx: &WorkerState, keyspace: &Keyspace) -> crate::Result<()> {
+    let mut next = Some(keyspace.clone());
+    while let Some(keyspace) = next {
+        ctx.compactions
+            .running
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let result = run_compaction(&keyspace, &ctx.supervisor.snapshot_tracker, &ctx.stats);
+        ctx.compactions
+            .running
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        result?;
+        next = ctx.compactions.next();
+    }
+    Ok(())
 }
 
 fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
@@ -301,38 +367,28 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
                 .maintenance()?;
         }
         WorkerMessage::Compact(keyspace) => {
-            // agentstate patch: worker 0 leaves a compaction to the others
-            // only while a flush is waiting (the request goes back behind
-            // that flush's message). Upstream sent every compaction request
-            // worker 0 received back to the queue, and took it again at once
-            // while the other workers were busy: worker 0 spun on the queue
-            // for as long as a compaction ran elsewhere (915k re-sends in a
-            // probe of 8,000 creates on two cores), a core taken from the
-            // callers.
-            if defers_compaction(
-                ctx.pool_size,
-                ctx.worker_id,
-                ctx.supervisor.flush_manager.len(),
-            ) {
-                ctx.sender.try_send(WorkerMessage::Compact(keyspace)).ok();
-                return Ok(false);
+            // agentstate patch: upstream's first worker (of a pool of
+            // several) sent every compaction request back to the queue, to
+            // stay free for flushes, and took it again at once while the
+            // other workers were busy: it spun on the queue for as long as
+            // a compaction ran elsewhere (915k re-sends in a probe of 4,000
+            // creates on two cores), a core taken from the callers. It now
+            // sends a request back only behind a queued flush, leaves it to
+            // a worker that is compacting, and runs it itself otherwise.
+            if ctx.pool_size > 1 && ctx.worker_id == 0 {
+                if ctx.supervisor.flush_manager.len() > 0 {
+                    ctx.sender.try_send(WorkerMessage::Compact(keyspace)).ok();
+                    return Ok(false);
+                }
+                if ctx.compactions.leave(keyspace.clone()) {
+                    return Ok(false);
+                }
             }
-
-            run_compaction(&keyspace, &ctx.supervisor.snapshot_tracker, &ctx.stats)?;
+            compact(ctx, &keyspace)?;
         }
     }
 
     Ok(false)
-}
-
-/// agentstate patch: whether worker `worker_id` of `pool_size` sends a
-/// compaction request back to the queue instead of running it. Only the
-/// first worker of a pool of several does, and only while a flush is
-/// queued: a flush's message is sent when it is queued, so the worker
-/// takes that flush (or another message) soon after, instead of taking the
-/// same request back for as long as the other workers are busy.
-fn defers_compaction(pool_size: usize, worker_id: usize, flushes_queued: usize) -> bool {
-    pool_size > 1 && worker_id == 0 && flushes_queued > 0
 }
 
 /// agentstate patch: writes the spare journal (see
@@ -405,6 +461,7 @@ mod tests {
             rx: db.worker_pool.rx.clone(),
             sender: db.worker_pool.sender.clone(),
             stats: db.stats.clone(),
+            compactions: Arc::default(),
         }
     }
 
@@ -457,9 +514,45 @@ mod tests {
             db.worker_pool.rx.try_recv(),
             Ok(WorkerMessage::Compact(_))
         ));
-        assert!(defers_compaction(3, 0, 1));
-        assert!(!defers_compaction(1, 0, 1), "a lone worker runs everything");
-        assert!(!defers_compaction(2, 1, 1), "only the first worker defers");
+        Ok(())
+    }
+
+    /// agentstate patch: while another worker compacts, the first worker
+    /// leaves a request to it (nothing goes back to the queue), and that
+    /// worker runs it when its own compaction is done.
+    #[test]
+    fn first_worker_leaves_compaction_to_a_compacting_worker() -> crate::Result<()> {
+        let folder = tempfile::tempdir()?;
+        let db = Database::builder(&folder)
+            .worker_threads_unchecked(0)
+            .open()?;
+        let ks = db.keyspace("default", KeyspaceCreateOptions::default)?;
+        let _ = db.worker_pool.rx.drain().count();
+        let first = hand_worker(&db, 2, 0);
+        let second = WorkerState {
+            compactions: first.compactions.clone(),
+            ..hand_worker(&db, 2, 1)
+        };
+
+        // The second worker is compacting.
+        second.compactions.running.fetch_add(1, Relaxed);
+        db.worker_pool
+            .sender
+            .send(WorkerMessage::Compact(ks.clone()))
+            .expect("queue");
+        assert!(!worker_tick(&first)?);
+        assert!(db.worker_pool.rx.is_empty(), "nothing sent back");
+        assert_eq!(first.compactions.left.lock().expect("lock").len(), 1);
+
+        // Its compaction ends: it runs the request left to it.
+        second.compactions.running.fetch_sub(1, Relaxed);
+        compact(&second, &ks)?;
+        assert!(second.compactions.left.lock().expect("lock").is_empty());
+        assert_eq!(second.compactions.running.load(Relaxed), 0);
+
+        // With no compaction running, a request left is the caller's.
+        assert!(!first.compactions.leave(ks.clone()));
+        assert!(first.compactions.left.lock().expect("lock").is_empty());
         Ok(())
     }
 
