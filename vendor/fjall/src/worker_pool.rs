@@ -10,7 +10,10 @@ use lsm_tree::MemtableId;
 use std::{
     borrow::Cow,
     sync::{
-        atomic::{AtomicUsize, Ordering::Relaxed},
+        atomic::{
+            AtomicUsize,
+            Ordering::{Relaxed, SeqCst},
+        },
         Arc, Mutex,
     },
     thread::JoinHandle,
@@ -229,7 +232,7 @@ struct Compactions {
 impl Compactions {
     /// Leaves `keyspace`'s request to a running compaction's worker; false
     /// when none runs any more (the request is then the caller's).
-    fn leave(&self, keyspace: Keyspace) -> bool {
+    fn leave(&self, keyspace: &Keyspace) -> bool {
         {
             let mut left = self.left.lock().expect("lock is poisoned");
             if !left.iter().any(|k| k.name == keyspace.name) {
@@ -239,10 +242,10 @@ impl Compactions {
         // A worker that finishes lowers `running` before it looks at
         // `left`: if it is still above zero here, that worker sees the
         // request; if not, take it back (whoever removes it runs it).
-        if self.running.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+        if self.running.load(SeqCst) > 0 {
             return true;
         }
-        !self.take(&keyspace)
+        !self.take(keyspace)
     }
 
     /// Removes `keyspace`'s request if it is still left; true if it was.
@@ -263,13 +266,9 @@ impl Compactions {
 fn compact(ctx: &WorkerState, keyspace: &Keyspace) -> crate::Result<()> {
     let mut next = Some(keyspace.clone());
     while let Some(keyspace) = next {
-        ctx.compactions
-            .running
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        ctx.compactions.running.fetch_add(1, SeqCst);
         let result = run_compaction(&keyspace, &ctx.supervisor.snapshot_tracker, &ctx.stats);
-        ctx.compactions
-            .running
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        ctx.compactions.running.fetch_sub(1, SeqCst);
         result?;
         next = ctx.compactions.next();
     }
@@ -380,7 +379,7 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
                     ctx.sender.try_send(WorkerMessage::Compact(keyspace)).ok();
                     return Ok(false);
                 }
-                if ctx.compactions.leave(keyspace.clone()) {
+                if ctx.compactions.leave(&keyspace) {
                     return Ok(false);
                 }
             }
@@ -551,7 +550,7 @@ mod tests {
         assert_eq!(second.compactions.running.load(Relaxed), 0);
 
         // With no compaction running, a request left is the caller's.
-        assert!(!first.compactions.leave(ks.clone()));
+        assert!(!first.compactions.leave(&ks));
         assert!(first.compactions.left.lock().expect("lock").is_empty());
         Ok(())
     }
