@@ -4,7 +4,8 @@
 //! be compared run against run (BENCHMARKS.md, "Spare journal"):
 //!
 //! ```text
-//! cargo run --release --example write_probe -- [--rounds 5] [--ops 2000] [--dir DIR]
+//! cargo run --release --example write_probe -- [--rounds 5] [--ops 2000] [--dir DIR] \
+//!     [--write-buffer-mib N]
 //! ```
 //!
 //! Each round makes one store and runs, one after the other, `ops`
@@ -97,6 +98,7 @@ fn main() {
     let mut rounds = 5usize;
     let mut ops = 2000usize;
     let mut base: Option<PathBuf> = None;
+    let mut options = agentstate::Options::default();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
@@ -104,7 +106,13 @@ fn main() {
             "--rounds" => rounds = value().parse().expect("--rounds N"),
             "--ops" => ops = value().parse().expect("--ops N"),
             "--dir" => base = Some(PathBuf::from(value())),
-            _ => panic!("usage: write_probe [--rounds N] [--ops N] [--dir DIR]"),
+            "--write-buffer-mib" => {
+                let mib: u64 = value().parse().expect("--write-buffer-mib N");
+                options = options.write_buffer_bytes(mib << 20);
+            }
+            _ => panic!(
+                "usage: write_probe [--rounds N] [--ops N] [--dir DIR] [--write-buffer-mib N]"
+            ),
         }
     }
     let tmp = match &base {
@@ -116,7 +124,8 @@ fn main() {
     for round in 0..rounds {
         let dir = tmp.path().join(format!("r{round}"));
         std::fs::create_dir_all(&dir).expect("round dir");
-        let store = Arc::new(FileStore::open(dir.join("store")).expect("open"));
+        let store =
+            Arc::new(FileStore::open_with(dir.join("store"), options.clone()).expect("open"));
         let f = floor_us(&dir, ops);
         let o = one_us(&store, ops);
         let (e, g) = eight_us(&store, ops);
