@@ -490,6 +490,10 @@ impl Table {
         let file = Arc::new(file);
 
         let file_accessor = if let Some(dt) = descriptor_table {
+            // agentstate patch: the file opened to read the table's tail
+            // stays open in the descriptor table, where the table's first
+            // block read would otherwise open it again.
+            dt.insert_for_table((tree_id, metadata.id).into(), file.clone());
             FileAccessor::DescriptorTable(dt)
         } else {
             FileAccessor::File(file.clone())

@@ -1470,3 +1470,51 @@ fn table_return_global_seqno() -> crate::Result<()> {
 
     Ok(())
 }
+
+/// agentstate patch: the file a table's recovery opened stays open in the
+/// descriptor table, so the table's first block read opens nothing by path
+/// (checked by unlinking the file before that read: on Unix an open file
+/// stays readable).
+#[test]
+#[cfg(unix)]
+fn table_recover_keeps_its_file_in_the_descriptor_table() -> crate::Result<()> {
+    let dir = tempdir()?;
+    let file = dir.path().join("table");
+    let mut writer = Writer::new(file.clone(), 0, 0)?;
+    writer.write(crate::InternalValue::from_components(
+        b"abc",
+        b"value",
+        3,
+        crate::ValueType::Value,
+    ))?;
+    let (_, checksum) = writer.finish()?.unwrap();
+
+    #[cfg(feature = "metrics")]
+    let metrics = Arc::new(Metrics::default());
+    let descriptors = Arc::new(DescriptorTable::new(10));
+    let table = Table::recover(
+        file.clone(),
+        checksum,
+        0,
+        7,
+        Arc::new(Cache::with_capacity_bytes(1_000_000)),
+        Some(descriptors.clone()),
+        false,
+        false,
+        #[cfg(feature = "metrics")]
+        metrics,
+    )?;
+    assert!(
+        descriptors
+            .access_for_table(&(7, table.id()).into())
+            .is_some(),
+        "the recovered table's file is in the descriptor table",
+    );
+
+    std::fs::remove_file(&file)?;
+    let got = table
+        .get(b"abc", SeqNo::MAX, BloomBuilder::get_hash(b"abc"))?
+        .expect("the key is in the table");
+    assert_eq!(&*got.value, b"value");
+    Ok(())
+}

@@ -938,7 +938,7 @@ impl Tree {
         #[cfg(feature = "metrics")]
         let metrics = Arc::new(Metrics::default());
 
-        let version = Self::recover_levels(
+        let (version, bytes) = Self::recover_levels(
             &config.path,
             tree_id,
             &config,
@@ -947,9 +947,9 @@ impl Tree {
         )?;
 
         {
-            let manifest_path = config.path.join(format!("v{}", version.id()));
-            // agentstate patch: read once (see Manifest::decode_from).
-            let bytes = std::fs::read(&manifest_path)?;
+            // agentstate patch: the manifest is decoded from the version
+            // file's bytes as `recover_levels` read them (it read the file
+            // a second time; see Manifest::decode_from).
             let reader = sfa::Reader::from_reader(&mut std::io::Cursor::new(&bytes))?;
             let manifest = Manifest::decode_from(&bytes, &reader)?;
 
@@ -1026,12 +1026,13 @@ impl Tree {
         tree_id: TreeId,
         config: &Config,
         #[cfg(feature = "metrics")] metrics: &Arc<Metrics>,
-    ) -> crate::Result<Version> {
+    ) -> crate::Result<(Version, Vec<u8>)> {
         use crate::{file::fsync_directory, file::TABLES_FOLDER, TableId};
 
         let tree_path = tree_path.as_ref();
 
-        let recovery = recover(tree_path)?;
+        let mut recovery = recover(tree_path)?;
+        let bytes = std::mem::take(&mut recovery.bytes);
 
         let table_map = {
             let mut result: crate::HashMap<TableId, (u8 /* Level index */, Checksum, SeqNo)> =
@@ -1102,7 +1103,10 @@ impl Tree {
             })?;
 
             let table_file_path = dirent.path();
-            assert!(!table_file_path.is_dir());
+            // agentstate patch: the entry's type as the directory listing
+            // gave it, where `Path::is_dir` asked the file system again (a
+            // `statx` per table at every open).
+            assert!(!dirent.file_type()?.is_dir());
 
             let table_id = table_file_name.parse::<TableId>().map_err(|e| {
                 log::error!("invalid table file name {table_file_name:?}: {e:?}");
@@ -1166,7 +1170,7 @@ impl Tree {
             std::fs::remove_file(&blob_file_path)?;
         }
 
-        Ok(version)
+        Ok((version, bytes))
     }
 
     /// agentstate patch: the tables an interrupted compaction or flush left

@@ -32,6 +32,9 @@ pub struct Recovery {
     pub table_ids: Vec<Vec<Vec<RecoveredTable>>>,
     pub blob_file_ids: Vec<(BlobFileId, Checksum)>,
     pub gc_stats: crate::blob_tree::FragmentationMap,
+    /// agentstate patch: the version file's bytes, which also hold the
+    /// tree's manifest (decoded from them, not read again).
+    pub bytes: Vec<u8>,
 }
 
 pub fn recover(folder: &Path) -> crate::Result<Recovery> {
@@ -161,5 +164,6 @@ pub fn recover(folder: &Path) -> crate::Result<Recovery> {
         table_ids: levels,
         blob_file_ids,
         gc_stats,
+        bytes,
     })
 }
