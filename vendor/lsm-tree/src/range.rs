@@ -196,31 +196,27 @@ impl TreeIter {
             }
 
             // Sealed memtables
+            // agentstate patch: each memtable yields a key's newest visible
+            // version going forward (`Memtable::range_visible`), not every
+            // version for `MvccStream` to step over.
             for memtable in lock.version.sealed_memtables.iter() {
-                let iter = memtable.range(range.clone());
+                let iter = memtable.range_visible(range.clone(), seqno);
 
-                iters.push(Box::new(
-                    iter.filter(move |item| seqno_filter(item.key.seqno, seqno))
-                        .map(Ok),
-                ));
+                iters.push(Box::new(iter.map(Ok)));
             }
 
             // Active memtable
             {
-                let iter = lock.version.active_memtable.range(range.clone());
+                let iter = lock
+                    .version
+                    .active_memtable
+                    .range_visible(range.clone(), seqno);
 
-                iters.push(Box::new(
-                    iter.filter(move |item| seqno_filter(item.key.seqno, seqno))
-                        .map(Ok),
-                ));
+                iters.push(Box::new(iter.map(Ok)));
             }
 
             if let Some((mt, seqno)) = &lock.ephemeral {
-                let iter = Box::new(
-                    mt.range(range)
-                        .filter(move |item| seqno_filter(item.key.seqno, *seqno))
-                        .map(Ok),
-                );
+                let iter = Box::new(mt.range_visible(range, *seqno).map(Ok));
                 iters.push(iter);
             }
 
@@ -241,6 +237,117 @@ mod tests {
     use crate::Slice;
     use std::ops::Bound::{Excluded, Included, Unbounded};
     use test_log::test;
+
+    /// agentstate patch: with the memtables' older versions jumped
+    /// (`Memtable::range_visible`), a range still answers what the history
+    /// says at every seqno: forward, backward and both ends in turn, over a
+    /// table, a sealed memtable and the active one, hot keys rewritten and
+    /// deleted hundreds of times.
+    #[test]
+    #[expect(clippy::unwrap_used)]
+    fn ranges_answer_the_history_with_memtable_versions_jumped() -> crate::Result<()> {
+        use crate::{AbstractTree, Config, Guard, SequenceNumberCounter};
+
+        let dir = tempfile::tempdir()?;
+        let tree = Config::new(
+            dir.path(),
+            SequenceNumberCounter::default(),
+            SequenceNumberCounter::default(),
+        )
+        .open()?;
+
+        // (key, seqno, value or deleted), in seqno order.
+        let mut history: Vec<(Vec<u8>, SeqNo, Option<Vec<u8>>)> = Vec::new();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for seqno in 0..3_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Keys 0-2 take three quarters of the writes.
+            let k = if x % 4 == 0 {
+                3 + (x >> 8) % 9
+            } else {
+                (x >> 8) % 3
+            };
+            let key = format!("k{k:02}").into_bytes();
+            if (x >> 16) % 6 == 0 {
+                tree.remove(key.clone(), seqno);
+                history.push((key, seqno, None));
+            } else {
+                let value = format!("{k}@{seqno}").into_bytes();
+                tree.insert(key.clone(), value.clone(), seqno);
+                history.push((key, seqno, Some(value)));
+            }
+            if seqno == 999 {
+                tree.flush_active_memtable(0)?;
+            }
+            if seqno == 1_999 {
+                tree.rotate_memtable().unwrap();
+            }
+        }
+        assert_eq!(1, tree.table_count());
+
+        let model = |read: SeqNo, lo: &[u8], hi: &[u8]| {
+            let mut newest = std::collections::BTreeMap::new();
+            for (key, seqno, value) in &history {
+                if *seqno < read && key.as_slice() >= lo && key.as_slice() < hi {
+                    newest.insert(key.clone(), value.clone());
+                }
+            }
+            newest
+                .into_iter()
+                .filter_map(|(k, v)| v.map(|v| (k, v)))
+                .collect::<Vec<_>>()
+        };
+        let pair = |g: crate::IterGuardImpl| {
+            let (k, v) = g.into_inner().unwrap();
+            (k.to_vec(), v.to_vec())
+        };
+
+        let mut reads: Vec<SeqNo> = (0..3_000).step_by(37).collect();
+        reads.extend([
+            999,
+            1_000,
+            1_001,
+            1_999,
+            2_000,
+            2_001,
+            2_999,
+            3_000,
+            SeqNo::MAX,
+        ]);
+        for read in reads {
+            for (lo, hi) in [(&b"k"[..], &b"l"[..]), (b"k01", b"k07"), (b"k00", b"k01")] {
+                let want = model(read, lo, hi);
+                let forward: Vec<_> = tree.range(lo..hi, read, None).map(pair).collect();
+                assert_eq!(want, forward, "forward at {read}, {lo:?}..{hi:?}");
+
+                let mut backward: Vec<_> = tree.range(lo..hi, read, None).rev().map(pair).collect();
+                backward.reverse();
+                assert_eq!(want, backward, "backward at {read}, {lo:?}..{hi:?}");
+
+                let mut iter = tree.range(lo..hi, read, None);
+                let (mut front, mut back) = (Vec::new(), Vec::new());
+                for turn in 0.. {
+                    let next = if turn % 3 == 2 {
+                        iter.next_back()
+                    } else {
+                        iter.next()
+                    };
+                    let Some(g) = next else { break };
+                    if turn % 3 == 2 {
+                        back.push(pair(g));
+                    } else {
+                        front.push(pair(g));
+                    }
+                }
+                back.reverse();
+                front.extend(back);
+                assert_eq!(want, front, "both ends at {read}, {lo:?}..{hi:?}");
+            }
+        }
+        Ok(())
+    }
 
     fn test_prefix(prefix: &[u8], upper_bound: Bound<&[u8]>) {
         let range = prefix_to_range(prefix);

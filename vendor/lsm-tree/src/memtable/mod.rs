@@ -3,12 +3,13 @@
 // (found in the LICENSE-* files in the repository)
 
 use crate::key::InternalKey;
+use crate::UserKey;
 use crate::{
     value::{InternalValue, SeqNo, UserValue},
     ValueType,
 };
 use crossbeam_skiplist::SkipMap;
-use std::ops::RangeBounds;
+use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 pub use crate::tree::inner::MemtableId;
@@ -35,6 +36,75 @@ pub struct Memtable {
     pub(crate) highest_seqno: AtomicU64,
 
     pub(crate) requested_rotation: AtomicBool,
+}
+
+/// Older versions of one key stepped over before the rest are jumped (see
+/// [`Memtable::range_visible`]): a seek costs a search from the top of the
+/// skiplist, a few steps cost less when a key has only a few versions.
+const STEPS_BEFORE_SEEK: usize = 4;
+
+type KeyRange = (Bound<InternalKey>, Bound<InternalKey>);
+
+/// agentstate patch: see [`Memtable::range_visible`].
+pub struct VisibleRange<'a> {
+    items: &'a SkipMap<InternalKey, UserValue>,
+    inner: crossbeam_skiplist::map::Range<'a, InternalKey, KeyRange, InternalKey, UserValue>,
+    hi: Bound<InternalKey>,
+    seqno: SeqNo,
+    /// The user key last yielded going forward.
+    last: Option<UserKey>,
+    /// Whether `next_back` has been called.
+    backwards: bool,
+}
+
+impl Iterator for VisibleRange<'_> {
+    type Item = InternalValue;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut older = 0;
+        loop {
+            let entry = self.inner.next()?;
+            let key = entry.key();
+            if let Some(last) = &self.last {
+                if key.user_key == *last {
+                    // An older version of the key just yielded.
+                    older += 1;
+                    if older >= STEPS_BEFORE_SEEK && !self.backwards {
+                        // Every version of `last` sorts at or before
+                        // (`last`, seqno 0): start after it.
+                        let past = InternalKey::new(last.clone(), 0, ValueType::Value);
+                        self.inner = self.items.range((Bound::Excluded(past), self.hi.clone()));
+                        older = 0;
+                    }
+                    continue;
+                }
+            }
+            if key.seqno >= self.seqno {
+                // Newer than the read: invisible, and not the key's answer.
+                continue;
+            }
+            self.last = Some(key.user_key.clone());
+            return Some(InternalValue {
+                key: key.clone(),
+                value: entry.value().clone(),
+            });
+        }
+    }
+}
+
+impl DoubleEndedIterator for VisibleRange<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.backwards = true;
+        loop {
+            let entry = self.inner.next_back()?;
+            if entry.key().seqno < self.seqno {
+                return Some(InternalValue {
+                    key: entry.key().clone(),
+                    value: entry.value().clone(),
+                });
+            }
+        }
+    }
 }
 
 impl Memtable {
@@ -84,6 +154,31 @@ impl Memtable {
             key: entry.key().clone(),
             value: entry.value().clone(),
         })
+    }
+
+    /// agentstate patch: the items of a range as a read at `seqno` sees them
+    /// (`seqno_filter`), each user key once going forward: its newest
+    /// version below `seqno`. The older versions of a key are stepped over
+    /// a few at a time and then jumped, with one seek past the key's last
+    /// possible entry, so a scan over keys rewritten thousands of times
+    /// since the last flush costs a seek per key, not a step per version.
+    /// Going backward every version below `seqno` is yielded, as `range`
+    /// does, and once `next_back` has been called the forward side only
+    /// steps (a seek would restart the range's back end).
+    pub(crate) fn range_visible(
+        &self,
+        range: (Bound<InternalKey>, Bound<InternalKey>),
+        seqno: SeqNo,
+    ) -> VisibleRange<'_> {
+        let hi = range.1.clone();
+        VisibleRange {
+            items: &self.items,
+            inner: self.items.range(range),
+            hi,
+            seqno,
+            last: None,
+            backwards: false,
+        }
     }
 
     /// Returns the item by key if it exists.
@@ -184,6 +279,46 @@ mod tests {
     use super::*;
     use crate::ValueType;
     use test_log::test;
+
+    /// agentstate patch: forward, `range_visible` yields each key once, its
+    /// newest version below the read's seqno, however many versions follow
+    /// it (more than `STEPS_BEFORE_SEEK`, so the jump is taken).
+    #[test]
+    fn range_visible_yields_each_key_once_at_its_newest_visible_version() {
+        let memtable = Memtable::new(0);
+        let mut seqno: SeqNo = 0;
+        for round in 0..40u64 {
+            for key in [b"a", b"b", b"c"] {
+                let value_type = if round % 7 == 3 {
+                    ValueType::Tombstone
+                } else {
+                    ValueType::Value
+                };
+                memtable.insert(InternalValue::from_components(
+                    *key,
+                    seqno.to_be_bytes(),
+                    seqno,
+                    value_type,
+                ));
+                seqno += 1;
+            }
+        }
+        for read in [1, 2, 3, 4, 50, 61, 62, 100, 119, 120, SeqNo::MAX] {
+            let got: Vec<(Vec<u8>, SeqNo)> = memtable
+                .range_visible((Bound::Unbounded, Bound::Unbounded), read)
+                .map(|v| (v.key.user_key.to_vec(), v.key.seqno))
+                .collect();
+            let want: Vec<(Vec<u8>, SeqNo)> = (0..3u64)
+                .filter(|k| *k < read.min(120))
+                .map(|k| {
+                    // Key k was written at seqnos k, k + 3, k + 6, …
+                    let newest = (read.min(120) - 1 - k) / 3 * 3 + k;
+                    (vec![b"abc"[k as usize]], newest)
+                })
+                .collect();
+            assert_eq!(want, got, "read at {read}");
+        }
+    }
 
     #[test]
     #[expect(clippy::unwrap_used)]
