@@ -232,6 +232,106 @@ fn d3_probe(path: &Path) -> String {
     lines[0].clone()
 }
 
+/// D3's other side: once the last handle is dropped the path is free, so
+/// the same process reopens it at once, on every engine, however busy the
+/// engine's own threads were at the close (sled's once held its file lock
+/// for a moment after its last handle went).
+fn d3_reopens_at_once_after_a_close_on(engine: agentstate::FileEngine) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let rounds = env_u64("AGENTSTATE_D3_REOPENS", 20);
+    for round in 0..rounds {
+        let t = Instant::now();
+        let opts = agentstate::Options::new()
+            .engine(engine)
+            .flush_at_close(round % 2 == 0);
+        let store = FileStore::open_with(&path, opts).unwrap_or_else(|e| {
+            panic!("{} round {round}: reopen after a close: {e}", engine.name())
+        });
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{} round {round}: the open took {:?}",
+            engine.name(),
+            t.elapsed()
+        );
+        for i in 0..8 {
+            store
+                .put_run(RunRecord::new(
+                    RunKey::new("t", format!("r{round}-{i}")),
+                    "a",
+                ))
+                .unwrap();
+        }
+        // A big value, which sled writes out through threads of its own;
+        // every other round closed without the flush at close.
+        let doc: Vec<u8> = (0..300_000u64).map(|j| (j ^ round) as u8).collect();
+        let tray = Tray {
+            marked: false,
+            doc,
+            env: "prod".into(),
+            hostname: "h".into(),
+        };
+        store
+            .write_tray(&InstanceKey::new("w", "1").tray("big", "d"), 1, tray)
+            .unwrap();
+        assert!(
+            store
+                .get_run(&RunKey::new("t", format!("r{round}-7")))
+                .unwrap()
+                .is_some()
+        );
+        drop(store);
+    }
+}
+
+#[test]
+fn d3_a_closed_store_reopens_at_once() {
+    d3_reopens_at_once_after_a_close_on(agentstate::FileEngine::Fjall);
+}
+
+#[cfg(feature = "sled")]
+#[test]
+fn d3_sled_a_closed_store_reopens_at_once() {
+    // Other sled stores of the process busy beside it, as in a test run:
+    // sled's writes go through one thread pool per process.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dir = tempfile::tempdir().unwrap();
+    let busy: Vec<_> = (0..2)
+        .map(|n| {
+            let (stop, path) = (stop.clone(), dir.path().join(format!("busy{n}")));
+            std::thread::spawn(move || {
+                let store = FileStore::open_with(
+                    &path,
+                    agentstate::Options::new().engine(agentstate::FileEngine::Sled),
+                )
+                .unwrap();
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let tray = Tray {
+                        marked: false,
+                        doc: vec![i as u8; 300_000],
+                        env: "prod".into(),
+                        hostname: "h".into(),
+                    };
+                    store
+                        .write_tray(
+                            &InstanceKey::new("w", "1").tray("b", format!("{}", i % 4)),
+                            1,
+                            tray,
+                        )
+                        .unwrap();
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    d3_reopens_at_once_after_a_close_on(agentstate::FileEngine::Sled);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for b in busy {
+        b.join().unwrap();
+    }
+}
+
 #[test]
 fn d3_a_second_open_fails_at_once_naming_the_path() {
     let dir = tempfile::tempdir().unwrap();

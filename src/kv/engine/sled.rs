@@ -17,9 +17,10 @@
 //!   `Corrupt`.
 
 use std::collections::HashSet;
-use std::fs::File;
+use std::fs::{File, TryLockError};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -29,7 +30,8 @@ use crate::error::{Result, StateError};
 
 /// sled behind the engine trait.
 pub(crate) struct SledEngine {
-    db: sled::Db,
+    /// The database; taken only by `drop`.
+    db: Option<sled::Db>,
     dir: PathBuf,
     /// Our own handle on sled's data file (`dir/db`), for `fdatasync`.
     data: File,
@@ -89,7 +91,45 @@ fn sync_path(path: &Path) -> Result<()> {
         .map_err(|e| io_err("syncing", path, e))
 }
 
+/// How long a close waits for sled to let go of its database (see
+/// `SledEngine`'s `Drop`).
+const RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+impl Drop for SledEngine {
+    /// Drops the database, then waits until sled has let go of its data
+    /// file. Work sled queued on its process-wide thread pool (an I/O
+    /// buffer's write, a segment's truncation and `sync_all`) holds the
+    /// database's file, and with it the file's lock, after its last handle
+    /// is gone; a reopen in that moment failed with sled's "could not
+    /// acquire lock". Once this returns the store can be opened again.
+    fn drop(&mut self) {
+        drop(self.db.take());
+        let path = self.dir.join("db");
+        let Ok(f) = File::open(&path) else { return };
+        let start = Instant::now();
+        loop {
+            match f.try_lock() {
+                // Free: let it go again at once (and with `f`).
+                Ok(()) => return,
+                Err(TryLockError::WouldBlock) if start.elapsed() < RELEASE_WAIT => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                // Still held (or no lock to take): the open that follows
+                // says so, naming the file.
+                Err(_) => return,
+            }
+        }
+    }
+}
+
 impl SledEngine {
+    /// The database, open until the engine is dropped.
+    fn db(&self) -> Result<&sled::Db> {
+        self.db
+            .as_ref()
+            .ok_or_else(|| StateError::unavailable("the sled engine is closed".to_string(), None))
+    }
+
     pub(crate) fn open(dir: &Path, mode: SyncMode) -> Result<Self> {
         let db = guarded(&format!("recovering {}", dir.display()), || {
             sled::Config::new()
@@ -104,7 +144,7 @@ impl SledEngine {
         let data_path = dir.join("db");
         let data = File::open(&data_path).map_err(|e| io_err("opening", &data_path, e))?;
         let engine = SledEngine {
-            db,
+            db: Some(db),
             dir: dir.to_path_buf(),
             data,
             synced_blobs: Mutex::new(HashSet::new()),
@@ -166,7 +206,7 @@ impl Engine for SledEngine {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let _read = self.gate.read();
         guarded("reading", || {
-            Ok(self.db.get(key).map_err(map_err)?.map(|v| v.to_vec()))
+            Ok(self.db()?.get(key).map_err(map_err)?.map(|v| v.to_vec()))
         })
     }
 
@@ -177,7 +217,7 @@ impl Engine for SledEngine {
         let _read = self.gate.read();
         guarded("scanning", || {
             let mut out = Vec::new();
-            for pair in self.db.range(start..end).take(limit) {
+            for pair in self.db()?.range(start..end).take(limit) {
                 let (k, v) = pair.map_err(map_err)?;
                 out.push((k.to_vec(), v.to_vec()));
             }
@@ -195,10 +235,10 @@ impl Engine for SledEngine {
         }
         let _write = self.gate.write();
         guarded("writing", || {
-            self.db.apply_batch(b).map_err(map_err)?;
+            self.db()?.apply_batch(b).map_err(map_err)?;
             // Out of sled's buffers into the file (and, on Linux, a
             // `sync_file_range`): enough for a process crash.
-            self.db.flush().map_err(map_err)?;
+            self.db()?.flush().map_err(map_err)?;
             match self.mode {
                 SyncMode::Data => self.sync_files(false),
                 SyncMode::Buffer => Ok(()),
@@ -209,12 +249,15 @@ impl Engine for SledEngine {
     fn sync(&self) -> Result<()> {
         let _write = self.gate.write();
         guarded("syncing", || {
-            self.db.flush().map_err(map_err)?;
+            self.db()?.flush().map_err(map_err)?;
             self.sync_files(true)
         })
     }
 
     fn disk_bytes(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0)
+        self.db
+            .as_ref()
+            .and_then(|db| db.size_on_disk().ok())
+            .unwrap_or(0)
     }
 }
