@@ -15,11 +15,13 @@
 //! medians:
 //!
 //! ```text
-//! PROBE round=0 floor_us=… one_us=… eight_us=… per_group=… one_vs_floor=… eight_vs_one=…
+//! PROBE round=0 floor_us=… one_us=… eight_us=… per_group=… one_vs_floor=… eight_vs_one=… \
+//!     one_cpu_us=… eight_cpu_us=…
 //! ```
 //!
 //! `*_us` are µs per op (wall clock); `per_group` is creates per group
-//! commit with eight writers.
+//! commit with eight writers; `*_cpu_us` the process's CPU time (user +
+//! system, all threads, the engine's too) per create, in 10 ms ticks.
 
 #![allow(clippy::print_stdout)]
 
@@ -54,20 +56,45 @@ fn floor_us(dir: &Path, ops: usize) -> f64 {
     us
 }
 
-fn one_us(store: &FileStore, ops: usize) -> f64 {
+/// The CPU time (user + system) this process has used, every thread's,
+/// the engine's and the ended ones' included, in µs: `/proc/self/stat`'s
+/// `utime` + `stime`, in clock ticks of 10 ms (Linux's `USER_HZ`), so a
+/// phase needs a few hundred ms for a figure to the percent.
+fn process_cpu_us() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which ends with the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11) // state … cmajflt: `utime` is field 14 of the line
+        .take(2)
+        .map(|f| f.parse::<u64>().unwrap_or(0))
+        .sum();
+    ticks as f64 * 10_000.0
+}
+
+/// µs per create, wall and process CPU, one writer.
+fn one_us(store: &FileStore, ops: usize) -> (f64, f64) {
+    let cpu = process_cpu_us();
     let t = Instant::now();
     for i in 0..ops as u64 {
         store
             .put_run(record("solo", run_id(i), RunState::Pending))
             .expect("create");
     }
-    t.elapsed().as_secs_f64() * 1e6 / ops as f64
+    let n = ops as f64;
+    (
+        t.elapsed().as_secs_f64() * 1e6 / n,
+        (process_cpu_us() - cpu) / n,
+    )
 }
 
-/// µs per create and creates per group, eight writers.
-fn eight_us(store: &Arc<FileStore>, ops: usize) -> (f64, f64) {
+/// µs per create (wall), creates per group and µs of process CPU per
+/// create, eight writers.
+fn eight_us(store: &Arc<FileStore>, ops: usize) -> (f64, f64, f64) {
     let per = (ops / 8).max(1) as u64;
     let before = store.commits();
+    let cpu = process_cpu_us();
     let t = Instant::now();
     let writers: Vec<_> = (0..8)
         .map(|w| {
@@ -85,8 +112,10 @@ fn eight_us(store: &Arc<FileStore>, ops: usize) -> (f64, f64) {
         w.join().expect("writer");
     }
     let n = (8 * per) as f64;
+    let wall = t.elapsed().as_secs_f64() * 1e6 / n;
+    let cpu = (process_cpu_us() - cpu) / n;
     let groups = (store.commits() - before).max(1) as f64;
-    (t.elapsed().as_secs_f64() * 1e6 / n, n / groups)
+    (wall, n / groups, cpu)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -121,20 +150,23 @@ fn main() {
     }
     .expect("scratch dir");
     let (mut floor, mut one, mut eight, mut groups) = (vec![], vec![], vec![], vec![]);
+    let (mut one_cpu, mut eight_cpu) = (vec![], vec![]);
     for round in 0..rounds {
         let dir = tmp.path().join(format!("r{round}"));
         std::fs::create_dir_all(&dir).expect("round dir");
         let store =
             Arc::new(FileStore::open_with(dir.join("store"), options.clone()).expect("open"));
         let f = floor_us(&dir, ops);
-        let o = one_us(&store, ops);
-        let (e, g) = eight_us(&store, ops);
+        let (o, oc) = one_us(&store, ops);
+        let (e, g, ec) = eight_us(&store, ops);
         println!(
             "PROBE round={round} floor_us={f:.1} one_us={o:.1} eight_us={e:.1} per_group={g:.2} \
-             one_vs_floor={:.3} eight_vs_one={:.3}",
+             one_vs_floor={:.3} eight_vs_one={:.3} one_cpu_us={oc:.1} eight_cpu_us={ec:.1}",
             f / o,
             o / e
         );
+        one_cpu.push(oc);
+        eight_cpu.push(ec);
         drop(store);
         std::fs::remove_dir_all(&dir).expect("round cleanup");
         floor.push(f);
@@ -145,9 +177,11 @@ fn main() {
     let (f, o, e) = (median(floor), median(one), median(eight));
     println!(
         "PROBE median floor_us={f:.1} one_us={o:.1} eight_us={e:.1} per_group={:.2} \
-         one_vs_floor={:.3} eight_vs_one={:.3}",
+         one_vs_floor={:.3} eight_vs_one={:.3} one_cpu_us={:.1} eight_cpu_us={:.1}",
         median(groups),
         f / o,
-        o / e
+        o / e,
+        median(one_cpu),
+        median(eight_cpu)
     );
 }
