@@ -3,6 +3,7 @@
 // (found in the LICENSE-* files in the repository)
 
 use crate::key::InternalKey;
+use crate::range::seqno_filter;
 use crate::UserKey;
 use crate::{
     value::{InternalValue, SeqNo, UserValue},
@@ -45,6 +46,14 @@ const STEPS_BEFORE_SEEK: usize = 4;
 
 type KeyRange = (Bound<InternalKey>, Bound<InternalKey>);
 
+/// An entry of the skiplist as the tree's iterators carry it.
+fn owned(entry: &crossbeam_skiplist::map::Entry<'_, InternalKey, UserValue>) -> InternalValue {
+    InternalValue {
+        key: entry.key().clone(),
+        value: entry.value().clone(),
+    }
+}
+
 /// agentstate patch: see [`Memtable::range_visible`].
 pub struct VisibleRange<'a> {
     items: &'a SkipMap<InternalKey, UserValue>,
@@ -79,15 +88,12 @@ impl Iterator for VisibleRange<'_> {
                     continue;
                 }
             }
-            if key.seqno >= self.seqno {
+            if !seqno_filter(key.seqno, self.seqno) {
                 // Newer than the read: invisible, and not the key's answer.
                 continue;
             }
             self.last = Some(key.user_key.clone());
-            return Some(InternalValue {
-                key: key.clone(),
-                value: entry.value().clone(),
-            });
+            return Some(owned(&entry));
         }
     }
 }
@@ -97,11 +103,8 @@ impl DoubleEndedIterator for VisibleRange<'_> {
         self.backwards = true;
         loop {
             let entry = self.inner.next_back()?;
-            if entry.key().seqno < self.seqno {
-                return Some(InternalValue {
-                    key: entry.key().clone(),
-                    value: entry.value().clone(),
-                });
+            if seqno_filter(entry.key().seqno, self.seqno) {
+                return Some(owned(&entry));
             }
         }
     }
@@ -139,10 +142,7 @@ impl Memtable {
 
     /// Creates an iterator over all items.
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = InternalValue> + '_ {
-        self.items.iter().map(|entry| InternalValue {
-            key: entry.key().clone(),
-            value: entry.value().clone(),
-        })
+        self.items.iter().map(|entry| owned(&entry))
     }
 
     /// Creates an iterator over a range of items.
@@ -150,10 +150,7 @@ impl Memtable {
         &'a self,
         range: R,
     ) -> impl DoubleEndedIterator<Item = InternalValue> + 'a {
-        self.items.range(range).map(|entry| InternalValue {
-            key: entry.key().clone(),
-            value: entry.value().clone(),
-        })
+        self.items.range(range).map(|entry| owned(&entry))
     }
 
     /// agentstate patch: the items of a range as a read at `seqno` sees them
@@ -165,11 +162,7 @@ impl Memtable {
     /// Going backward every version below `seqno` is yielded, as `range`
     /// does, and once `next_back` has been called the forward side only
     /// steps (a seek would restart the range's back end).
-    pub(crate) fn range_visible(
-        &self,
-        range: (Bound<InternalKey>, Bound<InternalKey>),
-        seqno: SeqNo,
-    ) -> VisibleRange<'_> {
+    pub(crate) fn range_visible(&self, range: KeyRange, seqno: SeqNo) -> VisibleRange<'_> {
         let hi = range.1.clone();
         VisibleRange {
             items: &self.items,
