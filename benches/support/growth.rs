@@ -27,15 +27,20 @@
 //! mean CPU time the calling thread spent in the call (the work a call
 //! costs, whatever the other processes on the machine take of its cores;
 //! a write's caller that leads its group commit also runs the others'
-//! jobs, so for writes it is the noisier one). `latency_growth` is the
-//! issue's figure; the others are beside it, never instead of it.
+//! jobs, so for writes it is the noisier one), and `latency_growth_clean`,
+//! the largest ratio of means over the calls during which the calling
+//! thread neither was preempted nor waited (no context switch of either
+//! kind, `getrusage(RUSAGE_THREAD)` read outside the timed span; the
+//! table beside it gives each tenth's share of preempted and of waiting
+//! calls). `latency_growth` is the figure; the others are beside
+//! it, never instead of it.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::records::thread_cpu_ns;
+use crate::records::{context_switches, thread_cpu_ns};
 
 use agentstate::{
     FileStore, InstanceKey, PageRequest, RunKey, RunRecord, RunState, SessionKey, SessionRecord,
@@ -109,6 +114,15 @@ struct Cell {
     all: Vec<u32>,
     /// Thread CPU time of the calls, ns.
     cpu: u64,
+    /// Calls the scheduler preempted (an involuntary context switch of
+    /// the calling thread during the call).
+    preempted: u64,
+    /// Calls that waited (a voluntary switch: a lock, a condvar, I/O) and
+    /// were not preempted.
+    waited: u64,
+    /// Total µs and count of the calls with neither.
+    clean_sum: u64,
+    clean_n: u64,
 }
 
 impl Cell {
@@ -119,9 +133,23 @@ impl Cell {
             hist: vec![0; BUCKETS],
             all: Vec::new(),
             cpu: 0,
+            preempted: 0,
+            waited: 0,
+            clean_sum: 0,
+            clean_n: 0,
         }
     }
-    fn add(&mut self, micros: u64, cpu_ns: u64) {
+    /// `switches`: the calling thread's (voluntary, involuntary) context
+    /// switches during the call.
+    fn add(&mut self, micros: u64, cpu_ns: u64, switches: (u64, u64)) {
+        match switches {
+            (_, i) if i > 0 => self.preempted += 1,
+            (v, _) if v > 0 => self.waited += 1,
+            _ => {
+                self.clean_sum += micros;
+                self.clean_n += 1;
+            }
+        }
         self.cpu += cpu_ns;
         self.sum += micros;
         self.n += 1;
@@ -137,6 +165,22 @@ impl Cell {
         }
         self.all.extend_from_slice(&other.all);
         self.cpu += other.cpu;
+        self.preempted += other.preempted;
+        self.waited += other.waited;
+        self.clean_sum += other.clean_sum;
+        self.clean_n += other.clean_n;
+    }
+    /// Mean µs of the calls neither preempted nor waiting.
+    fn clean_mean(&self) -> f64 {
+        self.clean_sum as f64 / self.clean_n.max(1) as f64
+    }
+    /// The share of the calls preempted, %.
+    fn preempted_pct(&self) -> f64 {
+        100.0 * self.preempted as f64 / self.n.max(1) as f64
+    }
+    /// The share of the calls that waited (and were not preempted), %.
+    fn waited_pct(&self) -> f64 {
+        100.0 * self.waited as f64 / self.n.max(1) as f64
     }
     /// Mean thread CPU µs per call.
     fn cpu_mean(&self) -> f64 {
@@ -247,6 +291,7 @@ fn worker(store: &FileStore, counter: &AtomicU64, total: u64, thread: u64, seed:
             return cells;
         }
         let tenth = (n * TENTHS as u64 / total) as usize;
+        let switches0 = context_switches(true);
         let cpu0 = thread_cpu_ns();
         let t0 = Instant::now();
         // Errors a concurrent mix produces (conflicts, lost fences, runs
@@ -358,7 +403,12 @@ fn worker(store: &FileStore, counter: &AtomicU64, total: u64, thread: u64, seed:
         };
         let micros = t0.elapsed().as_micros() as u64;
         let cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
-        cells[kind][tenth].add(micros, cpu_ns);
+        let switches1 = context_switches(true);
+        let switches = (
+            switches1.0.saturating_sub(switches0.0),
+            switches1.1.saturating_sub(switches0.1),
+        );
+        cells[kind][tenth].add(micros, cpu_ns, switches);
         if let Some(agentstate::StateError::FenceLost { stored, .. }) = fenced
             && rng.chance(70)
         {
@@ -454,8 +504,31 @@ pub fn run(dir: &Path, quick: bool) {
         }
         println!();
     }
+    println!(
+        "context switches during the calls, first tenth / last: % preempted (involuntary), % waited (voluntary only), and the mean µs of the calls with neither"
+    );
+    println!(
+        "{:<11}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>8}",
+        "kind", "preempt1", "preempt10", "waited1", "waited10", "clean1", "clean10", "growth"
+    );
+    let mut worst_clean = 0f64;
+    for (k, (name, _)) in KINDS.iter().enumerate() {
+        let (first, last) = (&cells[k][0], &cells[k][TENTHS - 1]);
+        let clean = ratio(last.clean_mean(), first.clean_mean());
+        worst_clean = worst_clean.max(clean);
+        println!(
+            "{name:<11}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{clean:>8.2}",
+            first.preempted_pct(),
+            last.preempted_pct(),
+            first.waited_pct(),
+            last.waited_pct(),
+            first.clean_mean(),
+            last.clean_mean(),
+        );
+    }
     drop(store);
     println!("RESULT latency_growth={worst:.3}");
+    println!("RESULT latency_growth_clean={worst_clean:.3}");
     println!("RESULT latency_growth_p50={worst_p50:.3}");
     println!("RESULT latency_growth_trim={worst_trim:.3}");
     println!("RESULT latency_growth_cpu={worst_cpu:.3}");

@@ -75,3 +75,22 @@ pub fn thread_cpu_ns() -> u64 {
     assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// Context switches so far, `(voluntary, involuntary)`: of the calling
+/// thread (`thread == true`, `RUSAGE_THREAD`) or of the whole process,
+/// every thread's summed. A voluntary switch is a wait (a lock, a
+/// condvar, I/O); an involuntary one a preemption: the scheduler gave the
+/// core to another thread mid-work.
+pub fn context_switches(thread: bool) -> (u64, u64) {
+    let who = if thread {
+        libc::RUSAGE_THREAD
+    } else {
+        libc::RUSAGE_SELF
+    };
+    // SAFETY: an all-zero rusage is a valid value of that plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one rusage through a valid pointer.
+    let rc = unsafe { libc::getrusage(who, &mut ru) };
+    assert_eq!(rc, 0, "getrusage");
+    (ru.ru_nvcsw as u64, ru.ru_nivcsw as u64)
+}
