@@ -29,7 +29,7 @@ use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 /// # Ok::<(), agentstate::StateError>(())
 /// ```
 #[derive(Debug)]
-pub struct MemoryStore(KvStore);
+pub struct MemoryStore(pub(crate) KvStore);
 
 /// The embedded file backend: one directory on disk, one process at a time
 /// (rule D3), and an `Ok` means the write was synced ([`Durability`](crate::Durability)).

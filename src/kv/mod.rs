@@ -43,6 +43,8 @@ pub(crate) struct KvStore {
     file: Option<file::FileState>,
     /// Where a due-alarm listing may start (see `trays::AlarmFloor`).
     alarm_floor: trays::AlarmFloor,
+    /// Where `get_run` last found runs (see `runs::SeqHints`).
+    seq_hints: runs::SeqHints,
 }
 
 impl std::fmt::Debug for KvStore {
@@ -109,6 +111,7 @@ impl KvStore {
             poisoned: AtomicBool::new(false),
             file,
             alarm_floor: trays::AlarmFloor::default(),
+            seq_hints: runs::SeqHints::default(),
         })
     }
 

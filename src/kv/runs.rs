@@ -36,6 +36,46 @@ pub(crate) fn run_id_key(k: &RunKey) -> Vec<u8> {
         .str(&k.run_id)
         .done()
 }
+
+/// Where `get_run` last found runs: id-map key → seq. A hint, never an
+/// answer: a run's record is read at the hinted seq and used only when it
+/// is there and names the run asked for. That is the answer the id map
+/// would give at that moment, because the record at (tenant, seq) and the
+/// id-map entry pointing at it are written and deleted in one batch, and a
+/// seq is never given to a second run. A hint gone stale (the run was
+/// deleted, or deleted and created again under a new seq) finds no record,
+/// or another run's, and the read takes the id map. So a hint needs no
+/// invalidation, and a hot run's read skips the id-map lookup, which for a
+/// run created before the last flush is a table read (filter, index
+/// partition, data block: about half of a `get_run`'s instructions).
+///
+/// Bounded: at [`SEQ_HINTS_MAX`] entries the map starts again empty.
+#[derive(Debug, Default)]
+pub(crate) struct SeqHints(crate::sync::Mutex<std::collections::HashMap<Vec<u8>, u64>>);
+
+/// The most hints kept (a few hundred KiB at most).
+pub(crate) const SEQ_HINTS_MAX: usize = 4096;
+
+impl SeqHints {
+    fn get(&self, id_key: &[u8]) -> Option<u64> {
+        self.0.lock().get(id_key).copied()
+    }
+
+    fn note(&self, id_key: Vec<u8>, seq: u64) {
+        let mut map = self.0.lock();
+        if map.len() >= SEQ_HINTS_MAX && !map.contains_key(&id_key) {
+            map.clear();
+        }
+        map.insert(id_key, seq);
+    }
+
+    /// How many hints are kept.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().len()
+    }
+}
+
 pub(crate) fn by_state_key(tenant: &str, state: RunState, seq: u64) -> Vec<u8> {
     KeyBuf::sized(table::RUN_BY_STATE, tenant.len() + 2 + 1 + 8)
         .str(tenant)
@@ -489,7 +529,18 @@ impl StateStore for KvStore {
 
     fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
         check_run_key(key)?;
-        let Some(seq) = self.engine.get(&run_id_key(key))? else {
+        let id = run_id_key(key);
+        // The hint's record, when it is this run's, is the answer (see
+        // `SeqHints`); otherwise the id map says where the run is.
+        if let Some(seq) = self.seq_hints.get(&id)
+            && let Some(bytes) = self.engine.get(&run_key(&key.tenant, seq))?
+        {
+            let r = decode_run_at(&bytes, &key.tenant, seq)?;
+            if &r.key == key {
+                return Ok(Some(r));
+            }
+        }
+        let Some(seq) = self.engine.get(&id)? else {
             return Ok(None);
         };
         let seq = decode_seq(&seq)?;
@@ -504,6 +555,7 @@ impl StateStore for KvStore {
                 key.tenant, key.run_id, r.key.run_id
             )));
         }
+        self.seq_hints.note(id, seq);
         Ok(Some(r))
     }
 
@@ -582,5 +634,131 @@ impl StateStore for KvStore {
 
     fn delete_session(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
         self.delete_session_impl(key, cascade)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use super::{SEQ_HINTS_MAX, run_id_key};
+    use crate::api::StateStore;
+    use crate::record::{RunKey, RunRecord, SessionKey, SessionRecord};
+    use crate::{FileStore, MemoryStore};
+
+    /// Runs are deleted with their session, so each run here has one.
+    fn session(id: &str) -> SessionKey {
+        SessionKey::new("hints", format!("s-{id}"))
+    }
+
+    fn create(s: &dyn StateStore, id: &str) -> RunRecord {
+        s.put_session(SessionRecord::new(session(id)))
+            .expect("create session");
+        let mut r = RunRecord::new(RunKey::new("hints", id), "agent");
+        r.session_id = Some(session(id).session_id);
+        s.put_run(r).expect("create")
+    }
+
+    fn delete(s: &dyn StateStore, id: &str) {
+        let gone = s.delete_session(&session(id), true).expect("delete");
+        assert_eq!(gone.len(), 1, "the session's one run");
+    }
+
+    /// A hint that points at another run's record, or at no record, is
+    /// passed over for the id map; a run deleted and created again is read
+    /// at its new seq.
+    #[test]
+    fn r1_a_get_answers_the_run_named_whatever_its_seq_hint_says() {
+        let s = MemoryStore::new();
+        let a = create(&s, "a");
+        let b = create(&s, "b");
+        let key_a = a.key.clone();
+        let get = |k: &RunKey| s.get_run(k).expect("get_run");
+        assert_eq!(get(&key_a).map(|r| r.seq), Some(a.seq));
+        assert_eq!(get(&b.key).map(|r| r.seq), Some(b.seq));
+        let hints = &s.0.seq_hints;
+        hints.note(run_id_key(&key_a), b.seq);
+        assert_eq!(
+            get(&key_a).map(|r| (r.key, r.seq)),
+            Some((key_a.clone(), a.seq))
+        );
+        hints.note(run_id_key(&key_a), a.seq + 1_000);
+        assert_eq!(get(&key_a).map(|r| r.seq), Some(a.seq));
+        delete(&s, "a");
+        assert_eq!(get(&key_a), None);
+        let again = create(&s, "a");
+        assert_ne!(again.seq, a.seq);
+        assert_eq!(get(&key_a).map(|r| r.seq), Some(again.seq));
+    }
+
+    #[test]
+    fn seq_hints_stay_bounded() {
+        let s = MemoryStore::new();
+        for i in 0..SEQ_HINTS_MAX + 10 {
+            let r = create(&s, &format!("r{i}"));
+            assert!(s.get_run(&r.key).expect("get_run").is_some());
+            assert!(s.0.seq_hints.len() <= SEQ_HINTS_MAX);
+        }
+        assert!(s.0.seq_hints.len() > 0);
+    }
+
+    /// Readers racing a writer that deletes and creates the same run again
+    /// never see an incarnation deleted before their read began, with real
+    /// threads on both engines.
+    fn no_read_of_a_deleted_incarnation(s: Arc<dyn StateStore>) {
+        let key = RunKey::new("hints", "again");
+        // The highest seq whose delete has returned.
+        let dead = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let (s, key, dead, done) = (s.clone(), key.clone(), dead.clone(), done.clone());
+                std::thread::spawn(move || {
+                    let mut seen = 0u64;
+                    while !done.load(Ordering::SeqCst) {
+                        let before = dead.load(Ordering::SeqCst);
+                        if let Some(r) = s.get_run(&key).expect("get_run") {
+                            assert!(
+                                r.seq > before,
+                                "read seq {} after its delete returned (dead up to {before})",
+                                r.seq
+                            );
+                            assert_eq!(r.key, key);
+                            seen += 1;
+                        }
+                    }
+                    seen
+                })
+            })
+            .collect();
+        for _ in 0..300 {
+            let r = create(&*s, "again");
+            // Give the readers a moment to read (and hint) this one.
+            for _ in 0..3 {
+                assert!(s.get_run(&key).expect("get_run").is_some());
+            }
+            delete(&*s, "again");
+            dead.store(r.seq, Ordering::SeqCst);
+        }
+        done.store(true, Ordering::SeqCst);
+        let seen: u64 = readers.into_iter().map(|h| h.join().expect("reader")).sum();
+        assert!(seen > 0, "the readers read some incarnation");
+    }
+
+    #[test]
+    fn r1_readers_racing_deletes_and_creates_never_see_a_deleted_run_memory() {
+        no_read_of_a_deleted_incarnation(Arc::new(MemoryStore::new()));
+    }
+
+    #[test]
+    fn r1_readers_racing_deletes_and_creates_never_see_a_deleted_run_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = FileStore::open_with(
+            dir.path().join("s"),
+            crate::Options::new().durability(crate::Durability::Buffered),
+        )
+        .expect("open");
+        no_read_of_a_deleted_incarnation(Arc::new(s));
     }
 }
