@@ -12,10 +12,11 @@
 //! patches (the growth bench's hot set: their records are in the
 //! memtable, their id map entries in tables since their creates were
 //! flushed), and then times `GETS` (default 200,000) reads of those 40,
-//! by wall clock and by the thread's CPU:
+//! and then `GETS / 10` patches of them (a job reads the run it patches
+//! the same way), by wall clock and by the thread's CPU:
 //!
 //! ```text
-//! PROBE gets=… us_per_get=… cpu_us_per_get=…
+//! PROBE gets=… us_per_get=… cpu_us_per_get=… us_per_patch=… cpu_us_per_patch=…
 //! ```
 
 #![allow(clippy::print_stdout)]
@@ -64,7 +65,21 @@ fn main() {
     }
     let us = t.elapsed().as_secs_f64() * 1e6 / gets.max(1) as f64;
     let cpu_us = (thread_cpu_ns() - cpu) as f64 / 1e3 / gets.max(1) as f64;
-    println!("PROBE gets={gets} us_per_get={us:.3} cpu_us_per_get={cpu_us:.3}");
+    let patches = gets / 10;
+    let cpu = thread_cpu_ns();
+    let t = Instant::now();
+    for n in 0..patches {
+        let delta = StateDelta {
+            cost_micros: 1,
+            ..Default::default()
+        };
+        store.patch_run(&hot(n % HOT), delta).expect("patch");
+    }
+    let patch_us = t.elapsed().as_secs_f64() * 1e6 / patches.max(1) as f64;
+    let patch_cpu_us = (thread_cpu_ns() - cpu) as f64 / 1e3 / patches.max(1) as f64;
+    println!(
+        "PROBE gets={gets} us_per_get={us:.3} cpu_us_per_get={cpu_us:.3} us_per_patch={patch_us:.3} cpu_us_per_patch={patch_cpu_us:.3}"
+    );
     drop(store);
     std::fs::remove_dir_all(&path).expect("remove the probe's store");
 }

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Result, StateError};
 use crate::kv::engine::{Engine, Write};
+use crate::kv::runs::SeqHints;
 use crate::limits::GROUP_JOBS_MAX;
 #[cfg(not(loom))]
 use crate::sync::Arc;
@@ -173,9 +174,26 @@ pub(crate) struct Txn<'a> {
     /// import's staging table (see `kv::transfer`): the job sees and
     /// builds the staged records, and nothing of the live tables.
     pub(crate) staged: bool,
+    /// Where runs were last found (see `runs::SeqHints`), when the sink
+    /// keeps them.
+    hints: Option<&'a SeqHints>,
 }
 
 impl<'a> Txn<'a> {
+    /// The seq a run was last found at, by its id-map key: a hint to check
+    /// (see `runs::SeqHints`); none for a staged job, whose keys are not
+    /// the live ones.
+    pub(crate) fn seq_hint(&self, id_key: &[u8]) -> Option<u64> {
+        self.hints.filter(|_| !self.staged)?.get(id_key)
+    }
+
+    /// Notes where a run was found (through its id-map entry).
+    pub(crate) fn note_seq(&self, id_key: &[u8], seq: u64) {
+        if let Some(h) = self.hints.filter(|_| !self.staged) {
+            h.note(id_key.to_vec(), seq);
+        }
+    }
+
     /// The key as stored: under the staging table when `staged`.
     fn at(&self, key: &[u8]) -> Vec<u8> {
         if self.staged {
@@ -228,6 +246,7 @@ impl<'a> Txn<'a> {
                 writes: self.writes.clone(),
                 next_seq: self.next_seq,
                 staged: false,
+                hints: None,
             };
             return Ok(unstaged
                 .scan(&start, &end, limit)?
@@ -320,6 +339,11 @@ pub(crate) trait Sink: Send + Sync {
     fn refused(&self) -> Option<StateError>;
     /// The engine jobs read through.
     fn engine(&self) -> &dyn Engine;
+    /// Where jobs note and look up the seqs runs were found at, if the
+    /// sink keeps them.
+    fn seq_hints(&self) -> Option<&SeqHints> {
+        None
+    }
 }
 
 /// What the queue mutex guards.
@@ -463,6 +487,7 @@ impl Committer {
                 writes: Overlay::default(),
                 next_seq,
                 staged: false,
+                hints: sink.seq_hints(),
             };
             if job.run(&mut txn) {
                 next_seq = txn.next_seq;

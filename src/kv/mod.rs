@@ -176,6 +176,10 @@ impl Sink for KvStore {
     fn engine(&self) -> &dyn Engine {
         &*self.engine
     }
+
+    fn seq_hints(&self) -> Option<&runs::SeqHints> {
+        Some(&self.seq_hints)
+    }
 }
 
 impl Drop for KvStore {

@@ -57,11 +57,11 @@ pub(crate) struct SeqHints(crate::sync::Mutex<std::collections::HashMap<Vec<u8>,
 pub(crate) const SEQ_HINTS_MAX: usize = 4096;
 
 impl SeqHints {
-    fn get(&self, id_key: &[u8]) -> Option<u64> {
+    pub(crate) fn get(&self, id_key: &[u8]) -> Option<u64> {
         self.0.lock().get(id_key).copied()
     }
 
-    fn note(&self, id_key: Vec<u8>, seq: u64) {
+    pub(crate) fn note(&self, id_key: Vec<u8>, seq: u64) {
         let mut map = self.0.lock();
         if map.len() >= SEQ_HINTS_MAX && !map.contains_key(&id_key) {
             map.clear();
@@ -213,6 +213,17 @@ pub(crate) fn read_run(txn: &Txn<'_>, key: &RunKey) -> Result<Option<RunRecord>>
 
 /// Reads and checks the run the id-map entry `at` points at.
 fn read_run_at(txn: &Txn<'_>, at: &[u8], key: &RunKey) -> Result<Option<RunRecord>> {
+    // The hint's record, when it is this run's, is the answer in this
+    // job's view too: each job writes a run's record and id-map entry
+    // together (see `SeqHints`).
+    if let Some(seq) = txn.seq_hint(at)
+        && let Some(bytes) = txn.get(&run_key(&key.tenant, seq))?
+    {
+        let r = decode_run_at(&bytes, &key.tenant, seq)?;
+        if &r.key == key {
+            return Ok(Some(r));
+        }
+    }
     let Some(seq) = txn.get(at)? else {
         return Ok(None);
     };
@@ -230,6 +241,7 @@ fn read_run_at(txn: &Txn<'_>, at: &[u8], key: &RunKey) -> Result<Option<RunRecor
             key.tenant, key.run_id, r.key.run_id
         )));
     }
+    txn.note_seq(at, seq);
     Ok(Some(r))
 }
 
@@ -644,7 +656,8 @@ mod tests {
 
     use super::{SEQ_HINTS_MAX, run_id_key};
     use crate::api::StateStore;
-    use crate::record::{RunKey, RunRecord, SessionKey, SessionRecord};
+    use crate::error::StateError;
+    use crate::record::{RunKey, RunRecord, SessionKey, SessionRecord, StateDelta};
     use crate::{FileStore, MemoryStore};
 
     /// Runs are deleted with their session, so each run here has one.
@@ -685,6 +698,21 @@ mod tests {
         );
         hints.note(run_id_key(&key_a), a.seq + 1_000);
         assert_eq!(get(&key_a).map(|r| r.seq), Some(a.seq));
+        // A job reads through the hints too: a patch of `a` hinted at
+        // `b`'s seq patches `a`.
+        hints.note(run_id_key(&key_a), b.seq);
+        let patched = s
+            .patch_run(
+                &key_a,
+                StateDelta {
+                    iterations: 1,
+                    ..Default::default()
+                },
+            )
+            .expect("patch");
+        assert_eq!((patched.key.clone(), patched.seq), (key_a.clone(), a.seq));
+        assert_eq!(patched.version, a.version + 1);
+        assert_eq!(get(&b.key).map(|r| r.version), Some(b.version));
         delete(&s, "a");
         assert_eq!(get(&key_a), None);
         let again = create(&s, "a");
@@ -716,9 +744,26 @@ mod tests {
                 let (s, key, dead, done) = (s.clone(), key.clone(), dead.clone(), done.clone());
                 std::thread::spawn(move || {
                     let mut seen = 0u64;
+                    let mut n = 0u64;
                     while !done.load(Ordering::SeqCst) {
                         let before = dead.load(Ordering::SeqCst);
-                        if let Some(r) = s.get_run(&key).expect("get_run") {
+                        n += 1;
+                        // Every other call a patch: a job reads through
+                        // the hints as `get_run` does.
+                        let found = if n % 2 == 0 {
+                            s.get_run(&key).expect("get_run")
+                        } else {
+                            let delta = StateDelta {
+                                iterations: 1,
+                                ..Default::default()
+                            };
+                            match s.patch_run(&key, delta) {
+                                Ok(r) => Some(r),
+                                Err(StateError::NotFound(_)) => None,
+                                Err(e) => panic!("patch: {e}"),
+                            }
+                        };
+                        if let Some(r) = found {
                             assert!(
                                 r.seq > before,
                                 "read seq {} after its delete returned (dead up to {before})",
