@@ -16,12 +16,15 @@
 //!
 //! ```text
 //! PROBE round=0 floor_us=… one_us=… eight_us=… per_group=… one_vs_floor=… eight_vs_one=… \
-//!     one_cpu_us=… eight_cpu_us=…
+//!     one_cpu_us=… eight_cpu_us=… one_switches=V/I eight_switches=V/I
+//! PROBE median … one_switches=V+I eight_switches=V+I
 //! ```
 //!
 //! `*_us` are µs per op (wall clock); `per_group` is creates per group
 //! commit with eight writers; `*_cpu_us` the process's CPU time (user +
-//! system, all threads, the engine's too) per create, in 10 ms ticks.
+//! system, all threads, the engine's too) per create, in 10 ms ticks;
+//! `*_switches` the process's context switches per create (every
+//! thread's, `getrusage`), voluntary (a wait) / involuntary (preempted).
 
 #![allow(clippy::print_stdout)]
 
@@ -35,7 +38,14 @@ use agentstate::{FileStore, RunState, StateStore};
 #[path = "../benches/support/records.rs"]
 #[allow(dead_code)] // the listing helpers and the clock, unused here
 mod records;
-use records::{record, run_id};
+use records::{context_switches, record, run_id};
+
+/// The process's context switches per op since `before`: (voluntary,
+/// involuntary), every thread's.
+fn switches_per(before: (u64, u64), n: f64) -> (f64, f64) {
+    let now = context_switches(false);
+    ((now.0 - before.0) as f64 / n, (now.1 - before.1) as f64 / n)
+}
 
 fn floor_us(dir: &Path, ops: usize) -> f64 {
     let path = dir.join("floor.log");
@@ -73,8 +83,10 @@ fn process_cpu_us() -> f64 {
     ticks as f64 * 10_000.0
 }
 
-/// µs per create, wall and process CPU, one writer.
-fn one_us(store: &FileStore, ops: usize) -> (f64, f64) {
+/// µs per create, wall and process CPU, and context switches per create,
+/// one writer.
+fn one_us(store: &FileStore, ops: usize) -> (f64, f64, (f64, f64)) {
+    let switches = context_switches(false);
     let cpu = process_cpu_us();
     let t = Instant::now();
     for i in 0..ops as u64 {
@@ -86,14 +98,16 @@ fn one_us(store: &FileStore, ops: usize) -> (f64, f64) {
     (
         t.elapsed().as_secs_f64() * 1e6 / n,
         (process_cpu_us() - cpu) / n,
+        switches_per(switches, n),
     )
 }
 
-/// µs per create (wall), creates per group and µs of process CPU per
-/// create, eight writers.
-fn eight_us(store: &Arc<FileStore>, ops: usize) -> (f64, f64, f64) {
+/// µs per create (wall), creates per group, µs of process CPU per create
+/// and context switches per create, eight writers.
+fn eight_us(store: &Arc<FileStore>, ops: usize) -> (f64, f64, f64, (f64, f64)) {
     let per = (ops / 8).max(1) as u64;
     let before = store.commits();
+    let switches = context_switches(false);
     let cpu = process_cpu_us();
     let t = Instant::now();
     let writers: Vec<_> = (0..8)
@@ -115,7 +129,7 @@ fn eight_us(store: &Arc<FileStore>, ops: usize) -> (f64, f64, f64) {
     let wall = t.elapsed().as_secs_f64() * 1e6 / n;
     let cpu = (process_cpu_us() - cpu) / n;
     let groups = (store.commits() - before).max(1) as f64;
-    (wall, n / groups, cpu)
+    (wall, n / groups, cpu, switches_per(switches, n))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -151,22 +165,30 @@ fn main() {
     .expect("scratch dir");
     let (mut floor, mut one, mut eight, mut groups) = (vec![], vec![], vec![], vec![]);
     let (mut one_cpu, mut eight_cpu) = (vec![], vec![]);
+    let (mut one_sw, mut eight_sw) = (vec![], vec![]);
     for round in 0..rounds {
         let dir = tmp.path().join(format!("r{round}"));
         std::fs::create_dir_all(&dir).expect("round dir");
         let store =
             Arc::new(FileStore::open_with(dir.join("store"), options.clone()).expect("open"));
         let f = floor_us(&dir, ops);
-        let (o, oc) = one_us(&store, ops);
-        let (e, g, ec) = eight_us(&store, ops);
+        let (o, oc, os) = one_us(&store, ops);
+        let (e, g, ec, es) = eight_us(&store, ops);
         println!(
             "PROBE round={round} floor_us={f:.1} one_us={o:.1} eight_us={e:.1} per_group={g:.2} \
-             one_vs_floor={:.3} eight_vs_one={:.3} one_cpu_us={oc:.1} eight_cpu_us={ec:.1}",
+             one_vs_floor={:.3} eight_vs_one={:.3} one_cpu_us={oc:.1} eight_cpu_us={ec:.1} \
+             one_switches={:.2}/{:.2} eight_switches={:.2}/{:.2}",
             f / o,
-            o / e
+            o / e,
+            os.0,
+            os.1,
+            es.0,
+            es.1
         );
         one_cpu.push(oc);
         eight_cpu.push(ec);
+        one_sw.push(os.0 + os.1);
+        eight_sw.push(es.0 + es.1);
         drop(store);
         std::fs::remove_dir_all(&dir).expect("round cleanup");
         floor.push(f);
@@ -177,11 +199,14 @@ fn main() {
     let (f, o, e) = (median(floor), median(one), median(eight));
     println!(
         "PROBE median floor_us={f:.1} one_us={o:.1} eight_us={e:.1} per_group={:.2} \
-         one_vs_floor={:.3} eight_vs_one={:.3} one_cpu_us={:.1} eight_cpu_us={:.1}",
+         one_vs_floor={:.3} eight_vs_one={:.3} one_cpu_us={:.1} eight_cpu_us={:.1} \
+         one_switches={:.2} eight_switches={:.2}",
         median(groups),
         f / o,
         o / e,
         median(one_cpu),
-        median(eight_cpu)
+        median(eight_cpu),
+        median(one_sw),
+        median(eight_sw)
     );
 }
