@@ -750,7 +750,7 @@ mod tests {
                         n += 1;
                         // Every other call a patch: a job reads through
                         // the hints as `get_run` does.
-                        let found = if n % 2 == 0 {
+                        let found = if n.is_multiple_of(2) {
                             s.get_run(&key).expect("get_run")
                         } else {
                             let delta = StateDelta {
