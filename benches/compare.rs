@@ -217,11 +217,25 @@ fn main() {
     if only.as_deref() == Some("writers") {
         let mut d = Durable::default();
         writers(&dir, sizes, &mut d);
+        let ratio = |eight: &[f64], one: &[f64]| {
+            median(
+                &eight
+                    .iter()
+                    .zip(one)
+                    .map(|(a, b)| a / b)
+                    .collect::<Vec<_>>(),
+            )
+        };
         println!(
-            "1 writer {:.0}/s, 8 writers {:.0}/s, {:.2} creates per group",
+            "1 writer {:.0}/s, 8 writers {:.0}/s ({:.2}x), {:.2} creates per group; bare group commit: 1 writer {:.0}/s, 8 writers {:.0}/s ({:.2}x), {:.2} appends per group",
             median(&d.writers1),
             median(&d.writers8),
-            d.writers8_ops as f64 / d.writers8_groups.max(1) as f64
+            ratio(&d.writers8, &d.writers1),
+            d.writers8_ops as f64 / d.writers8_groups.max(1) as f64,
+            median(&d.bare1),
+            median(&d.bare8),
+            ratio(&d.bare8, &d.bare1),
+            d.bare8_ops as f64 / d.bare8_groups.max(1) as f64
         );
         return;
     }
@@ -253,6 +267,8 @@ fn main() {
     }
 }
 
+#[path = "support/bare_group.rs"]
+mod bare_group;
 #[path = "support/growth.rs"]
 mod growth;
 #[cfg(feature = "postgres")]
@@ -439,6 +455,13 @@ struct Durable {
     /// agentstate groups committed by the 8-writer creates, and creates.
     writers8_groups: u64,
     writers8_ops: u64,
+    /// Per-round rates (ops/s) of the bare group commit (the ceiling of
+    /// `writers8_vs_writers1`: `support/bare_group.rs`), one writer and
+    /// eight, in the same rounds; and the eight's groups and appends.
+    bare1: Vec<f64>,
+    bare8: Vec<f64>,
+    bare8_groups: u64,
+    bare8_ops: u64,
     /// µs per `Scrubber::scrub_run` of the bench record, and per create on
     /// the memory store.
     scrub_us: f64,
@@ -551,6 +574,15 @@ fn writers(dir: &Path, s: Sizes, d: &mut Durable) {
         d.writers8.push(w);
         d.writers8_groups += groups;
         d.writers8_ops += ops;
+        // The same round on the bare group commit: one writer, then eight.
+        let bare = dir.join(format!("bare{round}"));
+        std::fs::create_dir_all(&bare).expect("bare dir");
+        d.bare1.push(bare_group::run(&bare, 1, per1).0);
+        let (b8, bare_groups) = bare_group::run(&bare, 8, s.ops_per_writer8);
+        d.bare8.push(b8);
+        d.bare8_groups += bare_groups;
+        d.bare8_ops += 8 * s.ops_per_writer8 as u64;
+        std::fs::remove_dir_all(&bare).expect("remove bare dir");
     }
     eprintln!("writers: {} rounds (load {})", s.rounds, loadavg());
 }
@@ -1644,6 +1676,15 @@ fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
         ),
     );
     row(
+        "bare group commit, 1 writer / 8 writers (rounds)",
+        format!("{:.0} / {:.0} ops/s", median(&d.bare1), median(&d.bare8)),
+        &format!(
+            "{} B appends, no store work, same rounds; {:.1} appends per group",
+            bare_group::CREATE_JOURNAL_BYTES,
+            d.bare8_ops as f64 / d.bare8_groups.max(1) as f64
+        ),
+    );
+    row(
         "CPU: scrub_run of one record",
         format!("{:.1} µs", d.scrub_us),
         "default Scrubber, the bench record's tool call",
@@ -1895,6 +1936,24 @@ fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
         rate(&d.put) / rate(&d.sqlite_update),
     );
     res("writers8_vs_writers1", median(&ratios));
+    // The ceiling: the same ratio for a group commit with no store work,
+    // round by round, and ours as a share of it.
+    let bare_ratios: Vec<f64> = d.bare8.iter().zip(&d.bare1).map(|(a, b)| a / b).collect();
+    res("bare_writers8_vs_writers1", median(&bare_ratios));
+    res(
+        "writers8_of_bare",
+        median(&ratios) / median(&bare_ratios).max(f64::MIN_POSITIVE),
+    );
+    res(
+        "bare_appends_per_group_8w",
+        d.bare8_ops as f64 / d.bare8_groups.max(1) as f64,
+    );
+    // What a store at the floor would score against SQLite (a durable
+    // create pays one sync at least, D1).
+    res(
+        "durable_vs_sqlite_ceiling",
+        rate(&d.floor) / rate(&d.sqlite_create),
+    );
     res(
         "creates_per_group_8w",
         d.writers8_ops as f64 / d.writers8_groups.max(1) as f64,
