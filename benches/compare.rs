@@ -28,7 +28,13 @@
 //!   `PersistMode::SyncData` per op;
 //! - `agentstate`: a `FileStore` with `Durability::Immediate`: create,
 //!   version-checked put, patch with one writer; creates from 8 threads
-//!   (group commit) against one writer in alternating rounds.
+//!   (group commit) against one writer in alternating rounds;
+//! - `bare group commit`: in the same rounds, the store's group commit
+//!   with no store work (870-byte appends and `fdatasync` only,
+//!   `support/bare_group.rs`), whose 8-over-1 ratio is the ceiling of
+//!   `writers8_vs_writers1` here; and `durable_vs_sqlite_ceiling`, the
+//!   floor's rate over SQLite's create (a store with one sync per create
+//!   scores at most that).
 //!
 //! The one-writer contenders are interleaved op by op (floor, sqlite, fjall,
 //! agentstate, floor, …) so a slow spell of the shared disk hits all of
