@@ -109,8 +109,11 @@ impl Rng {
 const PER_DOUBLING: f64 = 8.0;
 const BUCKETS: usize = 8 * 28;
 
-/// The calls of one kind in one tenth: total µs, count, a log-scale
-/// histogram for the median, and every call's µs for the trimmed mean.
+/// The calls of one kind in one tenth: total time, count, a log-scale
+/// histogram for the median, and every call's time for the trimmed mean.
+/// Times are kept in nanoseconds (a read takes 2–5 µs: whole microseconds
+/// would move its mean by up to a third and its median by a whole step)
+/// and reported in µs.
 #[derive(Clone)]
 struct Cell {
     sum: u64,
@@ -125,7 +128,7 @@ struct Cell {
     /// Calls that waited (a voluntary switch: a lock, a condvar, I/O) and
     /// were not preempted.
     waited: u64,
-    /// Total µs and count of the calls with neither.
+    /// Total ns and count of the calls with neither.
     clean_sum: u64,
     clean_n: u64,
 }
@@ -146,21 +149,21 @@ impl Cell {
     }
     /// `switches`: the calling thread's (voluntary, involuntary) context
     /// switches during the call.
-    fn add(&mut self, micros: u64, cpu_ns: u64, switches: (u64, u64)) {
+    fn add(&mut self, nanos: u64, cpu_ns: u64, switches: (u64, u64)) {
         match switches {
             (_, i) if i > 0 => self.preempted += 1,
             (v, _) if v > 0 => self.waited += 1,
             _ => {
-                self.clean_sum += micros;
+                self.clean_sum += nanos;
                 self.clean_n += 1;
             }
         }
         self.cpu += cpu_ns;
-        self.sum += micros;
+        self.sum += nanos;
         self.n += 1;
-        let b = ((micros as f64 + 1.0).log2() * PER_DOUBLING) as usize;
+        let b = ((nanos as f64 / 1000.0 + 1.0).log2() * PER_DOUBLING) as usize;
         self.hist[b.min(BUCKETS - 1)] += 1;
-        self.all.push(micros.min(u64::from(u32::MAX)) as u32);
+        self.all.push(nanos.min(u64::from(u32::MAX)) as u32);
     }
     fn merge(&mut self, other: &Cell) {
         self.sum += other.sum;
@@ -177,7 +180,7 @@ impl Cell {
     }
     /// Mean µs of the calls neither preempted nor waiting.
     fn clean_mean(&self) -> f64 {
-        self.clean_sum as f64 / self.clean_n.max(1) as f64
+        self.clean_sum as f64 / 1000.0 / self.clean_n.max(1) as f64
     }
     /// The share of the calls preempted, %.
     fn preempted_pct(&self) -> f64 {
@@ -197,10 +200,11 @@ impl Cell {
         v.sort_unstable();
         let keep = v.len() - v.len().div_ceil(100);
         let kept = &v[..keep.max(v.len().min(1))];
-        kept.iter().map(|&x| f64::from(x)).sum::<f64>() / kept.len().max(1) as f64
+        kept.iter().map(|&x| f64::from(x)).sum::<f64>() / 1000.0 / kept.len().max(1) as f64
     }
+    /// Mean µs per call.
     fn mean(&self) -> f64 {
-        self.sum as f64 / self.n.max(1) as f64
+        self.sum as f64 / 1000.0 / self.n.max(1) as f64
     }
     /// The median, as the middle of its bucket.
     fn median(&self) -> f64 {
@@ -406,14 +410,14 @@ fn worker(store: &FileStore, counter: &AtomicU64, total: u64, thread: u64, seed:
                 .err(),
             other => unreachable!("kind {other}"),
         };
-        let micros = t0.elapsed().as_micros() as u64;
+        let nanos = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
         let switches1 = context_switches(true);
         let switches = (
             switches1.0.saturating_sub(switches0.0),
             switches1.1.saturating_sub(switches0.1),
         );
-        cells[kind][tenth].add(micros, cpu_ns, switches);
+        cells[kind][tenth].add(nanos, cpu_ns, switches);
         if let Some(agentstate::StateError::FenceLost { stored, .. }) = fenced
             && rng.chance(70)
         {
@@ -487,7 +491,7 @@ pub fn run(dir: &Path, quick: bool) {
         let row = &cells[k];
         print!("{name:<11}");
         for cell in row {
-            print!("{:>8.0}", cell.mean());
+            print!("{:>8.1}", cell.mean());
         }
         let growth = ratio(row[TENTHS - 1].mean(), row[0].mean());
         let p50 = ratio(row[TENTHS - 1].median(), row[0].median());
