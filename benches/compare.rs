@@ -223,24 +223,15 @@ fn main() {
     if only.as_deref() == Some("writers") {
         let mut d = Durable::default();
         writers(&dir, sizes, &mut d);
-        let ratio = |eight: &[f64], one: &[f64]| {
-            median(
-                &eight
-                    .iter()
-                    .zip(one)
-                    .map(|(a, b)| a / b)
-                    .collect::<Vec<_>>(),
-            )
-        };
         println!(
             "1 writer {:.0}/s, 8 writers {:.0}/s ({:.2}x), {:.2} creates per group; bare group commit: 1 writer {:.0}/s, 8 writers {:.0}/s ({:.2}x), {:.2} appends per group",
             median(&d.writers1),
             median(&d.writers8),
-            ratio(&d.writers8, &d.writers1),
+            median_ratio(&d.writers8, &d.writers1),
             d.writers8_ops as f64 / d.writers8_groups.max(1) as f64,
             median(&d.bare1),
             median(&d.bare8),
-            ratio(&d.bare8, &d.bare1),
+            median_ratio(&d.bare8, &d.bare1),
             d.bare8_ops as f64 / d.bare8_groups.max(1) as f64
         );
         return;
@@ -931,6 +922,11 @@ fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
     pct(&v, 0.5)
+}
+
+/// The median of the round-by-round ratios `a[i] / b[i]`.
+fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
+    median(&a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>())
 }
 
 fn buffered() -> Options {
@@ -1904,12 +1900,7 @@ fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
     println!();
 
     let res = |name: &str, v: f64| println!("RESULT {name}={v:.3}");
-    let ratios: Vec<f64> = d
-        .writers8
-        .iter()
-        .zip(&d.writers1)
-        .map(|(a, b)| a / b)
-        .collect();
+    let writers_ratio = median_ratio(&d.writers8, &d.writers1);
     res("floor_ops_s", rate(&d.floor));
     res("floor_prealloc_ops_s", rate(&d.floor_prealloc));
     res("sqlite_create_ops_s", rate(&d.sqlite_create));
@@ -1941,14 +1932,14 @@ fn report(s: Sizes, d: &Durable, l: &Listing, elapsed: Duration) {
         "put_vs_sqlite_update",
         rate(&d.put) / rate(&d.sqlite_update),
     );
-    res("writers8_vs_writers1", median(&ratios));
+    res("writers8_vs_writers1", writers_ratio);
     // The ceiling: the same ratio for a group commit with no store work,
     // round by round, and ours as a share of it.
-    let bare_ratios: Vec<f64> = d.bare8.iter().zip(&d.bare1).map(|(a, b)| a / b).collect();
-    res("bare_writers8_vs_writers1", median(&bare_ratios));
+    let bare_ratio = median_ratio(&d.bare8, &d.bare1);
+    res("bare_writers8_vs_writers1", bare_ratio);
     res(
         "writers8_of_bare",
-        median(&ratios) / median(&bare_ratios).max(f64::MIN_POSITIVE),
+        writers_ratio / bare_ratio.max(f64::MIN_POSITIVE),
     );
     res(
         "bare_appends_per_group_8w",

@@ -119,7 +119,8 @@ struct Cell {
     sum: u64,
     n: u64,
     hist: Vec<u32>,
-    all: Vec<u32>,
+    /// Every call's time, ns.
+    all: Vec<u64>,
     /// Thread CPU time of the calls, ns.
     cpu: u64,
     /// Calls the scheduler preempted (an involuntary context switch of
@@ -163,7 +164,7 @@ impl Cell {
         self.n += 1;
         let b = ((nanos as f64 / 1000.0 + 1.0).log2() * PER_DOUBLING) as usize;
         self.hist[b.min(BUCKETS - 1)] += 1;
-        self.all.push(nanos.min(u64::from(u32::MAX)) as u32);
+        self.all.push(nanos);
     }
     fn merge(&mut self, other: &Cell) {
         self.sum += other.sum;
@@ -200,7 +201,7 @@ impl Cell {
         v.sort_unstable();
         let keep = v.len() - v.len().div_ceil(100);
         let kept = &v[..keep.max(v.len().min(1))];
-        kept.iter().map(|&x| f64::from(x)).sum::<f64>() / 1000.0 / kept.len().max(1) as f64
+        kept.iter().map(|&x| x as f64).sum::<f64>() / 1000.0 / kept.len().max(1) as f64
     }
     /// Mean µs per call.
     fn mean(&self) -> f64 {
