@@ -677,6 +677,22 @@ impl Database {
 
         let db = Self(Arc::new(inner));
 
+        // agentstate patch: the workers start before the keyspaces are
+        // recovered, not after. A worker only acts on messages, and none is
+        // sent before the recovery below is done (the flushes and
+        // compactions it queues are sent at its end), so nothing changes
+        // but the time: the first worker's spawn and its start (which fills
+        // std's CPU feature cache, see `worker_pool.rs`) overlap the
+        // recovery on another core instead of following it. A recovery
+        // that fails drops `db`, which stops them as any close does.
+        db.worker_pool.start(
+            db.config.worker_threads,
+            &db.supervisor,
+            &db.stats,
+            &PoisonDart::new(db.is_poisoned.clone()),
+            &db.active_thread_counter,
+        )?;
+
         // Recover keyspaces
         recover_keyspaces(&db, &meta_keyspace)?;
 
@@ -844,14 +860,6 @@ impl Database {
                     .ok();
             }
         }
-
-        db.worker_pool.start(
-            db.config.worker_threads,
-            &db.supervisor,
-            &db.stats,
-            &PoisonDart::new(db.is_poisoned.clone()),
-            &db.active_thread_counter,
-        )?;
 
         // agentstate patch: an empty active journal (a clean close leaves
         // one) moves into the spare at its first write (see
