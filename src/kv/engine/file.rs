@@ -71,11 +71,14 @@ pub(crate) fn map_err(e: fjall::Error) -> StateError {
 }
 
 /// D5: checks each keyspace's current version file against the checksum
-/// its `current` file records, before fjall reads either. lsm-tree 3.1
-/// does not (a TODO in its `version/recovery.rs`), and a damaged count in
-/// a version file makes it allocate without bound and abort the process.
-/// `current` is the version id (u64 LE), the xxh3-128 of the whole
-/// version file (u128 LE) and the checksum type (0 = xxh3).
+/// its `current` file records. The vendored lsm-tree does the same check
+/// before it parses a version file (upstream 3.1 does not: a damaged count
+/// in one made it allocate without bound and abort), so an open that
+/// succeeds has passed it; this runs only when the engine's open failed,
+/// to name the damaged file in the error instead of fjall's
+/// `Unrecoverable` or `ChecksumMismatch`. `current` is the version id
+/// (u64 LE), the xxh3-128 of the whole version file (u128 LE) and the
+/// checksum type (0 = xxh3).
 fn check_version_files(dir: &Path) -> Result<()> {
     let keyspaces = dir.join("keyspaces");
     let entries = match std::fs::read_dir(&keyspaces) {
@@ -135,7 +138,6 @@ const CLOSE_FLUSH_WAIT: Duration = Duration::from_secs(30);
 
 impl FjallEngine {
     pub(crate) fn open(dir: &Path, mode: SyncMode, tuning: Tuning) -> Result<Self> {
-        check_version_files(dir)?;
         // fjall 3.1 checks some on-disk lengths of its journal with
         // `debug_assert!` (journal/entry.rs), so a damaged journal panics a
         // debug build while it recovers. A panic here is damage, not a bug
@@ -163,7 +165,16 @@ impl FjallEngine {
                 .open()
         });
         let db = match opened {
-            Ok(db) => db.map_err(map_err)?,
+            Ok(Ok(db)) => db,
+            // A damaged version file, named (the engine says only which
+            // kind of damage it found).
+            Ok(Err(e)) => {
+                let e = map_err(e);
+                return Err(match e {
+                    StateError::Corrupt { .. } => check_version_files(dir).err().unwrap_or(e),
+                    e => e,
+                });
+            }
             Err(panic) => {
                 let why = panic
                     .downcast_ref::<String>()

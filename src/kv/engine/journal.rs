@@ -614,7 +614,12 @@ mod tests {
         // doubling ones and several of READ_BUF.
         let value = [7u8; 200];
         let batches: Vec<Vec<u8>> = (0..3000u64)
-            .map(|i| batch(10 + i, &[(1, format!("k{}", i % 50).as_bytes(), Some(&value))]))
+            .map(|i| {
+                batch(
+                    10 + i,
+                    &[(1, format!("k{}", i % 50).as_bytes(), Some(&value))],
+                )
+            })
             .collect();
         assert!(batches.concat().len() > 2 * READ_BUF);
         let dir = tempfile::tempdir().unwrap();

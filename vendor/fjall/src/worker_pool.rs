@@ -484,7 +484,9 @@ mod tests {
             };
             for t in entries {
                 let t = t?.path();
-                if t.parent().and_then(|p| p.parent()).and_then(|p| p.file_name())
+                if t.parent()
+                    .and_then(|p| p.parent())
+                    .and_then(|p| p.file_name())
                     != Some(std::ffi::OsStr::new("0"))
                 {
                     std::fs::remove_file(t)?;

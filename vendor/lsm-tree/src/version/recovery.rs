@@ -37,11 +37,36 @@ pub struct Recovery {
     pub bytes: Vec<u8>,
 }
 
-pub fn recover(folder: &Path) -> crate::Result<Recovery> {
-    let curr_version_id = get_current_version(folder)?;
-    let version_file_path = folder.join(format!("v{curr_version_id}"));
+/// agentstate patch: the whole `current` file: the version id (u64 LE),
+/// the xxh3-128 of the version file (u128 LE) and the checksum type (0,
+/// xxh3), as `persist.rs` writes it. Anything else is damage.
+fn read_current(folder: &Path) -> crate::Result<(VersionId, u128)> {
+    use std::io::Read;
 
-    // TODO: maybe validate current version using the checksum in "current"
+    let mut bytes = Vec::with_capacity(32);
+    std::fs::File::open(folder.join(CURRENT_VERSION_FILE))?.read_to_end(&mut bytes)?;
+    let id = bytes.get(..8).and_then(|b| b.try_into().ok());
+    let sum = bytes.get(8..24).and_then(|b| b.try_into().ok());
+    match (id, sum, bytes.get(24..)) {
+        (Some(id), Some(sum), Some([0])) => Ok((u64::from_le_bytes(id), u128::from_le_bytes(sum))),
+        _ => {
+            log::error!(
+                "{CURRENT_VERSION_FILE} in {} is not a version pointer",
+                folder.display()
+            );
+            Err(crate::Error::Unrecoverable)
+        }
+    }
+}
+
+pub fn recover(folder: &Path) -> crate::Result<Recovery> {
+    // agentstate patch: the version file is checked against the checksum
+    // `current` records before any of it is parsed (upstream left this as
+    // a TODO; a damaged count in it made the parser allocate without bound
+    // and abort). A `current` naming a version file that is not there is
+    // damage too, not an I/O error.
+    let (curr_version_id, want) = read_current(folder)?;
+    let version_file_path = folder.join(format!("v{curr_version_id}"));
 
     log::info!(
         "Recovering current manifest at {}",
@@ -51,7 +76,25 @@ pub fn recover(folder: &Path) -> crate::Result<Recovery> {
     // agentstate patch: the version file read once; its sections are
     // parsed from memory (each section's reader opened the file again:
     // nine opens of it per tree at every open, with the manifest's).
-    let bytes = std::fs::read(&version_file_path)?;
+    let bytes = match std::fs::read(&version_file_path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            log::error!("{} is missing", version_file_path.display());
+            return Err(crate::Error::Unrecoverable);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let got = xxhash_rust::xxh3::xxh3_128(&bytes);
+    if got != want {
+        log::error!(
+            "{} does not match its checksum",
+            version_file_path.display()
+        );
+        return Err(crate::Error::ChecksumMismatch {
+            got: Checksum::from_raw(got),
+            expected: Checksum::from_raw(want),
+        });
+    }
     let reader = sfa::Reader::from_reader(&mut std::io::Cursor::new(&bytes))?;
     let toc = reader.toc();
 
@@ -166,4 +209,57 @@ pub fn recover(folder: &Path) -> crate::Result<Recovery> {
         gc_stats,
         bytes,
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::{version::persist::persist_version, version::Version};
+
+    /// agentstate patch: a version file is checked against `current`
+    /// before it is parsed; a damaged pointer or a missing file is damage.
+    #[test]
+    fn recover_checks_the_version_file_against_current() -> crate::Result<()> {
+        let dir = tempfile::tempdir()?;
+        persist_version(dir.path(), &Version::new(0, TreeType::Standard))?;
+        assert_eq!(0, recover(dir.path())?.curr_version_id);
+
+        let v0 = dir.path().join("v0");
+        let pristine = std::fs::read(&v0)?;
+        for at in [0, pristine.len() / 2, pristine.len() - 1] {
+            let mut bytes = pristine.clone();
+            bytes[at] ^= 0x40;
+            std::fs::write(&v0, &bytes)?;
+            assert!(
+                matches!(
+                    recover(dir.path()),
+                    Err(crate::Error::ChecksumMismatch { .. })
+                ),
+                "flip at {at}"
+            );
+        }
+        std::fs::write(&v0, &pristine)?;
+
+        let current = dir.path().join(CURRENT_VERSION_FILE);
+        let good = std::fs::read(&current)?;
+        for bad in [
+            &good[..24],
+            &[&good[..], &[0]].concat()[..],
+            &[&good[..24], &[1]].concat()[..],
+        ] {
+            std::fs::write(&current, bad)?;
+            assert!(matches!(
+                recover(dir.path()),
+                Err(crate::Error::Unrecoverable)
+            ));
+        }
+        std::fs::write(&current, &good)?;
+        std::fs::remove_file(&v0)?;
+        assert!(matches!(
+            recover(dir.path()),
+            Err(crate::Error::Unrecoverable)
+        ));
+        Ok(())
+    }
 }
