@@ -349,6 +349,104 @@ mod tests {
         Ok(())
     }
 
+    /// agentstate patch: a table's forward path seeks a data block's lower
+    /// bound only in its first block and its upper bound only where the
+    /// block's last key reaches it. Over a table of many small blocks,
+    /// ranges with either kind of bound on block edges, inside blocks and
+    /// past the table answer as a model does: forward, backward and both
+    /// ends in turn.
+    #[test]
+    #[expect(clippy::unwrap_used)]
+    fn table_ranges_over_many_blocks_answer_every_bound() -> crate::Result<()> {
+        use crate::{config::BlockSizePolicy, AbstractTree, Config, Guard, SequenceNumberCounter};
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+
+        let dir = tempfile::tempdir()?;
+        let tree = Config::new(
+            dir.path(),
+            SequenceNumberCounter::default(),
+            SequenceNumberCounter::default(),
+        )
+        .data_block_size_policy(BlockSizePolicy::all(128))
+        .open()?;
+        let keys: Vec<Vec<u8>> = (0..400u32)
+            .map(|i| format!("k{:04}", i * 2).into_bytes())
+            .collect();
+        for (seqno, key) in keys.iter().enumerate() {
+            tree.insert(key.clone(), vec![b'v'; 20], seqno as SeqNo);
+        }
+        tree.flush_active_memtable(0)?;
+        assert_eq!(1, tree.table_count());
+
+        let key = |i: u32| format!("k{i:04}").into_bytes();
+        let bound = |kind: u8, i: u32| match kind {
+            0 => Included(key(i)),
+            1 => Excluded(key(i)),
+            _ => Unbounded,
+        };
+        let inside = |k: &Vec<u8>, lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>| {
+            (match lo {
+                Included(b) => k >= b,
+                Excluded(b) => k > b,
+                Unbounded => true,
+            }) && (match hi {
+                Included(b) => k <= b,
+                Excluded(b) => k < b,
+                Unbounded => true,
+            })
+        };
+        let pair = |g: crate::IterGuardImpl| g.into_inner().unwrap().0.to_vec();
+        // Stored keys are even: odd ones fall between them; 0 and 900 lie
+        // outside the table.
+        for lo_i in [0u32, 1, 2, 37, 38, 398, 399, 400, 797, 798, 900] {
+            for hi_i in [0u32, 3, 38, 39, 40, 401, 402, 796, 798, 799, 900] {
+                for lo_kind in 0..3u8 {
+                    for hi_kind in 0..3u8 {
+                        let (lo, hi) = (bound(lo_kind, lo_i), bound(hi_kind, hi_i));
+                        let want: Vec<_> = keys
+                            .iter()
+                            .filter(|k| inside(k, &lo, &hi))
+                            .cloned()
+                            .collect();
+                        let what = format!("{lo:?}..{hi:?}");
+                        let forward: Vec<_> = tree
+                            .range::<Vec<u8>, _>((lo.clone(), hi.clone()), SeqNo::MAX, None)
+                            .map(pair)
+                            .collect();
+                        assert_eq!(want, forward, "forward {what}");
+                        let mut backward: Vec<_> = tree
+                            .range::<Vec<u8>, _>((lo.clone(), hi.clone()), SeqNo::MAX, None)
+                            .rev()
+                            .map(pair)
+                            .collect();
+                        backward.reverse();
+                        assert_eq!(want, backward, "backward {what}");
+                        let mut iter =
+                            tree.range::<Vec<u8>, _>((lo.clone(), hi.clone()), SeqNo::MAX, None);
+                        let (mut front, mut back) = (Vec::new(), Vec::new());
+                        for turn in 0.. {
+                            let next = if turn % 5 == 4 {
+                                iter.next_back()
+                            } else {
+                                iter.next()
+                            };
+                            let Some(g) = next else { break };
+                            if turn % 5 == 4 {
+                                back.push(pair(g));
+                            } else {
+                                front.push(pair(g));
+                            }
+                        }
+                        back.reverse();
+                        front.extend(back);
+                        assert_eq!(want, front, "both ends {what}");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn test_prefix(prefix: &[u8], upper_bound: Bound<&[u8]>) {
         let range = prefix_to_range(prefix);
         assert_eq!(
