@@ -590,7 +590,10 @@ fn one_run(path: &Path, total: u64, seed: u64) -> Figures {
     // host's doing, not the store's.
     print!("{:<11}", "steal %");
     for (wall, steal) in &host {
-        print!("{:>8.1}", 100.0 * steal / (wall * cpus() as f64).max(1e-9));
+        print!(
+            "{:>8.1}",
+            100.0 * steal / (wall * super::cpus() as f64).max(1e-9)
+        );
     }
     println!("  (host steal, % of the CPUs' time in the tenth; /proc/stat)");
     println!(
@@ -647,10 +650,6 @@ fn steal_s() -> Option<f64> {
         .parse()
         .ok()?;
     Some(ticks as f64 / 100.0)
-}
-
-fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 /// Samples the call counter and the host's steal time every 20 ms until

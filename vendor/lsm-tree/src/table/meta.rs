@@ -22,7 +22,10 @@ use std::ops::Deref;
 /// Only the items' keys are copied out (into one buffer); an item becomes
 /// an owned value when it is read. Materializing all ~30 items up front
 /// (a key allocation each, value slices, the vector, and dropping them
-/// all) was 25k instructions of a table's open.
+/// all) was 25k instructions of a table's open. The keys are copied so
+/// that a search compares plain slices: comparing through each parsed
+/// item's `compare_key` (prefix and rest, every step) measured 19k
+/// instructions more an open of a 1M-run store.
 struct Properties<'a> {
     data: &'a crate::Slice,
     /// Every item's key, one after another.

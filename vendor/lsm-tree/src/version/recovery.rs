@@ -12,14 +12,6 @@ use crate::{
 use byteorder::{LittleEndian, ReadBytesExt};
 use std::path::Path;
 
-pub fn get_current_version(folder: &std::path::Path) -> crate::Result<VersionId> {
-    use byteorder::{LittleEndian, ReadBytesExt};
-
-    std::fs::File::open(folder.join(CURRENT_VERSION_FILE))
-        .and_then(|mut f| f.read_u64::<LittleEndian>())
-        .map_err(Into::into)
-}
-
 pub struct RecoveredTable {
     pub id: TableId,
     pub checksum: Checksum,
