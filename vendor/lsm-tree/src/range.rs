@@ -350,11 +350,12 @@ mod tests {
     }
 
     /// agentstate patch: a table's forward path seeks a data block's lower
-    /// bound only in its first block and its upper bound only where the
-    /// block's last key reaches it. Over a table of many small blocks,
-    /// ranges with either kind of bound on block edges, inside blocks and
-    /// past the table answer as a model does: forward, backward and both
-    /// ends in turn.
+    /// bound only in its first block, and checks its upper bound item by
+    /// item only in the block whose last key reaches it (the reverse path
+    /// positions the back cursor there if it serves that block). Over a
+    /// table of many small blocks, ranges with either kind of bound on
+    /// block edges, inside blocks and past the table answer as a model
+    /// does: forward, backward and both ends in turn.
     #[test]
     #[expect(clippy::unwrap_used)]
     fn table_ranges_over_many_blocks_answer_every_bound() -> crate::Result<()> {
@@ -421,25 +422,36 @@ mod tests {
                             .collect();
                         backward.reverse();
                         assert_eq!(want, backward, "backward {what}");
-                        let mut iter =
-                            tree.range::<Vec<u8>, _>((lo.clone(), hi.clone()), SeqNo::MAX, None);
-                        let (mut front, mut back) = (Vec::new(), Vec::new());
-                        for turn in 0.. {
-                            let next = if turn % 5 == 4 {
-                                iter.next_back()
-                            } else {
-                                iter.next()
-                            };
-                            let Some(g) = next else { break };
-                            if turn % 5 == 4 {
-                                back.push(pair(g));
-                            } else {
-                                front.push(pair(g));
+                        // Both ends in turn: every fifth call from the back; one
+                        // call from the front, then the back (the reverse path
+                        // serving a block the forward path loaded); and the two
+                        // alternating, the back first.
+                        let from_back: [fn(usize) -> bool; 3] =
+                            [|t| t % 5 == 4, |t| t >= 1, |t| t % 2 == 0];
+                        for (turns, back_at) in from_back.into_iter().enumerate() {
+                            let mut iter = tree.range::<Vec<u8>, _>(
+                                (lo.clone(), hi.clone()),
+                                SeqNo::MAX,
+                                None,
+                            );
+                            let (mut front, mut back) = (Vec::new(), Vec::new());
+                            for turn in 0.. {
+                                let next = if back_at(turn) {
+                                    iter.next_back()
+                                } else {
+                                    iter.next()
+                                };
+                                let Some(g) = next else { break };
+                                if back_at(turn) {
+                                    back.push(pair(g));
+                                } else {
+                                    front.push(pair(g));
+                                }
                             }
+                            back.reverse();
+                            front.extend(back);
+                            assert_eq!(want, front, "both ends ({turns}) {what}");
                         }
-                        back.reverse();
-                        front.extend(back);
-                        assert_eq!(want, front, "both ends {what}");
                     }
                 }
             }
