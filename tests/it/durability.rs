@@ -284,6 +284,76 @@ fn d3_reopens_at_once_after_a_close_on(engine: agentstate::FileEngine) {
     }
 }
 
+const D3_THREADS_ENV: &str = "AGENTSTATE_D3_THREADS_CHILD";
+
+/// The threads of this process named `name` (`/proc/self/task/*/comm`).
+#[cfg(target_os = "linux")]
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// Child entry point: opens, writes to and drops a store, round after
+/// round, and counts the engine's worker threads left right after each
+/// drop (alone in its process, so no other test's store has any).
+#[cfg(target_os = "linux")]
+#[test]
+fn d3_threads_child_entry() {
+    let Some(rounds) = std::env::var_os(D3_THREADS_ENV) else {
+        return;
+    };
+    let rounds: u64 = rounds.to_str().unwrap().parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut out = std::io::stdout().lock();
+    for round in 0..rounds {
+        let path = dir.path().join(format!("store-{}", round % 2));
+        let store = FileStore::open(&path).unwrap();
+        for i in 0..4 {
+            store
+                .put_run(RunRecord::new(
+                    RunKey::new("t", format!("r{round}-{i}")),
+                    "a",
+                ))
+                .unwrap();
+        }
+        drop(store);
+        let left = threads_named("fjall:worker");
+        writeln!(out, "\nd3threads {round} {left}").unwrap();
+    }
+    out.flush().unwrap();
+    std::process::exit(0);
+}
+
+/// D3's close: dropping the last handle stops every engine worker thread
+/// before it returns, so nothing of the store runs on after its close (a
+/// worker finishing its exit after the drop returned was seen as a leak
+/// by the fuzzers' leak check when the process ended right then).
+#[cfg(target_os = "linux")]
+#[test]
+fn d3_a_closed_store_leaves_no_engine_thread() {
+    let rounds = env_u64("AGENTSTATE_D3_REOPENS", 20);
+    let out = self_command("durability::d3_threads_child_entry")
+        .env(D3_THREADS_ENV, rounds.to_string())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    let lines = child_lines(&out.stdout, "d3threads ");
+    assert_eq!(
+        lines.len() as u64,
+        rounds,
+        "child said {:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let lingering: Vec<_> = lines.iter().filter(|l| !l.ends_with(" 0")).collect();
+    assert!(
+        lingering.is_empty(),
+        "worker threads still there right after the drop (round, count): {lingering:?}"
+    );
+}
+
 #[test]
 fn d3_a_closed_store_reopens_at_once() {
     d3_reopens_at_once_after_a_close_on(agentstate::FileEngine::Fjall);

@@ -76,6 +76,9 @@ impl Drop for DatabaseInner {
             std::thread::sleep(std::time::Duration::from_micros(10));
         }
 
+        // agentstate patch: and until they have exited.
+        self.worker_pool.join();
+
         // Drain again after threads are closed
         let _ = self.worker_pool.rx.drain().count();
 

@@ -54,6 +54,16 @@ pub struct WorkerPool {
 }
 
 impl WorkerPool {
+    /// agentstate patch: waits until every worker thread has exited (the
+    /// first joins the others before it ends). Called by the database's
+    /// drop once the workers have left their loops; never by a worker.
+    pub fn join(&self) {
+        let handles = std::mem::take(&mut *self.thread_handles.lock().expect("lock is poisoned"));
+        for handle in handles {
+            let _ = handle.join();
+        }
+    }
+
     pub fn prepare() -> Self {
         let (sender, rx) = flume::bounded(1_000);
 
@@ -153,29 +163,46 @@ impl Spawner {
                     let _ = std::arch::is_x86_feature_detected!("pclmulqdq");
                 }
 
-                if let Some(rest) = rest {
-                    if let Err(e) = claim_and_spawn(rest.pool_size - 1, &rest.thread_counter, |j| {
-                        rest.spawn(j + 1)
-                    }) {
-                        log::warn!("Could not start every fjall worker: {e:?}");
+                // agentstate patch: the first worker keeps the others'
+                // handles and joins them before it ends, and the database's
+                // drop joins the first: a drop returns once every worker
+                // thread has exited, not merely left its loop (a worker
+                // still exiting when the process ended was reported as a
+                // leak by the fuzzers' leak check).
+                let others = match rest {
+                    Some(rest) => {
+                        match claim_and_spawn(rest.pool_size - 1, &rest.thread_counter, |j| {
+                            rest.spawn(j + 1)
+                        }) {
+                            Ok(handles) => handles,
+                            Err(e) => {
+                                log::warn!("Could not start every fjall worker: {e:?}");
+                                Vec::new()
+                            }
+                        }
                     }
-                }
+                    None => Vec::new(),
+                };
 
-                loop {
+                let result = loop {
                     match worker_tick(&worker_state) {
                         Ok(should_abort) => {
                             if should_abort {
                                 log::debug!("Worker #{i} closes because DB is dropping");
-                                return Ok(());
+                                break Ok(());
                             }
                         }
                         Err(e) => {
                             log::error!("Worker #{i} crashed: {e:?}");
                             poison_dart.poison();
-                            return Err(e);
+                            break Err(e);
                         }
                     }
+                };
+                for handle in others {
+                    let _ = handle.join();
                 }
+                result
             })
     }
 }
