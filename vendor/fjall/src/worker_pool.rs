@@ -169,20 +169,15 @@ impl Spawner {
                 // thread has exited, not merely left its loop (a worker
                 // still exiting when the process ended was reported as a
                 // leak by the fuzzers' leak check).
-                let others = match rest {
-                    Some(rest) => {
-                        match claim_and_spawn(rest.pool_size - 1, &rest.thread_counter, |j| {
-                            rest.spawn(j + 1)
-                        }) {
-                            Ok(handles) => handles,
-                            Err(e) => {
-                                log::warn!("Could not start every fjall worker: {e:?}");
-                                Vec::new()
-                            }
-                        }
-                    }
-                    None => Vec::new(),
-                };
+                let others = rest.map_or_else(Vec::new, |rest| {
+                    claim_and_spawn(rest.pool_size - 1, &rest.thread_counter, |j| {
+                        rest.spawn(j + 1)
+                    })
+                    .unwrap_or_else(|e| {
+                        log::warn!("Could not start every fjall worker: {e:?}");
+                        Vec::new()
+                    })
+                });
 
                 let result = loop {
                     match worker_tick(&worker_state) {

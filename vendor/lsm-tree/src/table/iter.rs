@@ -67,9 +67,13 @@ impl OwnedDataBlockIter {
         }
     }
 
-    /// agentstate patch: the next item if it lies within the upper bound
-    /// `bound`; `None` at the block's end or at the first item past it.
-    fn next_within(&mut self, bound: &Bound) -> Option<InternalValue> {
+    /// agentstate patch: the next item going forward; with an upper bound
+    /// to check, only if it lies within it (`None` at the block's end or at
+    /// the first item past it).
+    fn next_within(&mut self, upper: Option<&Bound>) -> Option<InternalValue> {
+        let Some(bound) = upper else {
+            return self.next();
+        };
         let (key, inclusive) = match bound {
             Bound::Included(key) => (key, true),
             Bound::Excluded(key) => (key, false),
@@ -200,13 +204,11 @@ impl Iterator for Iter {
         // Always try to keep iterating inside the already-materialized low data block first; this
         // lets callers consume multiple entries without touching the index or cache again.
         if let Some(block) = &mut self.lo_data_block {
-            let item = match (&self.range.1, self.lo_unclamped) {
-                (Some(bound), true) => match block.next_within(bound) {
-                    Some(item) => Some(item),
-                    None => return self.end_forward(),
-                },
-                _ => block.next(),
-            };
+            let upper = self.range.1.as_ref().filter(|_| self.lo_unclamped);
+            let item = block.next_within(upper);
+            if item.is_none() && upper.is_some() {
+                return self.end_forward();
+            }
             if let Some(item) = item
                 .map(|mut v| {
                     v.key.seqno += self.global_seqno;
@@ -326,13 +328,11 @@ impl Iterator for Iter {
                     Bound::Excluded(key) => end >= &**key,
                 }
             });
-            let item = match (&self.range.1, reaches) {
-                (Some(bound), true) => match reader.next_within(bound) {
-                    Some(item) => Some(item),
-                    None => return self.end_forward(),
-                },
-                _ => reader.next(),
-            };
+            let upper = self.range.1.as_ref().filter(|_| reaches);
+            let item = reader.next_within(upper);
+            if item.is_none() && upper.is_some() {
+                return self.end_forward();
+            }
 
             self.lo_offset = handle.offset();
             self.lo_data_block = Some(reader);
