@@ -17,12 +17,15 @@
 //! 1% `Running`, a pending tool call with ~210 bytes of JSON arguments),
 //! loaded from 8 threads with `Durability::Buffered` and closed cleanly;
 //! SQLite's table is `benches/support/sqlite.rs`'s, loaded by its loader.
-//! `walk DIR WHICH REPS` opens what `WHICH` names (`ours`, `sqlite-rows`,
+//! `walk DIR WHICH REPS` opens what `WHICH` names (`ours`, `floor`, `sqlite-rows`,
 //! `sqlite-records` or `all`), walks the whole tenant by pages of 100
 //! `REPS` times (for `all`, page i of each right after the other's, as the
 //! bench does) and prints each one's median page and its page count. The
 //! instructions per page are callgrind's total for the toggled function
-//! divided by the page count.
+//! divided by the page count. `floor` walks ours and times, after each
+//! page, a copy of its 100 records (every owned field allocated and
+//! copied, nothing read or decoded): what building the page's records
+//! costs on its own, whatever store they come from.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -82,11 +85,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn walk(dir: &Path, which: &str, reps: usize) {
     let (ours, sqlite) = match which {
-        "ours" => (true, None),
+        "ours" | "floor" => (true, None),
         "sqlite-rows" => (false, Some(false)),
         "sqlite-records" => (false, Some(true)),
         "all" => (true, Some(true)),
-        _ => panic!("walk DIR ours|sqlite-rows|sqlite-records|all REPS"),
+        _ => panic!("walk DIR ours|floor|sqlite-rows|sqlite-records|all REPS"),
     };
     let store = ours.then(|| {
         FileStore::open_with(
@@ -97,7 +100,9 @@ fn walk(dir: &Path, which: &str, reps: usize) {
     });
     let pager = sqlite.map(|_| sqlite_side::Pager::open(&dir.join("sqlite")));
     let both = which == "all";
+    let floor = which == "floor";
     let (mut t_ours, mut t_rows, mut t_records) = (Vec::new(), Vec::new(), Vec::new());
+    let mut t_clone = Vec::new();
     let (mut n_ours, mut n_rows, mut n_records) = (0, 0, 0);
     for _ in 0..reps {
         let mut page = store.as_ref().map(|_| PageRequest::new(100));
@@ -111,6 +116,16 @@ fn walk(dir: &Path, which: &str, reps: usize) {
                 let (items, cursor) = got.into_parts();
                 n_ours += items.len();
                 std::hint::black_box(&items);
+                if floor {
+                    // The records alone: every owned field allocated and
+                    // copied again, nothing read, parsed or checked.
+                    let t = Instant::now();
+                    let mut copy = Vec::with_capacity(items.len());
+                    copy.extend(items.iter().cloned());
+                    std::hint::black_box(&copy);
+                    t_clone.push(t.elapsed().as_secs_f64() * 1e6);
+                    drop(copy);
+                }
                 page = cursor.map(|c| p.with_cursor(Some(c)));
             }
             if let (Some(a), Some(p)) = (rows.take(), &pager) {
@@ -131,14 +146,17 @@ fn walk(dir: &Path, which: &str, reps: usize) {
             }
         }
     }
+    let n_clone = if floor { n_ours } else { 0 };
     for (name, t, n) in [
         ("ours", t_ours, n_ours),
+        ("ours-clone", t_clone, n_clone),
         ("sqlite-rows", t_rows, n_rows),
         ("sqlite-records", t_records, n_records),
     ] {
         if !t.is_empty() {
+            let mean = t.iter().sum::<f64>() / t.len() as f64;
             println!(
-                "{name}: {} pages, {n} runs, median page {:.1} us",
+                "{name}: {} pages, {n} runs, median page {:.1} us, mean {mean:.1} us",
                 t.len(),
                 median(t)
             );
@@ -148,7 +166,8 @@ fn walk(dir: &Path, which: &str, reps: usize) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: page_probe load DIR N | walk DIR ours|sqlite-rows|sqlite-records|all REPS";
+    let usage =
+        "usage: page_probe load DIR N | walk DIR ours|floor|sqlite-rows|sqlite-records|all REPS";
     match args.get(1).map(String::as_str) {
         Some("load") => load(
             Path::new(args.get(2).expect(usage)),
