@@ -27,6 +27,11 @@ use agentstate::{
     TrayStore,
 };
 
+#[path = "../benches/support/records.rs"]
+#[allow(dead_code)] // the records and ids the other probes write, unused here
+mod records;
+use records::{TENANT, thread_cpu_ns};
+
 fn open(dir: &Path) -> FileStore {
     FileStore::open_with(dir, Options::new().durability(Durability::Buffered)).expect("open store")
 }
@@ -36,18 +41,10 @@ fn load(dir: &Path, n: u64) {
     let store = open(dir);
     let t = Instant::now();
     for i in 0..n {
-        let r = RunRecord::new(RunKey::new("acme", format!("pre-{i}")), "planner");
+        let r = RunRecord::new(RunKey::new(TENANT, format!("pre-{i}")), "planner");
         store.put_run(r).expect("load");
     }
     println!("{n} runs in {:.1} s", t.elapsed().as_secs_f64());
-}
-
-/// The calling thread's CPU time, ns (`/proc/thread-self/schedstat`).
-fn thread_cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 fn scan(dir: &Path, steps: u64, writes: bool) {
