@@ -102,9 +102,61 @@ fn pick_minimal_compaction(
                 ids.extend(curr_level_pull_in.iter().map(Table::id));
                 (ids, false)
             })
+            .or_else(|| pick_overlapping_merge(curr_run, next_run, hidden_set, table_base_size))
     } else {
         None
     }
+}
+
+/// agentstate patch: the merge `pick_minimal_compaction` falls back to
+/// when no window of the next level contains a table of this one: a
+/// window of this level's tables with every table of the next level that
+/// overlaps it, the smallest such write set.
+///
+/// Without it a level whose tables reach past the next level's key range
+/// (an L0 merge's output, spanning every key its memtables held, above a
+/// bottom level that holds a narrower range) never moves down: it only
+/// grows, each L0 merge rewriting it whole.
+fn pick_overlapping_merge(
+    curr_run: &Run<Table>,
+    next_run: &Run<Table>,
+    hidden_set: &HiddenSet,
+    table_base_size: u64,
+) -> Option<(HashSet<TableId>, bool)> {
+    curr_run
+        .growing_windows()
+        .take_while(|window| {
+            // The same cap as the windows of the next level above
+            window.iter().map(Table::file_size).sum::<u64>() <= (50 * table_base_size)
+        })
+        .filter_map(|window| {
+            if hidden_set.is_blocked(window.iter().map(Table::id)) {
+                return None;
+            }
+
+            let key_range = aggregate_run_key_range(window);
+            let next_level_pull_in = next_run.get_overlapping(&key_range);
+
+            if hidden_set.is_blocked(next_level_pull_in.iter().map(Table::id)) {
+                return None;
+            }
+
+            let compaction_bytes = window
+                .iter()
+                .chain(next_level_pull_in)
+                .map(Table::file_size)
+                .sum::<u64>();
+
+            let ids: HashSet<_> = window
+                .iter()
+                .chain(next_level_pull_in)
+                .map(Table::id)
+                .collect();
+
+            Some((ids, compaction_bytes))
+        })
+        .min_by_key(|(_, bytes)| *bytes)
+        .map(|(ids, _)| (ids, false))
 }
 
 #[doc(hidden)]
@@ -130,6 +182,9 @@ pub struct Strategy {
 
     /// Size ratio between levels of the LSM tree (a.k.a fanout, growth rate)
     level_ratio_policy: Vec<f32>,
+
+    /// agentstate patch: the size of L1, if not `target_size * l0_threshold`.
+    level_base_size: Option<u64>,
 }
 
 impl Default for Strategy {
@@ -138,6 +193,7 @@ impl Default for Strategy {
             l0_threshold: 4,
             target_size:/* 64 MiB */ 64 * 1_024 * 1_024,
             level_ratio_policy: vec![10.0],
+            level_base_size: None,
         }
     }
 }
@@ -179,8 +235,33 @@ impl Strategy {
         self
     }
 
+    /// agentstate patch: sets the size of L1, the level L0 is merged
+    /// into.
+    ///
+    /// Same as `max_bytes_for_level_base` in `RocksDB`.
+    ///
+    /// Every L0 table spans the keys its memtable held, so an L0 -> L1
+    /// merge rewrites (nearly) all of L1. With the default,
+    /// `target_size * l0_threshold` (256 MiB), a store under 256 MiB sits
+    /// whole in L1 and every fourth memtable flush rewrites all of it. A
+    /// smaller base puts the store's bulk in the levels below, which
+    /// receive a merge only when the level above them outgrows its target.
+    ///
+    /// Kept with the tree's configuration (`leveled_level_base_size`);
+    /// a tree written without it keeps the default.
+    ///
+    /// Default = `target_size * l0_threshold`
+    #[must_use]
+    pub fn with_level_base_size(mut self, bytes: u64) -> Self {
+        self.level_base_size = Some(bytes);
+        self
+    }
+
     /// Calculates the size of L1.
     fn level_base_size(&self) -> u64 {
+        if let Some(bytes) = self.level_base_size {
+            return bytes;
+        }
         self.target_size * u64::from(self.l0_threshold)
     }
 
@@ -238,7 +319,7 @@ impl CompactionStrategy for Strategy {
     }
 
     fn get_config(&self) -> Vec<crate::KvPair> {
-        vec![
+        let mut config = vec![
             (
                 crate::UserKey::from("leveled_l0_threshold"),
                 crate::UserValue::from(self.l0_threshold.to_le_bytes()),
@@ -270,7 +351,18 @@ impl CompactionStrategy for Strategy {
                     v
                 }),
             ),
-        ]
+        ];
+
+        // agentstate patch: only when set, so a tree that never set it
+        // writes the configuration it always did.
+        if let Some(bytes) = self.level_base_size {
+            config.push((
+                crate::UserKey::from("leveled_level_base_size"),
+                crate::UserValue::from(bytes.to_le_bytes()),
+            ));
+        }
+
+        config
     }
 
     #[expect(clippy::too_many_lines)]

@@ -175,3 +175,54 @@ fn leveled_sequential_inserts() -> crate::Result<()> {
 
     Ok(())
 }
+
+/// agentstate patch: a level whose table reaches past the key range of
+/// the level below still moves down (`pick_overlapping_merge`). With an
+/// L1 set small (`with_level_base_size`), an L0 merge's output spans
+/// every key the memtables held, and the bottom level may hold a
+/// narrower range; no window of the bottom level contains it.
+#[test]
+#[expect(clippy::unwrap_used)]
+fn leveled_level_wider_than_the_next_moves_down() -> crate::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let tree = Config::new(
+        dir.path(),
+        SequenceNumberCounter::default(),
+        SequenceNumberCounter::default(),
+    )
+    .open()?;
+
+    let strategy = Arc::new(Strategy::default().with_level_base_size(1));
+    let level_len = |idx: usize| tree.current_version().level(idx).unwrap().len();
+
+    // A narrow bottom level: keys m0..m9, moved to Lmax whole.
+    for i in 0..10u8 {
+        tree.insert([b'm', b'0' + i].as_slice(), "v", 0);
+    }
+    tree.flush_active_memtable(0)?;
+    tree.compact(strategy.clone(), 0)?;
+    assert_eq!(1, level_len(6), "the first table moves to the last level");
+
+    // Four overlapping L0 tables over a..z: merged into L5, the first
+    // level now (L6 is over the base), as one table wider than L6's.
+    for i in 0..4u8 {
+        tree.insert("a", "v", 1);
+        tree.insert([b'k', b'0' + i].as_slice(), "v", 1);
+        tree.insert("z", "v", 1);
+        tree.flush_active_memtable(0)?;
+    }
+    tree.compact(strategy.clone(), 0)?;
+    assert_eq!(0, level_len(0));
+    assert_eq!(1, level_len(5), "L0 is merged into L5");
+
+    // L5 is over its target: merged with L6's overlapping table.
+    tree.compact(strategy, 0)?;
+    assert_eq!(0, level_len(5), "L5 moves down although L6 is narrower");
+    assert_eq!(1, level_len(6));
+
+    for key in [&b"a"[..], b"z", b"k3", b"m0", b"m9"] {
+        assert!(tree.get(key, crate::SeqNo::MAX)?.is_some(), "{key:?}");
+    }
+
+    Ok(())
+}
