@@ -297,12 +297,21 @@ impl CreateOptions {
                     ratios.push(level_ratio_policy_bytes.read_f32::<LE>()?);
                 }
 
-                Arc::new(
-                    crate::compaction::Leveled::default()
-                        .with_l0_threshold(l0_threshold)
-                        .with_table_target_size(target_size)
-                        .with_level_ratio_policy(ratios),
-                ) as Arc<dyn lsm_tree::compaction::CompactionStrategy + Send + Sync>
+                let mut leveled = crate::compaction::Leveled::default()
+                    .with_l0_threshold(l0_threshold)
+                    .with_table_target_size(target_size)
+                    .with_level_ratio_policy(ratios);
+
+                // agentstate patch: the level base, kept only by a
+                // keyspace created with one (lsm-tree patch,
+                // `with_level_base_size`).
+                if let Some(bytes) =
+                    meta_keyspace.get_kv_for_config(keyspace_id, "leveled_level_base_size")?
+                {
+                    leveled = leveled.with_level_base_size((&mut &bytes[..]).read_u64::<LE>()?);
+                }
+
+                Arc::new(leveled) as Arc<dyn lsm_tree::compaction::CompactionStrategy + Send + Sync>
             }
             lsm_tree::compaction::FIFO_COMPACTION_NAME => {
                 use byteorder::LE;
@@ -698,6 +707,45 @@ impl CreateOptions {
 mod tests {
     use super::*;
     use test_log::test;
+
+    /// agentstate patch: a keyspace keeps the level base it was created
+    /// with (`leveled_level_base_size`), and one created without it keeps
+    /// none, whatever the options given when it is opened again.
+    #[test]
+    #[expect(clippy::unwrap_used)]
+    fn keyspace_opts_level_base_size_is_kept() -> crate::Result<()> {
+        let base_of = |keyspace: &crate::Keyspace| {
+            keyspace
+                .config
+                .compaction_strategy
+                .get_config()
+                .into_iter()
+                .find(|(key, _)| &**key == b"leveled_level_base_size")
+                .map(|(_, value)| u64::from_le_bytes((*value).try_into().unwrap()))
+        };
+        let with_base = || {
+            CreateOptions::default().compaction_strategy(Arc::new(
+                crate::compaction::Leveled::default().with_level_base_size(8 << 20),
+            ))
+        };
+
+        let dir = tempfile::tempdir()?;
+        {
+            let db = crate::Database::builder(dir.path()).open()?;
+            let with = db.keyspace("with", with_base)?;
+            let without = db.keyspace("without", CreateOptions::default)?;
+            assert_eq!(Some(8 << 20), base_of(&with));
+            assert_eq!(None, base_of(&without));
+        }
+
+        let db = crate::Database::builder(dir.path()).open()?;
+        let with = db.keyspace("with", CreateOptions::default)?;
+        let without = db.keyspace("without", with_base)?;
+        assert_eq!(Some(8 << 20), base_of(&with));
+        assert_eq!(None, base_of(&without));
+
+        Ok(())
+    }
 
     #[test]
     #[cfg(not(feature = "lz4"))]
