@@ -218,23 +218,22 @@ impl FjallEngine {
                     // With partitions the open reads a small top-level
                     // index and a point read one 4 KiB partition.
                     .index_block_partitioning_policy(fjall::config::PartitioningPolicy::all(true))
+                    // Data blocks uncompressed at every level (fjall: lz4
+                    // from canonical L2 on, where the small first level
+                    // below puts the bulk of a store). A page of 100 at 1M
+                    // runs took 117–148 µs with lz4 against 115–119 µs
+                    // without, for a store of 119 MB against 387 MB. Kept
+                    // with the keyspace, like the block size.
+                    .data_block_compression_policy(fjall::config::CompressionPolicy::disabled())
                     // Leveled compaction with an 8 MiB first level (fjall:
                     // 4 x 64 MiB tables = 256 MiB). Every L0 table spans
                     // the keys its memtable held, so each L0 merge
                     // rewrites the first level whole: with fjall's base a
                     // store under 256 MiB was rewritten every fourth
-                    // memtable flush, and a short scan between tray writes
-                    // on a store holding 200k runs took 59–104 µs instead
-                    // of 31–37 µs on an empty one; with this base, 35–38
-                    // µs (ARCHITECTURE.md, "Compaction"). Kept by fjall
-                    // with the keyspace, like the block size.
-                    // Data blocks uncompressed at every level (fjall: lz4
-                    // from canonical L2 on, which the small first level
-                    // above puts the bulk of a store into). A page of 100
-                    // at 1M runs took 144–148 µs with lz4 against 107–125
-                    // µs without, for a store of 119 MB against ~390 MB.
-                    // Kept with the keyspace, like the block size.
-                    .data_block_compression_policy(fjall::config::CompressionPolicy::disabled())
+                    // memtable flush. A short scan between tray writes on
+                    // a store holding 200k runs: 101–120 µs before, 52–79
+                    // µs after (ARCHITECTURE.md, "Compaction: a small
+                    // first level"). Kept by fjall with the keyspace.
                     .compaction_strategy(Arc::new(
                         fjall::compaction::Leveled::default()
                             .with_level_base_size(LEVEL_BASE_BYTES),
