@@ -499,6 +499,48 @@ impl Database {
         })
     }
 
+    /// agentstate patch: gives an existing keyspace new creation options
+    /// from the next open on. `reconfigure` gets the options the keyspace
+    /// was created (or last reconfigured) with and returns the new ones;
+    /// the values that differ are written to the meta keyspace in one
+    /// atomic ingestion. Returns whether anything changed.
+    ///
+    /// This keyspace handle, and every other of this database, goes on with
+    /// the options it was opened with: the new ones take effect when the
+    /// database is opened next. Meant for settings every table records for
+    /// itself (block sizes, compression, partitioning) and those only new
+    /// work reads (memtable size, compaction strategy); a keyspace's KV
+    /// separation must not change.
+    ///
+    /// # Errors
+    ///
+    /// Will return `Err` if an IO error occurs.
+    pub fn reconfigure_keyspace(
+        &self,
+        keyspace: &Keyspace,
+        reconfigure: impl FnOnce(KeyspaceCreateOptions) -> KeyspaceCreateOptions,
+    ) -> crate::Result<bool> {
+        let old = keyspace.config.encode_kvs(keyspace.id);
+        let new = reconfigure(keyspace.config.clone()).encode_kvs(keyspace.id);
+
+        let mut changes: Vec<(crate::UserKey, Option<crate::UserValue>)> = new
+            .iter()
+            .filter(|(k, v)| !old.iter().any(|(ok, ov)| ok == k && ov == v))
+            .map(|(k, v)| (k.clone(), Some(v.clone())))
+            .collect();
+        changes.extend(
+            old.iter()
+                .filter(|(k, _)| !new.iter().any(|(nk, _)| nk == k))
+                .map(|(k, _)| (k.clone(), None)),
+        );
+
+        if changes.is_empty() {
+            return Ok(false);
+        }
+        self.meta_keyspace.rewrite_config(changes)?;
+        Ok(true)
+    }
+
     /// Returns the number of keyspaces.
     #[must_use]
     pub fn keyspace_count(&self) -> usize {

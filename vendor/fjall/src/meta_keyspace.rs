@@ -164,6 +164,41 @@ impl MetaKeyspace {
         Ok(())
     }
 
+    /// agentstate patch: rewrites some configuration values of an existing
+    /// keyspace (`Some`: the new value; `None`: the value is removed), in
+    /// one ingestion, the same atomic step as `create_keyspace` and
+    /// `remove_keyspace`: a crash leaves either every old value or every
+    /// new one. `kvs` are full config keys (`encode_config_key`).
+    pub(crate) fn rewrite_config(
+        &self,
+        mut kvs: Vec<(crate::UserKey, Option<UserValue>)>,
+    ) -> crate::Result<()> {
+        let _lock = self.keyspaces.write().expect("lock is poisoned");
+
+        kvs.sort_by(|(a, _), (b, _)| a.cmp(b));
+
+        let seqno = self.seqno_generator.next();
+
+        let mut ingestion = self.inner.ingestion()?;
+        for (key, value) in kvs {
+            match value {
+                Some(value) => ingestion.write(key, value)?,
+                None => ingestion.write_tombstone(key)?,
+            }
+        }
+        ingestion.finish()?;
+
+        self.visible_seqno.fetch_max(seqno + 1);
+
+        self.maintenance()
+            .inspect_err(|e| {
+                log::warn!("Meta keyspace maintenance failed: {e:?}");
+            })
+            .ok();
+
+        Ok(())
+    }
+
     pub(crate) fn remove_keyspace(&self, name: &str) -> crate::Result<()> {
         let mut lock = self.keyspaces.write().expect("lock is poisoned");
 

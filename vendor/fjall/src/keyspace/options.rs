@@ -747,6 +747,71 @@ mod tests {
         Ok(())
     }
 
+    /// agentstate patch: `Database::reconfigure_keyspace` persists new
+    /// options for the next open (values changed, added and removed), a
+    /// second call with the same options changes nothing, the data stays,
+    /// and other keyspaces keep theirs.
+    #[test]
+    #[expect(clippy::unwrap_used)]
+    fn keyspace_opts_reconfigured_for_the_next_open() -> crate::Result<()> {
+        use crate::Readable as _;
+
+        let base_of = |keyspace: &crate::Keyspace| {
+            keyspace
+                .config
+                .compaction_strategy
+                .get_config()
+                .into_iter()
+                .find(|(key, _)| &**key == b"leveled_level_base_size")
+                .map(|(_, value)| u64::from_le_bytes((*value).try_into().unwrap()))
+        };
+        let with_base = |opts: CreateOptions| {
+            opts.max_memtable_size(3 << 20)
+                .compaction_strategy(Arc::new(
+                    crate::compaction::Leveled::default().with_level_base_size(8 << 20),
+                ))
+        };
+
+        let dir = tempfile::tempdir()?;
+        {
+            let db = crate::Database::builder(dir.path()).open()?;
+            let ks = db.keyspace("ks", || CreateOptions::default().max_memtable_size(1 << 20))?;
+            let other = db.keyspace("other", || {
+                CreateOptions::default().max_memtable_size(2 << 20)
+            })?;
+            ks.insert("a", "1")?;
+            other.insert("b", "2")?;
+            assert!(db.reconfigure_keyspace(&ks, with_base)?);
+            // The handle goes on with what it was opened with.
+            assert_eq!(1 << 20, ks.config.max_memtable_size);
+            assert_eq!(None, base_of(&ks));
+        }
+        {
+            let db = crate::Database::builder(dir.path()).open()?;
+            let ks = db.keyspace("ks", CreateOptions::default)?;
+            let other = db.keyspace("other", CreateOptions::default)?;
+            assert_eq!(3 << 20, ks.config.max_memtable_size);
+            assert_eq!(Some(8 << 20), base_of(&ks));
+            assert_eq!(2 << 20, other.config.max_memtable_size);
+            assert_eq!(None, base_of(&other));
+            assert_eq!(b"1", &*db.snapshot().get(&ks, "a")?.unwrap());
+            assert_eq!(b"2", &*db.snapshot().get(&other, "b")?.unwrap());
+            // The same options again: nothing to write.
+            assert!(!db.reconfigure_keyspace(&ks, with_base)?);
+            // Back to fjall's strategy: the level base is removed.
+            assert!(db.reconfigure_keyspace(&ks, |opts| {
+                opts.compaction_strategy(Arc::new(crate::compaction::Leveled::default()))
+            })?);
+        }
+        let db = crate::Database::builder(dir.path()).open()?;
+        let ks = db.keyspace("ks", CreateOptions::default)?;
+        assert_eq!(3 << 20, ks.config.max_memtable_size);
+        assert_eq!(None, base_of(&ks));
+        assert_eq!(b"1", &*db.snapshot().get(&ks, "a")?.unwrap());
+
+        Ok(())
+    }
+
     #[test]
     #[cfg(not(feature = "lz4"))]
     fn keyspace_opts_compression_none() {
