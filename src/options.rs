@@ -203,7 +203,8 @@ impl Options {
     /// (fjall makes writers wait while four wait for their flush). Default
     /// [`WRITE_BUFFER_BYTES_DEFAULT`] (5 MiB), at least
     /// [`WRITE_BUFFER_BYTES_MIN`] (4 MiB). Smaller means less memory and
-    /// more, smaller table files (more compaction work).
+    /// more, smaller table files (more compaction work). It applies at
+    /// every open, whatever the store was created or last opened with.
     pub fn write_buffer_bytes(mut self, bytes: u64) -> Self {
         self.write_buffer_bytes = bytes.max(WRITE_BUFFER_BYTES_MIN);
         self

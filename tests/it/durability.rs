@@ -914,6 +914,82 @@ fn d4_upgrade_child_entry() {
     std::process::exit(0);
 }
 
+/// D4: the open that moves a store of an earlier release (the v2 fixture,
+/// written with fjall's compaction and a 1 MiB memtable) onto this
+/// release's engine settings rewrites them and opens the engine again;
+/// killed at any moment of it, the store opens next time with every
+/// record of the fixture.
+#[test]
+fn d4_an_open_killed_while_it_moves_the_engine_settings_loses_nothing() {
+    let kills = env_u64("AGENTSTATE_D4_SETTINGS_KILLS", 16);
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v2");
+    let tmp = tempfile::tempdir().unwrap();
+    // One whole open in a child, timed from its spawn.
+    let whole = tmp.path().join("whole");
+    copy_dir(&golden, &whole);
+    let began = Instant::now();
+    let (out, exited) = crash::run_child(
+        &|| self_command("durability::d4_upgrade_child_entry"),
+        &whole.display().to_string(),
+        crash::KillAt::Start(Duration::from_secs(600)),
+    )
+    .unwrap();
+    let took = began.elapsed();
+    assert!(exited, "the child did not finish: {:?}", out.lines);
+    assert!(
+        out.lines.iter().any(|l| l == "phase done"),
+        "{:?}",
+        out.lines
+    );
+
+    let mut rng = crash::Rng::new(env_u64("AGENTSTATE_CRASH_SEED", 11));
+    let (mut killed, mut finished) = (0, 0);
+    for i in 0..=kills {
+        let path = tmp.path().join(format!("k{i}"));
+        copy_dir(&golden, &path);
+        // The last child is not killed: the whole open, for comparison.
+        let delay = Duration::from_micros(rng.below(took.as_micros() as u64 + 1));
+        let (out, _) = crash::run_child(
+            &|| self_command("durability::d4_upgrade_child_entry"),
+            &path.display().to_string(),
+            crash::KillAt::Start(if i == kills {
+                Duration::from_secs(600)
+            } else {
+                delay
+            }),
+        )
+        .unwrap();
+        if out.lines.iter().any(|l| l == "phase done") {
+            finished += 1;
+        } else {
+            killed += 1;
+        }
+        let store = FileStore::open(&path).unwrap_or_else(|e| panic!("kill {i} at {delay:?}: {e}"));
+        for want in fixture_runs() {
+            assert_eq!(
+                store.get_run(&want.key).unwrap().as_ref(),
+                Some(&want),
+                "kill {i} at {delay:?}"
+            );
+        }
+        assert_eq!(
+            store.get_session(&SessionKey::new("acme", "s1")).unwrap(),
+            Some(fixture_session()),
+            "kill {i} at {delay:?}"
+        );
+        let report = store.verify().unwrap();
+        assert!(
+            report.is_ok(),
+            "kill {i} at {delay:?}: {:?}",
+            report.problems
+        );
+    }
+    eprintln!(
+        "d4 settings: a whole open took {took:?} from spawn; {killed} children killed before they finished, {finished} finished"
+    );
+    assert!(killed > 0, "no kill landed before the open finished");
+}
+
 /// Checks that the store at `path` holds exactly `runs` (and the session),
 /// by key and in every listing, and verifies.
 fn assert_holds_exactly(path: &Path, runs: &[RunRecord], what: &str) {
@@ -2364,6 +2440,63 @@ fn journal_bytes(path: &Path) -> u64 {
         .filter(|f| f.extension().is_some_and(|e| e == "jnl"))
         .map(|f| std::fs::metadata(path.join(f)).unwrap().len())
         .sum()
+}
+
+/// The ids of the data tables in the store at `path`: fjall's table files
+/// of every keyspace but its meta keyspace (`keyspaces/0`).
+fn data_table_ids(path: &Path) -> std::collections::BTreeSet<u64> {
+    store_files(path)
+        .into_iter()
+        .filter(|f| {
+            let parts: Vec<_> = f.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+            parts.len() == 5
+                && parts[..2] == ["db", "keyspaces"]
+                && parts[2] != "0"
+                && parts[3] == "tables"
+        })
+        .map(|f| f.file_name().unwrap().to_str().unwrap().parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn the_write_buffer_of_each_open_applies_to_an_existing_store() {
+    // `Options::write_buffer_bytes` bounds the memory unflushed writes
+    // hold, one memtable a fifth of it. fjall keeps the memtable size a
+    // keyspace was created with; the store's open must apply the one
+    // asked for now, in both directions. Observed by the tables written:
+    // ~6 MiB of runs flush a 1 MiB memtable several times and a 40 MiB
+    // one never (no flush at close either).
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = |buffer: u64| {
+        Options::new()
+            .durability(agentstate::Durability::Buffered)
+            .write_buffer_bytes(buffer)
+            .flush_at_close(false)
+    };
+    let (small, big) = (4 << 20, 200 << 20);
+    for (created, reopened) in [(big, small), (small, big)] {
+        let path = tmp.path().join(format!("store-{created}"));
+        let store = FileStore::open_with(&path, opts(created)).unwrap();
+        store.put_run(padded_run(0, 10)).unwrap();
+        drop(store);
+        let before = data_table_ids(&path);
+        let store = FileStore::open_with(&path, opts(reopened)).unwrap();
+        let runs: Vec<RunRecord> = (1..3_000)
+            .map(|i| store.put_run(padded_run(i, 1_000)).unwrap())
+            .collect();
+        drop(store);
+        let new = data_table_ids(&path).difference(&before).count();
+        if reopened == small {
+            assert!(new >= 2, "a 1 MiB memtable flushed {new} tables");
+        } else {
+            assert_eq!(new, 0, "a 40 MiB memtable was flushed");
+        }
+        // And the next open, with the same options, reads everything.
+        let store = FileStore::open_with(&path, opts(reopened)).unwrap();
+        for r in &runs {
+            assert_eq!(store.get_run(&r.key).unwrap().as_ref(), Some(r));
+        }
+    }
 }
 
 /// Run `r{i:05}` of tenant `acme` with a pending tool call whose arguments

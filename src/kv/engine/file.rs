@@ -142,6 +142,11 @@ const CLOSE_FLUSH_WAIT: Duration = Duration::from_secs(30);
 
 impl FjallEngine {
     pub(crate) fn open(dir: &Path, mode: SyncMode, tuning: Tuning) -> Result<Self> {
+        Self::open_once(dir, mode, tuning, false)
+    }
+
+    /// `open`; `reconfigured` once the keyspace's settings were rewritten.
+    fn open_once(dir: &Path, mode: SyncMode, tuning: Tuning, reconfigured: bool) -> Result<Self> {
         // fjall 3.1 checks some on-disk lengths of its journal with
         // `debug_assert!` (journal/entry.rs), so a damaged journal panics a
         // debug build while it recovers. A panic here is damage, not a bug
@@ -193,53 +198,29 @@ impl FjallEngine {
         };
         let ks = db
             .keyspace("agentstate", || {
-                KeyspaceCreateOptions::default()
-                    .max_memtable_size(memtable_bytes(tuning.write_buffer_bytes))
-                    // 16 KiB data blocks (fjall: 4 KiB): a page of 100
-                    // records loads a quarter as many blocks; measured on
-                    // fjall alone at 1M records, 49–54 µs a page instead
-                    // of 77–79 µs (ARCHITECTURE.md, "Storage layout").
-                    // Kept by fjall with the keyspace: a store keeps the
-                    // block size it was created with.
-                    .data_block_size_policy(fjall::config::BlockSizePolicy::all(16 * 1024))
-                    // Bloom filters in partitions at every level (fjall:
-                    // from L3 on): a point read loads one partition of a
-                    // table's filter, not all of it. The first read after
-                    // opening a 1M-run store loaded 2.9 MB of whole filters
-                    // (262 KB to 1.5 MB each); the open probe's clean open
-                    // + first read went from ~8.9 ms to a 4.7 ms median,
-                    // and resident memory down with it. Kept with the
-                    // keyspace, like the block size.
-                    .filter_block_partitioning_policy(fjall::config::PartitioningPolicy::all(true))
-                    // Block indexes in partitions at every level too
-                    // (fjall: from L3 on): a table's index is one entry
-                    // per 16 KiB block, 120–190 KB for a 67 MB table, read
-                    // whole at open (L0, L1) or at the table's first read.
-                    // With partitions the open reads a small top-level
-                    // index and a point read one 4 KiB partition.
-                    .index_block_partitioning_policy(fjall::config::PartitioningPolicy::all(true))
-                    // Data blocks uncompressed at every level (fjall: lz4
-                    // from canonical L2 on, where the small first level
-                    // below puts the bulk of a store). A page of 100 at 1M
-                    // runs took 117–148 µs with lz4 against 115–119 µs
-                    // without, for a store of 119 MB against 387 MB. Kept
-                    // with the keyspace, like the block size.
-                    .data_block_compression_policy(fjall::config::CompressionPolicy::disabled())
-                    // Leveled compaction with an 8 MiB first level (fjall:
-                    // 4 x 64 MiB tables = 256 MiB). Every L0 table spans
-                    // the keys its memtable held, so each L0 merge
-                    // rewrites the first level whole: with fjall's base a
-                    // store under 256 MiB was rewritten every fourth
-                    // memtable flush. A short scan between tray writes on
-                    // a store holding 200k runs: 101–120 µs before, 52–79
-                    // µs after (ARCHITECTURE.md, "Compaction: a small
-                    // first level"). Kept by fjall with the keyspace.
-                    .compaction_strategy(Arc::new(
-                        fjall::compaction::Leveled::default()
-                            .with_level_base_size(LEVEL_BASE_BYTES),
-                    ))
+                keyspace_options(KeyspaceCreateOptions::default(), &tuning)
             })
             .map_err(map_err)?;
+        // fjall keeps the options a keyspace was created with and ignores
+        // those given at a later open: a store created by an earlier
+        // release, or opened now with another write buffer, would go on
+        // with the old ones (a memtable sized for another write buffer,
+        // the old compaction). Rewritten once, atomically, and the
+        // database opened again to run with them.
+        if db
+            .reconfigure_keyspace(&ks, |o| keyspace_options(o, &tuning))
+            .map_err(map_err)?
+        {
+            if reconfigured {
+                return Err(StateError::corrupt(format!(
+                    "the engine's settings in {} do not keep what was written",
+                    dir.display()
+                )));
+            }
+            drop(ks);
+            drop(db);
+            return Self::open_once(dir, mode, tuning, true);
+        }
         // D5: fjall's checksums do not cover a batch's sequence number;
         // the replay must match the journal's order before any read.
         let snap = db.snapshot();
@@ -297,6 +278,53 @@ fn free_bytes(dir: &Path) -> Option<u64> {
 #[cfg(not(unix))]
 fn free_bytes(_dir: &Path) -> Option<u64> {
     None
+}
+
+/// The keyspace settings of this release, on top of `base` (fjall's
+/// defaults for a new store, the stored settings for an existing one).
+/// The block settings apply to the tables written from then on: each
+/// table records its own, so a store's older tables read as they were
+/// written until compaction rewrites them.
+fn keyspace_options(base: KeyspaceCreateOptions, tuning: &Tuning) -> KeyspaceCreateOptions {
+    base.max_memtable_size(memtable_bytes(tuning.write_buffer_bytes))
+        // 16 KiB data blocks (fjall: 4 KiB): a page of 100
+        // records loads a quarter as many blocks; measured on
+        // fjall alone at 1M records, 49–54 µs a page instead
+        // of 77–79 µs (ARCHITECTURE.md, "Storage layout").
+        .data_block_size_policy(fjall::config::BlockSizePolicy::all(16 * 1024))
+        // Bloom filters in partitions at every level (fjall:
+        // from L3 on): a point read loads one partition of a
+        // table's filter, not all of it. The first read after
+        // opening a 1M-run store loaded 2.9 MB of whole filters
+        // (262 KB to 1.5 MB each); the open probe's clean open
+        // + first read went from ~8.9 ms to a 4.7 ms median,
+        // and resident memory down with it.
+        .filter_block_partitioning_policy(fjall::config::PartitioningPolicy::all(true))
+        // Block indexes in partitions at every level too
+        // (fjall: from L3 on): a table's index is one entry
+        // per 16 KiB block, 120–190 KB for a 67 MB table, read
+        // whole at open (L0, L1) or at the table's first read.
+        // With partitions the open reads a small top-level
+        // index and a point read one 4 KiB partition.
+        .index_block_partitioning_policy(fjall::config::PartitioningPolicy::all(true))
+        // Data blocks uncompressed at every level (fjall: lz4
+        // from canonical L2 on, where the small first level
+        // below puts the bulk of a store). A page of 100 at 1M
+        // runs took 117–148 µs with lz4 against 115–119 µs
+        // without, for a store of 119 MB against 387 MB.
+        .data_block_compression_policy(fjall::config::CompressionPolicy::disabled())
+        // Leveled compaction with an 8 MiB first level (fjall:
+        // 4 x 64 MiB tables = 256 MiB). Every L0 table spans
+        // the keys its memtable held, so each L0 merge
+        // rewrites the first level whole: with fjall's base a
+        // store under 256 MiB was rewritten every fourth
+        // memtable flush. A short scan between tray writes on
+        // a store holding 200k runs: 101–120 µs before, 52–79
+        // µs after (ARCHITECTURE.md, "Compaction: a small
+        // first level").
+        .compaction_strategy(Arc::new(
+            fjall::compaction::Leveled::default().with_level_base_size(LEVEL_BASE_BYTES),
+        ))
 }
 
 /// The size of one memtable for a write buffer of `bytes`: fjall 3.1
@@ -433,5 +461,79 @@ impl Engine for FjallEngine {
 
     fn disk_bytes(&self) -> u64 {
         self.fj().db.disk_space().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use fjall::{Database, KeyspaceCreateOptions};
+
+    use super::{LEVEL_BASE_BYTES, keyspace_options};
+    use crate::Options;
+
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let dest = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy_dir(&entry.path(), &dest);
+            } else {
+                std::fs::copy(entry.path(), dest).unwrap();
+            }
+        }
+    }
+
+    /// The settings fjall recovered for the store's keyspace: its first
+    /// level's size, and whether its data blocks are compressed anywhere.
+    /// (Its memtable size: `tests/it/durability.rs`, by the tables a
+    /// reopen flushes.)
+    fn stored_settings(db_dir: &Path) -> (Option<u64>, bool) {
+        let db = Database::builder(db_dir).open().unwrap();
+        let ks = db
+            .keyspace("agentstate", KeyspaceCreateOptions::default)
+            .unwrap();
+        let base = ks
+            .config
+            .compaction_strategy
+            .get_config()
+            .into_iter()
+            .find(|(key, _)| &**key == b"leveled_level_base_size")
+            .map(|(_, value)| u64::from_le_bytes((*value).try_into().unwrap()));
+        let compressed =
+            ks.config.data_block_compression_policy != fjall::config::CompressionPolicy::disabled();
+        (base, compressed)
+    }
+
+    /// Stores written by earlier releases (the v1 and v2 fixtures, made
+    /// with fjall's compaction and compression) open with this release's
+    /// keyspace settings, and a store already on them is not rewritten
+    /// (which would cost every open a second one).
+    #[test]
+    fn a_store_of_an_earlier_release_opens_with_this_releases_settings() {
+        let tuning = Options::new().tuning();
+        let now = (Some(LEVEL_BASE_BYTES), false);
+        for fixture in ["v1", "v2"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let store = tmp.path().join("store");
+            let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+            copy_dir(&fixtures.join(fixture), &store);
+            let before = stored_settings(&store.join("db"));
+            assert_ne!(before, now, "{fixture}: already on this release's settings");
+
+            drop(crate::FileStore::open(&store).unwrap());
+            assert_eq!(stored_settings(&store.join("db")), now, "{fixture}");
+
+            let db = Database::builder(store.join("db")).open().unwrap();
+            let ks = db
+                .keyspace("agentstate", KeyspaceCreateOptions::default)
+                .unwrap();
+            let changed = db
+                .reconfigure_keyspace(&ks, |o| keyspace_options(o, &tuning))
+                .unwrap();
+            assert!(!changed, "{fixture}: settings rewritten at every open");
+        }
     }
 }
