@@ -886,6 +886,19 @@ fn format1_runs(n: u64) -> Vec<RunRecord> {
         .collect()
 }
 
+/// A fresh copy of `golden` at `path`, opened by the upgrade kills' child
+/// (`d4_upgrade_child_entry`), which is killed as `kill` says; what it said
+/// and whether it exited on its own.
+fn open_copy_in_child(golden: &Path, path: &Path, kill: crash::KillAt) -> (crash::Output, bool) {
+    copy_dir(golden, path);
+    crash::run_child(
+        &|| self_command("durability::d4_upgrade_child_entry"),
+        &path.display().to_string(),
+        kill,
+    )
+    .unwrap()
+}
+
 /// Child entry point of the upgrade kills: opens (and so upgrades) the
 /// store at `$AGENTSTATE_CRASH_CHILD`, saying each step of the progress
 /// (`phase opened` here means: the upgrade has begun).
@@ -926,14 +939,12 @@ fn d4_an_open_killed_while_it_moves_the_engine_settings_loses_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     // One whole open in a child, timed from its spawn.
     let whole = tmp.path().join("whole");
-    copy_dir(&golden, &whole);
     let began = Instant::now();
-    let (out, exited) = crash::run_child(
-        &|| self_command("durability::d4_upgrade_child_entry"),
-        &whole.display().to_string(),
+    let (out, exited) = open_copy_in_child(
+        &golden,
+        &whole,
         crash::KillAt::Start(Duration::from_secs(600)),
-    )
-    .unwrap();
+    );
     let took = began.elapsed();
     assert!(exited, "the child did not finish: {:?}", out.lines);
     assert!(
@@ -946,19 +957,14 @@ fn d4_an_open_killed_while_it_moves_the_engine_settings_loses_nothing() {
     let (mut killed, mut finished) = (0, 0);
     for i in 0..=kills {
         let path = tmp.path().join(format!("k{i}"));
-        copy_dir(&golden, &path);
         // The last child is not killed: the whole open, for comparison.
         let delay = Duration::from_micros(rng.below(took.as_micros() as u64 + 1));
-        let (out, _) = crash::run_child(
-            &|| self_command("durability::d4_upgrade_child_entry"),
-            &path.display().to_string(),
-            crash::KillAt::Start(if i == kills {
-                Duration::from_secs(600)
-            } else {
-                delay
-            }),
-        )
-        .unwrap();
+        let kill = if i == kills {
+            Duration::from_secs(600)
+        } else {
+            delay
+        };
+        let (out, _) = open_copy_in_child(&golden, &path, crash::KillAt::Start(kill));
         if out.lines.iter().any(|l| l == "phase done") {
             finished += 1;
         } else {
@@ -1060,13 +1066,11 @@ fn d4_an_upgrade_killed_at_any_moment_leaves_every_record() {
 
     // One whole upgrade in a child: how long it takes, what it says.
     let whole = tmp.path().join("whole");
-    copy_dir(&golden, &whole);
-    let (out, exited) = crash::run_child(
-        &|| self_command("durability::d4_upgrade_child_entry"),
-        &whole.display().to_string(),
+    let (out, exited) = open_copy_in_child(
+        &golden,
+        &whole,
         crash::KillAt::Start(Duration::from_secs(600)),
-    )
-    .unwrap();
+    );
     // From the upgrade's start to its last step.
     let took = Duration::from_micros(
         out.lines
@@ -1096,14 +1100,8 @@ fn d4_an_upgrade_killed_at_any_moment_leaves_every_record() {
     let (mut before, mut during, mut after) = (0, 0, 0);
     for i in 0..kills {
         let path = tmp.path().join(format!("k{i}"));
-        copy_dir(&golden, &path);
         let delay = Duration::from_micros(rng.below(took.as_micros() as u64 + 1));
-        let (out, _) = crash::run_child(
-            &|| self_command("durability::d4_upgrade_child_entry"),
-            &path.display().to_string(),
-            crash::KillAt::Opened(delay),
-        )
-        .unwrap();
+        let (out, _) = open_copy_in_child(&golden, &path, crash::KillAt::Opened(delay));
         let last = out.lines.iter().rev().find(|l| l.starts_with("progress "));
         match last.map(|l| l.as_str()) {
             None => before += 1,
