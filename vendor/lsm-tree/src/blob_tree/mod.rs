@@ -271,6 +271,15 @@ impl AbstractTree for BlobTree {
 
     fn clear(&self) -> crate::Result<()> {
         let config = self.tree_config();
+        // agentstate patch: every change of the version holds the
+        // compaction state lock (`SuperVersions::upgrade_version_unblocked`
+        // relies on it), this one too.
+        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
+        let _compaction_state = self
+            .index
+            .compaction_state
+            .lock()
+            .expect("lock is poisoned");
         let mut versions = self.get_version_history_lock();
 
         versions.upgrade_version(

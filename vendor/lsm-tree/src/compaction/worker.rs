@@ -186,8 +186,11 @@ fn move_tables(
     opts: &Options,
     payload: &CompactionPayload,
 ) -> crate::Result<()> {
+    // agentstate patch: a read lock for the checks, the version written
+    // with none (`SuperVersions::upgrade_version_unblocked`); the
+    // compaction state lock the caller holds keeps the version as read.
     #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-    let mut version_history_lock = opts.version_history.write().expect("lock is poisoned");
+    let version_history_lock = opts.version_history.read().expect("lock is poisoned");
 
     // Fail-safe for buggy compaction strategies
     if compaction_state
@@ -222,7 +225,9 @@ fn move_tables(
         return Ok(());
     }
 
-    version_history_lock.upgrade_version(
+    drop(version_history_lock);
+    let mut version_history_lock = SuperVersions::upgrade_version_unblocked(
+        &opts.version_history,
         &opts.config.path,
         |current| {
             let mut copy = current.clone();
@@ -237,7 +242,11 @@ fn move_tables(
         &opts.visible_seqno,
     )?;
 
-    if let Err(e) = version_history_lock.maintenance(&opts.config.path, opts.mvcc_gc_watermark) {
+    // agentstate patch: the retired versions let go of with the lock
+    // released (`SuperVersions::maintenance`).
+    let retired = version_history_lock.maintenance(&opts.config.path, opts.mvcc_gc_watermark);
+    drop(version_history_lock);
+    if let Err(e) = retired.finish() {
         log::error!("Manifest maintenance failed: {e:?}");
         return Err(e);
     }
@@ -528,10 +537,14 @@ fn merge_tables(
     #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
     let mut compaction_state = opts.compaction_state.lock().expect("lock is poisoned");
 
-    log::trace!("Acquiring super version write lock");
+    // agentstate patch: a read lock for the checks; the result is written
+    // with no lock held and published under a short write lock
+    // (`SuperVersions::upgrade_version_unblocked`). The compaction state
+    // lock held above keeps the version from changing meanwhile. Under the
+    // write lock, the output tables' last writes and syncs and the version
+    // file's stalled every read and memtable insert of the tree.
     #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-    let mut version_history_lock = opts.version_history.write().expect("lock is poisoned");
-    log::trace!("Acquired super version write lock");
+    let version_history_lock = opts.version_history.read().expect("lock is poisoned");
 
     // NOTE: Check for race condition - https://github.com/fjall-rs/fjall/issues/287
     //
@@ -554,6 +567,7 @@ fn merge_tables(
 
         return Ok(());
     }
+    drop(version_history_lock);
 
     log::trace!("Blob fragmentation diff: {blob_frag_map:#?}");
 
@@ -573,7 +587,7 @@ fn merge_tables(
 
     compactor
         .finish(
-            &mut version_history_lock,
+            &opts.version_history,
             opts,
             payload,
             dst_lvl,
@@ -594,13 +608,18 @@ fn merge_tables(
         .hidden_set_mut()
         .show(payload.table_ids.iter().copied());
 
-    version_history_lock
-        .maintenance(&opts.config.path, opts.mvcc_gc_watermark)
-        .inspect_err(|e| {
-            log::error!("Manifest maintenance failed: {e:?}");
-        })?;
+    // agentstate patch: the retired versions let go of with the lock
+    // released (`SuperVersions::maintenance`).
+    #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
+    let retired = opts
+        .version_history
+        .write()
+        .expect("lock is poisoned")
+        .maintenance(&opts.config.path, opts.mvcc_gc_watermark);
+    retired.finish().inspect_err(|e| {
+        log::error!("Manifest maintenance failed: {e:?}");
+    })?;
 
-    drop(version_history_lock);
     drop(compaction_state);
 
     log::trace!("Compaction successful");
@@ -613,8 +632,11 @@ fn drop_tables(
     opts: &Options,
     ids_to_drop: &[TableId],
 ) -> crate::Result<()> {
+    // agentstate patch: a read lock for the checks, the version written
+    // with none (`SuperVersions::upgrade_version_unblocked`); the
+    // compaction state lock the caller holds keeps the version as read.
     #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-    let mut version_history_lock = opts.version_history.write().expect("lock is poisoned");
+    let version_history_lock = opts.version_history.read().expect("lock is poisoned");
 
     // Fail-safe for buggy compaction strategies
     if compaction_state
@@ -652,7 +674,9 @@ fn drop_tables(
 
     // IMPORTANT: Write the manifest with the removed tables first
     // Otherwise the table files are deleted, but are still referenced!
-    version_history_lock.upgrade_version(
+    drop(version_history_lock);
+    let mut version_history_lock = SuperVersions::upgrade_version_unblocked(
+        &opts.version_history,
         &opts.config.path,
         |current| {
             let mut copy = current.clone();
@@ -667,12 +691,14 @@ fn drop_tables(
         &opts.visible_seqno,
     )?;
 
-    if let Err(e) = version_history_lock.maintenance(&opts.config.path, opts.mvcc_gc_watermark) {
+    // agentstate patch: the retired versions let go of with the lock
+    // released (`SuperVersions::maintenance`).
+    let retired = version_history_lock.maintenance(&opts.config.path, opts.mvcc_gc_watermark);
+    drop(version_history_lock);
+    if let Err(e) = retired.finish() {
         log::error!("Manifest maintenance failed: {e:?}");
         return Err(e);
     }
-
-    drop(version_history_lock);
 
     // NOTE: If the application were to crash >here< it's fine
     // The tables are not referenced anymore, and will be

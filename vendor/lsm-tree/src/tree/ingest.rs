@@ -326,7 +326,7 @@ impl<'a> Ingestion<'a> {
 
         // Perform maintenance on the version history (e.g., clean up old versions).
         // We use gc_watermark=0 since ingestion doesn't affect sealed memtables.
-        if let Err(e) = version_lock.maintenance(&self.tree.config.path, 0) {
+        if let Err(e) = version_lock.maintenance(&self.tree.config.path, 0).finish() {
             log::warn!("Version GC failed: {e:?}");
         }
 

@@ -263,6 +263,11 @@ impl AbstractTree for Tree {
 
     fn clear(&self) -> crate::Result<()> {
         let config = self.tree_config();
+        // agentstate patch: every change of the version holds the
+        // compaction state lock (`SuperVersions::upgrade_version_unblocked`
+        // relies on it), this one too.
+        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
+        let _compaction_state = self.compaction_state.lock().expect("lock is poisoned");
         let mut versions = self.get_version_history_lock();
 
         versions.upgrade_version(
@@ -430,7 +435,6 @@ impl AbstractTree for Tree {
         Ok(Some((tables, None)))
     }
 
-    #[expect(clippy::significant_drop_tightening)]
     fn register_tables(
         &self,
         tables: &[Table],
@@ -447,20 +451,30 @@ impl AbstractTree for Tree {
 
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
         let mut _compaction_state = self.compaction_state.lock().expect("lock is poisoned");
-        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        let mut version_lock = self.version_history.write().expect("lock is poisoned");
 
         // NOTE: Check for race condition
         // Fixes: https://github.com/fjall-rs/fjall/issues/287#issuecomment-4938188362
-        if sealed_memtables_to_delete
-            .iter()
-            .any(|id| !version_lock.latest_version().sealed_memtables.contains(id))
-        {
+        //
+        // agentstate patch: checked under the read lock, and the version
+        // written with no lock held (`upgrade_version_unblocked`): the
+        // compaction state lock held above keeps the sealed memtables from
+        // being released by anyone else until this publishes.
+        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
+        if sealed_memtables_to_delete.iter().any(|id| {
+            !self
+                .version_history
+                .read()
+                .expect("lock is poisoned")
+                .latest_version()
+                .sealed_memtables
+                .contains(id)
+        }) {
             log::debug!("Not registering tables because flush task processed some sealed memtables which do not exist (anymore)");
             return Ok(());
         }
 
-        version_lock.upgrade_version(
+        let mut version_lock = SuperVersions::upgrade_version_unblocked(
+            &self.version_history,
             &self.config.path,
             |current| {
                 let mut copy = current.clone();
@@ -482,7 +496,11 @@ impl AbstractTree for Tree {
             &self.config.visible_seqno,
         )?;
 
-        if let Err(e) = version_lock.maintenance(&self.config.path, gc_watermark) {
+        // agentstate patch: the retired versions let go of with the lock
+        // released (`SuperVersions::maintenance`).
+        let retired = version_lock.maintenance(&self.config.path, gc_watermark);
+        drop(version_lock);
+        if let Err(e) = retired.finish() {
             log::warn!("Version GC failed: {e:?}");
         }
 

@@ -8,7 +8,11 @@ use crate::{
     version::{persist_version, Version},
     SeqNo, SequenceNumberCounter,
 };
-use std::{collections::VecDeque, path::Path, sync::Arc};
+use std::{
+    collections::VecDeque,
+    path::Path,
+    sync::{Arc, RwLock, RwLockWriteGuard},
+};
 
 /// A super version is a point-in-time snapshot of memtables and a [`Version`] (list of disk files)
 #[derive(Clone)]
@@ -27,6 +31,47 @@ pub struct SuperVersion {
 }
 
 pub struct SuperVersions(VecDeque<SuperVersion>);
+
+/// agentstate patch: versions taken out of the history by
+/// `SuperVersions::maintenance`, with their files, let go of after the
+/// history's lock is released: `finish` removes the files (a version file
+/// already gone is not an error) and drops the versions; dropping it does
+/// the same, ignoring errors.
+#[derive(Default)]
+#[must_use = "call `finish` once the version history's lock is released"]
+pub struct Retired {
+    files: Vec<std::path::PathBuf>,
+    versions: Vec<SuperVersion>,
+}
+
+impl Retired {
+    /// Removes the retired version files, then drops the versions (the
+    /// last references to tables no version holds delete their files).
+    pub fn finish(mut self) -> crate::Result<()> {
+        let mut result = Ok(());
+        for path in std::mem::take(&mut self.files) {
+            match crate::file::retry_transient_io(|| std::fs::remove_file(&path)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    if result.is_ok() {
+                        result = Err(e.into());
+                    }
+                }
+            }
+        }
+        self.versions.clear();
+        result
+    }
+}
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        for path in &self.files {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
 
 impl SuperVersions {
     pub fn new(version: Version) -> Self {
@@ -67,20 +112,29 @@ impl SuperVersions {
         self.len().saturating_sub(1)
     }
 
-    pub fn maintenance(&mut self, folder: &Path, gc_watermark: SeqNo) -> crate::Result<()> {
+    /// agentstate patch: takes the versions no snapshot can read any more
+    /// out of the history and returns them with their files, to be let go
+    /// of by `Retired::finish` once the caller has released the lock.
+    /// Removing the version files here, and dropping the last references
+    /// to the tables an older version held (which deletes their files),
+    /// ran under the version history's write lock, which every read and
+    /// every memtable insert of the tree waits for.
+    pub fn maintenance(&mut self, folder: &Path, gc_watermark: SeqNo) -> Retired {
+        let mut retired = Retired::default();
+
         if gc_watermark == 0 {
-            return Ok(());
+            return retired;
         }
 
         if self.free_list_len() < 1 {
-            return Ok(());
+            return retired;
         }
 
         log::trace!("Running manifest GC with watermark={gc_watermark}");
 
         if let Some(hi_idx) = self.0.iter().rposition(|x| x.seqno < gc_watermark) {
             for _ in 0..hi_idx {
-                let Some(head) = self.0.front() else {
+                let Some(head) = self.0.pop_front() else {
                     break;
                 };
 
@@ -90,18 +144,16 @@ impl SuperVersions {
                     head.seqno,
                 );
 
-                let path = folder.join(format!("v{}", head.version.id()));
-                if path.try_exists()? {
-                    crate::file::retry_transient_io(|| std::fs::remove_file(&path))?;
-                }
-
-                self.0.pop_front();
+                retired
+                    .files
+                    .push(folder.join(format!("v{}", head.version.id())));
+                retired.versions.push(head);
             }
         }
 
         log::trace!("Manifest GC done, version length now {}", self.0.len());
 
-        Ok(())
+        retired
     }
 
     /// Modifies the level manifest atomically.
@@ -143,6 +195,77 @@ impl SuperVersions {
         visible_seqno.fetch_max(seqno + 1);
 
         Ok(())
+    }
+
+    /// agentstate patch: installs the next version like `upgrade_version`,
+    /// but with the write lock held only to publish it, not while its file
+    /// is written and synced. `upgrade_version` runs with the caller's
+    /// write guard, so every read and every memtable insert of the tree
+    /// (both take the read lock) waited for the version file's syncs: a
+    /// flush and each compaction stalled them for milliseconds.
+    ///
+    /// The caller must hold the tree's compaction state lock, which every
+    /// change of the persisted `version` takes (flush registration,
+    /// compaction, ingestion, `clear`), so the version `f` sees stays the
+    /// latest until it is published. What may change meanwhile is the
+    /// memtables (a writer's rotation seals the active one): the published
+    /// super version takes them from the latest one, less the sealed
+    /// memtables `f` released. So `f` may change `version` and release
+    /// sealed memtables, nothing else.
+    ///
+    /// Returns the write guard, held, so the caller's maintenance follows
+    /// in the same critical section.
+    pub(crate) fn upgrade_version_unblocked<'a, F>(
+        history: &'a RwLock<Self>,
+        tree_path: &Path,
+        f: F,
+        seqno: &SequenceNumberCounter,
+        visible_seqno: &SequenceNumberCounter,
+    ) -> crate::Result<RwLockWriteGuard<'a, Self>>
+    where
+        F: FnOnce(&SuperVersion) -> crate::Result<SuperVersion>,
+    {
+        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
+        let base = history.read().expect("lock is poisoned").latest_version();
+
+        let mut next = f(&base)?;
+        next.seqno = seqno.next();
+        log::trace!("Next version seqno={}", next.seqno);
+
+        persist_version(tree_path, &next.version)?;
+
+        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
+        let mut lock = history.write().expect("lock is poisoned");
+        let latest = lock.latest_version();
+
+        if latest.version.id() != base.version.id() {
+            // Cannot happen while every version change holds the
+            // compaction state lock; never publish over a version that
+            // changed underneath (the one on disk is now ours).
+            log::error!(
+                "Version changed while version {} was persisted (now {})",
+                next.version.id(),
+                latest.version.id(),
+            );
+            return Err(crate::Error::Unrecoverable);
+        }
+
+        let mut sealed = latest.sealed_memtables;
+        for released in base
+            .sealed_memtables
+            .iter()
+            .filter(|mt| !next.sealed_memtables.contains(&mt.id))
+        {
+            sealed = Arc::new(sealed.remove(released.id));
+        }
+        next.sealed_memtables = sealed;
+        next.active_memtable = latest.active_memtable;
+
+        let published = next.seqno;
+        lock.append_version(next);
+        visible_seqno.fetch_max(published + 1);
+
+        Ok(lock)
     }
 
     pub fn append_version(&mut self, version: SuperVersion) {
@@ -200,6 +323,161 @@ mod tests {
     use super::*;
     use test_log::test;
 
+    fn one_version(id: crate::version::VersionId, active: u64, sealed: &[u64]) -> SuperVersion {
+        let mut sealed_memtables = SealedMemtables::default();
+        for &id in sealed {
+            sealed_memtables = sealed_memtables.add(Arc::new(Memtable::new(id)));
+        }
+        SuperVersion {
+            active_memtable: Arc::new(Memtable::new(active)),
+            sealed_memtables: Arc::new(sealed_memtables),
+            version: Version::new(id, crate::TreeType::Standard),
+            seqno: 0,
+        }
+    }
+
+    fn sealed_ids(v: &SuperVersion) -> Vec<u64> {
+        v.sealed_memtables.iter().map(|mt| mt.id).collect()
+    }
+
+    /// agentstate patch: `maintenance` only takes versions out of the
+    /// history; their files go at `Retired::finish`, after the caller has
+    /// released the lock.
+    #[test]
+    fn maintenance_leaves_the_files_to_finish() -> crate::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut history = SuperVersions(
+            (0..3)
+                .map(|i| {
+                    let mut v = one_version(i, 9, &[]);
+                    v.seqno = i;
+                    v
+                })
+                .collect(),
+        );
+        for i in 0..3 {
+            std::fs::write(dir.path().join(format!("v{i}")), b"x")?;
+        }
+
+        let retired = history.maintenance(dir.path(), 3);
+        assert_eq!(0, history.free_list_len());
+        assert_eq!(2, history.latest_version().version.id());
+        for i in 0..3 {
+            assert!(
+                dir.path().join(format!("v{i}")).try_exists()?,
+                "v{i} before finish"
+            );
+        }
+
+        retired.finish()?;
+        assert!(!dir.path().join("v0").try_exists()?);
+        assert!(!dir.path().join("v1").try_exists()?);
+        assert!(
+            dir.path().join("v2").try_exists()?,
+            "the latest version's file stays"
+        );
+
+        // A file already gone is not an error.
+        let mut history =
+            SuperVersions(vec![one_version(5, 9, &[]), one_version(6, 9, &[])].into());
+        history.0[1].seqno = 1;
+        history.maintenance(dir.path(), 2).finish()?;
+        assert_eq!(0, history.free_list_len());
+        Ok(())
+    }
+
+    /// agentstate patch: the next version is computed and written with no
+    /// lock held, and a rotation that seals the active memtable meanwhile
+    /// is kept in the published super version, less what `f` released.
+    #[test]
+    fn upgrade_version_unblocked_keeps_a_rotation_made_while_it_writes() -> crate::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let history = RwLock::new(SuperVersions(vec![one_version(0, 3, &[1, 2])].into()));
+        let seqno = SequenceNumberCounter::new(10);
+        let visible = SequenceNumberCounter::new(10);
+
+        let lock = SuperVersions::upgrade_version_unblocked(
+            &history,
+            dir.path(),
+            |current| {
+                // A writer's rotation, while the version is prepared: it
+                // needs the write lock, so none may be held here.
+                let mut w = history.try_write().expect("no lock held while f runs");
+                let mut rotated = w.latest_version();
+                rotated.sealed_memtables = Arc::new(
+                    rotated
+                        .sealed_memtables
+                        .add(rotated.active_memtable.clone()),
+                );
+                rotated.active_memtable = Arc::new(Memtable::new(4));
+                w.replace_latest_version(rotated);
+                drop(w);
+
+                // A flush of sealed memtable 1.
+                let mut copy = current.clone();
+                copy.version = Version::new(current.version.id() + 1, crate::TreeType::Standard);
+                copy.sealed_memtables = Arc::new(copy.sealed_memtables.remove(1));
+                Ok(copy)
+            },
+            &seqno,
+            &visible,
+        )?;
+
+        let latest = lock.latest_version();
+        assert_eq!(1, latest.version.id());
+        assert_eq!(
+            4, latest.active_memtable.id,
+            "the rotation's active memtable"
+        );
+        assert_eq!(
+            vec![2, 3],
+            sealed_ids(&latest),
+            "1 released, 3 sealed meanwhile"
+        );
+        assert_eq!(10, latest.seqno);
+        assert_eq!(11, visible.get());
+        assert_eq!(2, lock.len());
+        assert!(dir.path().join("v1").try_exists()?, "the version file");
+        Ok(())
+    }
+
+    /// agentstate patch: a version that changed while the next one was
+    /// written (not possible while every change holds the compaction
+    /// state lock) is an error, never published over.
+    #[test]
+    fn upgrade_version_unblocked_refuses_a_version_changed_underneath() -> crate::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let history = RwLock::new(SuperVersions(vec![one_version(0, 3, &[])].into()));
+        let seqno = SequenceNumberCounter::new(10);
+        let visible = SequenceNumberCounter::new(10);
+
+        let result = SuperVersions::upgrade_version_unblocked(
+            &history,
+            dir.path(),
+            |current| {
+                history
+                    .write()
+                    .expect("lock")
+                    .append_version(one_version(7, 3, &[]));
+                let mut copy = current.clone();
+                copy.version = Version::new(current.version.id() + 1, crate::TreeType::Standard);
+                Ok(copy)
+            },
+            &seqno,
+            &visible,
+        );
+
+        assert!(matches!(result, Err(crate::Error::Unrecoverable)));
+        let history = history.read().expect("lock");
+        assert_eq!(
+            7,
+            history.latest_version().version.id(),
+            "nothing published"
+        );
+        assert_eq!(10, visible.get());
+        Ok(())
+    }
+
     #[test]
     fn super_version_gc_above_watermark() -> crate::Result<()> {
         let mut history = SuperVersions(
@@ -226,7 +504,9 @@ mod tests {
             .into(),
         );
 
-        history.maintenance(Path::new("."), 0)?;
+        let dir = tempfile::tempdir()?;
+        let retired = history.maintenance(dir.path(), 0);
+        retired.finish()?;
 
         assert_eq!(history.free_list_len(), 2);
 
@@ -259,7 +539,9 @@ mod tests {
             .into(),
         );
 
-        history.maintenance(Path::new("."), 3)?;
+        let dir = tempfile::tempdir()?;
+        let retired = history.maintenance(dir.path(), 3);
+        retired.finish()?;
 
         assert_eq!(history.len(), 1);
 
@@ -298,7 +580,9 @@ mod tests {
             .into(),
         );
 
-        history.maintenance(Path::new("."), 3)?;
+        let dir = tempfile::tempdir()?;
+        let retired = history.maintenance(dir.path(), 3);
+        retired.finish()?;
 
         assert_eq!(history.len(), 2);
 
@@ -325,7 +609,9 @@ mod tests {
             .into(),
         );
 
-        history.maintenance(Path::new("."), 3)?;
+        let dir = tempfile::tempdir()?;
+        let retired = history.maintenance(dir.path(), 3);
+        retired.finish()?;
 
         assert_eq!(history.len(), 2);
 
@@ -352,7 +638,9 @@ mod tests {
             .into(),
         );
 
-        history.maintenance(Path::new("."), 3)?;
+        let dir = tempfile::tempdir()?;
+        let retired = history.maintenance(dir.path(), 3);
+        retired.finish()?;
 
         assert_eq!(history.len(), 1);
 
