@@ -150,7 +150,23 @@ impl SnapshotTracker {
         #[expect(clippy::expect_used)]
         let lock = self.gc_lock.read().expect("lock is poisoned");
 
-        self.data.alter(&instant, |_, v| v.saturating_sub(1));
+        // agentstate patch: an instant no snapshot holds any more leaves
+        // the map now, not at the next `gc`. The map kept one entry per
+        // instant ever opened since the last `gc` (thousands between two
+        // memtable rotations, one per read), and `gc` walked them all with
+        // its write lock held, which every snapshot open waits for. The
+        // watermark `gc` computes is the same: an instant held by no
+        // snapshot is either below the visible sequence number (`gc`
+        // drops it) or equal to it (it gives the watermark `gc` takes
+        // when none is held).
+        if let dashmap::Entry::Occupied(mut entry) = self.data.entry(instant) {
+            let held = entry.get().saturating_sub(1);
+            if held == 0 {
+                entry.remove();
+            } else {
+                *entry.get_mut() = held;
+            }
+        }
 
         let freed = self
             .freed_count
@@ -322,6 +338,46 @@ mod tests {
         assert_eq!(b"a", &*snapshot.get(&tree, "a")?.unwrap());
 
         Ok(())
+    }
+
+    /// agentstate patch: an instant no snapshot holds leaves the map at
+    /// its last close, and `gc` computes the same watermark as when it
+    /// dropped such instants itself.
+    #[test]
+    fn snapshot_tracker_forgets_an_instant_at_its_last_close() {
+        let global_seqno = SequenceNumberCounter::default();
+        let map = SnapshotTracker::new(global_seqno.clone());
+
+        let mut held = Vec::new();
+        for _ in 0..5 {
+            let _ = global_seqno.next();
+            let a = map.open();
+            let b = map.open();
+            held.push(a);
+            drop(b);
+        }
+        // Two opens per instant, one close: every instant still held.
+        assert_eq!(5, map.len());
+        assert_eq!(5, map.open_snapshots());
+
+        // The oldest held snapshot bounds the watermark.
+        map.gc();
+        assert_eq!(0, map.get_seqno_safe_to_gc());
+
+        let oldest = held.remove(0);
+        drop(oldest);
+        assert_eq!(4, map.len(), "the instant left at its last close");
+        map.gc();
+        assert_eq!(1, map.get_seqno_safe_to_gc(), "below the oldest held, 2");
+
+        held.clear();
+        assert_eq!(0, map.len());
+        map.gc();
+        assert_eq!(
+            4,
+            map.get_seqno_safe_to_gc(),
+            "none held: just below the visible sequence number, 5"
+        );
     }
 
     #[test]

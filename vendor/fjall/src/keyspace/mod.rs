@@ -769,10 +769,13 @@ impl Keyspace {
                 .expect("lock is poisoned")
                 .values()
             {
-                if let Err(e) = keyspace.tree.get_version_history_lock().maintenance(
+                // agentstate patch: the retired versions let go of with
+                // the lock released (lsm-tree's `SuperVersions::maintenance`).
+                let retired = keyspace.tree.get_version_history_lock().maintenance(
                     keyspace.path(),
                     self.supervisor.snapshot_tracker.get_seqno_safe_to_gc(),
-                ) {
+                );
+                if let Err(e) = retired.finish() {
                     log::warn!(
                         "Version history GC failed for keyspace {:?}: {e:?}",
                         keyspace.name,
