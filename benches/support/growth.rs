@@ -135,11 +135,13 @@ struct Cell {
     /// Thread CPU time of the calls, ns.
     cpu: u64,
     /// Calls the scheduler preempted (an involuntary context switch of
-    /// the calling thread during the call).
+    /// the calling thread during the call), and their total ns.
     preempted: u64,
+    preempted_sum: u64,
     /// Calls that waited (a voluntary switch: a lock, a condvar, I/O) and
-    /// were not preempted.
+    /// were not preempted, and their total ns.
     waited: u64,
+    waited_sum: u64,
     /// Total ns and count of the calls with neither.
     clean_sum: u64,
     clean_n: u64,
@@ -154,7 +156,9 @@ impl Cell {
             all: Vec::new(),
             cpu: 0,
             preempted: 0,
+            preempted_sum: 0,
             waited: 0,
+            waited_sum: 0,
             clean_sum: 0,
             clean_n: 0,
         }
@@ -163,8 +167,14 @@ impl Cell {
     /// switches during the call.
     fn add(&mut self, nanos: u64, cpu_ns: u64, switches: (u64, u64)) {
         match switches {
-            (_, i) if i > 0 => self.preempted += 1,
-            (v, _) if v > 0 => self.waited += 1,
+            (_, i) if i > 0 => {
+                self.preempted += 1;
+                self.preempted_sum += nanos;
+            }
+            (v, _) if v > 0 => {
+                self.waited += 1;
+                self.waited_sum += nanos;
+            }
             _ => {
                 self.clean_sum += nanos;
                 self.clean_n += 1;
@@ -186,7 +196,9 @@ impl Cell {
         self.all.extend_from_slice(&other.all);
         self.cpu += other.cpu;
         self.preempted += other.preempted;
+        self.preempted_sum += other.preempted_sum;
         self.waited += other.waited;
+        self.waited_sum += other.waited_sum;
         self.clean_sum += other.clean_sum;
         self.clean_n += other.clean_n;
     }
@@ -201,6 +213,14 @@ impl Cell {
     /// The share of the calls that waited (and were not preempted), %.
     fn waited_pct(&self) -> f64 {
         100.0 * self.waited as f64 / self.n.max(1) as f64
+    }
+    /// What the preempted calls and the waiting ones add to the mean of
+    /// all calls, µs: the mean is the clean calls' share plus these two.
+    fn preempted_share(&self) -> f64 {
+        self.preempted_sum as f64 / 1000.0 / self.n.max(1) as f64
+    }
+    fn waited_share(&self) -> f64 {
+        self.waited_sum as f64 / 1000.0 / self.n.max(1) as f64
     }
     /// Mean thread CPU µs per call.
     fn cpu_mean(&self) -> f64 {
@@ -597,11 +617,22 @@ fn one_run(path: &Path, total: u64, seed: u64) -> Figures {
     }
     println!("  (host steal, % of the CPUs' time in the tenth; /proc/stat)");
     println!(
-        "context switches during the calls, first tenth / last: % preempted (involuntary), % waited (voluntary only), and the mean µs of the calls with neither"
+        "context switches during the calls, first tenth / last: % preempted (involuntary), % waited (voluntary only), the mean µs of the calls with neither, and the µs the preempted calls (p-) and the waiting ones (w-) add to the mean of all calls"
     );
     println!(
-        "{:<11}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>8}",
-        "kind", "preempt1", "preempt10", "waited1", "waited10", "clean1", "clean10", "growth"
+        "{:<11}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>8}{:>8}{:>8}{:>8}{:>8}",
+        "kind",
+        "preempt1",
+        "preempt10",
+        "waited1",
+        "waited10",
+        "clean1",
+        "clean10",
+        "growth",
+        "p-µs1",
+        "p-µs10",
+        "w-µs1",
+        "w-µs10"
     );
     let mut worst_clean = 0f64;
     for (k, (name, _)) in KINDS.iter().enumerate() {
@@ -612,7 +643,7 @@ fn one_run(path: &Path, total: u64, seed: u64) -> Figures {
             .then(|| ratio(last.clean_mean(), first.clean_mean()));
         worst_clean = worst_clean.max(clean.unwrap_or(0.0));
         println!(
-            "{name:<11}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{:>8}",
+            "{name:<11}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{:>8}{:>8.1}{:>8.1}{:>8.1}{:>8.1}",
             first.preempted_pct(),
             last.preempted_pct(),
             first.waited_pct(),
@@ -620,6 +651,10 @@ fn one_run(path: &Path, total: u64, seed: u64) -> Figures {
             first.clean_mean(),
             last.clean_mean(),
             clean.map_or_else(|| "-".to_string(), |c| format!("{c:.2}")),
+            first.preempted_share(),
+            last.preempted_share(),
+            first.waited_share(),
+            last.waited_share(),
         );
     }
     drop(store);
