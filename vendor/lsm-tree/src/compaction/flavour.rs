@@ -9,7 +9,7 @@ use crate::compaction::worker::Options;
 use crate::compaction::Input as CompactionPayload;
 use crate::file::TABLES_FOLDER;
 use crate::table::multi_writer::MultiWriter;
-use crate::version::{SuperVersions, Version};
+use crate::version::{Retired, SuperVersions, Version};
 use crate::vlog::blob_file::scanner::ScanEntry;
 use crate::vlog::{BlobFileId, BlobFileMergeScanner, BlobFileWriter};
 use crate::{BlobFile, HashSet, InternalValue, Table};
@@ -130,7 +130,7 @@ pub(super) trait CompactionFlavour {
         dst_lvl: usize,
         blob_frag_map: FragmentationMap,
         extra_blob_files: Vec<BlobFile>,
-    ) -> crate::Result<()>;
+    ) -> crate::Result<Retired>;
 }
 
 /// Compaction worker that will relocate blobs that sit in blob files that are being rewritten
@@ -264,7 +264,7 @@ impl CompactionFlavour for RelocatingCompaction {
         dst_lvl: usize,
         blob_frag_map_diff: FragmentationMap,
         extra_blob_files: Vec<BlobFile>,
-    ) -> crate::Result<()> {
+    ) -> crate::Result<Retired> {
         log::debug!(
             "Relocating compaction done in {:?}",
             self.inner.start.elapsed(),
@@ -291,10 +291,10 @@ impl CompactionFlavour for RelocatingCompaction {
         }
 
         // agentstate patch: the version file written with no lock held,
-        // the write lock taken only to publish it
-        // (`SuperVersions::upgrade_version_unblocked`); the worker's
-        // maintenance takes it again.
-        let published = SuperVersions::upgrade_version_unblocked(
+        // the write lock taken only to publish it and retire old versions
+        // (`SuperVersions::upgrade_version_unblocked`); the worker lets go
+        // of those.
+        let retired = SuperVersions::upgrade_version_unblocked(
             super_version,
             &opts.config.path,
             |current| {
@@ -320,8 +320,8 @@ impl CompactionFlavour for RelocatingCompaction {
             },
             &opts.global_seqno,
             &opts.visible_seqno,
+            opts.mvcc_gc_watermark,
         )?;
-        drop(published);
 
         // NOTE: If the application were to crash >here< it's fine
         // The tables/blob files are not referenced anymore, and will be
@@ -334,7 +334,7 @@ impl CompactionFlavour for RelocatingCompaction {
             blob_file.mark_as_deleted();
         }
 
-        Ok(())
+        Ok(retired)
     }
 }
 
@@ -409,7 +409,7 @@ impl CompactionFlavour for StandardCompaction {
         dst_lvl: usize,
         blob_frag_map: FragmentationMap,
         extra_blob_files: Vec<BlobFile>,
-    ) -> crate::Result<()> {
+    ) -> crate::Result<Retired> {
         log::debug!("Compaction done in {:?}", self.start.elapsed());
 
         let table_ids_to_delete = std::mem::take(&mut self.tables_to_rewrite);
@@ -431,10 +431,10 @@ impl CompactionFlavour for StandardCompaction {
         }
 
         // agentstate patch: the version file written with no lock held,
-        // the write lock taken only to publish it
-        // (`SuperVersions::upgrade_version_unblocked`); the worker's
-        // maintenance takes it again.
-        let published = SuperVersions::upgrade_version_unblocked(
+        // the write lock taken only to publish it and retire old versions
+        // (`SuperVersions::upgrade_version_unblocked`); the worker lets go
+        // of those.
+        let retired = SuperVersions::upgrade_version_unblocked(
             super_version,
             &opts.config.path,
             |current| {
@@ -460,8 +460,8 @@ impl CompactionFlavour for StandardCompaction {
             },
             &opts.global_seqno,
             &opts.visible_seqno,
+            opts.mvcc_gc_watermark,
         )?;
-        drop(published);
 
         // NOTE: If the application were to crash >here< it's fine
         // The tables are not referenced anymore, and will be
@@ -474,7 +474,7 @@ impl CompactionFlavour for StandardCompaction {
             blob_file.mark_as_deleted();
         }
 
-        Ok(())
+        Ok(retired)
     }
 }
 

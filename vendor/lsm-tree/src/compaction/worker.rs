@@ -226,7 +226,7 @@ fn move_tables(
     }
 
     drop(version_history_lock);
-    let mut version_history_lock = SuperVersions::upgrade_version_unblocked(
+    let retired = SuperVersions::upgrade_version_unblocked(
         &opts.version_history,
         &opts.config.path,
         |current| {
@@ -240,12 +240,9 @@ fn move_tables(
         },
         &opts.global_seqno,
         &opts.visible_seqno,
+        opts.mvcc_gc_watermark,
     )?;
 
-    // agentstate patch: the retired versions let go of with the lock
-    // released (`SuperVersions::maintenance`).
-    let retired = version_history_lock.maintenance(&opts.config.path, opts.mvcc_gc_watermark);
-    drop(version_history_lock);
     if let Err(e) = retired.finish() {
         log::error!("Manifest maintenance failed: {e:?}");
         return Err(e);
@@ -585,7 +582,7 @@ fn merge_tables(
         })?
         .unwrap_or_default();
 
-    compactor
+    let retired = compactor
         .finish(
             &opts.version_history,
             opts,
@@ -608,14 +605,8 @@ fn merge_tables(
         .hidden_set_mut()
         .show(payload.table_ids.iter().copied());
 
-    // agentstate patch: the retired versions let go of with the lock
-    // released (`SuperVersions::maintenance`).
-    #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-    let retired = opts
-        .version_history
-        .write()
-        .expect("lock is poisoned")
-        .maintenance(&opts.config.path, opts.mvcc_gc_watermark);
+    // agentstate patch: the versions the merge retired, let go of with the
+    // version history's lock released (`SuperVersions::maintenance`).
     retired.finish().inspect_err(|e| {
         log::error!("Manifest maintenance failed: {e:?}");
     })?;
@@ -675,7 +666,7 @@ fn drop_tables(
     // IMPORTANT: Write the manifest with the removed tables first
     // Otherwise the table files are deleted, but are still referenced!
     drop(version_history_lock);
-    let mut version_history_lock = SuperVersions::upgrade_version_unblocked(
+    let retired = SuperVersions::upgrade_version_unblocked(
         &opts.version_history,
         &opts.config.path,
         |current| {
@@ -689,12 +680,9 @@ fn drop_tables(
         },
         &opts.global_seqno,
         &opts.visible_seqno,
+        opts.mvcc_gc_watermark,
     )?;
 
-    // agentstate patch: the retired versions let go of with the lock
-    // released (`SuperVersions::maintenance`).
-    let retired = version_history_lock.maintenance(&opts.config.path, opts.mvcc_gc_watermark);
-    drop(version_history_lock);
     if let Err(e) = retired.finish() {
         log::error!("Manifest maintenance failed: {e:?}");
         return Err(e);

@@ -460,20 +460,20 @@ impl AbstractTree for Tree {
         // compaction state lock held above keeps the sealed memtables from
         // being released by anyone else until this publishes.
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        if sealed_memtables_to_delete.iter().any(|id| {
-            !self
-                .version_history
-                .read()
-                .expect("lock is poisoned")
-                .latest_version()
-                .sealed_memtables
-                .contains(id)
-        }) {
+        let latest = self
+            .version_history
+            .read()
+            .expect("lock is poisoned")
+            .latest_version();
+        if sealed_memtables_to_delete
+            .iter()
+            .any(|id| !latest.sealed_memtables.contains(id))
+        {
             log::debug!("Not registering tables because flush task processed some sealed memtables which do not exist (anymore)");
             return Ok(());
         }
 
-        let mut version_lock = SuperVersions::upgrade_version_unblocked(
+        let retired = SuperVersions::upgrade_version_unblocked(
             &self.version_history,
             &self.config.path,
             |current| {
@@ -494,12 +494,9 @@ impl AbstractTree for Tree {
             },
             &self.config.seqno,
             &self.config.visible_seqno,
+            gc_watermark,
         )?;
 
-        // agentstate patch: the retired versions let go of with the lock
-        // released (`SuperVersions::maintenance`).
-        let retired = version_lock.maintenance(&self.config.path, gc_watermark);
-        drop(version_lock);
         if let Err(e) = retired.finish() {
             log::warn!("Version GC failed: {e:?}");
         }

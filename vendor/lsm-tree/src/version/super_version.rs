@@ -11,7 +11,7 @@ use crate::{
 use std::{
     collections::VecDeque,
     path::Path,
-    sync::{Arc, RwLock, RwLockWriteGuard},
+    sync::{Arc, RwLock},
 };
 
 /// A super version is a point-in-time snapshot of memtables and a [`Version`] (list of disk files)
@@ -213,15 +213,17 @@ impl SuperVersions {
     /// memtables `f` released. So `f` may change `version` and release
     /// sealed memtables, nothing else.
     ///
-    /// Returns the write guard, held, so the caller's maintenance follows
-    /// in the same critical section.
-    pub(crate) fn upgrade_version_unblocked<'a, F>(
-        history: &'a RwLock<Self>,
+    /// `maintenance` with `gc_watermark` follows in the same critical
+    /// section; the versions it retires are returned, for the caller to
+    /// `finish` (the lock is released by then).
+    pub(crate) fn upgrade_version_unblocked<F>(
+        history: &RwLock<Self>,
         tree_path: &Path,
         f: F,
         seqno: &SequenceNumberCounter,
         visible_seqno: &SequenceNumberCounter,
-    ) -> crate::Result<RwLockWriteGuard<'a, Self>>
+        gc_watermark: SeqNo,
+    ) -> crate::Result<Retired>
     where
         F: FnOnce(&SuperVersion) -> crate::Result<SuperVersion>,
     {
@@ -265,7 +267,7 @@ impl SuperVersions {
         lock.append_version(next);
         visible_seqno.fetch_max(published + 1);
 
-        Ok(lock)
+        Ok(lock.maintenance(tree_path, gc_watermark))
     }
 
     pub fn append_version(&mut self, version: SuperVersion) {
@@ -396,7 +398,7 @@ mod tests {
         let seqno = SequenceNumberCounter::new(10);
         let visible = SequenceNumberCounter::new(10);
 
-        let lock = SuperVersions::upgrade_version_unblocked(
+        let retired = SuperVersions::upgrade_version_unblocked(
             &history,
             dir.path(),
             |current| {
@@ -421,7 +423,10 @@ mod tests {
             },
             &seqno,
             &visible,
+            0,
         )?;
+        retired.finish()?;
+        let lock = history.read().expect("lock");
 
         let latest = lock.latest_version();
         assert_eq!(1, latest.version.id());
@@ -465,6 +470,7 @@ mod tests {
             },
             &seqno,
             &visible,
+            0,
         );
 
         assert!(matches!(result, Err(crate::Error::Unrecoverable)));
