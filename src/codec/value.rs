@@ -5,6 +5,7 @@
 use serde::Deserialize;
 use serde::{Serialize, de::DeserializeOwned};
 
+use super::crc;
 use crate::budget::Caps;
 use crate::error::{Result, StateError};
 #[cfg(test)]
@@ -26,14 +27,14 @@ pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     let mut buf = Vec::with_capacity(OVERHEAD_BYTES + size);
     buf.push(FORMAT_VERSION);
     let mut out = postcard::to_extend(v, buf).expect("stored types always serialize");
-    let crc = crc32fast::hash(&out);
+    let crc = crc::crc32(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
 }
 
 /// `out` with its checksum appended.
 fn with_checksum(mut out: Vec<u8>) -> Vec<u8> {
-    let crc = crc32fast::hash(&out);
+    let crc = crc::crc32(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
 }
@@ -53,7 +54,7 @@ fn checked<'a>(bytes: &'a [u8], what: &str, newest: u8) -> Result<(u8, &'a [u8])
     }
     let (body, crc) = bytes.split_at(bytes.len() - 4);
     let crc = u32::from_le_bytes(crc.try_into().expect("split gives 4 bytes"));
-    if crc32fast::hash(body) != crc {
+    if crc::crc32(body) != crc {
         return Err(StateError::corrupt(format!("{what}: checksum mismatch")));
     }
     let version = body[0];
@@ -209,7 +210,7 @@ fn encode_run_serde(r: &RunRecord) -> Vec<u8> {
         postcard::to_extend(r, buf)
     }
     .expect("stored types always serialize");
-    let crc = crc32fast::hash(&out);
+    let crc = crc::crc32(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
 }

@@ -91,7 +91,7 @@ struct StoredSession {
 pub(super) fn head<T: Serialize>(v: &T) -> (Vec<u8>, u32) {
     // postcard's std serializer only fails on types serde cannot express.
     let h = postcard::to_extend(v, vec![FORMAT_VERSION]).expect("stored types always serialize");
-    let crc = crc32fast::hash(&h);
+    let crc = crate::codec::crc::crc32(&h);
     (h, crc)
 }
 
@@ -99,7 +99,7 @@ pub(super) fn head<T: Serialize>(v: &T) -> (Vec<u8>, u32) {
 pub(super) fn seal(head: &[u8], tail: &[u8]) -> Vec<u8> {
     let mut v = head.to_vec();
     v.extend_from_slice(tail);
-    let crc = crc32fast::hash(&v);
+    let crc = crate::codec::crc::crc32(&v);
     v.extend_from_slice(&crc.to_le_bytes());
     v
 }

@@ -726,8 +726,7 @@ impl Database {
         // recovered, not after. A worker only acts on messages, and none is
         // sent before the recovery below is done (the flushes and
         // compactions it queues are sent at its end), so nothing changes
-        // but the time: the first worker's spawn and its start (which fills
-        // std's CPU feature cache, see `worker_pool.rs`) overlap the
+        // but the time: the first worker's spawn and its start overlap the
         // recovery on another core instead of following it. A recovery
         // that fails drops `db`, which stops them as any close does.
         db.worker_pool.start(

@@ -152,17 +152,6 @@ impl Spawner {
                 // closing forever.
                 let _counter_guard = ActiveThreadGuard(thread_counter);
 
-                // agentstate patch: the first worker fills std's CPU
-                // feature cache while the open goes on. Its first use runs
-                // a dozen `cpuid`s, each a trap to the hypervisor on a VM
-                // (40–150 µs together on a 2-core one), and the opener's
-                // first checksum (crc32fast asks for `pclmulqdq`) paid for
-                // them inside the open. The answer is not needed here.
-                #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-                if i == 0 {
-                    let _ = std::arch::is_x86_feature_detected!("pclmulqdq");
-                }
-
                 // agentstate patch: the first worker keeps the others'
                 // handles and joins them before it ends, and the database's
                 // drop joins the first: a drop returns once every worker
