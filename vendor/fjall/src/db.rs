@@ -66,6 +66,9 @@ impl Drop for DatabaseInner {
 
         self.stop_signal.send();
 
+        // agentstate patch: a pool that has not started stays so.
+        self.worker_pool.close();
+
         while self
             .active_thread_counter
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -722,13 +725,11 @@ impl Database {
 
         let db = Self(Arc::new(inner));
 
-        // agentstate patch: the workers start before the keyspaces are
-        // recovered, not after. A worker only acts on messages, and none is
-        // sent before the recovery below is done (the flushes and
-        // compactions it queues are sent at its end), so nothing changes
-        // but the time: the first worker's spawn and its start overlap the
-        // recovery on another core instead of following it. A recovery
-        // that fails drops `db`, which stops them as any close does.
+        // agentstate patch: the pool is made ready before the keyspaces
+        // are recovered; its first thread starts at the first message (see
+        // `WorkerMessager`), none of which is sent before the recovery
+        // below is done. A recovery that fails drops `db`, which stops any
+        // worker as a close does.
         db.worker_pool.start(
             db.config.worker_threads,
             &db.supervisor,
@@ -892,7 +893,14 @@ impl Database {
                     }));
 
                 keyspace.worker_messager.send(WorkerMessage::Flush).ok();
-            } else if keyspace.tree.l0_run_count() > 0 {
+            } else if keyspace.tree.l0_run_count() > 0
+                // agentstate patch: and only when its compaction strategy
+                // has something to do; the message would start the
+                // workers (see `WorkerMessager`).
+                && keyspace
+                    .tree
+                    .compaction_due(&*keyspace.config.compaction_strategy)
+            {
                 log::debug!(
                     "Queuing keyspace {:?} to maybe get compacted because L0 runs > 0",
                     keyspace.name(),

@@ -11,7 +11,7 @@ use std::{
     borrow::Cow,
     sync::{
         atomic::{
-            AtomicUsize,
+            AtomicBool, AtomicUsize,
             Ordering::{Relaxed, SeqCst},
         },
         Arc, Mutex,
@@ -48,9 +48,82 @@ impl std::fmt::Debug for WorkerMessage {
 type WorkerHandle = JoinHandle<Result<(), crate::Error>>;
 
 pub struct WorkerPool {
-    thread_handles: Mutex<Vec<WorkerHandle>>,
+    start: Arc<Start>,
     pub(crate) rx: flume::Receiver<WorkerMessage>,
     pub(crate) sender: flume::Sender<WorkerMessage>,
+}
+
+/// agentstate patch: what sends messages to the workers from outside them
+/// (the keyspaces, an ingestion). The first message sent starts the pool:
+/// an open that has nothing for the workers to do starts no thread. A
+/// thread's spawn cost the opener 30–100 µs on a 2-core VM, where the new
+/// thread mostly ran on the opener's core before the open was over.
+#[derive(Clone)]
+pub struct WorkerMessager {
+    sender: flume::Sender<WorkerMessage>,
+    start: Arc<Start>,
+}
+
+impl WorkerMessager {
+    /// Sends `message`, the pool started first if it was not.
+    pub fn send(&self, message: WorkerMessage) -> Result<(), flume::SendError<WorkerMessage>> {
+        self.start.ensure();
+        self.sender.send(message)
+    }
+
+    /// Sends `message` if the queue has room, the pool started first if
+    /// it was not.
+    pub fn try_send(
+        &self,
+        message: WorkerMessage,
+    ) -> Result<(), flume::TrySendError<WorkerMessage>> {
+        self.start.ensure();
+        self.sender.try_send(message)
+    }
+}
+
+/// The pool's start, deferred to its first message (agentstate patch).
+#[derive(Default)]
+struct Start {
+    /// True once the pool started, failed to, or was closed.
+    done: AtomicBool,
+    /// What starts the first worker: set by `WorkerPool::start`, taken by
+    /// the first message or by the close.
+    spawner: Mutex<Option<Spawner>>,
+    /// The first worker, once started (it joins the others).
+    handles: Mutex<Vec<WorkerHandle>>,
+}
+
+impl Start {
+    fn ensure(&self) {
+        if self.done.load(SeqCst) {
+            return;
+        }
+        let mut slot = self.spawner.lock().expect("lock is poisoned");
+        // None: not armed yet (the database is still opening), or started
+        // or closed meanwhile.
+        let Some(spawner) = slot.take() else {
+            return;
+        };
+        match claim_and_spawn(spawner.pool_size.min(1), &spawner.thread_counter, |i| {
+            spawner.spawn(i)
+        }) {
+            Ok(handles) => *self.handles.lock().expect("lock is poisoned") = handles,
+            Err(e) => {
+                // Nothing would flush or compact: writes must fail, not
+                // pile up in memtables that never leave.
+                log::error!("Could not start a fjall worker: {e:?}");
+                spawner.poison_dart.poison();
+            }
+        }
+        self.done.store(true, SeqCst);
+    }
+
+    /// No start after this one.
+    fn close(&self) {
+        self.done.store(true, SeqCst);
+        self.spawner.lock().expect("lock is poisoned").take();
+    }
 }
 
 impl WorkerPool {
@@ -58,9 +131,23 @@ impl WorkerPool {
     /// first joins the others before it ends). Called by the database's
     /// drop once the workers have left their loops; never by a worker.
     pub fn join(&self) {
-        let handles = std::mem::take(&mut *self.thread_handles.lock().expect("lock is poisoned"));
+        let handles = std::mem::take(&mut *self.start.handles.lock().expect("lock is poisoned"));
         for handle in handles {
             let _ = handle.join();
+        }
+    }
+
+    /// agentstate patch: no worker starts after this (the database is
+    /// closing); one starting now finishes its start first.
+    pub fn close(&self) {
+        self.start.close();
+    }
+
+    /// What the keyspaces send their messages through.
+    pub fn messager(&self) -> WorkerMessager {
+        WorkerMessager {
+            sender: self.sender.clone(),
+            start: self.start.clone(),
         }
     }
 
@@ -68,12 +155,15 @@ impl WorkerPool {
         let (sender, rx) = flume::bounded(1_000);
 
         Self {
-            thread_handles: Mutex::default(),
+            start: Arc::default(),
             rx,
             sender,
         }
     }
 
+    /// Makes the pool ready to start (agentstate patch): its threads start
+    /// at the first message sent through a [`WorkerMessager`], or now if
+    /// one is already queued.
     pub fn start(
         &self,
         pool_size: usize,
@@ -84,9 +174,9 @@ impl WorkerPool {
     ) -> crate::Result<()> {
         log::debug!("Starting worker pool with {pool_size} threads");
 
-        // agentstate patch: the open spawns only the first worker, and that
-        // worker spawns the others before it takes its first message. A
-        // thread's spawn cost the open 55–150 µs here, once per worker.
+        // agentstate patch: the first worker starts the others before it
+        // takes its first message. A thread's spawn cost the open 55–150 µs
+        // here, once per worker.
         let spawner = Spawner {
             pool_size,
             rx: self.rx.clone(),
@@ -97,10 +187,10 @@ impl WorkerPool {
             thread_counter: thread_counter.clone(),
             compactions: Arc::default(),
         };
-        let thread_handles =
-            claim_and_spawn(pool_size.min(1), thread_counter, |i| spawner.spawn(i))?;
-
-        *self.thread_handles.lock().expect("lock is poisoned") = thread_handles;
+        *self.start.spawner.lock().expect("lock is poisoned") = Some(spawner);
+        if !self.rx.is_empty() {
+            self.start.ensure();
+        }
 
         Ok(())
     }
@@ -430,45 +520,83 @@ mod tests {
     use crate::{AbstractTree, Database, KeyspaceCreateOptions};
     use test_log::test;
 
-    // https://github.com/fjall-rs/fjall/pull/303
+    // https://github.com/fjall-rs/fjall/pull/303; agentstate patch: the
+    // request is queued only when the keyspace's compaction strategy has
+    // something to do (the message would start the workers).
     #[test]
     fn keyspace_compact_after_startup() -> crate::Result<()> {
         let folder = tempfile::tempdir()?;
-
-        {
-            let db = Database::builder(&folder).open()?;
-
-            let ks = db.keyspace("default", KeyspaceCreateOptions::default)?;
-
-            ks.insert("a", "a")?;
-            ks.rotate_memtable_and_wait()?;
-
-            ks.insert("a", "a")?;
-            ks.rotate_memtable_and_wait()?;
-
-            ks.insert("a", "a")?;
-            ks.rotate_memtable_and_wait()?;
-
-            assert!(ks.tree.l0_run_count() > 0);
-        }
-
-        {
+        let queued_at_open = |tables: u8| -> crate::Result<bool> {
+            {
+                let db = Database::builder(&folder)
+                    .worker_threads_unchecked(0)
+                    .open()?;
+                let ks = db.keyspace("default", KeyspaceCreateOptions::default)?;
+                let _ = db.worker_pool.rx.drain().count();
+                while ks.tree.l0_run_count() < usize::from(tables) {
+                    // Overlapping tables, so the L0 runs add up.
+                    ks.insert("a", "a")?;
+                    ks.insert("z", "z")?;
+                    ks.tree.flush_active_memtable(0)?;
+                }
+                assert_eq!(usize::from(tables), ks.tree.l0_run_count());
+            }
             let db = Database::builder(&folder)
                 .worker_threads_unchecked(0)
                 .open()?;
+            let ks = db.keyspace("default", KeyspaceCreateOptions::default)?;
+            let due = ks.tree.compaction_due(&*ks.config.compaction_strategy);
+            let queued = match db.worker_pool.rx.try_recv() {
+                Ok(WorkerMessage::Compact(_)) => true,
+                Ok(other) => panic!("unexpected message {other:?}"),
+                Err(_) => false,
+            };
+            assert_eq!(due, queued, "{tables} L0 runs");
+            assert!(db.worker_pool.rx.is_empty());
+            Ok(queued)
+        };
+        // fjall's leveled strategy merges L0 at four runs.
+        assert!(!queued_at_open(3)?, "below the threshold: nothing to do");
+        assert!(queued_at_open(4)?, "at the threshold: a merge");
+        Ok(())
+    }
 
+    /// agentstate patch: a database whose open finds nothing for the
+    /// workers to do starts none; the first message sent starts them, and
+    /// a close before any message returns.
+    #[test]
+    fn the_workers_start_at_the_first_message() -> crate::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let folder = tempfile::tempdir()?;
+        {
+            let db = Database::builder(&folder).worker_threads(2).open()?;
             assert_eq!(
-                1,
-                db.worker_pool.rx.len(),
-                "worker message should be enqueued on startup",
+                0,
+                db.active_thread_counter.load(Relaxed),
+                "none at the open"
             );
-            let item = db.worker_pool.rx.try_recv().expect("should get message");
-            assert!(
-                matches!(item, WorkerMessage::Compact(_)),
-                "worker message should be compaction request",
+            let ks = db.keyspace("default", KeyspaceCreateOptions::default)?;
+            ks.insert("a", "a")?;
+            assert_eq!(
+                0,
+                db.active_thread_counter.load(Relaxed),
+                "none for a write"
             );
         }
-
+        let db = Database::builder(&folder).worker_threads(2).open()?;
+        let ks = db.keyspace("default", KeyspaceCreateOptions::default)?;
+        assert_eq!(
+            0,
+            db.active_thread_counter.load(Relaxed),
+            "none at a reopen"
+        );
+        ks.insert("b", "b")?;
+        // A rotation's flush is the first message: the workers start and
+        // flush it.
+        ks.rotate_memtable_and_wait()?;
+        assert_eq!(2, db.active_thread_counter.load(Relaxed), "both started");
+        assert_eq!(1, ks.tree.table_count());
+        assert_eq!(Some(b"b".as_slice().into()), ks.get("b")?);
         Ok(())
     }
 

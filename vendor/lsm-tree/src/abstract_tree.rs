@@ -298,6 +298,11 @@ pub trait AbstractTree {
     /// Can be used to determine whether to write stall.
     fn l0_run_count(&self) -> usize;
 
+    /// agentstate patch: whether `strategy` would change the tree now (a
+    /// merge, a move or a drop of tables): what a database that opens
+    /// asks before it wakes a worker to compact.
+    fn compaction_due(&self, strategy: &dyn crate::compaction::CompactionStrategy) -> bool;
+
     /// Returns the number of blob files currently in the tree.
     fn blob_file_count(&self) -> usize;
 

@@ -86,7 +86,7 @@ pub struct KeyspaceInner {
     /// Database-level stats
     pub(crate) stats: Arc<Stats>,
 
-    pub(crate) worker_messager: flume::Sender<WorkerMessage>,
+    pub(crate) worker_messager: crate::worker_pool::WorkerMessager,
 
     #[expect(unused)]
     lock_file: LockedFileGuard,
@@ -314,7 +314,7 @@ impl Keyspace {
             tree,
             config,
             supervisor: db.supervisor.clone(),
-            worker_messager: db.worker_pool.sender.clone(),
+            worker_messager: db.worker_pool.messager(),
             is_deleted: AtomicBool::default(),
             is_poisoned: db.is_poisoned.clone(),
             lock_file: db.lock_file.clone(),
@@ -352,7 +352,7 @@ impl Keyspace {
 
         Ok(Self(Arc::new(KeyspaceInner {
             supervisor: db.supervisor.clone(),
-            worker_messager: db.worker_pool.sender.clone(),
+            worker_messager: db.worker_pool.messager(),
             id: keyspace_id,
             name,
             config,

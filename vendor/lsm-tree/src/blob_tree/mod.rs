@@ -533,6 +533,10 @@ impl AbstractTree for BlobTree {
         self.index.compact(strategy, seqno_threshold)
     }
 
+    fn compaction_due(&self, strategy: &dyn crate::compaction::CompactionStrategy) -> bool {
+        self.index.compaction_due(strategy)
+    }
+
     fn get_next_table_id(&self) -> TableId {
         self.index.get_next_table_id()
     }

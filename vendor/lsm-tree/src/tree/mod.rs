@@ -300,6 +300,17 @@ impl AbstractTree for Tree {
         self.inner_compact(strategy, seqno_threshold)
     }
 
+    fn compaction_due(&self, strategy: &dyn CompactionStrategy) -> bool {
+        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
+        let state = self.compaction_state.lock().expect("lock is poisoned");
+        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
+        let history = self.version_history.read().expect("lock is poisoned");
+        !matches!(
+            strategy.choose(&history.latest_version().version, &self.config, &state),
+            crate::compaction::Choice::DoNothing
+        )
+    }
+
     fn l0_run_count(&self) -> usize {
         self.current_version()
             .level(0)

@@ -226,3 +226,62 @@ fn leveled_level_wider_than_the_next_moves_down() -> crate::Result<()> {
 
     Ok(())
 }
+
+/// agentstate patch: `compaction_due` answers whether `compact` would
+/// change the tree, without changing it.
+#[test]
+fn compaction_due_says_whether_compact_would_change_the_tree() -> crate::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let tree = Config::new(
+        dir.path(),
+        SequenceNumberCounter::default(),
+        SequenceNumberCounter::default(),
+    )
+    .open()?;
+    let strategy = Arc::new(Strategy::default());
+    let layout = |tree: &crate::AnyTree| -> Vec<Vec<TableId>> {
+        (0..7)
+            .map(|l| {
+                tree.current_version()
+                    .level(l)
+                    .map(|level| {
+                        level
+                            .iter()
+                            .flat_map(|run| run.iter().map(Table::id))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let (mut due_seen, mut idle_seen) = (0, 0);
+    for round in 0..12u8 {
+        // Two overlapping tables a round, so L0 reaches its threshold
+        // and what was merged moves on down.
+        for _ in 0..2 {
+            tree.insert("a", "v", 0);
+            tree.insert([b'k', round].as_slice(), "v", 0);
+            tree.insert("z", "v", 0);
+            tree.flush_active_memtable(0)?;
+        }
+        loop {
+            let before = layout(&tree);
+            let due = tree.compaction_due(&*strategy);
+            assert_eq!(before, layout(&tree), "asking changed nothing");
+            tree.compact(strategy.clone(), 0)?;
+            let changed = layout(&tree) != before;
+            assert_eq!(due, changed, "round {round}: due {due}, layout {before:?}");
+            if due {
+                due_seen += 1;
+            } else {
+                idle_seen += 1;
+                break;
+            }
+        }
+    }
+    assert!(
+        due_seen > 0 && idle_seen > 0,
+        "{due_seen} due, {idle_seen} idle"
+    );
+    Ok(())
+}
