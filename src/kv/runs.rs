@@ -4,7 +4,7 @@ use crate::api::StateStore;
 use crate::codec::cursor::Listing;
 use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
-use crate::kv::key::{KeyBuf, prefix_end, table};
+use crate::kv::key::{KeyBuf, prefix_end, successor, table};
 use crate::page::{Page, PageRequest};
 use crate::record::{
     Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateQuery,
@@ -350,6 +350,10 @@ pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) -> Result<()> {
 /// with more matches, the state index's scan answers.
 const TOUCH_READS: usize = 16;
 
+/// The state index entries a reaper's page reads before it judges whether
+/// its matches are sparse (see `stale_page`).
+const SPARSE_CHECK: usize = TOUCH_READS + 1;
+
 /// The seq at the end of an index key whose prefix is `plen` bytes long.
 fn seq_after(k: &[u8], plen: usize) -> Result<u64> {
     let b = k
@@ -369,12 +373,18 @@ impl KvStore {
         Ok(run_matches(q, &r).then_some(r))
     }
 
-    /// A page of an unfinished state's runs last written before `before`,
-    /// from the touch index, when that index holds at most `TOUCH_READS`
-    /// such runs (and so every one after the cursor); `None` (use the state index)
-    /// when there are more. Same order, positions and cursors as the state
-    /// index walk, so the two may answer pages of one walk.
-    fn touched_page(
+    /// A page of an unfinished state's runs last written before `before`
+    /// (a reaper's query), walked on the state index, which holds their
+    /// records in seq order. Where that walk finds its matches sparse (fewer
+    /// than half of the first `SPARSE_CHECK` entries it reads: a reaper
+    /// looking for stale runs among live ones), the touch index is asked
+    /// once whether all the matches fit in `TOUCH_READS` point reads, and
+    /// answers the page if so; otherwise the walk goes on from where it
+    /// stopped. A walk whose matches are dense (most unfinished runs are
+    /// stale) never pays for the touch index's scan. Either way the same
+    /// items, in the same order, with the same cursor (L4: the moment is a
+    /// filter, never an order).
+    fn stale_page(
         &self,
         q: &StateQuery,
         state: RunState,
@@ -382,14 +392,72 @@ impl KvStore {
         prefix: &[u8],
         binding: &[u8],
         page: &PageRequest,
-    ) -> Result<Option<Page<RunRecord>>> {
+    ) -> Result<Page<RunRecord>> {
         let limit = page.limit;
         check_limit(limit)?;
         let end = prefix_end(prefix);
-        let after = match self.cursor_position(Listing::Runs, binding, prefix, &end, page)? {
+        let plen = prefix.len();
+        let position = self.cursor_position(Listing::Runs, binding, prefix, &end, page)?;
+        let after = match &position {
             None => 0,
-            Some(pos) => seq_after(&pos, prefix.len())?,
+            Some(pos) => seq_after(pos, plen)?,
         };
+        let mut start = match &position {
+            None => prefix.to_vec(),
+            Some(pos) => successor(pos),
+        };
+        let mut items: Vec<RunRecord> = Vec::with_capacity(limit);
+        let mut last = Vec::new();
+        let mut more = false;
+        let mut read = 0usize;
+        let mut asked = false;
+        loop {
+            let mut sparse_at: Option<Vec<u8>> = None;
+            self.engine
+                .scan_each(&start, &end, limit + 1, &mut |k, v| {
+                    read += 1;
+                    let r = decode_run_at(v, &q.tenant, seq_after(k, plen)?)?;
+                    if run_matches(q, &r) {
+                        if items.len() == limit {
+                            more = true;
+                            return Ok(false);
+                        }
+                        items.push(r);
+                        if items.len() == limit {
+                            last.extend_from_slice(k);
+                        }
+                    }
+                    if !asked && read == SPARSE_CHECK && items.len() * 2 < read {
+                        sparse_at = Some(k.to_vec());
+                        return Ok(false);
+                    }
+                    Ok(true)
+                })?;
+            let Some(stopped) = sparse_at else { break };
+            asked = true;
+            if let Some(p) = self.touched_page(q, state, before, after, binding, limit)? {
+                #[cfg(test)]
+                tests::TOUCH_ANSWERED.with(|n| n.set(n.get() + 1));
+                return Ok(p);
+            }
+            start = successor(&stopped);
+        }
+        let cursor = more.then(|| self.cursor_at(Listing::Runs, binding, &last));
+        Page::new(items, cursor)
+    }
+
+    /// A page of the runs `stale_page` asks for after seq `after`, from the
+    /// touch index, when that index holds at most `TOUCH_READS` such runs
+    /// (and so every one after `after`); `None` when there are more.
+    fn touched_page(
+        &self,
+        q: &StateQuery,
+        state: RunState,
+        before: Millis,
+        after: u64,
+        binding: &[u8],
+        limit: usize,
+    ) -> Result<Option<Page<RunRecord>>> {
         let lo = KeyBuf::table(table::RUN_BY_TOUCH)
             .str(&q.tenant)
             .u8(state.tag())
@@ -400,9 +468,9 @@ impl KvStore {
             .u64(before)
             .done();
         // A point read per match costs several scanned entries, so the
-        // touch index answers only when matches are few (a reaper's usual
-        // case: none or almost none stale); the bound counts entries behind
-        // the cursor too, so it also ends the scan of a long stale walk.
+        // touch index answers only when matches are few; the bound counts
+        // entries behind the cursor too, so it also ends the scan of a long
+        // stale walk.
         let bound = TOUCH_READS.min(limit + 1);
         let entries = self.engine.scan(&lo, &hi, bound + 1)?;
         if entries.len() > bound {
@@ -622,12 +690,10 @@ impl StateStore for KvStore {
                     .str(t)
                     .u8(st.tag())
                     .done();
-                if let Some(before) = q.updated_before
-                    && let Some(p) = self.touched_page(q, st, before, &prefix, &binding, page)?
-                {
-                    return Ok(p);
+                match q.updated_before {
+                    Some(before) => self.stale_page(q, st, before, &prefix, &binding, page),
+                    None => self.index_page(q, &prefix, Holds::Records, &binding, page),
                 }
-                self.index_page(q, &prefix, Holds::Records, &binding, page)
             }
             (None, None) => {
                 let prefix = KeyBuf::table(table::RUN).str(t).done();
@@ -651,6 +717,7 @@ impl StateStore for KvStore {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::Cell;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -805,5 +872,85 @@ mod tests {
         )
         .expect("open");
         no_read_of_a_deleted_incarnation(Arc::new(s));
+    }
+
+    thread_local! {
+        /// Pages of this thread's reaper walks that the touch index answered.
+        pub(super) static TOUCH_ANSWERED: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// A memory store of `n` running runs in tenant "reap", those whose
+    /// index `stale(i)` holds written at 1,000 and the rest at 5,000;
+    /// returns the stale ones' keys in seq order.
+    fn reaper_store(n: usize, stale: impl Fn(usize) -> bool) -> (MemoryStore, Vec<RunKey>) {
+        let clock = Arc::new(crate::ManualClock::new(0));
+        let s = MemoryStore::with_options(crate::Options::new().clock(clock.clone()));
+        let mut want = Vec::new();
+        for i in 0..n {
+            clock.set(if stale(i) { 1_000 } else { 5_000 });
+            let mut r = RunRecord::new(RunKey::new("reap", format!("r{i:04}")), "agent");
+            r.state = crate::RunState::Running;
+            let r = s.put_run(r).expect("create");
+            if stale(i) {
+                want.push(r.key);
+            }
+        }
+        (s, want)
+    }
+
+    /// Every page of a reaper's walk by `limit`, and how many of them the
+    /// touch index answered.
+    fn reap(s: &MemoryStore, limit: usize) -> (Vec<RunKey>, usize) {
+        let q = crate::StateQuery::new("reap")
+            .state(crate::RunState::Running)
+            .updated_before(2_000);
+        let before = TOUCH_ANSWERED.with(Cell::get);
+        let mut got = Vec::new();
+        let mut page = crate::PageRequest::new(limit);
+        loop {
+            let (items, cursor) = s.list_runs(&q, &page).expect("list").into_parts();
+            got.extend(items.into_iter().map(|r| r.key));
+            match cursor {
+                Some(c) => page = page.with_cursor(Some(c)),
+                None => break,
+            }
+        }
+        (got, TOUCH_ANSWERED.with(Cell::get) - before)
+    }
+
+    /// L4, L5: a reaper's page walks the state index while its matches
+    /// are dense and asks the touch index only where they are sparse; the
+    /// touch index answers when every match fits its bound. The same runs,
+    /// in seq order, whichever answered.
+    #[test]
+    fn l4_a_reapers_walk_asks_the_touch_index_only_where_matches_are_sparse() {
+        // Every run stale: never sparse.
+        let (s, want) = reaper_store(120, |_| true);
+        for limit in [1, 7, 16, 100] {
+            assert_eq!(reap(&s, limit), (want.clone(), 0), "dense, limit {limit}");
+        }
+        // 10 stale runs spread over 200: sparse at once, and the touch
+        // index holds them all once the page may hold more than 9.
+        let (s, want) = reaper_store(200, |i| i % 20 == 7);
+        assert_eq!(want.len(), 10);
+        for limit in [1, 5, 9] {
+            assert_eq!(reap(&s, limit).0, want, "spread, limit {limit}");
+        }
+        for limit in [10, 11, 15, 16, 100] {
+            let (got, answered) = reap(&s, limit);
+            assert_eq!(got, want, "spread, limit {limit}");
+            assert_eq!(answered, 1, "the touch index answered, limit {limit}");
+        }
+        // 40 stale runs spread over 400: sparse, but more than the touch
+        // index reads; the state index's walk goes on.
+        let (s, want) = reaper_store(400, |i| i % 10 == 3);
+        for limit in [1, 16, 39, 40, 100] {
+            assert_eq!(reap(&s, limit), (want.clone(), 0), "many, limit {limit}");
+        }
+        // Dense first, sparse after: the first pages by the state index.
+        let (s, want) = reaper_store(300, |i| i < 30 || i % 50 == 0);
+        for limit in [4, 10, 100] {
+            assert_eq!(reap(&s, limit).0, want, "mixed, limit {limit}");
+        }
     }
 }
