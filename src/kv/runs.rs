@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::budgets::{after_patch, budget_key};
 use super::commit::Txn;
-use super::{KvStore, check_id, check_limit, check_size};
+use super::{Gathered, KvStore, check_id, check_limit, check_size};
 use crate::budget::BudgetKey;
 
 // The keys a run write makes are sized for their strings (see
@@ -351,8 +351,10 @@ pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) -> Result<()> {
 const TOUCH_READS: usize = 16;
 
 /// The state index entries a reaper's page reads before it judges whether
-/// its matches are sparse (see `stale_page`).
-const SPARSE_CHECK: usize = TOUCH_READS + 1;
+/// its matches are sparse (see `stale_page`): each is a record decoded, so
+/// a reaper that matches nothing pays for these before the touch index
+/// answers.
+const SPARSE_CHECK: usize = 8;
 
 /// The seq at the end of an index key whose prefix is `plen` bytes long.
 fn seq_after(k: &[u8], plen: usize) -> Result<u64> {
@@ -406,9 +408,7 @@ impl KvStore {
             None => prefix.to_vec(),
             Some(pos) => successor(pos),
         };
-        let mut items: Vec<RunRecord> = Vec::with_capacity(limit);
-        let mut last = Vec::new();
-        let mut more = false;
+        let mut gathered = Gathered::new(limit);
         let mut read = 0usize;
         let mut asked = false;
         loop {
@@ -417,17 +417,10 @@ impl KvStore {
                 .scan_each(&start, &end, limit + 1, &mut |k, v| {
                     read += 1;
                     let r = decode_run_at(v, &q.tenant, seq_after(k, plen)?)?;
-                    if run_matches(q, &r) {
-                        if items.len() == limit {
-                            more = true;
-                            return Ok(false);
-                        }
-                        items.push(r);
-                        if items.len() == limit {
-                            last.extend_from_slice(k);
-                        }
+                    if run_matches(q, &r) && !gathered.take(k, r) {
+                        return Ok(false);
                     }
-                    if !asked && read == SPARSE_CHECK && items.len() * 2 < read {
+                    if !asked && read == SPARSE_CHECK && gathered.len() * 2 < read {
                         sparse_at = Some(k.to_vec());
                         return Ok(false);
                     }
@@ -442,8 +435,7 @@ impl KvStore {
             }
             start = successor(&stopped);
         }
-        let cursor = more.then(|| self.cursor_at(Listing::Runs, binding, &last));
-        Page::new(items, cursor)
+        gathered.into_page(self, Listing::Runs, binding)
     }
 
     /// A page of the runs `stale_page` asks for after seq `after`, from the
