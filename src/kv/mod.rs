@@ -233,59 +233,6 @@ use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::kv::key::successor;
 use crate::page::{Page, PageRequest};
 
-/// What a page's scan has gathered: its items, the key of its last one
-/// (of the keys only that one is kept, for the cursor) and whether a match
-/// lies past it (L3: the walk goes on).
-pub(crate) struct Gathered<T> {
-    items: Vec<T>,
-    last: Vec<u8>,
-    more: bool,
-    limit: usize,
-}
-
-impl<T> Gathered<T> {
-    pub(crate) fn new(limit: usize) -> Gathered<T> {
-        Gathered {
-            items: Vec::with_capacity(limit),
-            last: Vec::new(),
-            more: false,
-            limit,
-        }
-    }
-
-    /// Takes the match at `key`; false when the page was already full
-    /// (this match only says a next page exists, and the scan stops).
-    pub(crate) fn take(&mut self, key: &[u8], item: T) -> bool {
-        if self.items.len() == self.limit {
-            self.more = true;
-            return false;
-        }
-        self.items.push(item);
-        if self.items.len() == self.limit {
-            self.last.extend_from_slice(key);
-        }
-        true
-    }
-
-    /// The items taken so far.
-    pub(crate) fn len(&self) -> usize {
-        self.items.len()
-    }
-
-    /// The page, with a cursor at its last item when a match lies past it.
-    pub(crate) fn into_page(
-        self,
-        store: &KvStore,
-        listing: Listing,
-        binding: &[u8],
-    ) -> Result<Page<T>> {
-        let cursor = self
-            .more
-            .then(|| store.cursor_at(listing, binding, &self.last));
-        Page::new(self.items, cursor)
-    }
-}
-
 impl KvStore {
     /// One page of a listing over the keys in `lo..hi`, read straight from
     /// the engine: `accept` turns an entry into an item or skips it. Reads
@@ -307,15 +254,27 @@ impl KvStore {
             Some(pos) => successor(&pos),
         };
         // One scan that stops at the first match past the page (which says
-        // a next page exists); the entries are read in place.
-        let mut page = Gathered::new(limit);
+        // a next page exists); of the keys only the page's last is kept,
+        // for its cursor, and the entries are read in place.
+        let mut items: Vec<T> = Vec::with_capacity(limit);
+        let mut last = Vec::new();
+        let mut more = false;
         self.engine.scan_each(&start, hi, limit + 1, &mut |k, v| {
-            Ok(match accept(k, v)? {
-                Some(item) => page.take(k, item),
-                None => true,
-            })
+            let Some(item) = accept(k, v)? else {
+                return Ok(true);
+            };
+            if items.len() == limit {
+                more = true;
+                return Ok(false);
+            }
+            items.push(item);
+            if items.len() == limit {
+                last.extend_from_slice(k);
+            }
+            Ok(true)
         })?;
-        page.into_page(self, listing, binding)
+        let cursor = more.then(|| self.cursor_at(listing, binding, &last));
+        Page::new(items, cursor)
     }
 
     /// The position a page's cursor holds, checked to lie inside the

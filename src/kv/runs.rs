@@ -4,7 +4,7 @@ use crate::api::StateStore;
 use crate::codec::cursor::Listing;
 use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
-use crate::kv::key::{KeyBuf, prefix_end, successor, table};
+use crate::kv::key::{KeyBuf, prefix_end, table};
 use crate::page::{Page, PageRequest};
 use crate::record::{
     Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateQuery,
@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::budgets::{after_patch, budget_key};
 use super::commit::Txn;
-use super::{Gathered, KvStore, check_id, check_limit, check_size};
+use super::{KvStore, check_id, check_limit, check_size};
 use crate::budget::BudgetKey;
 
 // The keys a run write makes are sized for their strings (see
@@ -350,12 +350,6 @@ pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) -> Result<()> {
 /// with more matches, the state index's scan answers.
 const TOUCH_READS: usize = 16;
 
-/// The state index entries a reaper's page reads before it judges whether
-/// its matches are sparse (see `stale_page`): each is a record decoded, so
-/// a reaper that matches nothing pays for these before the touch index
-/// answers.
-const SPARSE_CHECK: usize = 8;
-
 /// The seq at the end of an index key whose prefix is `plen` bytes long.
 fn seq_after(k: &[u8], plen: usize) -> Result<u64> {
     let b = k
@@ -375,81 +369,27 @@ impl KvStore {
         Ok(run_matches(q, &r).then_some(r))
     }
 
-    /// A page of an unfinished state's runs last written before `before`
-    /// (a reaper's query), walked on the state index, which holds their
-    /// records in seq order. Where that walk finds its matches sparse (fewer
-    /// than half of the first `SPARSE_CHECK` entries it reads: a reaper
-    /// looking for stale runs among live ones), the touch index is asked
-    /// once whether all the matches fit in `TOUCH_READS` point reads, and
-    /// answers the page if so; otherwise the walk goes on from where it
-    /// stopped. A walk whose matches are dense (most unfinished runs are
-    /// stale) never pays for the touch index's scan. Either way the same
-    /// items, in the same order, with the same cursor (L4: the moment is a
-    /// filter, never an order).
-    fn stale_page(
-        &self,
-        q: &StateQuery,
-        state: RunState,
-        before: Millis,
-        prefix: &[u8],
-        binding: &[u8],
-        page: &PageRequest,
-    ) -> Result<Page<RunRecord>> {
-        let limit = page.limit;
-        check_limit(limit)?;
-        let end = prefix_end(prefix);
-        let plen = prefix.len();
-        let position = self.cursor_position(Listing::Runs, binding, prefix, &end, page)?;
-        let after = match &position {
-            None => 0,
-            Some(pos) => seq_after(pos, plen)?,
-        };
-        let mut start = match &position {
-            None => prefix.to_vec(),
-            Some(pos) => successor(pos),
-        };
-        let mut gathered = Gathered::new(limit);
-        let mut read = 0usize;
-        let mut asked = false;
-        loop {
-            let mut sparse_at: Option<Vec<u8>> = None;
-            self.engine
-                .scan_each(&start, &end, limit + 1, &mut |k, v| {
-                    read += 1;
-                    let r = decode_run_at(v, &q.tenant, seq_after(k, plen)?)?;
-                    if run_matches(q, &r) && !gathered.take(k, r) {
-                        return Ok(false);
-                    }
-                    if !asked && read == SPARSE_CHECK && gathered.len() * 2 < read {
-                        sparse_at = Some(k.to_vec());
-                        return Ok(false);
-                    }
-                    Ok(true)
-                })?;
-            let Some(stopped) = sparse_at else { break };
-            asked = true;
-            if let Some(p) = self.touched_page(q, state, before, after, binding, limit)? {
-                #[cfg(test)]
-                tests::TOUCH_ANSWERED.with(|n| n.set(n.get() + 1));
-                return Ok(p);
-            }
-            start = successor(&stopped);
-        }
-        gathered.into_page(self, Listing::Runs, binding)
-    }
-
-    /// A page of the runs `stale_page` asks for after seq `after`, from the
-    /// touch index, when that index holds at most `TOUCH_READS` such runs
-    /// (and so every one after `after`); `None` when there are more.
+    /// The first page of a reaper's walk (an unfinished state's runs last
+    /// written before `before`) from the touch index, when that index holds
+    /// at most `TOUCH_READS` such runs (and so all of them): a reaper's
+    /// usual question, whether anything is stale at all, answered without
+    /// reading a live run. `None` (the state index walks) when there are
+    /// more. Later pages of a walk always walk the state index: the touch
+    /// index could answer one only if the matches had fallen to its bound
+    /// since the first, and asking it on every page had cost a walk whose
+    /// runs mostly match 14% of each page. The same order, positions and
+    /// cursors as the state index walk, so the two may answer pages of one
+    /// walk (L4: the moment is a filter, never an order).
     fn touched_page(
         &self,
         q: &StateQuery,
         state: RunState,
         before: Millis,
-        after: u64,
         binding: &[u8],
         limit: usize,
     ) -> Result<Option<Page<RunRecord>>> {
+        #[cfg(test)]
+        tests::TOUCH_ASKED.with(|n| n.set(n.get() + 1));
         let lo = KeyBuf::table(table::RUN_BY_TOUCH)
             .str(&q.tenant)
             .u8(state.tag())
@@ -460,9 +400,7 @@ impl KvStore {
             .u64(before)
             .done();
         // A point read per match costs several scanned entries, so the
-        // touch index answers only when matches are few; the bound counts
-        // entries behind the cursor too, so it also ends the scan of a long
-        // stale walk.
+        // touch index answers only when matches are few.
         let bound = TOUCH_READS.min(limit + 1);
         let entries = self.engine.scan(&lo, &hi, bound + 1)?;
         if entries.len() > bound {
@@ -472,7 +410,6 @@ impl KvStore {
             .iter()
             .map(|(k, _)| seq_after(k, lo.len() + 8))
             .collect::<Result<Vec<u64>>>()?;
-        seqs.retain(|&s| s > after);
         seqs.sort_unstable();
         seqs.dedup();
         let mut items = Vec::with_capacity(limit + 1);
@@ -682,10 +619,15 @@ impl StateStore for KvStore {
                     .str(t)
                     .u8(st.tag())
                     .done();
-                match q.updated_before {
-                    Some(before) => self.stale_page(q, st, before, &prefix, &binding, page),
-                    None => self.index_page(q, &prefix, Holds::Records, &binding, page),
+                if let Some(before) = q.updated_before
+                    && page.cursor.is_none()
+                {
+                    check_limit(page.limit)?;
+                    if let Some(p) = self.touched_page(q, st, before, &binding, page.limit)? {
+                        return Ok(p);
+                    }
                 }
+                self.index_page(q, &prefix, Holds::Records, &binding, page)
             }
             (None, None) => {
                 let prefix = KeyBuf::table(table::RUN).str(t).done();
@@ -867,8 +809,8 @@ mod tests {
     }
 
     thread_local! {
-        /// Pages of this thread's reaper walks that the touch index answered.
-        pub(super) static TOUCH_ANSWERED: Cell<usize> = const { Cell::new(0) };
+        /// Times this thread's reaper walks asked the touch index.
+        pub(super) static TOUCH_ASKED: Cell<usize> = const { Cell::new(0) };
     }
 
     /// A memory store of `n` running runs in tenant "reap", those whose
@@ -890,59 +832,65 @@ mod tests {
         (s, want)
     }
 
-    /// Every page of a reaper's walk by `limit`, and how many of them the
-    /// touch index answered.
-    fn reap(s: &MemoryStore, limit: usize) -> (Vec<RunKey>, usize) {
-        let q = crate::StateQuery::new("reap")
-            .state(crate::RunState::Running)
-            .updated_before(2_000);
-        let before = TOUCH_ANSWERED.with(Cell::get);
-        let mut got = Vec::new();
+    /// Every page of a reaper's walk by `limit` (`updated_before` 2,000,
+    /// or none), how many pages, and how often it asked the touch index.
+    fn reap(s: &MemoryStore, limit: usize, moment: bool) -> (Vec<RunKey>, usize, usize) {
+        let mut q = crate::StateQuery::new("reap").state(crate::RunState::Running);
+        if moment {
+            q = q.updated_before(2_000);
+        }
+        let before = TOUCH_ASKED.with(Cell::get);
+        let (mut got, mut pages) = (Vec::new(), 0);
         let mut page = crate::PageRequest::new(limit);
         loop {
             let (items, cursor) = s.list_runs(&q, &page).expect("list").into_parts();
+            pages += 1;
             got.extend(items.into_iter().map(|r| r.key));
             match cursor {
                 Some(c) => page = page.with_cursor(Some(c)),
                 None => break,
             }
         }
-        (got, TOUCH_ANSWERED.with(Cell::get) - before)
+        (got, pages, TOUCH_ASKED.with(Cell::get) - before)
     }
 
-    /// L4, L5: a reaper's page walks the state index while its matches
-    /// are dense and asks the touch index only where they are sparse; the
-    /// touch index answers when every match fits its bound. The same runs,
-    /// in seq order, whichever answered.
+    /// L4, L5: a reaper's walk asks the touch index on its first page only;
+    /// it answers that page when it holds every match, else the state index
+    /// walks, as on every later page. The same runs, in seq order,
+    /// whichever answered.
     #[test]
-    fn l4_a_reapers_walk_asks_the_touch_index_only_where_matches_are_sparse() {
-        // Every run stale: never sparse.
+    fn l4_a_reapers_walk_asks_the_touch_index_on_its_first_page_only() {
+        // Every run stale: the touch index holds too many; 120 pages by
+        // the state index, one question.
         let (s, want) = reaper_store(120, |_| true);
         for limit in [1, 7, 16, 100] {
-            assert_eq!(reap(&s, limit), (want.clone(), 0), "dense, limit {limit}");
+            let (got, pages, asked) = reap(&s, limit, true);
+            assert_eq!(got, want, "dense, limit {limit}");
+            assert_eq!(pages, want.len().div_ceil(limit).max(1), "limit {limit}");
+            assert_eq!(asked, 1, "dense, limit {limit}");
         }
-        // 10 stale runs spread over 200: sparse at once, and the touch
-        // index holds them all once the page may hold more than 9.
+        // 10 stale runs spread over 200: the touch index answers the first
+        // page once it may read them all (a page of more than 9).
         let (s, want) = reaper_store(200, |i| i % 20 == 7);
         assert_eq!(want.len(), 10);
-        for limit in [1, 5, 9] {
-            assert_eq!(reap(&s, limit).0, want, "spread, limit {limit}");
-        }
-        for limit in [10, 11, 15, 16, 100] {
-            let (got, answered) = reap(&s, limit);
+        for limit in [1, 5, 9, 10, 11, 16, 100] {
+            let (got, pages, asked) = reap(&s, limit, true);
             assert_eq!(got, want, "spread, limit {limit}");
-            assert_eq!(answered, 1, "the touch index answered, limit {limit}");
+            assert_eq!(asked, 1, "spread, limit {limit}");
+            if limit >= 10 {
+                assert_eq!(pages, 1, "the touch index's one page, limit {limit}");
+            }
         }
-        // 40 stale runs spread over 400: sparse, but more than the touch
-        // index reads; the state index's walk goes on.
+        // 40 stale runs over 400, and none at all.
         let (s, want) = reaper_store(400, |i| i % 10 == 3);
         for limit in [1, 16, 39, 40, 100] {
-            assert_eq!(reap(&s, limit), (want.clone(), 0), "many, limit {limit}");
+            assert_eq!(reap(&s, limit, true).0, want, "many, limit {limit}");
         }
-        // Dense first, sparse after: the first pages by the state index.
-        let (s, want) = reaper_store(300, |i| i < 30 || i % 50 == 0);
-        for limit in [4, 10, 100] {
-            assert_eq!(reap(&s, limit).0, want, "mixed, limit {limit}");
-        }
+        let (s, _) = reaper_store(50, |_| false);
+        assert_eq!(reap(&s, 10, true), (vec![], 1, 1), "none stale");
+        // Without a moment the touch index is never asked.
+        let (s, _) = reaper_store(30, |i| i < 10);
+        let (got, _, asked) = reap(&s, 7, false);
+        assert_eq!((got.len(), asked), (30, 0));
     }
 }
