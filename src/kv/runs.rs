@@ -388,6 +388,7 @@ impl KvStore {
         binding: &[u8],
         limit: usize,
     ) -> Result<Option<Page<RunRecord>>> {
+        check_limit(limit)?;
         #[cfg(test)]
         tests::TOUCH_ASKED.with(|n| n.set(n.get() + 1));
         let lo = KeyBuf::table(table::RUN_BY_TOUCH)
@@ -621,11 +622,9 @@ impl StateStore for KvStore {
                     .done();
                 if let Some(before) = q.updated_before
                     && page.cursor.is_none()
+                    && let Some(p) = self.touched_page(q, st, before, &binding, page.limit)?
                 {
-                    check_limit(page.limit)?;
-                    if let Some(p) = self.touched_page(q, st, before, &binding, page.limit)? {
-                        return Ok(p);
-                    }
+                    return Ok(p);
                 }
                 self.index_page(q, &prefix, Holds::Records, &binding, page)
             }

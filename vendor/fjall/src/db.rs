@@ -736,7 +736,7 @@ impl Database {
             &db.stats,
             &PoisonDart::new(db.is_poisoned.clone()),
             &db.active_thread_counter,
-        )?;
+        );
 
         // Recover keyspaces
         recover_keyspaces(&db, &meta_keyspace)?;
@@ -1041,7 +1041,7 @@ impl Database {
             &db.stats,
             &PoisonDart::new(db.is_poisoned.clone()),
             &db.active_thread_counter,
-        )?;
+        );
 
         Ok(db)
     }

@@ -171,7 +171,7 @@ impl WorkerPool {
         stats: &Arc<Stats>,
         poison_dart: &PoisonDart,
         thread_counter: &Arc<AtomicUsize>,
-    ) -> crate::Result<()> {
+    ) {
         log::debug!("Starting worker pool with {pool_size} threads");
 
         // agentstate patch: the first worker starts the others before it
@@ -191,8 +191,6 @@ impl WorkerPool {
         if !self.rx.is_empty() {
             self.start.ensure();
         }
-
-        Ok(())
     }
 }
 
