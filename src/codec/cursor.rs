@@ -3,38 +3,53 @@
 //! A cursor is the canonical base64url text (RFC 4648 §5, no padding) of
 //!
 //! ```text
-//! version (1 byte, = 2) ‖ nonce (24 bytes, random) ‖ XChaCha20-Poly1305(position) ‖ tag (16 bytes)
+//! version (1 byte, = 3) ‖ nonce (24 bytes, random) ‖ XChaCha20-Poly1305(payload) ‖ tag (16 bytes)
+//! payload = filters length (u16 LE) ‖ filters ‖ position
 //! ```
 //!
 //! `position` is the engine key the page ended on. It is encrypted and
 //! authenticated under a key derived (HKDF-SHA256, its own `info` label)
 //! from the store's secret, with the listing kind and the listing's
-//! binding (tenant and filters) as associated data. So a cursor reveals
+//! binding as associated data. A binding is the tenant (or the whole
+//! store) and the filters; a run listing's filters are sealed inside the
+//! payload instead of the associated data, so a next-page query that names
+//! only the tenant and the cursor continues the same filtered walk (L7,
+//! [`runs_query`]), while one naming other filters is still refused. So a
+//! cursor reveals
 //! nothing but its length; one handed to another listing, another tenant,
 //! other filters or another store fails authentication; and since decoding
 //! is strict (only the one spelling `encode` writes is read, checked by
 //! re-encoding), a cursor altered in any way at all is `Invalid`.
-//! Cursors of format 1 (hex with a SipHash tag) are `Invalid` too: cursors
-//! are short-lived, and an upgrade only ends the walks in progress.
+//! Cursors of formats 1 (hex with a SipHash tag) and 2 (the filters in
+//! the associated data) are `Invalid` too: cursors are short-lived, and an
+//! upgrade only ends the walks in progress.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 
+use std::borrow::Cow;
+
 use crate::cursor::Cursor;
 use crate::error::{Result, StateError};
+use crate::kv::key::{KeyBuf, KeyReader};
+use crate::page::PageRequest;
+use crate::record::{RunState, StateQuery};
 
 /// Largest position a cursor carries (a key of ours is far smaller).
 const POSITION_BYTES_MAX: usize = 8 * 1024;
+/// Largest filters a cursor carries (two ids of at most 256 bytes, each
+/// at most doubled by escaping, and a few flag bytes).
+const FILTERS_BYTES_MAX: usize = 2 * 1024;
 /// The format byte every cursor starts with.
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 const NONCE_BYTES: usize = 24;
 const TAG_BYTES: usize = 16;
 /// Domain separation of the cursor key from any other use of the secret.
 const KEY_INFO: &[u8] = b"agentstate cursor key v2";
 /// Prefix of the associated data.
-const AD_LABEL: &[u8] = b"agentstate cursor v2";
+const AD_LABEL: &[u8] = b"agentstate cursor v3";
 
 /// Which listing issued a cursor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,13 +115,19 @@ pub(crate) fn encode(
     position: &[u8],
 ) -> Cursor {
     debug_assert!(position.len() <= POSITION_BYTES_MAX);
+    let (bound, filters) = split(listing, binding);
+    debug_assert!(filters.len() <= FILTERS_BYTES_MAX);
+    let mut msg = Vec::with_capacity(2 + filters.len() + position.len());
+    msg.extend_from_slice(&(filters.len() as u16).to_le_bytes());
+    msg.extend_from_slice(filters);
+    msg.extend_from_slice(position);
     let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
-    let ad = associated(listing, binding);
+    let ad = associated(listing, bound);
     let sealed = cipher(secret)
         .encrypt(
             &nonce,
             Payload {
-                msg: position,
+                msg: &msg,
                 aad: &ad,
             },
         )
@@ -120,6 +141,26 @@ pub(crate) fn encode(
     c
 }
 
+/// Splits a binding into what is bound as associated data and what travels
+/// sealed inside the payload: a run listing's filters, after its tenant
+/// (L7). Every other binding is associated data whole.
+fn split(listing: Listing, binding: &[u8]) -> (&[u8], &[u8]) {
+    if listing == Listing::Runs
+        && let Ok(mut r) = KeyReader::new(binding, Listing::Runs as u8)
+        && r.str().is_ok()
+    {
+        let filters = r.rest();
+        return binding.split_at(binding.len() - filters.len());
+    }
+    (binding, &[])
+}
+
+fn invalid() -> StateError {
+    StateError::invalid(
+        "cursor: not issued by this listing (other tenant, filters or store, altered, or from an older release)",
+    )
+}
+
 /// Checks a cursor against this listing and returns its position.
 pub(crate) fn decode(
     secret: &[u8; 16],
@@ -127,13 +168,25 @@ pub(crate) fn decode(
     binding: &[u8],
     cursor: &Cursor,
 ) -> Result<Vec<u8>> {
-    let invalid = || {
-        StateError::invalid(
-            "cursor: not issued by this listing (other tenant, filters or store, altered, or from an older release)",
-        )
-    };
+    let (bound, filters) = split(listing, binding);
+    let (sealed_filters, position) = open(secret, listing, bound, cursor)?;
+    if sealed_filters != filters {
+        return Err(invalid());
+    }
+    Ok(position)
+}
+
+/// Authenticates a cursor against its listing and the bound part of its
+/// binding; returns the filters it carries and its position.
+fn open(
+    secret: &[u8; 16],
+    listing: Listing,
+    bound: &[u8],
+    cursor: &Cursor,
+) -> Result<(Vec<u8>, Vec<u8>)> {
     let text = cursor.as_str();
-    let max_text = (1 + NONCE_BYTES + POSITION_BYTES_MAX + TAG_BYTES).div_ceil(3) * 4;
+    let max_text =
+        (1 + NONCE_BYTES + 2 + FILTERS_BYTES_MAX + POSITION_BYTES_MAX + TAG_BYTES).div_ceil(3) * 4;
     if text.len() > max_text {
         return Err(invalid());
     }
@@ -147,8 +200,8 @@ pub(crate) fn decode(
         return Err(invalid());
     }
     let (nonce, sealed) = bytes[1..].split_at(NONCE_BYTES);
-    let ad = associated(listing, binding);
-    cipher(secret)
+    let ad = associated(listing, bound);
+    let mut msg = cipher(secret)
         .decrypt(
             XNonce::from_slice(nonce),
             Payload {
@@ -156,14 +209,24 @@ pub(crate) fn decode(
                 aad: &ad,
             },
         )
-        .map_err(|_| invalid())
+        .map_err(|_| invalid())?;
+    // Authentic, so written by `encode`; checked all the same.
+    let len = match msg.get(..2) {
+        Some(l) => u16::from_le_bytes([l[0], l[1]]) as usize,
+        None => return Err(invalid()),
+    };
+    if msg.len() < 2 + len {
+        return Err(invalid());
+    }
+    let position = msg.split_off(2 + len);
+    msg.drain(..2);
+    Ok((msg, position))
 }
 
 /// The binding of a run listing's cursor, the same on every backend: the
 /// tenant and every filter, so a cursor used with another tenant or other
-/// filters is refused (L6).
-pub(crate) fn runs_binding(q: &crate::record::StateQuery) -> Vec<u8> {
-    use crate::kv::key::KeyBuf;
+/// filters is refused (L6). The filters travel sealed in the cursor (L7).
+pub(crate) fn runs_binding(q: &StateQuery) -> Vec<u8> {
     let mut b = KeyBuf::table(Listing::Runs as u8).str(&q.tenant);
     b = match q.state {
         Some(s) => b.u8(1).u8(s.tag()),
@@ -180,6 +243,60 @@ pub(crate) fn runs_binding(q: &crate::record::StateQuery) -> Vec<u8> {
         None => b.u8(0),
     };
     b.done()
+}
+
+/// The query a run listing's page walks by (L7): `q` itself, unless `q`
+/// names only its tenant and the page continues a walk, whose filters
+/// then come from the cursor. A cursor of another tenant, store or
+/// listing, or an altered one, is `Invalid` here already (L6); a query
+/// naming other filters than its cursor's is refused by [`decode`].
+pub(crate) fn runs_query<'q>(
+    secret: &[u8; 16],
+    q: &'q StateQuery,
+    page: &PageRequest,
+) -> Result<Cow<'q, StateQuery>> {
+    let Some(cursor) = &page.cursor else {
+        return Ok(Cow::Borrowed(q));
+    };
+    let named =
+        q.state.is_some() || q.session.is_some() || q.agent.is_some() || q.updated_before.is_some();
+    if named {
+        return Ok(Cow::Borrowed(q));
+    }
+    let bound = KeyBuf::table(Listing::Runs as u8).str(&q.tenant).done();
+    let (filters, _) = open(secret, Listing::Runs, &bound, cursor)?;
+    let mut full = bound;
+    full.extend_from_slice(&filters);
+    let mut r = KeyReader::new(&full, Listing::Runs as u8)?;
+    let mut walk = StateQuery::new(r.str()?);
+    let flag = |r: &mut KeyReader<'_>| -> Result<bool> {
+        match r.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(invalid()),
+        }
+    };
+    if flag(&mut r)? {
+        let tag = r.u8()?;
+        walk.state = Some(
+            RunState::ALL
+                .into_iter()
+                .find(|s| s.tag() == tag)
+                .ok_or_else(invalid)?,
+        );
+    }
+    if flag(&mut r)? {
+        walk.session = Some(r.str()?);
+    }
+    if flag(&mut r)? {
+        walk.agent = Some(r.str()?);
+    }
+    if flag(&mut r)? {
+        walk.updated_before = Some(r.u64()?);
+    }
+    r.end().map_err(|_| invalid())?;
+    debug_assert_eq!(runs_binding(&walk), full);
+    Ok(Cow::Owned(walk))
 }
 
 #[cfg(test)]

@@ -742,6 +742,120 @@ fn base64_any(text: &[u8]) -> Vec<u8> {
     out
 }
 
+/// L7: a cursor carries its walk's filters. A next page that names only
+/// the tenant and the cursor (the seeds' paging loop) continues the same
+/// filtered walk, for every filter and their combinations; the same
+/// cursor with other filters or another tenant stays `Invalid` (L6).
+pub fn l7_cursor_carries_its_walks_filters(make: Factory<'_>) {
+    let c = open(make);
+    let s = &*c.store;
+    let (ta, tb) = (unique("l7a"), unique("l7b"));
+    for t in [&ta, &tb] {
+        create_session(s, &SessionKey::new(t, "sa"));
+        create_session(s, &SessionKey::new(t, "sb"));
+    }
+    // 24 runs of A: two sessions, two agents, three states, and updated
+    // at two moments; tenant B gets the same ids.
+    for t in [&ta, &tb] {
+        let recs: Vec<RunRecord> = (0..24)
+            .map(|i| {
+                RunRecord::new(
+                    RunKey::new(t, format!("r{i:02}")),
+                    ["planner", "coder"][i % 2],
+                )
+                .with_session(["sa", "sb"][(i / 2) % 2])
+            })
+            .collect();
+        create_many(s, recs);
+    }
+    c.clock.advance(1_000);
+    let cut = crate::Clock::now_millis(&*c.clock);
+    for i in 0..24 {
+        let key = RunKey::new(&ta, format!("r{i:02}"));
+        if i % 3 == 0 {
+            continue;
+        }
+        let mut r = ok(s.get_run(&key), "L7: read").expect("L7: created");
+        r.state = [RunState::Running, RunState::Completed][i % 3 - 1];
+        ok(s.put_run(r), "L7: move a run");
+    }
+    c.clock.advance(1_000);
+    let filters = [
+        StateQuery::new(&ta).state(RunState::Running),
+        StateQuery::new(&ta).state(RunState::Completed),
+        StateQuery::new(&ta).session("sb"),
+        StateQuery::new(&ta).agent("coder"),
+        StateQuery::new(&ta).updated_before(cut),
+        StateQuery::new(&ta).session("sa").state(RunState::Running),
+        StateQuery::new(&ta)
+            .agent("planner")
+            .state(RunState::Pending)
+            .updated_before(cut),
+        StateQuery::new(&ta),
+    ];
+    for q in &filters {
+        // The walk that repeats its filters on every page…
+        let expected = walk_runs_by(s, q, 2);
+        // …and the seeds' loop: the filters on the first page only.
+        let mut seen = Vec::new();
+        let mut page = ok(s.list_runs(q, &PageRequest::new(2)), "L7: first page");
+        let mut pages = 1;
+        loop {
+            seen.extend(keys(page.items()));
+            let Some(cur) = page.cursor().cloned() else {
+                break;
+            };
+            // A bare tenant query with another tenant is refused.
+            assert_refused(
+                format_args!("L7: {q:?}'s cursor with only tenant B"),
+                || {
+                    s.list_runs(
+                        &StateQuery::new(&tb),
+                        &PageRequest::new(2).after(Some(&cur)),
+                    )
+                },
+            );
+            // Other filters with the cursor are refused (L6), unless they
+            // are the walk's own.
+            let other = if q.agent.as_deref() == Some("coder") {
+                StateQuery::new(&ta).agent("planner")
+            } else {
+                StateQuery::new(&ta).agent("coder")
+            };
+            assert_refused(format_args!("L7: {q:?}'s cursor with {other:?}"), || {
+                s.list_runs(&other, &PageRequest::new(2).after(Some(&cur)))
+            });
+            let same = ok(
+                s.list_runs(q, &PageRequest::new(2).after(Some(&cur))),
+                "L7: the cursor with its own filters repeated",
+            );
+            page = ok(
+                s.list_runs(
+                    &StateQuery::new(&ta),
+                    &PageRequest::new(2).after(Some(&cur)),
+                ),
+                "L7: the cursor with only its tenant continues its walk",
+            );
+            assert_eq!(
+                keys(same.items()),
+                keys(page.items()),
+                "L7: {q:?}: a bare next page and one repeating the filters differ"
+            );
+            pages += 1;
+            assert!(pages <= 30, "L7: {q:?}: the walk does not end");
+        }
+        assert_eq!(
+            seen,
+            keys(&expected),
+            "L7: {q:?}: the walk with the filters on its first page only visits other runs"
+        );
+        assert!(
+            !seen.is_empty(),
+            "L7: {q:?} matches runs, so the test walks something"
+        );
+    }
+}
+
 /// L6: a cursor is opaque and bound to its listing, tenant and filters;
 /// with another tenant, other filters, another listing, or altered, it is
 /// `Invalid` — never a panic, never another tenant's data.
@@ -809,8 +923,8 @@ pub fn l6_cursor_bound_to_listing_and_untampered(make: Factory<'_>) {
     .cursor()
     .cloned()
     .expect("L6: more follow");
+    // (The same tenant with no filter continues the walk: L7.)
     for (what, q) in [
-        ("no filter", StateQuery::new(&ta)),
         (
             "another state",
             StateQuery::new(&ta).state(RunState::Running),
@@ -831,7 +945,10 @@ pub fn l6_cursor_bound_to_listing_and_untampered(make: Factory<'_>) {
     .expect("L6: more follow");
     for (what, q) in [
         ("another session", StateQuery::new(&ta).session("sb")),
-        ("no filter", StateQuery::new(&ta)),
+        (
+            "a session and a state",
+            StateQuery::new(&ta).session("sa").state(RunState::Pending),
+        ),
         (
             "tenant B's same session",
             StateQuery::new(&tb).session("sa"),

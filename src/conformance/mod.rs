@@ -172,6 +172,7 @@ macro_rules! __conformance_rules {
             l4 l4_updated_before_filters_never_orders,
             l5 l5_page_limit_and_default,
             l6 l6_cursor_bound_to_listing_and_untampered,
+            l7 l7_cursor_carries_its_walks_filters,
             x1 x1_every_write_stores_scrubbed_record,
             x2 x2_secret_keys_redacted,
             x3 x3_secret_shapes_redacted_anywhere,

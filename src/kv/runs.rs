@@ -599,6 +599,9 @@ impl StateStore for KvStore {
         if let Some(a) = &q.agent {
             check_id("agent", a)?;
         }
+        // A next page may name only the tenant: its cursor's filters (L7).
+        let walk = crate::codec::cursor::runs_query(&self.secret, q, page)?;
+        let q = &*walk;
         // The narrowest index that answers the query: a reaper's
         // state query never walks finished runs (L5).
         let binding = crate::codec::cursor::runs_binding(q);

@@ -226,8 +226,11 @@ impl StateStore for PostgresStore {
             check_id("agent", a)?;
         }
         check_limit(page.limit)?;
-        let binding = crate::codec::cursor::runs_binding(q);
         let secret = self.secret()?;
+        // A next page may name only the tenant: its cursor's filters (L7).
+        let walk = crate::codec::cursor::runs_query(&secret, q, page)?;
+        let q = &*walk;
+        let binding = crate::codec::cursor::runs_binding(q);
         let after: i64 = match &page.cursor {
             None => 0,
             Some(c) => {

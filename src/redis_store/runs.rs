@@ -418,6 +418,9 @@ impl StateStore for RedisStore {
             check_id("agent", a)?;
         }
         check_limit(page.limit)?;
+        // A next page may name only the tenant: its cursor's filters (L7).
+        let walk = crate::codec::cursor::runs_query(&self.secret, q, page)?;
+        let q = &*walk;
         let binding = crate::codec::cursor::runs_binding(q);
         let mut after = match &page.cursor {
             None => String::new(),
