@@ -54,3 +54,24 @@ pub enum Entry {
         due_at: Millis,
     },
 }
+
+impl Entry {
+    /// Checks what an import checks of this entry alone, whatever the
+    /// store: ids (K1), pending tool calls (K5), a run's `seq` and
+    /// `version` and a budget's `version` at least 1. What depends on the
+    /// store or on the other entries (a tray doc's size against the
+    /// store's limit, a record or `seq` given twice) is checked by
+    /// [`StoreAdmin::import`](crate::StoreAdmin::import). A reader of an
+    /// export file calls this per line, so a bad entry is reported at its
+    /// own line rather than when the import's group is written.
+    ///
+    /// ```
+    /// use agentstate::{Entry, RunKey, RunRecord};
+    /// let mut run = RunRecord::new(RunKey::new("acme", ""), "planner");
+    /// (run.version, run.seq) = (1, 1);
+    /// assert!(Entry::Run(run).check().is_err());
+    /// ```
+    pub fn check(&self) -> crate::Result<()> {
+        crate::rules::check_entry(self, None)
+    }
+}

@@ -34,23 +34,39 @@
 //! ```
 //!
 //! ## Feature flags
-//! - `cli` (default): the `agentstate` command-line tool.
+//! None is on by default: [`MemoryStore`] and [`FileStore`] need none, and
+//! a library that depends on this crate pulls in no command-line or server
+//! client code it did not ask for.
 //! - `async`: `AsyncStore`, a tokio wrapper that runs blocking work on
 //!   `spawn_blocking`.
 //! - `conformance`: `agentstate::conformance`, the public conformance suite
-//!   a third-party backend runs against itself.
+//!   a third-party backend runs against itself (one macro line:
+//!   `agentstate::conformance_tests!(factory)`).
 //! - `postgres`: `PostgresStore` and `PgOptions`, the PostgreSQL backend
-//!   (the sync `postgres` client with an `r2d2` pool); the CLI then takes
-//!   `--db postgres://…`.
-//! - `redis`: `RedisStore`, the Redis backend (every write one Lua script on
-//!   the server; an `Ok` survives a server crash only with `appendfsync
-//!   always`, which `connect` checks).
+//!   (the sync `postgres` client with an `r2d2` pool).
+//! - `redis`: `RedisStore` and `RedisOptions`, the Redis backend (every
+//!   write one Lua script on the server; an `Ok` survives a server crash
+//!   only with `appendfsync always`, which `connect` checks).
+//! - `sled`: the sled engine under the file store
+//!   (`Options::engine(FileEngine::Sled)`), kept as a second engine the
+//!   conformance suite and the crash harness run on.
+//!
+//! The command-line tool (`agentstate demo`, `runs list`, `verify`,
+//! `export`/`import`, `copy` between backends) is the `agentstate-cli`
+//! crate: `cargo install agentstate-cli` builds it with every backend.
+//!
+//! ## The contract
+//! The numbered rules every backend keeps are in the repository's
+//! `docs/CONTRACT.md`; each is a test of the conformance suite named after
+//! its id (`r3_…`, `l7_…`).
 //!
 //! ## Durability
 //! See [`Durability`] and the README's "Durability" section.
 
 // Every public item is documented; the docs are part of the contract.
 #![warn(missing_docs)]
+// docs.rs (`--cfg docsrs`) marks each item with the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // Operating errors are handled, never unwrapped, outside tests.
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 

@@ -148,35 +148,34 @@ pub(crate) fn next_session(
 /// An imported entry meets every rule a write meets: ids (K1), sizes (K2),
 /// pending calls (K5), and scrubbing (X1). Returns the entry to store.
 pub(crate) fn checked_entry(e: Entry, scrubber: &Scrubber, max: usize) -> Result<Entry> {
+    check_entry(&e, Some(max))?;
     Ok(match e {
+        Entry::Run(r) => Entry::Run(scrubber.scrub_run_owned(r)),
+        other => other,
+    })
+}
+
+/// What an import checks of one entry alone: ids (K1), pending calls (K5),
+/// a run's `seq` and `version` and a budget's `version` at least 1, and,
+/// given the store's limit, a tray doc's size (K2).
+pub(crate) fn check_entry(e: &Entry, max: Option<usize>) -> Result<()> {
+    match e {
         Entry::Run(r) => {
-            check_record(&r)?;
+            check_record(r)?;
             if r.seq == 0 || r.version == 0 {
                 return Err(StateError::invalid(format!(
                     "run {}: seq and version must be at least 1",
                     r.key.run_id
                 )));
             }
-            Entry::Run(scrubber.scrub_run_owned(r))
         }
-        Entry::Session(s) => {
-            check_session_key(&s.key)?;
-            Entry::Session(s)
-        }
-        Entry::Epoch { instance, epoch } => {
-            check_instance(&instance)?;
-            Entry::Epoch { instance, epoch }
-        }
-        Entry::Alarm { instance, due_at } => {
-            check_instance(&instance)?;
-            Entry::Alarm { instance, due_at }
-        }
+        Entry::Session(s) => check_session_key(&s.key)?,
+        Entry::Epoch { instance, .. } | Entry::Alarm { instance, .. } => check_instance(instance)?,
         Entry::Tray { key, tray } => {
-            check_tray_key(&key)?;
-            check_tray(&tray, max)?;
-            Entry::Tray { key, tray }
+            check_tray_key(key)?;
+            check_tray(tray, max.unwrap_or(usize::MAX))?;
         }
-        Entry::Budget { budget, spent } => {
+        Entry::Budget { budget, .. } => {
             check_budget_key(&budget.key)?;
             if budget.version == 0 {
                 return Err(StateError::invalid(format!(
@@ -184,14 +183,13 @@ pub(crate) fn checked_entry(e: Entry, scrubber: &Scrubber, max: usize) -> Result
                     budget.key.name
                 )));
             }
-            Entry::Budget { budget, spent }
         }
         Entry::Hold { run, hold } => {
-            check_run_key(&run)?;
+            check_run_key(run)?;
             check_id("hold id", &hold.id)?;
-            Entry::Hold { run, hold }
         }
-    })
+    }
+    Ok(())
 }
 
 /// The entries of one import name each record once, and each tenant's

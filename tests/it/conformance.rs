@@ -32,7 +32,7 @@ mod memory {
         const FAMILIES: &[(&str, usize)] = &[
             ("r", 9),
             ("s", 4),
-            ("l", 6),
+            ("l", 7),
             ("x", 4),
             ("e", 6),
             ("t", 6),

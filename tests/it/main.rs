@@ -2,8 +2,6 @@ mod api;
 #[cfg(feature = "async")]
 mod async_store;
 mod budgets;
-#[cfg(feature = "cli")]
-mod cli;
 #[cfg(feature = "conformance")]
 mod conformance;
 mod durability;

@@ -231,9 +231,22 @@ pub fn import(
                 continue;
             }
             check.entries += 1;
-            return Some(serde_json::from_str::<Entry>(line).map_err(|e| {
-                CliError::usage(format!("{source} line {lineno}: not an export entry ({e})"))
-            }));
+            // Each entry is checked here, at its own line; the store checks
+            // it again (and what depends on other entries) a group later.
+            return Some(
+                serde_json::from_str::<Entry>(line)
+                    .map_err(|e| {
+                        CliError::usage(format!(
+                            "{source} line {lineno}: not an export entry ({e})"
+                        ))
+                    })
+                    .and_then(|entry| {
+                        entry
+                            .check()
+                            .map_err(|e| CliError::usage(format!("{source} line {lineno}: {e}")))?;
+                        Ok(entry)
+                    }),
+            );
         }
     };
     let mut entries = std::iter::from_fn(|| {
@@ -273,9 +286,10 @@ pub fn import(
             Ok(())
         }
         (Err(_), Some(e)) => Err(CliError::usage(format!("{}; {partial}", e.message))),
-        (Err(e), None) => Err(CliError::usage(format!(
-            "{source}, at line {lineno}: {e}; {partial}"
-        ))),
+        // The store's own refusal (a record or seq given twice, a doc past
+        // its limit) comes a group after the line that caused it: it names
+        // the record, not a line.
+        (Err(e), None) => Err(CliError::usage(format!("{source}: {e}; {partial}"))),
     }
 }
 
