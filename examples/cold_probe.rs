@@ -2,7 +2,7 @@
 //! of the store's code and data, as they do when an agent runtime calls the
 //! store between model calls, tool calls and JSON parsing, and as they do
 //! in `benches/compare.rs`'s one-writer part, which interleaves six
-//! contenders op by op (BENCHMARKS.md, "Cold calls"):
+//! contenders op by op (docs/benchmarks-lab-notes.md, "Cold calls"):
 //!
 //! ```text
 //! cargo run --release --example cold_probe -- [--ops 3000] [--sweep-mib 32]

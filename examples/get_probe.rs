@@ -1,6 +1,6 @@
 //! The get probe: what one `get_run` of a hot run costs once the store
 //! has grown, so two builds can be counted side by side (callgrind) or
-//! timed (BENCHMARKS.md, "Latency growth").
+//! timed (docs/benchmarks-lab-notes.md, "Latency growth").
 //!
 //! ```text
 //! cargo build --release --example get_probe

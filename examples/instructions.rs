@@ -15,7 +15,7 @@
 //! pending tool call whose arguments are ~210 bytes of JSON. `warmup` runs
 //! (default 200) come first, so one-time costs (the scrubber's rules, the
 //! store's creation) fall outside; the program prints the counter it
-//! wants subtracted. BENCHMARKS.md takes `instructions_per_create` as
+//! wants subtracted. docs/benchmarks-lab-notes.md takes `instructions_per_create` as
 //! (Ir of a run with N) − (Ir of a run with 0), divided by N — the
 //! warmup and the setup cancel.
 

@@ -1,7 +1,7 @@
 //! The write probe: durable creates on a fresh file store
 //! (`Durability::Immediate`, the default), from one writer or from eight,
 //! in fresh stores side by side with the disk's floor, so two builds can
-//! be compared run against run (BENCHMARKS.md, "Spare journal"):
+//! be compared run against run (docs/benchmarks-lab-notes.md, "Spare journal"):
 //!
 //! ```text
 //! cargo run --release --example write_probe -- [--rounds 5] [--ops 2000] [--dir DIR] \

@@ -93,7 +93,7 @@ pub const CACHE_BYTES_DEFAULT: u64 = 16 << 20;
 /// is 1 MiB. A range scan steps over every version a memtable holds of the
 /// keys in its range, so a small memtable keeps scans of often-rewritten
 /// keys (pages of running runs, trays, alarms) from slowing down between
-/// flushes (BENCHMARKS.md, "Latency growth").
+/// flushes (docs/benchmarks-lab-notes.md, "Latency growth").
 pub const WRITE_BUFFER_BYTES_DEFAULT: u64 = 5 << 20;
 /// The smallest write buffer `Options::write_buffer_bytes` accepts: 4 MiB.
 pub const WRITE_BUFFER_BYTES_MIN: u64 = 4 << 20;

@@ -15,7 +15,7 @@ pub const ARGS: &str = r#"{"query":"quarterly revenue by region for the last fou
 /// all over the key space as they would in production.
 ///
 /// `AGENTSTATE_BENCH_IDS=sequential` makes them ascend with `i` instead
-/// (ULID-like), for the locality experiment in BENCHMARKS.md.
+/// (ULID-like), for the locality experiment in docs/benchmarks-lab-notes.md.
 pub fn run_id(i: u64) -> String {
     static SEQUENTIAL: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
         std::env::var("AGENTSTATE_BENCH_IDS").is_ok_and(|v| v == "sequential")

@@ -6,7 +6,7 @@
 //! `cpuid` instructions. On a virtual machine each one traps to the
 //! hypervisor (~8 µs each on this project's 2-core VM), so the detection
 //! took 70–125 µs of an open of a 1M-run store and its first read, ~0.65
-//! ms in all, which checksum a few hundred bytes (BENCHMARKS.md, "The open:
+//! ms in all, which checksum a few hundred bytes (docs/benchmarks-lab-notes.md, "The open:
 //! a CPU probe"). A process therefore checksums its first
 //! [`TABLE_BUDGET`] bytes with a table (slicing by 8, ~0.5 ns a byte here,
 //! where crc32fast takes 0.02–0.09 ns a byte for 64–1000 bytes), then

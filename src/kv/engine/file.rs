@@ -144,7 +144,7 @@ const LEVEL_BASE_BYTES: u64 = 8 * 1024 * 1024;
 /// 200k-call run in ~9 s), two turns of five runs each: the scans' thread
 /// CPU per call 37 µs instead of 60 (`alarm_due`), 38 instead of 46
 /// (`list`), 31 instead of 40 (`marked`), the writes' 31 instead of 35,
-/// and the first tenth to the last flatter (BENCHMARKS.md, "Full run R").
+/// and the first tenth to the last flatter (docs/benchmarks-lab-notes.md, "Full run R").
 /// A threshold of 1 (a merge after every flush) was flatter still for the
 /// scans but cost the eight writers a fifth of their throughput.
 const L0_TABLES: u8 = 2;
@@ -181,7 +181,7 @@ impl FjallEngine {
                 // leaves, starts in a file already written with zeros
                 // (prepared by a fjall worker, or at a clean close): a
                 // synced append into written blocks commits no file-system
-                // metadata (vendor fjall patch; BENCHMARKS.md, "Spare
+                // metadata (vendor fjall patch; docs/benchmarks-lab-notes.md, "Spare
                 // journal").
                 .journal_spare_size(spare_bytes(dir, &tuning))
                 .open()
