@@ -3,6 +3,7 @@
 use crate::admin::StoreAdmin;
 use crate::budget::BudgetStore;
 use crate::error::Result;
+use crate::idempotency::IdempotencyKey;
 use crate::page::{Page, PageRequest, Pages};
 use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
 use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
@@ -16,6 +17,23 @@ pub trait StateStore: Send + Sync {
     fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>>;
     /// Adds amounts to a run and bumps its version (rule R4).
     fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord>;
+    /// [`put_run`](Self::put_run) under an idempotency key (rules I1–I3):
+    /// applied at most once. A repeat of the key with the same record
+    /// answers what the first call answered (the stored record, even after
+    /// later writes moved the run on; or the same `Conflict`), never a
+    /// `Conflict` against its own write; with another record it is
+    /// `Invalid`.
+    fn put_run_idempotent(&self, record: RunRecord, key: &IdempotencyKey) -> Result<RunRecord>;
+    /// [`patch_run`](Self::patch_run) under an idempotency key (rules
+    /// I1–I3): the amounts are added at most once, whatever failed and
+    /// however often the call is retried; a repeat answers the record the
+    /// first call returned.
+    fn patch_run_idempotent(
+        &self,
+        key: &RunKey,
+        delta: StateDelta,
+        idempotency_key: &IdempotencyKey,
+    ) -> Result<RunRecord>;
     /// One page of a tenant's runs in `seq` order (rules L1–L6).
     fn list_runs(&self, query: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>>;
     /// Creates or updates a session, versioned like a run (rule S1).
@@ -46,6 +64,17 @@ pub trait TrayStore: Send + Sync {
     fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool>;
     /// Applies many writes and deletes of one instance, all or nothing (T3).
     fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()>;
+    /// [`apply_batch`](Self::apply_batch) under an idempotency key,
+    /// scoped by the instance's namespace (rules I1–I3): applied at most
+    /// once; a repeat answers the first call's outcome (`Ok`, or the same
+    /// `FenceLost`).
+    fn apply_batch_idempotent(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+        key: &IdempotencyKey,
+    ) -> Result<()>;
     /// Unmarks every tray of the instance. Older epochs are a no-op (T4).
     fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()>;
     /// One page of an instance's trays, for hydration after a restart.

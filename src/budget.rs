@@ -41,6 +41,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
+use crate::idempotency::IdempotencyKey;
 use crate::page::{Page, PageRequest, Pages};
 use crate::record::{Millis, RunKey, RunRecord, StateDelta};
 
@@ -319,7 +320,7 @@ impl std::fmt::Display for CapLimit {
 }
 
 /// What [`BudgetStore::settle`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Settled {
     /// The run after the spend was added (one version later).
     pub record: RunRecord,
@@ -387,6 +388,33 @@ pub trait BudgetStore: Send + Sync {
     fn settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled>;
     /// Drops a hold with no spend (B4); `NotFound` like `settle`.
     fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()>;
+    /// [`reserve`](Self::reserve) under an idempotency key (rules I1–I3):
+    /// a repeat answers the first call's hold (or its `BudgetExceeded`)
+    /// and reserves nothing again.
+    fn reserve_idempotent(
+        &self,
+        run: &RunKey,
+        hold: Hold,
+        key: &IdempotencyKey,
+    ) -> Result<HoldRecord>;
+    /// [`settle`](Self::settle) under an idempotency key (rules I1–I3): a
+    /// repeat answers the first call's [`Settled`], not `NotFound` for the
+    /// hold it settled, and adds nothing again.
+    fn settle_idempotent(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        spent: StateDelta,
+        key: &IdempotencyKey,
+    ) -> Result<Settled>;
+    /// [`release_hold`](Self::release_hold) under an idempotency key: a
+    /// repeat answers the first call's outcome.
+    fn release_hold_idempotent(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        key: &IdempotencyKey,
+    ) -> Result<()>;
     /// A run's caps, spent and live holds; `None` when the run is missing.
     fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>>;
 

@@ -7,12 +7,27 @@ use crate::record::{RunKey, SessionKey};
 use crate::tray::TrayKey;
 
 /// Why a write could not be persisted (rule E3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PersistenceReason {
-    /// The store could not persist the write (a failed sync, a full disk, a
-    /// store refusing writes after an earlier failure). Retryable: reopen or
-    /// wait, then try again.
+    /// The write certainly did not apply: the store could not be reached,
+    /// refused it before anything was written (a full disk, a store
+    /// refusing writes after an earlier failure, a server shutting down),
+    /// or rolled it back. Retryable: wait or reopen, then try again.
     Unavailable,
+    /// The write was sent and may have applied: the connection was lost
+    /// after the server was asked to commit (or to run the write's script),
+    /// or the file store's sync failed after its journal write. Reading
+    /// cannot always tell (a patch leaves no trace of itself).
+    ///
+    /// Retryable only when the call carried an idempotency key (`keyed`):
+    /// the retry with the same key answers the first outcome if the write
+    /// had applied and applies it if it had not (rules I1, I7). Without a
+    /// key, a retry of a patch, reserve or settle may apply twice: read,
+    /// and decide.
+    OutcomeUnknown {
+        /// The call carried an idempotency key.
+        keyed: bool,
+    },
     /// The record or doc is larger than the store's limit. Not retryable: the
     /// record stays too large.
     TooLarge,
@@ -40,7 +55,7 @@ impl PersistenceReason {
 }
 
 /// What a [`StateError::NotFound`] could not find (rule E2).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Missing {
     /// A run.
     Run(RunKey),
@@ -172,16 +187,61 @@ pub enum StateError {
 }
 
 impl StateError {
-    /// True only for failures where trying the same call again can succeed:
-    /// `Persistence { reason: Unavailable }`.
+    /// True only for failures where trying the same call again is safe and
+    /// can succeed: `Persistence { reason: Unavailable }`, and
+    /// `Persistence { reason: OutcomeUnknown { keyed: true } }` (a retry
+    /// with the same idempotency key never applies twice).
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
             StateError::Persistence {
-                reason: PersistenceReason::Unavailable,
+                reason: PersistenceReason::Unavailable
+                    | PersistenceReason::OutcomeUnknown { keyed: true },
                 ..
             }
         )
+    }
+
+    /// True when the failed call may have applied (an outcome lost in
+    /// transit or a failed sync after the write): see
+    /// [`PersistenceReason::OutcomeUnknown`].
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            StateError::Persistence {
+                reason: PersistenceReason::OutcomeUnknown { .. },
+                ..
+            }
+        )
+    }
+
+    /// A write whose outcome is unknown: sent, and maybe applied.
+    pub(crate) fn outcome_unknown(
+        detail: impl Into<String>,
+        source: Option<std::io::Error>,
+    ) -> Self {
+        StateError::Persistence {
+            reason: PersistenceReason::OutcomeUnknown { keyed: false },
+            detail: detail.into(),
+            source,
+        }
+    }
+
+    /// The error as a keyed call answers it: an unknown outcome of a call
+    /// that carried an idempotency key is retryable (rule I7).
+    pub(crate) fn keyed(self) -> Self {
+        match self {
+            StateError::Persistence {
+                reason: PersistenceReason::OutcomeUnknown { .. },
+                detail,
+                source,
+            } => StateError::Persistence {
+                reason: PersistenceReason::OutcomeUnknown { keyed: true },
+                detail,
+                source,
+            },
+            other => other,
+        }
     }
 
     pub(crate) fn invalid(what: impl Into<String>) -> Self {

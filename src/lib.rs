@@ -82,6 +82,7 @@ mod entry;
 mod error;
 #[doc(hidden)]
 pub mod fuzz_api;
+mod idempotency;
 mod kv;
 pub mod limits;
 mod options;
@@ -113,8 +114,9 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use cursor::Cursor;
 pub use entry::Entry;
 pub use error::{Missing, PersistenceReason, Result, StateError};
+pub use idempotency::IdempotencyKey;
 pub use kv::{FileStore, MemoryStore};
-pub use options::{Durability, FileEngine, Options, UpgradeProgress};
+pub use options::{Durability, FileEngine, IdempotencyWindow, Options, UpgradeProgress};
 pub use page::{Page, PageRequest, Pages};
 #[cfg(feature = "postgres")]
 pub use pg::{PgOptions, PostgresStore};

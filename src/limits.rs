@@ -23,3 +23,19 @@ const _: () = assert!(ID_BYTES_MAX < RECORD_BYTES_MAX_DEFAULT);
 pub const HOLDS_PER_RUN_MAX: usize = 1024;
 /// Longest time to live of a hold: 7 days, in milliseconds (rule B5).
 pub const HOLD_TTL_MILLIS_MAX: u64 = 7 * 24 * 60 * 60 * 1000;
+
+/// Idempotency keys are 1..=128 bytes of UTF-8 (rule I3).
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 128;
+/// How many idempotency keys a tenant (or an instance namespace) keeps by
+/// default before the oldest are forgotten (rule I5); see
+/// `Options::idempotency_window`.
+pub const IDEMPOTENCY_KEYS_DEFAULT: u64 = 100_000;
+/// How long an idempotency key is kept by default: 24 hours, in
+/// milliseconds of the store's clock (rule I5).
+pub const IDEMPOTENCY_TTL_MILLIS_DEFAULT: u64 = 24 * 60 * 60 * 1000;
+/// The most keys one keyed write forgets while pruning the window, so a
+/// write's cost stays bounded however far behind the pruning is.
+pub const IDEMPOTENCY_PRUNE_MAX: usize = 4;
+
+const _: () = assert!(IDEMPOTENCY_KEY_BYTES_MAX <= ID_BYTES_MAX);
+const _: () = assert!(IDEMPOTENCY_PRUNE_MAX >= 2);

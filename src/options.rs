@@ -85,6 +85,32 @@ pub struct Options {
     pub(crate) cache_bytes: u64,
     pub(crate) write_buffer_bytes: u64,
     pub(crate) flush_at_close: bool,
+    pub(crate) idempotency: IdempotencyWindow,
+}
+
+/// How long a store remembers idempotency keys (rule I5): at most
+/// `keys_max` per tenant (trays: per instance namespace), each for at most
+/// `ttl_millis` of the store's clock. Keys past either bound are forgotten
+/// by later keyed writes of the same tenant, a few at a time: a repeat of
+/// a forgotten key applies again. Keep the window longer than the longest
+/// time a caller may keep retrying one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdempotencyWindow {
+    /// Most keys kept per tenant (at least 1).
+    pub keys_max: u64,
+    /// Longest time a key is kept, in milliseconds (at least 1).
+    pub ttl_millis: u64,
+}
+
+impl Default for IdempotencyWindow {
+    /// 100,000 keys and 24 hours ([`crate::limits::IDEMPOTENCY_KEYS_DEFAULT`],
+    /// [`crate::limits::IDEMPOTENCY_TTL_MILLIS_DEFAULT`]).
+    fn default() -> Self {
+        IdempotencyWindow {
+            keys_max: crate::limits::IDEMPOTENCY_KEYS_DEFAULT,
+            ttl_millis: crate::limits::IDEMPOTENCY_TTL_MILLIS_DEFAULT,
+        }
+    }
 }
 
 /// The block cache's default size (fjall engine): 16 MiB.
@@ -109,6 +135,7 @@ impl std::fmt::Debug for Options {
             .field("cache_bytes", &self.cache_bytes)
             .field("write_buffer_bytes", &self.write_buffer_bytes)
             .field("flush_at_close", &self.flush_at_close)
+            .field("idempotency", &self.idempotency)
             .finish_non_exhaustive()
     }
 }
@@ -127,6 +154,7 @@ impl Default for Options {
             cache_bytes: CACHE_BYTES_DEFAULT,
             write_buffer_bytes: WRITE_BUFFER_BYTES_DEFAULT,
             flush_at_close: true,
+            idempotency: IdempotencyWindow::default(),
         }
     }
 }
@@ -207,6 +235,24 @@ impl Options {
     /// every open, whatever the store was created or last opened with.
     pub fn write_buffer_bytes(mut self, bytes: u64) -> Self {
         self.write_buffer_bytes = bytes.max(WRITE_BUFFER_BYTES_MIN);
+        self
+    }
+    /// How long idempotency keys are remembered (rule I5; default 100,000
+    /// keys per tenant and 24 hours). Bounds below 1 are raised to 1.
+    ///
+    /// ```
+    /// use agentstate::{IdempotencyWindow, Options};
+    /// let opts = Options::new().idempotency_window(IdempotencyWindow {
+    ///     keys_max: 10_000,
+    ///     ttl_millis: 60 * 60 * 1000,
+    /// });
+    /// # let _ = opts;
+    /// ```
+    pub fn idempotency_window(mut self, window: IdempotencyWindow) -> Self {
+        self.idempotency = IdempotencyWindow {
+            keys_max: window.keys_max.max(1),
+            ttl_millis: window.ttl_millis.max(1),
+        };
         self
     }
     /// Whether a clean close (the last handle dropped, every write synced)

@@ -96,6 +96,7 @@ mod helpers;
 mod alarms;
 mod budgets;
 mod errors;
+mod idempotency;
 mod limits;
 mod listings;
 mod runs;
@@ -108,6 +109,7 @@ mod trays;
 pub use alarms::*;
 pub use budgets::*;
 pub use errors::*;
+pub use idempotency::*;
 pub use limits::*;
 pub use listings::*;
 pub use runs::*;
@@ -137,7 +139,8 @@ macro_rules! rule_table {
     };
 }
 
-/// Every rule check, by rule id, in spec order (R, S, L, X, E, T, A, B, K).
+/// Every rule check, by rule id, in spec order (R, S, L, X, E, T, A, B, K,
+/// then the project's own families: I).
 pub const RULES: &[(&str, Check)] = crate::__conformance_rules!([rule_table]);
 
 /// The rule list — the one place every rule of the suite is named, in spec
@@ -204,6 +207,12 @@ macro_rules! __conformance_rules {
             k4 k4_batch_at_most_10000_ops,
             k5 k5_at_most_1024_pending_tool_calls,
             k6 k6_key_encoding_injective,
+            i1 i1_keyed_writes_apply_once_and_repeats_answer_the_first_outcome,
+            i2 i2_a_repeated_put_answers_its_own_write_not_a_conflict,
+            i3 i3_a_key_reused_for_other_arguments_is_invalid,
+            i4 i4_keys_are_scoped_by_tenant_and_namespace,
+            i5 i5_keys_are_kept_for_the_window_then_forgotten,
+            i6 i6_racing_calls_with_one_key_apply_once,
         }
     };
 }

@@ -3,6 +3,7 @@
 //! holds, asks `crate::rules` what to write, and writes it in the same job,
 //! so the cap check and the hold it records are one atomic step.
 
+use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
 use serde::{Deserialize, Serialize};
 
 use crate::budget::{
@@ -334,83 +335,53 @@ impl BudgetStore for KvStore {
     }
 
     fn reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
-        check_run_key(run)?;
-        check_hold(&hold)?;
-        let run = run.clone();
-        let now = self.now();
-        self.submit(move |txn| {
-            let Some(r) = read_run(txn, &run)? else {
-                return Err(StateError::NotFound(Missing::Run(run)));
-            };
-            let holds = run_holds(txn, &run)?;
-            let live: Vec<&HoldRecord> = holds
-                .iter()
-                .map(|(_, h)| h)
-                .filter(|h| h.is_live(now))
-                .collect();
-            check_new_hold(&hold, &live)?;
-            let run_held = held(live.iter().copied(), now);
-            let budget = match budget_of(&r) {
-                Some(b) => {
-                    let row = read_budget(txn, &b)?;
-                    let bh = budget_holds(txn, &b)?;
-                    Some((row, held(bh.iter().map(|(_, h)| h), now)))
-                }
-                None => None,
-            };
-            let side = budget.as_ref().map(|(row, h)| BudgetSide {
-                record: &row.record,
-                spent: row.spent,
-                held: *h,
-            });
-            check_reserve(&r, run_held, side.as_ref(), hold.amounts())?;
-            let rec = new_hold(&hold, now)?;
-            purge_expired(txn, &r, now)?;
-            let bytes = value::encode(&rec);
-            if let Some(b) = budget_of(&r) {
-                txn.put(budget_hold_key(&b, &run.run_id, &rec.id), bytes.clone());
-            }
-            txn.put(hold_key(&run, &rec.id), bytes);
-            Ok(rec)
-        })
+        self.reserve_with(run, hold, None)
+    }
+    fn reserve_idempotent(
+        &self,
+        run: &RunKey,
+        hold: Hold,
+        key: &IdempotencyKey,
+    ) -> Result<HoldRecord> {
+        let keyed = Keyed::new(Op::Reserve, Scope::Tenant(&run.tenant), key, &(run, &hold))?;
+        self.reserve_with(run, hold, Some(keyed))
     }
 
     fn settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled> {
-        check_run_key(run)?;
-        check_id("hold id", hold_id)?;
-        let (run, hold_id) = (run.clone(), hold_id.to_string());
-        let now = self.now();
-        let max = self.opts.record_bytes_max;
-        let keys = RunKeys::of(&run);
-        self.submit(move |txn| {
-            let Some(old) = read_run(txn, &run)? else {
-                return Err(StateError::NotFound(Missing::Run(run)));
-            };
-            let h = live_hold(txn, &run, &hold_id, now)?;
-            let new = patched_run(&old, &spent, now)?;
-            write_run(txn, Some(&old), &new, max, keys)?;
-            delete_hold(txn, &run, budget_of(&old).as_ref(), &hold_id);
-            after_patch(txn, &new, &spent, now)?;
-            Ok(Settled {
-                record: new,
-                overshoot: overshoot(&h, &spent),
-            })
-        })
+        self.settle_with(run, hold_id, spent, None)
+    }
+    fn settle_idempotent(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        spent: StateDelta,
+        key: &IdempotencyKey,
+    ) -> Result<Settled> {
+        let keyed = Keyed::new(
+            Op::Settle,
+            Scope::Tenant(&run.tenant),
+            key,
+            &(run, hold_id, &spent),
+        )?;
+        self.settle_with(run, hold_id, spent, Some(keyed))
     }
 
     fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
-        check_run_key(run)?;
-        check_id("hold id", hold_id)?;
-        let (run, hold_id) = (run.clone(), hold_id.to_string());
-        let now = self.now();
-        self.submit(move |txn| {
-            let Some(r) = read_run(txn, &run)? else {
-                return Err(StateError::NotFound(Missing::Run(run)));
-            };
-            live_hold(txn, &run, &hold_id, now)?;
-            delete_hold(txn, &run, budget_of(&r).as_ref(), &hold_id);
-            purge_expired(txn, &r, now)
-        })
+        self.release_hold_with(run, hold_id, None)
+    }
+    fn release_hold_idempotent(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        key: &IdempotencyKey,
+    ) -> Result<()> {
+        let keyed = Keyed::new(
+            Op::ReleaseHold,
+            Scope::Tenant(&run.tenant),
+            key,
+            &(run, hold_id),
+        )?;
+        self.release_hold_with(run, hold_id, Some(keyed))
     }
 
     fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
@@ -568,5 +539,107 @@ impl KvStore {
         rep.entries += entries;
         rep.problems.extend(problems);
         Ok(())
+    }
+}
+
+impl KvStore {
+    pub(crate) fn reserve_with(
+        &self,
+        run: &RunKey,
+        hold: Hold,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<HoldRecord> {
+        check_run_key(run)?;
+        check_hold(&hold)?;
+        let run = run.clone();
+        let now = self.now();
+        self.submit_keyed(keyed, move |txn| {
+            let Some(r) = read_run(txn, &run)? else {
+                return Err(StateError::NotFound(Missing::Run(run)));
+            };
+            let holds = run_holds(txn, &run)?;
+            let live: Vec<&HoldRecord> = holds
+                .iter()
+                .map(|(_, h)| h)
+                .filter(|h| h.is_live(now))
+                .collect();
+            check_new_hold(&hold, &live)?;
+            let run_held = held(live.iter().copied(), now);
+            let budget = match budget_of(&r) {
+                Some(b) => {
+                    let row = read_budget(txn, &b)?;
+                    let bh = budget_holds(txn, &b)?;
+                    Some((row, held(bh.iter().map(|(_, h)| h), now)))
+                }
+                None => None,
+            };
+            let side = budget.as_ref().map(|(row, h)| BudgetSide {
+                record: &row.record,
+                spent: row.spent,
+                held: *h,
+            });
+            check_reserve(&r, run_held, side.as_ref(), hold.amounts())?;
+            let rec = new_hold(&hold, now)?;
+            purge_expired(txn, &r, now)?;
+            let bytes = value::encode(&rec);
+            if let Some(b) = budget_of(&r) {
+                txn.put(budget_hold_key(&b, &run.run_id, &rec.id), bytes.clone());
+            }
+            txn.put(hold_key(&run, &rec.id), bytes);
+            Ok(rec)
+        })
+    }
+}
+
+impl KvStore {
+    pub(crate) fn settle_with(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        spent: StateDelta,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<Settled> {
+        check_run_key(run)?;
+        check_id("hold id", hold_id)?;
+        let (run, hold_id) = (run.clone(), hold_id.to_string());
+        let now = self.now();
+        let max = self.opts.record_bytes_max;
+        let keys = RunKeys::of(&run);
+        self.submit_keyed(keyed, move |txn| {
+            let Some(old) = read_run(txn, &run)? else {
+                return Err(StateError::NotFound(Missing::Run(run)));
+            };
+            let h = live_hold(txn, &run, &hold_id, now)?;
+            let new = patched_run(&old, &spent, now)?;
+            write_run(txn, Some(&old), &new, max, keys)?;
+            delete_hold(txn, &run, budget_of(&old).as_ref(), &hold_id);
+            after_patch(txn, &new, &spent, now)?;
+            Ok(Settled {
+                record: new,
+                overshoot: overshoot(&h, &spent),
+            })
+        })
+    }
+}
+
+impl KvStore {
+    pub(crate) fn release_hold_with(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<()> {
+        check_run_key(run)?;
+        check_id("hold id", hold_id)?;
+        let (run, hold_id) = (run.clone(), hold_id.to_string());
+        let now = self.now();
+        self.submit_keyed(keyed, move |txn| {
+            let Some(r) = read_run(txn, &run)? else {
+                return Err(StateError::NotFound(Missing::Run(run)));
+            };
+            live_hold(txn, &run, &hold_id, now)?;
+            delete_hold(txn, &run, budget_of(&r).as_ref(), &hold_id);
+            purge_expired(txn, &r, now)
+        })
     }
 }

@@ -220,6 +220,13 @@ impl<'a> Txn<'a> {
         self.engine.get(key)
     }
 
+    /// Forgets every write this job made (the engine and the group's are
+    /// untouched): an idempotent call that is refused keeps only the
+    /// record of its refusal.
+    pub(crate) fn discard_writes(&mut self) {
+        self.writes = Overlay::default();
+    }
+
     pub(crate) fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
         let key = if self.staged { self.at(&key) } else { key };
         self.writes.insert(key, Some(value));

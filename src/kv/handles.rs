@@ -2,6 +2,7 @@
 //! process) and [`FileStore`] (one directory on disk). Each holds a
 //! [`KvStore`] and hands every trait call to it, so both run one logic.
 
+use crate::idempotency::IdempotencyKey;
 use std::path::Path;
 
 use super::KvStore;
@@ -141,6 +142,21 @@ macro_rules! forward_to_kv {
             fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
                 self.0.patch_run(key, delta)
             }
+            fn put_run_idempotent(
+                &self,
+                record: RunRecord,
+                key: &IdempotencyKey,
+            ) -> Result<RunRecord> {
+                self.0.put_run_idempotent(record, key)
+            }
+            fn patch_run_idempotent(
+                &self,
+                key: &RunKey,
+                delta: StateDelta,
+                idempotency_key: &IdempotencyKey,
+            ) -> Result<RunRecord> {
+                self.0.patch_run_idempotent(key, delta, idempotency_key)
+            }
             fn list_runs(&self, query: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
                 self.0.list_runs(query, page)
             }
@@ -172,6 +188,15 @@ macro_rules! forward_to_kv {
                 ops: Vec<TrayOp>,
             ) -> Result<()> {
                 self.0.apply_batch(instance, epoch, ops)
+            }
+            fn apply_batch_idempotent(
+                &self,
+                instance: &InstanceKey,
+                epoch: u64,
+                ops: Vec<TrayOp>,
+                key: &IdempotencyKey,
+            ) -> Result<()> {
+                self.0.apply_batch_idempotent(instance, epoch, ops, key)
             }
             fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
                 self.0.release(instance, epoch)
@@ -228,6 +253,31 @@ macro_rules! forward_to_kv {
             }
             fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
                 self.0.release_hold(run, hold_id)
+            }
+            fn reserve_idempotent(
+                &self,
+                run: &RunKey,
+                hold: Hold,
+                key: &IdempotencyKey,
+            ) -> Result<HoldRecord> {
+                self.0.reserve_idempotent(run, hold, key)
+            }
+            fn settle_idempotent(
+                &self,
+                run: &RunKey,
+                hold_id: &str,
+                spent: StateDelta,
+                key: &IdempotencyKey,
+            ) -> Result<Settled> {
+                self.0.settle_idempotent(run, hold_id, spent, key)
+            }
+            fn release_hold_idempotent(
+                &self,
+                run: &RunKey,
+                hold_id: &str,
+                key: &IdempotencyKey,
+            ) -> Result<()> {
+                self.0.release_hold_idempotent(run, hold_id, key)
             }
             fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
                 self.0.run_spend(run)

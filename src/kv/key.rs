@@ -49,6 +49,13 @@ pub(crate) mod table {
     pub const ALARM: u8 = 0x40;
     /// (due_at, ns, id) → ().
     pub const ALARM_BY_DUE: u8 = 0x41;
+    /// (scope kind, scope, idempotency key) → `Remembered` (rules I1–I6).
+    pub const IDEM: u8 = 0x50;
+    /// (scope kind, scope, ordinal) → (key, at): a scope's keys, oldest
+    /// first, for pruning the window.
+    pub const IDEM_ORDER: u8 = 0x51;
+    /// (scope kind, scope) → (next ordinal, keys kept).
+    pub const IDEM_SCOPE: u8 = 0x52;
     /// An import being built: the whole key of a live table after this
     /// byte (see `kv::transfer`). Past every exported table, so listings,
     /// exports, `is_empty` and `verify` never see it.

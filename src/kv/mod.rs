@@ -20,6 +20,7 @@ mod verify;
 use std::path::Path;
 
 mod handles;
+mod idempotency;
 
 pub use handles::{FileStore, MemoryStore};
 
@@ -159,7 +160,22 @@ impl Sink for KvStore {
             Err(e) => {
                 // D6: never acknowledge again until reopened.
                 self.poisoned.store(true, Ordering::SeqCst);
-                Err(e)
+                // The batch went to the engine's journal: whether it is
+                // there after a reopen is unknown (rule I7). The writes
+                // refused from now on certainly did not apply.
+                Err(match e {
+                    StateError::Persistence {
+                        reason: crate::error::PersistenceReason::Unavailable,
+                        detail,
+                        source,
+                    } => StateError::outcome_unknown(
+                        format!(
+                            "{detail} (the write may be in the journal: it is there after a reopen or it is not)"
+                        ),
+                        source,
+                    ),
+                    e => e,
+                })
             }
         }
     }

@@ -4,6 +4,7 @@
 //! same commit-path job as its reads and writes, so the check and the write
 //! are one atomic step (T6).
 
+use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
 use serde::{Deserialize, Serialize};
 
 use crate::api::TrayStore;
@@ -240,26 +241,22 @@ impl TrayStore for KvStore {
     }
 
     fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
-        check_batch(instance, &ops, self.opts.record_bytes_max)?;
-        let instance = instance.clone();
-        self.submit(move |txn| {
-            fence(txn, &instance, epoch)?;
-            for op in ops {
-                match op {
-                    TrayOp::Put {
-                        tray_ns,
-                        tray_id,
-                        tray,
-                    } => {
-                        set_tray(txn, &instance.tray(tray_ns, tray_id), Some(&tray))?;
-                    }
-                    TrayOp::Delete { tray_ns, tray_id } => {
-                        set_tray(txn, &instance.tray(tray_ns, tray_id), None)?;
-                    }
-                }
-            }
-            Ok(())
-        })
+        self.apply_batch_with(instance, epoch, ops, None)
+    }
+    fn apply_batch_idempotent(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+        key: &IdempotencyKey,
+    ) -> Result<()> {
+        let keyed = Keyed::new(
+            Op::ApplyBatch,
+            Scope::Trays(&instance.ns),
+            key,
+            &(instance, epoch, &ops),
+        )?;
+        self.apply_batch_with(instance, epoch, ops, Some(keyed))
     }
 
     fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
@@ -609,5 +606,36 @@ mod tests {
             Arc::new(FileStore::open(dir.path().join("s")).unwrap()),
             150,
         );
+    }
+}
+
+impl KvStore {
+    pub(crate) fn apply_batch_with(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<()> {
+        check_batch(instance, &ops, self.opts.record_bytes_max)?;
+        let instance = instance.clone();
+        self.submit_keyed(keyed, move |txn| {
+            fence(txn, &instance, epoch)?;
+            for op in ops {
+                match op {
+                    TrayOp::Put {
+                        tray_ns,
+                        tray_id,
+                        tray,
+                    } => {
+                        set_tray(txn, &instance.tray(tray_ns, tray_id), Some(&tray))?;
+                    }
+                    TrayOp::Delete { tray_ns, tray_id } => {
+                        set_tray(txn, &instance.tray(tray_ns, tray_id), None)?;
+                    }
+                }
+            }
+            Ok(())
+        })
     }
 }

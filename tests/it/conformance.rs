@@ -39,6 +39,7 @@ mod memory {
             ("a", 3),
             ("b", 6),
             ("k", 6),
+            ("i", 6),
         ];
         let want: Vec<String> = FAMILIES
             .iter()

@@ -1,0 +1,435 @@
+//! Idempotency keys (rules I1–I7): what every backend shares.
+//!
+//! A keyed write is applied at most once per key. The store keeps, beside
+//! the write and in the same atomic step, what the call answered (the
+//! record, hold or settlement, or the refusal it decided) and a
+//! fingerprint of its arguments; a repeat of the key answers that outcome
+//! again and writes nothing. A key used again with other arguments is
+//! `Invalid`. How each backend keeps them is its own (a table of the
+//! engine, a SQL table, a Redis hash); the key, the fingerprint, the
+//! outcome and its encoding are written once, here.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::budget::{CapLimit, HoldRecord, Settled};
+use crate::error::{Missing, Result, StateError};
+use crate::limits::IDEMPOTENCY_KEY_BYTES_MAX;
+use crate::record::{Millis, RunKey, RunRecord};
+
+/// The caller's name for one logical write, kept across its retries: a
+/// UUID per operation, say, or an id the caller already has (the tool
+/// call's id, the step of a workflow). 1..=128 bytes of UTF-8
+/// ([`IDEMPOTENCY_KEY_BYTES_MAX`]).
+///
+/// A write that carries one (`patch_run_idempotent`, `reserve_idempotent`,
+/// …) is applied at most once: a retry with the same key, after any
+/// failure, answers what the first call answered and writes nothing (rule
+/// I1). Keys are scoped by tenant (trays: by instance namespace) and kept
+/// for the store's [`IdempotencyWindow`](crate::IdempotencyWindow).
+///
+/// ```
+/// use agentstate::{IdempotencyKey, MemoryStore, RunKey, RunRecord, StateDelta, StateStore};
+/// let store = MemoryStore::new();
+/// let run = store.put_run(RunRecord::new(RunKey::new("acme", "run_1"), "planner"))?;
+/// let key = IdempotencyKey::new("call-7f3a")?;
+/// let spend = StateDelta { cost_micros: 1_200, ..Default::default() };
+/// let first = store.patch_run_idempotent(&run.key, spend, &key)?;
+/// // The reply was lost, say: the retry answers the same record, adds nothing.
+/// let again = store.patch_run_idempotent(&run.key, spend, &key)?;
+/// assert_eq!(first, again);
+/// assert_eq!(store.get_run(&run.key)?.unwrap().cost_micros, 1_200);
+/// # Ok::<(), agentstate::StateError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// A key from the caller's text: 1..=128 bytes, else `Invalid`.
+    pub fn new(key: impl Into<String>) -> Result<Self> {
+        let key = key.into();
+        if key.is_empty() || key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
+            return Err(StateError::invalid(format!(
+                "idempotency key: 1..={IDEMPOTENCY_KEY_BYTES_MAX} bytes, got {}",
+                key.len()
+            )));
+        }
+        Ok(IdempotencyKey(key))
+    }
+
+    /// A fresh key nobody else holds (128 random bits as 32 hex digits),
+    /// for a caller that has no id of its own for the operation. Keep it
+    /// with the operation until it has an answer.
+    pub fn random() -> Self {
+        use chacha20poly1305::aead::OsRng;
+        use chacha20poly1305::aead::rand_core::RngCore;
+        let mut bytes = [0u8; 16];
+        OsRng.fill_bytes(&mut bytes);
+        IdempotencyKey(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Which write a key was first used for (part of its fingerprint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Op {
+    PutRun = 1,
+    PatchRun = 2,
+    Reserve = 3,
+    Settle = 4,
+    ReleaseHold = 5,
+    ApplyBatch = 6,
+}
+
+/// Where a key lives: a tenant's runs and budgets, or the trays of an
+/// instance namespace (trays have no tenant).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Scope<'a> {
+    Tenant(&'a str),
+    Trays(&'a str),
+}
+
+impl Scope<'_> {
+    /// 1 for a tenant, 2 for an instance namespace.
+    pub(crate) fn kind(&self) -> u8 {
+        match self {
+            Scope::Tenant(_) => 1,
+            Scope::Trays(_) => 2,
+        }
+    }
+    pub(crate) fn name(&self) -> &str {
+        match self {
+            Scope::Tenant(s) | Scope::Trays(s) => s,
+        }
+    }
+}
+
+/// One keyed call: where its key lives, the key, and the fingerprint of
+/// its operation and arguments.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Keyed<'a> {
+    pub(crate) scope: Scope<'a>,
+    pub(crate) key: &'a IdempotencyKey,
+    pub(crate) fingerprint: [u8; 16],
+}
+
+/// Domain separation of the fingerprint.
+const FINGERPRINT_LABEL: &[u8] = b"agentstate idempotency v1";
+
+impl<'a> Keyed<'a> {
+    /// `args` are the call's arguments as the caller gave them (before the
+    /// store's clock or scrubbing touched them), so a retry of the same
+    /// call always has the same fingerprint.
+    pub(crate) fn new(
+        op: Op,
+        scope: Scope<'a>,
+        key: &'a IdempotencyKey,
+        args: &impl Serialize,
+    ) -> Result<Self> {
+        let bytes = postcard::to_stdvec(args)
+            .map_err(|e| StateError::invalid(format!("idempotent call arguments: {e}")))?;
+        let mut h = Sha256::new();
+        h.update(FINGERPRINT_LABEL);
+        h.update([op as u8]);
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+        let digest = h.finalize();
+        let mut fingerprint = [0u8; 16];
+        fingerprint.copy_from_slice(&digest[..16]);
+        Ok(Keyed {
+            scope,
+            key,
+            fingerprint,
+        })
+    }
+}
+
+/// What a keyed call answered the first time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Outcome {
+    Run(RunRecord),
+    Hold(HoldRecord),
+    Settled(Settled),
+    Done,
+    Refused(Refusal),
+}
+
+/// A refusal the store decided from its state, remembered with its key so
+/// a repeat answers it again (the same facts, not a fresh decision).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Refusal {
+    Conflict {
+        expected: u64,
+        actual: u64,
+    },
+    NotFound(Missing),
+    InUse(Vec<RunKey>),
+    FenceLost {
+        caller: u64,
+        stored: u64,
+    },
+    BudgetExceeded {
+        limit: CapLimit,
+        spent: u64,
+        held: u64,
+        asked: u64,
+    },
+    Invalid(String),
+    TooLarge(String),
+}
+
+impl Refusal {
+    /// The refusals a key remembers. Failures that left the store as it
+    /// was for reasons outside it (unavailable, an unknown outcome, a
+    /// damaged value) are not: the retry runs the call again.
+    pub(crate) fn of(e: &StateError) -> Option<Self> {
+        use crate::error::PersistenceReason as R;
+        Some(match e {
+            StateError::Conflict { expected, actual } => Refusal::Conflict {
+                expected: *expected,
+                actual: *actual,
+            },
+            StateError::NotFound(m) => Refusal::NotFound(m.clone()),
+            StateError::InUse { runs } => Refusal::InUse(runs.clone()),
+            StateError::FenceLost { caller, stored } => Refusal::FenceLost {
+                caller: *caller,
+                stored: *stored,
+            },
+            StateError::BudgetExceeded {
+                limit,
+                spent,
+                held,
+                asked,
+            } => Refusal::BudgetExceeded {
+                limit: limit.clone(),
+                spent: *spent,
+                held: *held,
+                asked: *asked,
+            },
+            StateError::Invalid { what } => Refusal::Invalid(what.clone()),
+            StateError::Persistence {
+                reason: R::TooLarge,
+                detail,
+                ..
+            } => Refusal::TooLarge(detail.clone()),
+            _ => return None,
+        })
+    }
+
+    pub(crate) fn into_error(self) -> StateError {
+        match self {
+            Refusal::Conflict { expected, actual } => StateError::Conflict { expected, actual },
+            Refusal::NotFound(m) => StateError::NotFound(m),
+            Refusal::InUse(runs) => StateError::InUse { runs },
+            Refusal::FenceLost { caller, stored } => StateError::FenceLost { caller, stored },
+            Refusal::BudgetExceeded {
+                limit,
+                spent,
+                held,
+                asked,
+            } => StateError::BudgetExceeded {
+                limit,
+                spent,
+                held,
+                asked,
+            },
+            Refusal::Invalid(what) => StateError::Invalid { what },
+            Refusal::TooLarge(detail) => StateError::too_large(detail),
+        }
+    }
+}
+
+/// The answers of keyed calls: each kind round-trips through [`Outcome`].
+pub(crate) trait Answer: Sized {
+    fn outcome(&self) -> Outcome;
+    fn from_outcome(o: Outcome) -> Option<Self>;
+}
+
+impl Answer for RunRecord {
+    fn outcome(&self) -> Outcome {
+        Outcome::Run(self.clone())
+    }
+    fn from_outcome(o: Outcome) -> Option<Self> {
+        match o {
+            Outcome::Run(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+impl<T: Answer> Answer for Box<T> {
+    fn outcome(&self) -> Outcome {
+        (**self).outcome()
+    }
+    fn from_outcome(o: Outcome) -> Option<Self> {
+        T::from_outcome(o).map(Box::new)
+    }
+}
+
+impl Answer for HoldRecord {
+    fn outcome(&self) -> Outcome {
+        Outcome::Hold(self.clone())
+    }
+    fn from_outcome(o: Outcome) -> Option<Self> {
+        match o {
+            Outcome::Hold(h) => Some(h),
+            _ => None,
+        }
+    }
+}
+
+impl Answer for Settled {
+    fn outcome(&self) -> Outcome {
+        Outcome::Settled(self.clone())
+    }
+    fn from_outcome(o: Outcome) -> Option<Self> {
+        match o {
+            Outcome::Settled(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl Answer for () {
+    fn outcome(&self) -> Outcome {
+        Outcome::Done
+    }
+    fn from_outcome(o: Outcome) -> Option<Self> {
+        match o {
+            Outcome::Done => Some(()),
+            _ => None,
+        }
+    }
+}
+
+/// The outcome a keyed call's answer leaves with its key, if any: every
+/// success, and the refusals [`Refusal::of`] keeps.
+pub(crate) fn outcome_of<T: Answer>(answer: &Result<T>) -> Option<Outcome> {
+    match answer {
+        Ok(v) => Some(v.outcome()),
+        Err(e) => Refusal::of(e).map(Outcome::Refused),
+    }
+}
+
+/// What a store keeps per key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Remembered {
+    /// The key's fingerprint (its operation and arguments).
+    pub(crate) fingerprint: [u8; 16],
+    /// When the first call committed, by the store's clock.
+    pub(crate) at: Millis,
+    /// The backend's own order of keys within a scope, for pruning (0
+    /// where the backend orders by something else).
+    pub(crate) ordinal: u64,
+    pub(crate) outcome: Outcome,
+}
+
+impl Remembered {
+    /// The first outcome again, for a repeat of `keyed` (I1); a key first
+    /// used with other arguments or for another operation is `Invalid`
+    /// (I3).
+    pub(crate) fn replay<T: Answer>(
+        self,
+        fingerprint: [u8; 16],
+        key: &IdempotencyKey,
+    ) -> Result<T> {
+        if self.fingerprint != fingerprint {
+            return Err(reused(key));
+        }
+        match self.outcome {
+            Outcome::Refused(r) => Err(r.into_error()),
+            o => T::from_outcome(o).ok_or_else(|| reused(key)),
+        }
+    }
+}
+
+/// The refusal of a key used again for another call.
+pub(crate) fn reused(key: &IdempotencyKey) -> StateError {
+    StateError::invalid(format!(
+        "idempotency key {key:?}: already used for another operation or other arguments; \
+         use a new key for a new operation"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::StateDelta;
+
+    #[test]
+    fn fingerprints_tell_operations_and_arguments_apart() {
+        let k = IdempotencyKey::new("k").unwrap();
+        let run = RunKey::new("acme", "r");
+        let d1 = StateDelta {
+            cost_micros: 1,
+            ..Default::default()
+        };
+        let d2 = StateDelta {
+            cost_micros: 2,
+            ..Default::default()
+        };
+        let a = Keyed::new(Op::PatchRun, Scope::Tenant("acme"), &k, &(&run, &d1)).unwrap();
+        let b = Keyed::new(Op::PatchRun, Scope::Tenant("acme"), &k, &(&run, &d1)).unwrap();
+        let c = Keyed::new(Op::PatchRun, Scope::Tenant("acme"), &k, &(&run, &d2)).unwrap();
+        let d = Keyed::new(Op::Settle, Scope::Tenant("acme"), &k, &(&run, &d1)).unwrap();
+        assert_eq!(a.fingerprint, b.fingerprint);
+        assert_ne!(a.fingerprint, c.fingerprint);
+        assert_ne!(a.fingerprint, d.fingerprint);
+    }
+
+    #[test]
+    fn keys_are_1_to_128_bytes_and_random_ones_differ() {
+        assert!(IdempotencyKey::new("").is_err());
+        assert!(IdempotencyKey::new("x".repeat(IDEMPOTENCY_KEY_BYTES_MAX)).is_ok());
+        assert!(IdempotencyKey::new("x".repeat(IDEMPOTENCY_KEY_BYTES_MAX + 1)).is_err());
+        assert_ne!(IdempotencyKey::random(), IdempotencyKey::random());
+        assert_eq!(IdempotencyKey::random().as_str().len(), 32);
+    }
+
+    #[test]
+    fn a_remembered_refusal_replays_as_the_same_error() {
+        let k = IdempotencyKey::new("k").unwrap();
+        let keyed = Keyed::new(Op::PutRun, Scope::Tenant("t"), &k, &1u8).unwrap();
+        let e = StateError::Conflict {
+            expected: 3,
+            actual: 4,
+        };
+        let r = Remembered {
+            fingerprint: keyed.fingerprint,
+            at: 0,
+            ordinal: 0,
+            outcome: outcome_of::<RunRecord>(&Err(e)).unwrap(),
+        };
+        let again = r
+            .clone()
+            .replay::<RunRecord>(keyed.fingerprint, &k)
+            .unwrap_err();
+        assert!(matches!(
+            again,
+            StateError::Conflict {
+                expected: 3,
+                actual: 4
+            }
+        ));
+        let other = Keyed::new(Op::PutRun, Scope::Tenant("t"), &k, &2u8).unwrap();
+        assert!(matches!(
+            r.replay::<RunRecord>(other.fingerprint, &k),
+            Err(StateError::Invalid { .. })
+        ));
+        assert!(
+            outcome_of::<RunRecord>(&Err(StateError::unavailable("down", None))).is_none(),
+            "an unavailable store's failure is not remembered"
+        );
+    }
+}
