@@ -17,6 +17,7 @@ use crate::api::Store;
 use crate::budget::{BudgetKey, BudgetRecord, BudgetStatus, Hold, HoldRecord, RunSpend, Settled};
 use crate::entry::Entry;
 use crate::error::{Result, StateError};
+use crate::idempotency::IdempotencyKey;
 use crate::kv::{FileStore, MemoryStore};
 use crate::options::Options;
 use crate::page::{Page, PageRequest};
@@ -188,6 +189,28 @@ impl AsyncStore {
         self.run(move |s| s.patch_run(&key, delta)).await
     }
 
+    /// [`StateStore::put_run_idempotent`].
+    pub async fn put_run_idempotent(
+        &self,
+        record: RunRecord,
+        key: &IdempotencyKey,
+    ) -> Result<RunRecord> {
+        let key = key.clone();
+        self.run(move |s| s.put_run_idempotent(record, &key)).await
+    }
+
+    /// [`StateStore::patch_run_idempotent`].
+    pub async fn patch_run_idempotent(
+        &self,
+        key: &RunKey,
+        delta: StateDelta,
+        idempotency_key: &IdempotencyKey,
+    ) -> Result<RunRecord> {
+        let (key, idem) = (key.clone(), idempotency_key.clone());
+        self.run(move |s| s.patch_run_idempotent(&key, delta, &idem))
+            .await
+    }
+
     /// [`StateStore::list_runs`].
     pub async fn list_runs(
         &self,
@@ -256,6 +279,19 @@ impl AsyncStore {
     ) -> Result<()> {
         let instance = instance.clone();
         self.run(move |s| s.apply_batch(&instance, epoch, ops))
+            .await
+    }
+
+    /// [`TrayStore::apply_batch_idempotent`].
+    pub async fn apply_batch_idempotent(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+        key: &IdempotencyKey,
+    ) -> Result<()> {
+        let (instance, key) = (instance.clone(), key.clone());
+        self.run(move |s| s.apply_batch_idempotent(&instance, epoch, ops, &key))
             .await
     }
 
@@ -366,6 +402,43 @@ impl AsyncStore {
     pub async fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
         let (run, hold_id) = (run.clone(), hold_id.to_string());
         self.run(move |s| s.release_hold(&run, &hold_id)).await
+    }
+
+    /// [`BudgetStore::reserve_idempotent`].
+    pub async fn reserve_idempotent(
+        &self,
+        run: &RunKey,
+        hold: Hold,
+        key: &IdempotencyKey,
+    ) -> Result<HoldRecord> {
+        let (run, key) = (run.clone(), key.clone());
+        self.run(move |s| s.reserve_idempotent(&run, hold, &key))
+            .await
+    }
+
+    /// [`BudgetStore::settle_idempotent`].
+    pub async fn settle_idempotent(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        spent: StateDelta,
+        key: &IdempotencyKey,
+    ) -> Result<Settled> {
+        let (run, hold_id, key) = (run.clone(), hold_id.to_string(), key.clone());
+        self.run(move |s| s.settle_idempotent(&run, &hold_id, spent, &key))
+            .await
+    }
+
+    /// [`BudgetStore::release_hold_idempotent`].
+    pub async fn release_hold_idempotent(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        key: &IdempotencyKey,
+    ) -> Result<()> {
+        let (run, hold_id, key) = (run.clone(), hold_id.to_string(), key.clone());
+        self.run(move |s| s.release_hold_idempotent(&run, &hold_id, &key))
+            .await
     }
 
     /// [`BudgetStore::run_spend`].

@@ -516,3 +516,80 @@ async fn w2_a_held_store_fails_to_open_and_the_wrapper_shares_one_handle() {
     copy.import(entries).await.unwrap();
     assert!(!copy.is_empty().await.unwrap());
 }
+
+/// W1 for the keyed writes: each `*_idempotent` method answers like the
+/// sync one, and a repeat through the wrapper applies nothing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn w1_keyed_writes_through_async_apply_once() {
+    use agentstate::{Caps, Hold, IdempotencyKey, InstanceKey, TrayOp};
+    let store = AsyncStore::from(Arc::new(MemoryStore::new()) as Arc<dyn Store>);
+    let key = RunKey::new("acme", "keyed");
+    let k = |s: &str| IdempotencyKey::new(s).unwrap();
+    let rec = RunRecord::new(key.clone(), "planner").with_caps(Caps::new().cost_micros(100));
+    let created = store
+        .put_run_idempotent(rec.clone(), &k("c"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.put_run_idempotent(rec, &k("c")).await.unwrap(),
+        created
+    );
+    let d = StateDelta {
+        cost_micros: 3,
+        ..Default::default()
+    };
+    let p = store.patch_run_idempotent(&key, d, &k("p")).await.unwrap();
+    assert_eq!(
+        store.patch_run_idempotent(&key, d, &k("p")).await.unwrap(),
+        p
+    );
+    let hold = || Hold::new("h", 60_000).cost_micros(10);
+    let h = store
+        .reserve_idempotent(&key, hold(), &k("r"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .reserve_idempotent(&key, hold(), &k("r"))
+            .await
+            .unwrap(),
+        h
+    );
+    let s1 = store
+        .settle_idempotent(&key, "h", d, &k("s"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .settle_idempotent(&key, "h", d, &k("s"))
+            .await
+            .unwrap(),
+        s1
+    );
+    store
+        .reserve(&key, Hold::new("h2", 60_000).cost_micros(1))
+        .await
+        .unwrap();
+    store
+        .release_hold_idempotent(&key, "h2", &k("x"))
+        .await
+        .unwrap();
+    store
+        .release_hold_idempotent(&key, "h2", &k("x"))
+        .await
+        .unwrap();
+    let inst = InstanceKey::new("ns", "w");
+    let ops = vec![TrayOp::Delete {
+        tray_ns: "a".into(),
+        tray_id: "b".into(),
+    }];
+    store
+        .apply_batch_idempotent(&inst, 1, ops.clone(), &k("b"))
+        .await
+        .unwrap();
+    store
+        .apply_batch_idempotent(&inst, 1, ops, &k("b"))
+        .await
+        .unwrap();
+    assert_eq!(store.get_run(&key).await.unwrap().unwrap().cost_micros, 6);
+}

@@ -2013,9 +2013,12 @@ fn fill_until_failure(
         match store.write_tray(&key, 1, t.clone()) {
             Ok(()) => acked.push((key, t)),
             Err(e) => {
+                // The failed group reached the journal: its outcome is
+                // unknown (I7); what is refused after it certainly did not
+                // apply (D6).
                 assert!(
-                    is_unavailable(&e),
-                    "a failed write must be Persistence{{Unavailable}}: {e:?}"
+                    e.is_outcome_unknown(),
+                    "a failed write must be Persistence{{OutcomeUnknown}}: {e:?}"
                 );
                 // Every later write is refused, even one that would fit.
                 let small = store.put_run(RunRecord::new(RunKey::new("acme", "tiny"), "a"));
@@ -2135,7 +2138,7 @@ fn d6_a_full_disk_is_unavailable_and_the_store_refuses_until_reopened() {
                     let big = tray(true, &noise(7, 64 * 1024), "prod");
                     let r = store.write_tray(&key, 1, big);
                     assert!(
-                        r.as_ref().is_err_and(is_unavailable),
+                        r.as_ref().is_err_and(|e| e.is_outcome_unknown()),
                         "a full disk acknowledged a write: {}",
                         shape(&r)
                     );

@@ -141,18 +141,36 @@ fn e3_a_full_disk_says_so_once_and_keeps_its_source() {
         .into_iter()
         .find(|e| e.source().is_some())
         .expect("no writer's error kept the I/O error as source()");
+    // The group reached the journal: whether it is there after a reopen
+    // is unknown (I7), and an unkeyed put is not safely retryable as is.
     assert!(
         matches!(
             e,
             StateError::Persistence {
-                reason: PersistenceReason::Unavailable,
+                reason: PersistenceReason::OutcomeUnknown { keyed: false },
                 ..
             }
         ),
         "{e:?}"
     );
-    assert!(e.is_retryable(), "a full disk can be freed: {e}");
+    assert!(e.is_outcome_unknown());
+    assert!(
+        !e.is_retryable(),
+        "an unkeyed write of unknown outcome: {e}"
+    );
     assert_says_once(&e, ErrorKind::StorageFull);
+    // What the store refuses after it certainly did not apply: retryable.
+    let refused = store.put_run(big_run(9_999)).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            StateError::Persistence {
+                reason: PersistenceReason::Unavailable,
+                ..
+            }
+        ) && refused.is_retryable(),
+        "{refused:?}"
+    );
 }
 
 #[test]
@@ -303,4 +321,100 @@ fn d7_a_path_below_a_file_names_the_file() {
     }
     let with = FileStore::open_with(file.join("store"), Options::new().create_parents(true));
     assert!(matches!(with, Err(StateError::Invalid { .. })));
+}
+
+/// I7 on the file store: a write whose commit fails is `OutcomeUnknown`
+/// (retryable when keyed), the writes refused after it `Unavailable`;
+/// after a reopen, every keyed patch retried with its key until it
+/// answers is applied exactly once, and keys kept before the failure
+/// survive the reopen (I5).
+#[test]
+fn i7_a_failed_commit_is_outcome_unknown_and_keyed_retries_apply_once() {
+    use agentstate::{IdempotencyKey, InstanceKey, StateDelta, Tray, TrayStore};
+    let fs = Tmpfs::mount("4m");
+    let path = fs.at.join("store");
+    let opts = || agentstate::Options::new().write_buffer_bytes(40 << 20);
+    let store = FileStore::open_with(&path, opts()).unwrap();
+    let run = store
+        .put_run(RunRecord::new(RunKey::new("acme", "spend"), "a"))
+        .unwrap();
+    let delta = StateDelta {
+        cost_micros: 1,
+        ..Default::default()
+    };
+    let pad = |i: u64| Tray {
+        marked: false,
+        doc: vec![(i % 251) as u8; 16 * 1024],
+        env: "e".into(),
+        hostname: "h".into(),
+    };
+    let (mut attempted, mut unknown) = (0u64, 0u64);
+    let mut landed: Vec<IdempotencyKey> = Vec::new();
+    let mut failed: Vec<IdempotencyKey> = Vec::new();
+    for i in 0..100_000u64 {
+        if let Err(e) = store.write_tray(
+            &InstanceKey::new("pad", "w").tray("t", i.to_string()),
+            1,
+            pad(i),
+        ) {
+            assert!(e.is_outcome_unknown() || e.is_retryable(), "{e:?}");
+            unknown += u64::from(e.is_outcome_unknown());
+        }
+        let k = IdempotencyKey::new(format!("patch-{i}")).unwrap();
+        attempted += 1;
+        match store.patch_run_idempotent(&run.key, delta, &k) {
+            Ok(_) => landed.push(k),
+            Err(e) => {
+                assert!(
+                    e.is_retryable(),
+                    "a keyed write's failure is retryable: {e:?}"
+                );
+                unknown += u64::from(e.is_outcome_unknown());
+                failed.push(k);
+            }
+        }
+        if failed.len() >= 3 {
+            break;
+        }
+    }
+    assert!(
+        unknown > 0,
+        "no failure was an unknown outcome: the test tested nothing"
+    );
+    assert!(landed.len() > 10, "only {} patches fit", landed.len());
+    drop(store);
+    let roomy = tempfile::tempdir().unwrap();
+    let copy = roomy.path().join("store");
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(&path)
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cp: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(fs);
+    let store = FileStore::open_with(&copy, opts()).unwrap();
+    // The failed ones, retried until they answer; and a few that had
+    // landed, whose keys must have survived the reopen.
+    for k in failed.iter().chain(landed.iter().rev().take(5)) {
+        store
+            .patch_run_idempotent(&run.key, delta, k)
+            .unwrap_or_else(|e| panic!("retry of {k}: {e:?}"));
+    }
+    let cost = store.get_run(&run.key).unwrap().unwrap().cost_micros;
+    assert_eq!(
+        cost,
+        attempted,
+        "{attempted} distinct patches ({} failed and retried): each must be applied exactly once",
+        failed.len()
+    );
+    eprintln!(
+        "i7: {} patches landed, {} failed ({unknown} of unknown outcome), all applied once after retries",
+        landed.len(),
+        failed.len()
+    );
 }
