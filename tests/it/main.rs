@@ -6,6 +6,10 @@ mod budgets;
 mod conformance;
 mod durability;
 mod errors;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod exactly_once;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod fault_proxy;
 mod fuzz_regressions;
 mod hardening;
 #[cfg(feature = "postgres")]
