@@ -90,6 +90,7 @@ mod page;
 #[cfg(feature = "postgres")]
 mod pg;
 mod record;
+mod redact;
 #[cfg(feature = "redis")]
 mod redis_store;
 mod retry;
@@ -124,6 +125,7 @@ pub use record::{
     Approval, Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,
     StateQuery, ToolCall, Usage,
 };
+pub use redact::redact_connection_string;
 #[cfg(feature = "redis")]
 pub use redis_store::{RedisOptions, RedisStore};
 pub use retry::{RetryPolicy, StateStoreExt};

@@ -19,9 +19,16 @@ pub enum DbSpec {
 }
 
 impl DbSpec {
-    /// Reads `--db`: anything of the form `scheme://…` is a URL, the rest a
-    /// path.
+    /// Reads `--db`: anything of the form `scheme://…` is a URL; libpq's
+    /// `key=value` form (`host=db dbname=agents user=app`) is PostgreSQL;
+    /// the rest is a path.
     pub fn parse(s: &str) -> DbSpec {
+        if is_libpq_key_values(s) {
+            return DbSpec::Url {
+                scheme: "postgres".to_string(),
+                url: s.to_string(),
+            };
+        }
         match s.split_once("://") {
             Some((scheme, _))
                 if !scheme.is_empty()
@@ -42,25 +49,55 @@ impl DbSpec {
     pub fn display(&self) -> String {
         match self {
             DbSpec::Path(p) => p.display().to_string(),
-            DbSpec::Url { url, .. } => redact_password(url),
+            DbSpec::Url { url, .. } => agentstate::redact_connection_string(url),
         }
     }
 }
 
-/// `scheme://user:secret@host/…` → `scheme://user:***@host/…`.
-pub fn redact_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (auth, tail) = rest.split_at(auth_end);
-    match auth.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_string(),
-        },
-        None => url.to_string(),
+/// True for a libpq `key=value` connection string: every
+/// whitespace-separated word that is not inside a quoted value is
+/// `key=…` with a key libpq knows, so a path that merely holds an `=` is
+/// not taken for one.
+fn is_libpq_key_values(s: &str) -> bool {
+    const KEYS: &[&str] = &[
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "sslmode",
+        "sslrootcert",
+        "sslcert",
+        "sslkey",
+        "sslpassword",
+        "connect_timeout",
+        "options",
+        "application_name",
+        "target_session_attrs",
+        "channel_binding",
+        "keepalives",
+        "keepalives_idle",
+        "load_balance_hosts",
+    ];
+    let mut any = false;
+    let mut in_quote = false;
+    for word in s.split_whitespace() {
+        if in_quote {
+            in_quote = word.matches('\'').count() % 2 == 0;
+            continue;
+        }
+        let Some((key, value)) = word.split_once('=') else {
+            return false;
+        };
+        if !KEYS.contains(&key) {
+            return false;
+        }
+        in_quote = value.starts_with('\'') && value.matches('\'').count() % 2 == 1;
+        any = true;
     }
+    any
 }
 
 /// How a command may open the store.
@@ -208,12 +245,20 @@ mod tests {
     }
 
     #[test]
-    fn passwords_never_shown() {
+    fn key_value_dsns_are_postgres_and_never_shown_with_their_password() {
+        let spec = DbSpec::parse("host=db dbname=agents user=app password='hunter 2'");
+        let DbSpec::Url { scheme, .. } = &spec else {
+            panic!("a key=value DSN is PostgreSQL: {spec:?}")
+        };
+        assert_eq!(scheme, "postgres");
+        assert!(!spec.display().contains("hunter"), "{}", spec.display());
         assert_eq!(
-            redact_password("postgres://me:hunter2@db:5432/x?sslmode=off"),
+            DbSpec::parse("./dir=with=equals"),
+            DbSpec::Path("./dir=with=equals".into())
+        );
+        assert_eq!(
+            DbSpec::parse("postgres://me:hunter2@db:5432/x?sslmode=off").display(),
             "postgres://me:***@db:5432/x?sslmode=off"
         );
-        assert_eq!(redact_password("redis://db:6379/0"), "redis://db:6379/0");
-        assert_eq!(redact_password("postgres://me@db/x"), "postgres://me@db/x");
     }
 }
