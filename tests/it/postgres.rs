@@ -812,8 +812,12 @@ fn server_killed_mid_workload() {
                     match r {
                         Ok(true) => patches += 1,
                         Ok(false) => batches += 1,
+                        // A call whose COMMIT was sent when the server
+                        // died may have landed: OutcomeUnknown (I7).
                         Err(StateError::Persistence {
-                            reason: PersistenceReason::Unavailable,
+                            reason:
+                                PersistenceReason::Unavailable
+                                | PersistenceReason::OutcomeUnknown { keyed: false },
                             ..
                         }) => {
                             if before == 1 && after == 1 {
