@@ -12,6 +12,7 @@
 mod admin;
 mod budgets;
 mod conn;
+mod idempotency;
 mod runs;
 mod trays;
 
@@ -26,7 +27,11 @@ use conn::{Manager, Tx};
 
 /// The schema files, in order; `SCHEMA[i]` brings a database from version
 /// `i` to `i + 1`.
-const SCHEMA: &[&str] = &[include_str!("schema/v1.sql"), include_str!("schema/v2.sql")];
+const SCHEMA: &[&str] = &[
+    include_str!("schema/v1.sql"),
+    include_str!("schema/v2.sql"),
+    include_str!("schema/v3.sql"),
+];
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: u8 = SCHEMA.len() as u8;
 

@@ -146,7 +146,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
     );
     s.setup().expect("setup");
     s.setup().expect("setup again");
-    assert_eq!(s.schema_version().expect("version"), Some(2));
+    assert_eq!(s.schema_version().expect("version"), Some(3));
     s.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
         .expect("put");
     // A newer release wrote version 9: refused, and nothing is changed.
@@ -165,7 +165,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
             e,
             StateError::UnsupportedFormat {
                 found: 9,
-                supported: 2
+                supported: 3
             }
         ),
         "{e:?}"
@@ -212,7 +212,7 @@ fn setup_upgrades_a_version_1_database() {
             });
         }
     });
-    assert_eq!(s.schema_version().expect("version"), Some(2));
+    assert_eq!(s.schema_version().expect("version"), Some(3));
     assert_eq!(s.get_run(&old.key).expect("get"), Some(old.clone()));
     use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
     s.put_budget(BudgetRecord::new(
@@ -358,7 +358,7 @@ fn setup_from_8_processes_at_once() {
             assert_eq!(child_lines(c, &format!("setup child {i}")), ["ok"]);
         }
         let s = PostgresStore::connect(&dsn).expect("connect");
-        assert_eq!(s.schema_version().expect("version"), Some(2));
+        assert_eq!(s.schema_version().expect("version"), Some(3));
         let r = s
             .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
             .expect("put after setup");
