@@ -16,6 +16,7 @@ use crate::budget::{
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
+use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
 use crate::kv::key::KeyBuf;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, StateDelta};
@@ -359,10 +360,77 @@ impl BudgetStore for PostgresStore {
     }
 
     fn reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
+        self.reserve_with(run, hold, None)
+    }
+    fn reserve_idempotent(
+        &self,
+        run: &RunKey,
+        hold: Hold,
+        key: &IdempotencyKey,
+    ) -> Result<HoldRecord> {
+        let keyed = Keyed::new(Op::Reserve, Scope::Tenant(&run.tenant), key, &(run, &hold))?;
+        self.reserve_with(run, hold, Some(keyed))
+    }
+
+    fn settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled> {
+        self.settle_with(run, hold_id, spent, None)
+    }
+    fn settle_idempotent(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        spent: StateDelta,
+        key: &IdempotencyKey,
+    ) -> Result<Settled> {
+        let keyed = Keyed::new(
+            Op::Settle,
+            Scope::Tenant(&run.tenant),
+            key,
+            &(run, hold_id, &spent),
+        )?;
+        self.settle_with(run, hold_id, spent, Some(keyed))
+    }
+
+    fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
+        self.release_hold_with(run, hold_id, None)
+    }
+    fn release_hold_idempotent(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        key: &IdempotencyKey,
+    ) -> Result<()> {
+        let keyed = Keyed::new(
+            Op::ReleaseHold,
+            Scope::Tenant(&run.tenant),
+            key,
+            &(run, hold_id),
+        )?;
+        self.release_hold_with(run, hold_id, Some(keyed))
+    }
+
+    fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
+        check_run_key(run)?;
+        let now = self.now();
+        self.txn(|tx| match read_run(tx, run, false)? {
+            Some(r) => Ok(Some(spend_in(tx, &r, now)?)),
+            None => Ok(None),
+        })
+    }
+}
+
+impl PostgresStore {
+    /// `reserve`, under `keyed`'s idempotency key when there is one.
+    fn reserve_with(
+        &self,
+        run: &RunKey,
+        hold: Hold,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<HoldRecord> {
         check_run_key(run)?;
         check_hold(&hold)?;
         let now = self.now();
-        self.txn(|tx| {
+        self.txn_keyed(keyed, |tx| {
             let Some(r) = read_run(tx, run, true)? else {
                 return Err(StateError::NotFound(Missing::Run(run.clone())).into());
             };
@@ -397,12 +465,19 @@ impl BudgetStore for PostgresStore {
         })
     }
 
-    fn settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled> {
+    /// `settle`, under `keyed`'s idempotency key when there is one.
+    fn settle_with(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        spent: StateDelta,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<Settled> {
         check_run_key(run)?;
         check_id("hold id", hold_id)?;
         let now = self.now();
         let max = self.max();
-        self.txn(|tx| {
+        self.txn_keyed(keyed, |tx| {
             let Some(old) = read_run(tx, run, true)? else {
                 return Err(StateError::NotFound(Missing::Run(run.clone())).into());
             };
@@ -418,11 +493,17 @@ impl BudgetStore for PostgresStore {
         })
     }
 
-    fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
+    /// `release_hold`, under `keyed`'s idempotency key when there is one.
+    fn release_hold_with(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<()> {
         check_run_key(run)?;
         check_id("hold id", hold_id)?;
         let now = self.now();
-        self.txn(|tx| {
+        self.txn_keyed(keyed, |tx| {
             let Some(r) = read_run(tx, run, true)? else {
                 return Err(StateError::NotFound(Missing::Run(run.clone())).into());
             };
@@ -434,15 +515,6 @@ impl BudgetStore for PostgresStore {
             delete_hold(tx, run, hold_id)?;
             let holds = holds_around(tx, &r)?;
             purge_expired(tx, &run.tenant, &holds, now)
-        })
-    }
-
-    fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
-        check_run_key(run)?;
-        let now = self.now();
-        self.txn(|tx| match read_run(tx, run, false)? {
-            Some(r) => Ok(Some(spend_in(tx, &r, now)?)),
-            None => Ok(None),
         })
     }
 }

@@ -1,7 +1,24 @@
 //! Connections, the pool, and the one way a call talks to the server: a
 //! transaction, tried again a bounded number of times after a
 //! serialization failure, a deadlock or a lost creation race, and every
-//! other server failure turned into `Unavailable`.
+//! other server failure turned into `Unavailable`, except a failure after
+//! `COMMIT` was sent, which is `OutcomeUnknown` (rule I7).
+//!
+//! Where a call can fail, and what it answers:
+//!
+//! | failure point                                    | answer           |
+//! |--------------------------------------------------|------------------|
+//! | no connection (dial, pool wait)                  | `Unavailable`    |
+//! | `BEGIN` or a statement fails (server error, lost | `Unavailable`    |
+//! | connection, timeout): the server aborts an open  | (or tried again) |
+//! | transaction when its connection drops            |                  |
+//! | a rule refuses (`Conflict`, …): rolled back      | the refusal      |
+//! | the connection is seen closed before `COMMIT`    | `Unavailable`    |
+//! | `COMMIT` answers a server error (serialization,  | `Unavailable`    |
+//! | deadlock: the server rolled back)                | (or tried again) |
+//! | `COMMIT` was sent and the connection broke (I/O, | `OutcomeUnknown` |
+//! | closed, reset), or the server went down while    |                  |
+//! | answering it (class 08, 57P): it may have landed |                  |
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -45,10 +62,12 @@ impl r2d2::ManageConnection for Manager {
 }
 
 /// Why a transaction did not commit: a rule said no (returned as is), or
-/// the server failed.
+/// the server failed; or why it may have: the connection broke after
+/// `COMMIT` was sent (`Unknown`).
 pub(crate) enum Fail {
     Rule(StateError),
     Pg(postgres::Error),
+    Unknown(postgres::Error),
 }
 
 impl From<StateError> for Fail {
@@ -66,11 +85,79 @@ impl From<postgres::Error> for Fail {
 pub(crate) type TxResult<T> = std::result::Result<T, Fail>;
 
 /// One open transaction, with the store's table prefix and the
-/// connection's prepared statements.
+/// connection's prepared statements. `BEGIN` and `COMMIT` are sent by hand
+/// (not `postgres::Transaction`) so the commit can look at the connection
+/// before it is sent; dropped without [`commit`](Self::commit), it rolls
+/// back.
 pub(crate) struct Tx<'a> {
-    tx: postgres::Transaction<'a>,
+    tx: &'a mut postgres::Client,
     statements: &'a mut HashMap<String, Statement>,
     prefix: &'a str,
+    /// `BEGIN` answered and neither `COMMIT` nor `ROLLBACK` sent yet.
+    open: bool,
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        // What `postgres::Transaction` does: a connection never goes back
+        // to the pool inside a transaction (a failed rollback leaves it
+        // closed, and the pool drops it).
+        if self.open && !self.tx.is_closed() {
+            let _ = self.tx.batch_execute("ROLLBACK");
+        }
+    }
+}
+
+impl<'a> Tx<'a> {
+    /// `BEGIN` on `client`.
+    fn begin(
+        client: &'a mut postgres::Client,
+        statements: &'a mut HashMap<String, Statement>,
+        prefix: &'a str,
+    ) -> std::result::Result<Self, postgres::Error> {
+        client.batch_execute("BEGIN")?;
+        Ok(Tx {
+            tx: client,
+            statements,
+            prefix,
+            open: true,
+        })
+    }
+
+    /// Sends `COMMIT` (see the module's table for what each failure
+    /// means).
+    fn commit(&mut self) -> TxResult<()> {
+        self.open = false;
+        // Seen closed before COMMIT is sent: the server aborted the
+        // transaction when the connection dropped. Certainly not applied.
+        if self.tx.is_closed() {
+            return Err(Fail::Rule(StateError::unavailable(
+                "postgres: the connection was lost before the commit (nothing was applied)",
+                None,
+            )));
+        }
+        match self.tx.batch_execute("COMMIT") {
+            Ok(()) => Ok(()),
+            Err(e) if commit_outcome_unknown(&e) => Err(Fail::Unknown(e)),
+            // The server answered the COMMIT with an error: it rolled the
+            // transaction back.
+            Err(e) => Err(Fail::Pg(e)),
+        }
+    }
+}
+
+/// True when a failed `COMMIT` may still have committed: no answer came
+/// (the connection closed, reset, or an I/O error), or the server went
+/// down while answering (connection exception 08, operator intervention
+/// 57P: shutdown, crash). Other server errors roll the transaction back.
+fn commit_outcome_unknown(e: &postgres::Error) -> bool {
+    match e.code() {
+        None => true,
+        Some(c) => {
+            let c = c.code();
+            c.starts_with("08") || c.starts_with("57P")
+        }
+    }
 }
 
 impl Tx<'_> {
@@ -196,20 +283,24 @@ impl PostgresStore {
             let mut began = false;
             let out = (|| {
                 let Conn { client, statements } = &mut *conn;
-                let tx = client.transaction()?;
+                let mut tx = Tx::begin(client, statements, &self.prefix)?;
                 began = true;
-                let mut tx = Tx {
-                    tx,
-                    statements,
-                    prefix: &self.prefix,
-                };
                 let v = f(&mut tx)?;
-                tx.tx.commit()?;
+                tx.commit()?;
                 Ok(v)
             })();
             let e = match out {
                 Ok(v) => return Ok(v),
                 Err(Fail::Rule(e)) => return Err(e),
+                Err(Fail::Unknown(e)) => {
+                    return Err(StateError::outcome_unknown(
+                        format!(
+                            "postgres: the connection failed after the commit was sent, so the \
+                             write may or may not have been applied: {e}"
+                        ),
+                        None,
+                    ));
+                }
                 Err(Fail::Pg(e)) => e,
             };
             match verdict(&e, began) {

@@ -12,6 +12,7 @@
 mod admin;
 mod budgets;
 mod conn;
+mod idempotency;
 mod runs;
 mod trays;
 
@@ -26,7 +27,11 @@ use conn::{Manager, Tx};
 
 /// The schema files, in order; `SCHEMA[i]` brings a database from version
 /// `i` to `i + 1`.
-const SCHEMA: &[&str] = &[include_str!("schema/v1.sql"), include_str!("schema/v2.sql")];
+const SCHEMA: &[&str] = &[
+    include_str!("schema/v1.sql"),
+    include_str!("schema/v2.sql"),
+    include_str!("schema/v3.sql"),
+];
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: u8 = SCHEMA.len() as u8;
 
@@ -126,8 +131,10 @@ impl PgOptions {
 /// `synchronous_commit = on` (set on every connection), so it survives a
 /// server crash. A server that cannot be reached, a connection lost
 /// mid-call, or a server shut down is `Persistence { reason: Unavailable }`
-/// within the timeouts of [`PgOptions`]; a call that failed that way may or
-/// may not have committed only when the connection broke during its commit.
+/// within the timeouts of [`PgOptions`], and nothing of the call was
+/// applied; only a connection that broke after the call's `COMMIT` was
+/// sent leaves it unknown whether it committed: `OutcomeUnknown` (rule I7),
+/// retryable when the call carried an idempotency key (`*_idempotent`).
 ///
 /// ```no_run
 /// use agentstate::{PostgresStore, RunKey, RunRecord, StateStore};

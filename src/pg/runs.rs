@@ -8,6 +8,7 @@ use crate::api::StateStore;
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
+use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
 use crate::kv::key::{KeyBuf, KeyReader};
 use crate::page::{Page, PageRequest};
 use crate::record::{RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
@@ -132,14 +133,15 @@ fn run_of(row: &Row, tenant: &str) -> Result<RunRecord> {
     decode_run(row.get(1), &RunKey::new(tenant, run_id))
 }
 
-impl StateStore for PostgresStore {
-    fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
+impl PostgresStore {
+    /// `put_run`, under `keyed`'s idempotency key when there is one.
+    fn put_run_with(&self, record: RunRecord, keyed: Option<Keyed<'_>>) -> Result<RunRecord> {
         check_record(&record)?;
         // X1: scrubbed before anything reaches the server.
         let record = self.opts.options.scrubber.scrub_run_owned(record);
         let now = self.now();
         let max = self.max();
-        self.txn(|tx| {
+        self.txn_keyed(keyed, |tx| {
             let stored = read_run(tx, &record.key, true)?;
             check_version(record.version, stored.as_ref().map(|s| s.version))?;
             let new = match &stored {
@@ -190,16 +192,17 @@ impl StateStore for PostgresStore {
         })
     }
 
-    fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
-        check_run_key(key)?;
-        self.txn(|tx| read_run(tx, key, false))
-    }
-
-    fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
+    /// `patch_run`, under `keyed`'s idempotency key when there is one.
+    fn patch_run_with(
+        &self,
+        key: &RunKey,
+        delta: StateDelta,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<RunRecord> {
         check_run_key(key)?;
         let now = self.now();
         let max = self.max();
-        self.txn(|tx| {
+        self.txn_keyed(keyed, |tx| {
             let Some(old) = read_run(tx, key, true)? else {
                 return Err(StateError::NotFound(Missing::Run(key.clone())).into());
             };
@@ -215,6 +218,40 @@ impl StateStore for PostgresStore {
             }
             Ok(new)
         })
+    }
+}
+
+impl StateStore for PostgresStore {
+    fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
+        self.put_run_with(record, None)
+    }
+    fn put_run_idempotent(&self, record: RunRecord, key: &IdempotencyKey) -> Result<RunRecord> {
+        let tenant = record.key.tenant.clone();
+        let keyed = Keyed::new(Op::PutRun, Scope::Tenant(&tenant), key, &record)?;
+        self.put_run_with(record, Some(keyed))
+    }
+
+    fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
+        check_run_key(key)?;
+        self.txn(|tx| read_run(tx, key, false))
+    }
+
+    fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
+        self.patch_run_with(key, delta, None)
+    }
+    fn patch_run_idempotent(
+        &self,
+        key: &RunKey,
+        delta: StateDelta,
+        idempotency_key: &IdempotencyKey,
+    ) -> Result<RunRecord> {
+        let keyed = Keyed::new(
+            Op::PatchRun,
+            Scope::Tenant(&key.tenant),
+            idempotency_key,
+            &(key, &delta),
+        )?;
+        self.patch_run_with(key, delta, Some(keyed))
     }
 
     fn list_runs(&self, q: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {

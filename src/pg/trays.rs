@@ -10,6 +10,7 @@ use postgres::Row;
 use crate::api::TrayStore;
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::error::{Result, StateError};
+use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
 use crate::kv::key::{KeyBuf, KeyReader};
 use crate::page::{Page, PageRequest};
 use crate::record::Millis;
@@ -200,67 +201,22 @@ impl TrayStore for PostgresStore {
     }
 
     fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
-        check_batch(instance, &ops, self.max())?;
-        // Each op replaces its tray whole, so a batch comes to the last op
-        // on each tray, applied in one transaction (T3).
-        let mut last: BTreeMap<(&str, &str), Option<&Tray>> = BTreeMap::new();
-        for op in &ops {
-            match op {
-                TrayOp::Put {
-                    tray_ns,
-                    tray_id,
-                    tray,
-                } => last.insert((tray_ns, tray_id), Some(tray)),
-                TrayOp::Delete { tray_ns, tray_id } => last.insert((tray_ns, tray_id), None),
-            };
-        }
-        let (ns, id) = (id_in(&instance.ns), id_in(&instance.id));
-        let mut put = (
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-        );
-        let mut del = (Vec::new(), Vec::new());
-        for ((tns, tid), t) in &last {
-            match t {
-                Some(t) => {
-                    put.0.push(id_in(tns).into_owned());
-                    put.1.push(id_in(tid).into_owned());
-                    put.2.push(t.marked);
-                    put.3.push(t.doc.as_slice());
-                    put.4.push(id_in(&t.env).into_owned());
-                    put.5.push(id_in(&t.hostname).into_owned());
-                }
-                None => {
-                    del.0.push(id_in(tns).into_owned());
-                    del.1.push(id_in(tid).into_owned());
-                }
-            }
-        }
-        self.txn(|tx| {
-            fence(tx, instance, epoch)?;
-            if !del.0.is_empty() {
-                tx.execute(
-                    "DELETE FROM {s}pinned_tray_index t USING unnest($3::text[], $4::text[]) AS d(tray_ns, tray_id) \
-                     WHERE t.ns = $1 AND t.id = $2 AND t.tray_ns = d.tray_ns AND t.tray_id = d.tray_id",
-                    &[&ns, &id, &del.0, &del.1],
-                )?;
-            }
-            if !put.0.is_empty() {
-                tx.execute(
-                    "INSERT INTO {s}pinned_tray_index (ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
-                     SELECT $1, $2, u.* FROM unnest($3::text[], $4::text[], $5::bool[], $6::bytea[], $7::text[], $8::text[]) \
-                     AS u(tray_ns, tray_id, marked, doc, env, hostname) \
-                     ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
-                     doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname",
-                    &[&ns, &id, &put.0, &put.1, &put.2, &put.3, &put.4, &put.5],
-                )?;
-            }
-            Ok(())
-        })
+        self.apply_batch_with(instance, epoch, ops, None)
+    }
+    fn apply_batch_idempotent(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+        key: &IdempotencyKey,
+    ) -> Result<()> {
+        let keyed = Keyed::new(
+            Op::ApplyBatch,
+            Scope::Trays(&instance.ns),
+            key,
+            &(instance, epoch, &ops),
+        )?;
+        self.apply_batch_with(instance, epoch, ops, Some(keyed))
     }
 
     fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
@@ -494,6 +450,79 @@ impl TrayStore for PostgresStore {
                 &[&id_in(&instance.ns), &id_in(&instance.id), &num(due_at)],
             )?;
             Ok(n == 1)
+        })
+    }
+}
+
+impl PostgresStore {
+    /// `apply_batch`, under `keyed`'s idempotency key when there is one.
+    fn apply_batch_with(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<()> {
+        check_batch(instance, &ops, self.max())?;
+        // Each op replaces its tray whole, so a batch comes to the last op
+        // on each tray, applied in one transaction (T3).
+        let mut last: BTreeMap<(&str, &str), Option<&Tray>> = BTreeMap::new();
+        for op in &ops {
+            match op {
+                TrayOp::Put {
+                    tray_ns,
+                    tray_id,
+                    tray,
+                } => last.insert((tray_ns, tray_id), Some(tray)),
+                TrayOp::Delete { tray_ns, tray_id } => last.insert((tray_ns, tray_id), None),
+            };
+        }
+        let (ns, id) = (id_in(&instance.ns), id_in(&instance.id));
+        let mut put = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
+        let mut del = (Vec::new(), Vec::new());
+        for ((tns, tid), t) in &last {
+            match t {
+                Some(t) => {
+                    put.0.push(id_in(tns).into_owned());
+                    put.1.push(id_in(tid).into_owned());
+                    put.2.push(t.marked);
+                    put.3.push(t.doc.as_slice());
+                    put.4.push(id_in(&t.env).into_owned());
+                    put.5.push(id_in(&t.hostname).into_owned());
+                }
+                None => {
+                    del.0.push(id_in(tns).into_owned());
+                    del.1.push(id_in(tid).into_owned());
+                }
+            }
+        }
+        self.txn_keyed(keyed, |tx| {
+            fence(tx, instance, epoch)?;
+            if !del.0.is_empty() {
+                tx.execute(
+                    "DELETE FROM {s}pinned_tray_index t USING unnest($3::text[], $4::text[]) AS d(tray_ns, tray_id) \
+                     WHERE t.ns = $1 AND t.id = $2 AND t.tray_ns = d.tray_ns AND t.tray_id = d.tray_id",
+                    &[&ns, &id, &del.0, &del.1],
+                )?;
+            }
+            if !put.0.is_empty() {
+                tx.execute(
+                    "INSERT INTO {s}pinned_tray_index (ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
+                     SELECT $1, $2, u.* FROM unnest($3::text[], $4::text[], $5::bool[], $6::bytea[], $7::text[], $8::text[]) \
+                     AS u(tray_ns, tray_id, marked, doc, env, hostname) \
+                     ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
+                     doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname",
+                    &[&ns, &id, &put.0, &put.1, &put.2, &put.3, &put.4, &put.5],
+                )?;
+            }
+            Ok(())
         })
     }
 }

@@ -146,7 +146,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
     );
     s.setup().expect("setup");
     s.setup().expect("setup again");
-    assert_eq!(s.schema_version().expect("version"), Some(2));
+    assert_eq!(s.schema_version().expect("version"), Some(3));
     s.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
         .expect("put");
     // A newer release wrote version 9: refused, and nothing is changed.
@@ -165,7 +165,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
             e,
             StateError::UnsupportedFormat {
                 found: 9,
-                supported: 2
+                supported: 3
             }
         ),
         "{e:?}"
@@ -212,7 +212,7 @@ fn setup_upgrades_a_version_1_database() {
             });
         }
     });
-    assert_eq!(s.schema_version().expect("version"), Some(2));
+    assert_eq!(s.schema_version().expect("version"), Some(3));
     assert_eq!(s.get_run(&old.key).expect("get"), Some(old.clone()));
     use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
     s.put_budget(BudgetRecord::new(
@@ -358,7 +358,7 @@ fn setup_from_8_processes_at_once() {
             assert_eq!(child_lines(c, &format!("setup child {i}")), ["ok"]);
         }
         let s = PostgresStore::connect(&dsn).expect("connect");
-        assert_eq!(s.schema_version().expect("version"), Some(2));
+        assert_eq!(s.schema_version().expect("version"), Some(3));
         let r = s
             .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
             .expect("put after setup");
@@ -812,8 +812,12 @@ fn server_killed_mid_workload() {
                     match r {
                         Ok(true) => patches += 1,
                         Ok(false) => batches += 1,
+                        // A call whose COMMIT was sent when the server
+                        // died may have landed: OutcomeUnknown (I7).
                         Err(StateError::Persistence {
-                            reason: PersistenceReason::Unavailable,
+                            reason:
+                                PersistenceReason::Unavailable
+                                | PersistenceReason::OutcomeUnknown { keyed: false },
                             ..
                         }) => {
                             if before == 1 && after == 1 {
@@ -896,4 +900,187 @@ fn server_killed_mid_workload() {
         );
     }
     eprintln!("fault: {down_total} calls refused while the server was down");
+}
+
+/// What the cutting proxy of `i7_…` does to the next transaction.
+mod cut {
+    /// Pass everything through.
+    pub const NONE: u8 = 0;
+    /// Forward the COMMIT, but close the client's side first: the server
+    /// commits and the answer is lost.
+    pub const AFTER_COMMIT: u8 = 1;
+    /// Close both sides instead of forwarding the COMMIT: the server
+    /// aborts, and the client cannot tell.
+    pub const INSTEAD_OF_COMMIT: u8 = 2;
+    /// Close both sides at the first message after BEGIN, before the
+    /// COMMIT is sent.
+    pub const BEFORE_COMMIT: u8 = 3;
+}
+
+/// A TCP proxy to the shared server that cuts a connection where `mode`
+/// says (once, then passes through again); its port.
+fn cutting_proxy(mode: Arc<std::sync::atomic::AtomicU8>) -> (u16, postgres::Config) {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let cfg: postgres::Config = shared_dsn().parse().expect("the shared dsn");
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    let host = match cfg.get_hosts().first() {
+        Some(postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".to_string(),
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let proxy_port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let server = TcpStream::connect((host.as_str(), port)).expect("the server");
+            let (c2, s2) = (
+                client.try_clone().expect("clone"),
+                server.try_clone().expect("clone"),
+            );
+            // Server to client: copied as is until either side closes.
+            std::thread::spawn(move || {
+                let (mut from, mut to) = (s2, c2);
+                let _ = std::io::copy(&mut from, &mut to);
+                let _ = to.shutdown(Shutdown::Both);
+            });
+            let mode = mode.clone();
+            std::thread::spawn(move || {
+                let (mut from, mut to) = (client, server);
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut in_txn = false;
+                loop {
+                    let n = match from.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    let chunk = &buf[..n];
+                    let has = |s: &[u8]| chunk.windows(s.len()).any(|w| w == s);
+                    let m = mode.load(Ordering::SeqCst);
+                    let commit = has(b"COMMIT\0");
+                    let cut_now = match m {
+                        cut::AFTER_COMMIT | cut::INSTEAD_OF_COMMIT => commit,
+                        cut::BEFORE_COMMIT => in_txn && !commit,
+                        _ => false,
+                    };
+                    if cut_now {
+                        mode.store(cut::NONE, Ordering::SeqCst);
+                        let _ = from.shutdown(Shutdown::Both);
+                        if m == cut::AFTER_COMMIT {
+                            let _ = to.write_all(chunk);
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                        let _ = to.shutdown(Shutdown::Both);
+                        return;
+                    }
+                    if has(b"BEGIN\0") {
+                        in_txn = true;
+                    }
+                    if to.write_all(chunk).is_err() {
+                        break;
+                    }
+                }
+                let _ = to.shutdown(Shutdown::Both);
+            });
+        }
+    });
+    (proxy_port, cfg)
+}
+
+/// I7: a call whose connection broke after its COMMIT was sent is
+/// `OutcomeUnknown` (it may have landed, or not), retryable only when it
+/// carried a key, and the keyed retry answers the first outcome if it
+/// landed and applies it if it did not: once either way. A break before
+/// the COMMIT is `Unavailable`, and nothing was applied.
+#[test]
+fn i7_a_lost_commit_is_outcome_unknown_and_a_keyed_retry_applies_once() {
+    use agentstate::IdempotencyKey;
+    let mode = Arc::new(std::sync::atomic::AtomicU8::new(cut::NONE));
+    let (port, cfg) = cutting_proxy(mode.clone());
+    let mut dsn = format!(
+        "host=127.0.0.1 port={port} user={} dbname={}",
+        cfg.get_user().unwrap_or("postgres"),
+        cfg.get_dbname().unwrap_or("postgres")
+    );
+    if let Some(p) = cfg.get_password() {
+        dsn.push_str(&format!(" password={}", String::from_utf8_lossy(p)));
+    }
+    let cutting = PostgresStore::connect_with(&dsn, PgOptions::new().schema(schema()).pool_size(1))
+        .expect("connect through the proxy");
+    let direct = store(Options::new());
+    let rk = RunKey::new(unique("i7"), "r");
+    direct
+        .put_run(RunRecord::new(rk.clone(), "a"))
+        .expect("create");
+    let spend = |c: u64| StateDelta {
+        cost_micros: c,
+        ..Default::default()
+    };
+    let unknown = |e: &StateError, keyed: bool| {
+        matches!(e, StateError::Persistence {
+            reason: PersistenceReason::OutcomeUnknown { keyed: k },
+            ..
+        } if *k == keyed)
+    };
+    let cost = || direct.get_run(&rk).expect("get").expect("run").cost_micros;
+    // Warm the proxied pool's connection (and its prepared statements).
+    cutting.get_run(&rk).expect("through the proxy");
+
+    // The COMMIT landed, its answer was lost.
+    let k1 = IdempotencyKey::new("i7-landed").expect("key");
+    mode.store(cut::AFTER_COMMIT, Ordering::SeqCst);
+    let e = cutting
+        .patch_run_idempotent(&rk, spend(5), &k1)
+        .expect_err("the answer is lost");
+    assert!(unknown(&e, true) && e.is_retryable(), "{e:?}");
+    let again = direct
+        .patch_run_idempotent(&rk, spend(5), &k1)
+        .expect("the keyed retry");
+    assert_eq!((again.cost_micros, cost()), (5, 5), "applied once");
+
+    // The COMMIT never reached the server: the retry applies it.
+    let k2 = IdempotencyKey::new("i7-lost").expect("key");
+    mode.store(cut::INSTEAD_OF_COMMIT, Ordering::SeqCst);
+    let e = cutting
+        .patch_run_idempotent(&rk, spend(7), &k2)
+        .expect_err("the commit is lost");
+    assert!(unknown(&e, true) && e.is_retryable(), "{e:?}");
+    assert_eq!(cost(), 5, "the server rolled it back");
+    let again = cutting
+        .patch_run_idempotent(&rk, spend(7), &k2)
+        .expect("the keyed retry, through a new connection");
+    assert_eq!((again.cost_micros, cost()), (12, 12), "applied once");
+    let replay = direct
+        .patch_run_idempotent(&rk, spend(7), &k2)
+        .expect("a later repeat");
+    assert_eq!(replay, again, "the repeat answers the retry's record");
+
+    // Unkeyed: unknown and not retryable (a retry might apply twice).
+    mode.store(cut::AFTER_COMMIT, Ordering::SeqCst);
+    let e = cutting.patch_run(&rk, spend(1)).expect_err("lost answer");
+    assert!(unknown(&e, false) && !e.is_retryable(), "{e:?}");
+    // The proxy forwards the COMMIT just after cutting the client off.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cost() != 13 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(cost(), 13, "it had landed");
+
+    // Cut before the COMMIT was sent: certainly not applied.
+    mode.store(cut::BEFORE_COMMIT, Ordering::SeqCst);
+    let e = cutting
+        .patch_run(&rk, spend(100))
+        .expect_err("cut mid-call");
+    assert!(
+        matches!(
+            e,
+            StateError::Persistence {
+                reason: PersistenceReason::Unavailable,
+                ..
+            }
+        ) && e.is_retryable(),
+        "{e:?}"
+    );
+    assert_eq!(cost(), 13, "nothing was applied");
+    assert_eq!(mode.load(Ordering::SeqCst), cut::NONE, "every cut happened");
 }

@@ -1,0 +1,195 @@
+//! Idempotency keys on PostgreSQL (rules I1–I7): a keyed call claims its
+//! key, runs, and keeps its outcome beside its writes, in one transaction.
+//!
+//! Tables (`schema/v3.sql`): `agentstate_idempotency` holds each key's
+//! fingerprint and [`Remembered`] outcome; `agentstate_idempotency_scopes`
+//! each scope's next ordinal and how many keys it keeps.
+//!
+//! A keyed transaction:
+//!
+//! 1. claims the key: `INSERT … ON CONFLICT DO NOTHING`. A call racing
+//!    with the same key waits on the first one's uncommitted row; when
+//!    that commits, its insert does nothing and it reads the row and
+//!    answers the remembered outcome (I1, I3, I6); when that rolls back,
+//!    its insert goes ahead and it runs.
+//! 2. `SAVEPOINT`, then the call itself.
+//! 3. keeps the answer: every success with its writes; a remembered
+//!    refusal (`outcome_of`) after `ROLLBACK TO SAVEPOINT`, so without
+//!    them; any other failure rolls the whole transaction back, claim and
+//!    all, and a retry runs again.
+//! 4. locks its scope's row (the last lock it takes, so no cycle), forgets
+//!    up to `IDEMPOTENCY_PRUNE_MAX` of the scope's oldest keys that are
+//!    past the window (older than its ttl by the store's clock, or beyond
+//!    `keys_max` kept), and numbers its own key: exactly as the engine
+//!    stores do (`kv::idempotency`).
+
+use crate::codec::value;
+use crate::error::{Result, StateError};
+use crate::idempotency::{Answer, Keyed, Outcome, Remembered, outcome_of};
+use crate::limits::IDEMPOTENCY_PRUNE_MAX;
+use crate::options::IdempotencyWindow;
+use crate::record::Millis;
+
+use super::conn::{Fail, Tx, TxResult};
+use super::{PostgresStore, id_in, num, num_out};
+
+/// Where a key's row is, as stored (escaped like every id).
+struct At {
+    kind: i16,
+    scope: String,
+    key: String,
+}
+
+impl PostgresStore {
+    /// Runs `f` in one transaction (like [`txn`](Self::txn)), under
+    /// `keyed`'s idempotency key when there is one (see the module).
+    /// A keyed call's unknown outcome is retryable (`StateError::keyed`).
+    pub(crate) fn txn_keyed<T: Answer>(
+        &self,
+        keyed: Option<Keyed<'_>>,
+        mut f: impl FnMut(&mut Tx<'_>) -> TxResult<T>,
+    ) -> Result<T> {
+        let Some(k) = keyed else {
+            return self.txn(f);
+        };
+        let now = self.now();
+        let window = self.opts.options.idempotency;
+        let at = At {
+            kind: i16::from(k.scope.kind()),
+            scope: id_in(k.scope.name()).into_owned(),
+            key: id_in(k.key.as_str()).into_owned(),
+        };
+        self.txn(|tx| {
+            if let Some(kept) = claim(tx, &at, &k.fingerprint, now)? {
+                return Ok(kept.replay(k.fingerprint, k.key));
+            }
+            tx.batch("SAVEPOINT agentstate_keyed")?;
+            let answer = match f(tx) {
+                Ok(v) => Ok(v),
+                Err(Fail::Rule(e)) => Err(e),
+                // A server failure: the transaction loop decides (tried
+                // again from the claim, or Unavailable).
+                Err(other) => return Err(other),
+            };
+            let Some(outcome) = outcome_of(&answer) else {
+                // Not remembered: nothing of the call is kept, its claim
+                // neither (the whole transaction rolls back).
+                return answer.map(Ok).map_err(Fail::Rule);
+            };
+            if answer.is_err() {
+                tx.batch("ROLLBACK TO SAVEPOINT agentstate_keyed")?;
+            }
+            remember(tx, &at, k.fingerprint, outcome, now, window)?;
+            Ok(answer)
+        })
+        .and_then(|a| a)
+        .map_err(StateError::keyed)
+    }
+}
+
+/// Claims the key for this transaction (`None`), or reads what it
+/// remembers (`Some`), waiting for a racing call that holds it.
+fn claim(
+    tx: &mut Tx<'_>,
+    at: &At,
+    fingerprint: &[u8; 16],
+    now: Millis,
+) -> TxResult<Option<Remembered>> {
+    let fingerprint: &[u8] = fingerprint;
+    // A key pruned between the insert and the read is claimed again; a
+    // few rounds are plenty (pruning takes only keys past the window).
+    for _ in 0..4 {
+        let claimed = tx.execute(
+            "INSERT INTO {s}agentstate_idempotency (kind, scope, key, fingerprint, created_at) \
+             VALUES ($1, $2, $3, $4, $5::text::numeric) \
+             ON CONFLICT (kind, scope, key) DO NOTHING",
+            &[&at.kind, &at.scope, &at.key, &fingerprint, &num(now)],
+        )?;
+        if claimed == 1 {
+            return Ok(None);
+        }
+        let rows = tx.query(
+            "SELECT outcome FROM {s}agentstate_idempotency \
+             WHERE kind = $1 AND scope = $2 AND key = $3",
+            &[&at.kind, &at.scope, &at.key],
+        )?;
+        if let Some(row) = rows.first() {
+            let bytes: Option<&[u8]> = row.get(0);
+            let bytes = bytes.ok_or_else(|| {
+                StateError::corrupt("agentstate_idempotency: a committed key has no outcome")
+            })?;
+            return Ok(Some(value::decode(bytes, "idempotency key")?));
+        }
+    }
+    Err(StateError::unavailable(
+        "postgres: an idempotency key kept vanishing while it was claimed; try again",
+        None,
+    )
+    .into())
+}
+
+/// Keeps `outcome` under the claimed key, after forgetting what of the
+/// scope is past the window.
+fn remember(
+    tx: &mut Tx<'_>,
+    at: &At,
+    fingerprint: [u8; 16],
+    outcome: Outcome,
+    now: Millis,
+    window: IdempotencyWindow,
+) -> TxResult<()> {
+    // The scope's row, locked until commit: ordinals follow commit order
+    // and every prune of the scope is serialized, so `kept` stays exact.
+    let rows = tx.query(
+        "INSERT INTO {s}agentstate_idempotency_scopes AS c (kind, scope, next_ordinal, kept) \
+         VALUES ($1, $2, 2, 0) \
+         ON CONFLICT (kind, scope) DO UPDATE SET next_ordinal = c.next_ordinal + 1 \
+         RETURNING next_ordinal - 1, kept",
+        &[&at.kind, &at.scope],
+    )?;
+    let ordinal: i64 = rows[0].get(0);
+    let mut kept: i64 = rows[0].get(1);
+    // The oldest kept keys (this call's own has no ordinal yet).
+    let oldest = tx.query(
+        "SELECT key, created_at::text FROM {s}agentstate_idempotency \
+         WHERE kind = $1 AND scope = $2 AND ordinal IS NOT NULL ORDER BY ordinal LIMIT $3",
+        &[&at.kind, &at.scope, &(IDEMPOTENCY_PRUNE_MAX as i64)],
+    )?;
+    let mut gone: Vec<String> = Vec::new();
+    for row in &oldest {
+        let first = num_out(row.get(1), "agentstate_idempotency.created_at")?;
+        let expired = first.saturating_add(window.ttl_millis) <= now;
+        if !(expired || u64::try_from(kept).unwrap_or(0) >= window.keys_max) {
+            break;
+        }
+        gone.push(row.get(0));
+        kept = (kept - 1).max(0);
+    }
+    let remembered = Remembered {
+        fingerprint,
+        at: now,
+        ordinal: u64::try_from(ordinal).unwrap_or(0),
+        outcome,
+    };
+    let bytes = value::encode(&remembered);
+    tx.execute(
+        "WITH gone AS ( \
+             DELETE FROM {s}agentstate_idempotency \
+             WHERE kind = $1 AND scope = $2 AND key = ANY($3::text[])), \
+         mine AS ( \
+             UPDATE {s}agentstate_idempotency SET ordinal = $5, outcome = $6 \
+             WHERE kind = $1 AND scope = $2 AND key = $4) \
+         UPDATE {s}agentstate_idempotency_scopes SET kept = $7 \
+         WHERE kind = $1 AND scope = $2",
+        &[
+            &at.kind,
+            &at.scope,
+            &gone,
+            &at.key,
+            &ordinal,
+            &bytes,
+            &(kept + 1),
+        ],
+    )?;
+    Ok(())
+}
