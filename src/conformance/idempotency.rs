@@ -103,13 +103,13 @@ pub fn i1_keyed_writes_apply_once_and_repeats_answer_the_first_outcome(make: Fac
                 RunRecord::new(rk.clone(), "planner").with_caps(Caps::new().cost_micros(1_000)),
                 &key("create"),
             ),
-            &ctx,
+            ctx,
         );
         assert_eq!(
             again, created,
             "{ctx}: a repeated create answers the created record"
         );
-        let again = ok(s.patch_run_idempotent(&rk, spend(7), &key("patch")), &ctx);
+        let again = ok(s.patch_run_idempotent(&rk, spend(7), &key("patch")), ctx);
         assert_eq!(
             again, patched,
             "{ctx}: a repeated patch answers the first record"
@@ -120,7 +120,7 @@ pub fn i1_keyed_writes_apply_once_and_repeats_answer_the_first_outcome(make: Fac
                 Hold::new("h1", 60_000).cost_micros(100),
                 &key("reserve"),
             ),
-            &ctx,
+            ctx,
         );
         assert_eq!(
             again, hold,
@@ -128,16 +128,16 @@ pub fn i1_keyed_writes_apply_once_and_repeats_answer_the_first_outcome(make: Fac
         );
         let again = ok(
             s.settle_idempotent(&rk, "h1", spend(90), &key("settle")),
-            &ctx,
+            ctx,
         );
         assert_eq!(
             again, settled,
             "{ctx}: a repeated settle answers the first Settled"
         );
-        ok(s.release_hold_idempotent(&rk, "h2", &key("release")), &ctx);
+        ok(s.release_hold_idempotent(&rk, "h2", &key("release")), ctx);
         ok(
             s.apply_batch_idempotent(&inst, 1, ops.clone(), &key("batch")),
-            &ctx,
+            ctx,
         );
     }
     assert_eq!(

@@ -599,6 +599,99 @@ impl StateStore for KvStore {
     }
 }
 
+impl KvStore {
+    pub(crate) fn patch_run_with(
+        &self,
+        key: &RunKey,
+        delta: StateDelta,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<RunRecord> {
+        check_run_key(key)?;
+        let key = key.clone();
+        let now = self.now();
+        let max = self.opts.record_bytes_max;
+        let keys = RunKeys::of(&key);
+        self.submit_keyed(keyed, move |txn| {
+            let Some(old) = read_run_at(txn, &keys.id, &key)? else {
+                return Err(StateError::NotFound(Missing::Run(key)));
+            };
+            let new = patched_run(&old, &delta, now)?;
+            write_run(txn, Some(&old), &new, max, keys)?;
+            // B6: a patch counts toward the caps' spent (its run's amounts
+            // are the run's spent; its budget's is kept beside the budget)
+            // and never refuses.
+            if new.budget.is_some() || !new.caps.is_none() {
+                after_patch(txn, &new, &delta, now)?;
+            }
+            Ok(new)
+        })
+    }
+}
+
+impl KvStore {
+    pub(crate) fn put_run_with(
+        &self,
+        mut record: RunRecord,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<RunRecord> {
+        check_record(&record)?;
+        self.opts.scrubber.scrub_run_in_place(&mut record);
+        let now = self.now();
+        let max = self.opts.record_bytes_max;
+        let keys = RunKeys::of(&record.key);
+        let session = record
+            .session_id
+            .as_ref()
+            .map(|s| session_key(&SessionKey::new(record.key.tenant.clone(), s.clone())));
+        // Boxed, so the job that carries it to the leader, and its answer
+        // back, move a pointer instead of the whole record at each step:
+        // the box made here is the one returned.
+        let record = Box::new(record);
+        self.submit_keyed(keyed, move |txn| {
+            let stored = read_run_at(txn, &keys.id, &record.key)?;
+            check_version(record.version, stored.as_ref().map(|s| s.version))?;
+            let new = match &stored {
+                None => {
+                    // R8: a run's session exists at create.
+                    if let (Some(s), Some(at)) = (&record.session_id, &session)
+                        && txn.get(at)?.is_none()
+                    {
+                        let sk = SessionKey::new(record.key.tenant.clone(), s.clone());
+                        return Err(StateError::NotFound(Missing::Session(sk)));
+                    }
+                    // B1: so does its budget.
+                    if let Some(b) = &record.budget {
+                        let bk = BudgetKey::new(record.key.tenant.clone(), b.clone());
+                        if txn.get(&budget_key(&bk))?.is_none() {
+                            return Err(StateError::NotFound(Missing::Budget(bk)));
+                        }
+                    }
+                    let seq = txn.next_seq;
+                    txn.next_seq += 1;
+                    let mut new = record;
+                    created_run_in_place(&mut new, seq, now);
+                    // A run created with amounts already spent spends them
+                    // on its budget too.
+                    let delta = StateDelta {
+                        usage: new.usage,
+                        cost_micros: new.cost_micros,
+                        iterations: new.iterations,
+                        messages_read: 0,
+                    };
+                    if new.budget.is_some() {
+                        after_patch(txn, &new, &delta, now)?;
+                    }
+                    new
+                }
+                Some(s) => Box::new(updated_run(s, *record, now)?),
+            };
+            write_run(txn, stored.as_ref(), &new, max, keys)?;
+            Ok(new)
+        })
+        .map(|new| *new)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
@@ -842,98 +935,5 @@ mod tests {
         let (s, _) = reaper_store(30, |i| i < 10);
         let (got, _, asked) = reap(&s, 7, false);
         assert_eq!((got.len(), asked), (30, 0));
-    }
-}
-
-impl KvStore {
-    pub(crate) fn put_run_with(
-        &self,
-        mut record: RunRecord,
-        keyed: Option<Keyed<'_>>,
-    ) -> Result<RunRecord> {
-        check_record(&record)?;
-        self.opts.scrubber.scrub_run_in_place(&mut record);
-        let now = self.now();
-        let max = self.opts.record_bytes_max;
-        let keys = RunKeys::of(&record.key);
-        let session = record
-            .session_id
-            .as_ref()
-            .map(|s| session_key(&SessionKey::new(record.key.tenant.clone(), s.clone())));
-        // Boxed, so the job that carries it to the leader, and its answer
-        // back, move a pointer instead of the whole record at each step:
-        // the box made here is the one returned.
-        let record = Box::new(record);
-        self.submit_keyed(keyed, move |txn| {
-            let stored = read_run_at(txn, &keys.id, &record.key)?;
-            check_version(record.version, stored.as_ref().map(|s| s.version))?;
-            let new = match &stored {
-                None => {
-                    // R8: a run's session exists at create.
-                    if let (Some(s), Some(at)) = (&record.session_id, &session)
-                        && txn.get(at)?.is_none()
-                    {
-                        let sk = SessionKey::new(record.key.tenant.clone(), s.clone());
-                        return Err(StateError::NotFound(Missing::Session(sk)));
-                    }
-                    // B1: so does its budget.
-                    if let Some(b) = &record.budget {
-                        let bk = BudgetKey::new(record.key.tenant.clone(), b.clone());
-                        if txn.get(&budget_key(&bk))?.is_none() {
-                            return Err(StateError::NotFound(Missing::Budget(bk)));
-                        }
-                    }
-                    let seq = txn.next_seq;
-                    txn.next_seq += 1;
-                    let mut new = record;
-                    created_run_in_place(&mut new, seq, now);
-                    // A run created with amounts already spent spends them
-                    // on its budget too.
-                    let delta = StateDelta {
-                        usage: new.usage,
-                        cost_micros: new.cost_micros,
-                        iterations: new.iterations,
-                        messages_read: 0,
-                    };
-                    if new.budget.is_some() {
-                        after_patch(txn, &new, &delta, now)?;
-                    }
-                    new
-                }
-                Some(s) => Box::new(updated_run(s, *record, now)?),
-            };
-            write_run(txn, stored.as_ref(), &new, max, keys)?;
-            Ok(new)
-        })
-        .map(|new| *new)
-    }
-}
-
-impl KvStore {
-    pub(crate) fn patch_run_with(
-        &self,
-        key: &RunKey,
-        delta: StateDelta,
-        keyed: Option<Keyed<'_>>,
-    ) -> Result<RunRecord> {
-        check_run_key(key)?;
-        let key = key.clone();
-        let now = self.now();
-        let max = self.opts.record_bytes_max;
-        let keys = RunKeys::of(&key);
-        self.submit_keyed(keyed, move |txn| {
-            let Some(old) = read_run_at(txn, &keys.id, &key)? else {
-                return Err(StateError::NotFound(Missing::Run(key)));
-            };
-            let new = patched_run(&old, &delta, now)?;
-            write_run(txn, Some(&old), &new, max, keys)?;
-            // B6: a patch counts toward the caps' spent (its run's amounts
-            // are the run's spent; its budget's is kept beside the budget)
-            // and never refuses.
-            if new.budget.is_some() || !new.caps.is_none() {
-                after_patch(txn, &new, &delta, now)?;
-            }
-            Ok(new)
-        })
     }
 }

@@ -458,6 +458,37 @@ pub(crate) fn import_tray(txn: &mut Txn<'_>, k: &TrayKey, t: &Tray) {
     txn.put(tray_key(k), value::encode(t));
 }
 
+impl KvStore {
+    pub(crate) fn apply_batch_with(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<()> {
+        check_batch(instance, &ops, self.opts.record_bytes_max)?;
+        let instance = instance.clone();
+        self.submit_keyed(keyed, move |txn| {
+            fence(txn, &instance, epoch)?;
+            for op in ops {
+                match op {
+                    TrayOp::Put {
+                        tray_ns,
+                        tray_id,
+                        tray,
+                    } => {
+                        set_tray(txn, &instance.tray(tray_ns, tray_id), Some(&tray))?;
+                    }
+                    TrayOp::Delete { tray_ns, tray_id } => {
+                        set_tray(txn, &instance.tray(tray_ns, tray_id), None)?;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -606,36 +637,5 @@ mod tests {
             Arc::new(FileStore::open(dir.path().join("s")).unwrap()),
             150,
         );
-    }
-}
-
-impl KvStore {
-    pub(crate) fn apply_batch_with(
-        &self,
-        instance: &InstanceKey,
-        epoch: u64,
-        ops: Vec<TrayOp>,
-        keyed: Option<Keyed<'_>>,
-    ) -> Result<()> {
-        check_batch(instance, &ops, self.opts.record_bytes_max)?;
-        let instance = instance.clone();
-        self.submit_keyed(keyed, move |txn| {
-            fence(txn, &instance, epoch)?;
-            for op in ops {
-                match op {
-                    TrayOp::Put {
-                        tray_ns,
-                        tray_id,
-                        tray,
-                    } => {
-                        set_tray(txn, &instance.tray(tray_ns, tray_id), Some(&tray))?;
-                    }
-                    TrayOp::Delete { tray_ns, tray_id } => {
-                        set_tray(txn, &instance.tray(tray_ns, tray_id), None)?;
-                    }
-                }
-            }
-            Ok(())
-        })
     }
 }

@@ -13,9 +13,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use agentstate::{
-    Hold, IdempotencyKey, Result, RunKey, RunRecord, StateDelta, StateError, Store,
-};
+use agentstate::{Hold, IdempotencyKey, Result, RunKey, RunRecord, StateDelta, StateError, Store};
 
 use crate::fault_proxy::{FaultProxy, Plan};
 
@@ -129,7 +127,11 @@ fn keyed_workload(faulty: &dyn Store, direct: &dyn Store, proxy: &FaultProxy, te
         r.cost_micros, want,
         "the stored cost is not the sum of the distinct operations"
     );
-    assert_eq!(r.iterations, THREADS * n * 2, "one iteration per patch and per settle");
+    assert_eq!(
+        r.iterations,
+        THREADS * n * 2,
+        "one iteration per patch and per settle"
+    );
     assert!(
         spend.holds.is_empty(),
         "holds left unsettled: {:?}",
@@ -158,7 +160,7 @@ fn unkeyed_double_counts(faulty: &dyn Store, direct: &dyn Store, proxy: &FaultPr
                 Err(e) => panic!("unkeyed patch: {e:?}"),
             }
         }
-        if sent % 25 == 0 {
+        if sent.is_multiple_of(25) {
             let stored = direct.get_run(&run).unwrap().unwrap().cost_micros;
             over = stored - sent;
             if over > 0 {
