@@ -22,12 +22,17 @@
 //! | `as:{t…}:seq` | string | the tenant's `seq` counter (`INCR`) |
 //! | `as:{t…}:runs`, `:st:<tag>`, `:ss:<session>` | sorted set | run ids by `seq`: all, by state, by session |
 //! | `as:{t…}:s:<session_id>`, `:sessions` | hash, sorted set | sessions; their ids (by id) |
+//! | `as:{t…}:ik`, `:io` | hash, sorted set | idempotency keys (key → fingerprint, time, reply); the keys by ordinal |
 //! | `as:{trays}:i:<inst>` | hash | `ep` epoch, `al` due_at, `am` its due-index member |
 //! | `as:{trays}:y:<inst><tray>` | hash | `v` tray, `m` marked, `e` env, `h` hostname |
 //! | `as:{trays}:yz:<inst>`, `:ym:<inst>` | sorted set | an instance's trays, its marked trays |
 //! | `as:{trays}:m`, `:me:<env>` | sorted set | marked trays of all instances, of one env |
 //! | `as:{trays}:a` | sorted set | alarms by (due_at, ns, id) |
 //! | `as:{trays}:insts` | sorted set | every instance with an epoch, tray or alarm |
+//! | `as:{trays}:ik:<ns>`, `:io:<ns>` | hash, sorted set | an instance namespace's idempotency keys, as a tenant's |
+//!
+//! The idempotency keys are no records: no index names them, so export,
+//! `verify` and `stats` (which walk the indexes) never see them.
 //!
 //! # Records
 //!
