@@ -111,9 +111,10 @@ impl RedisOptions {
         self.connect_timeout = t.max(Duration::from_millis(1));
         self
     }
-    /// How long one command or script may take to answer before the call is
-    /// `Unavailable`. Past it the outcome of a write is unknown: re-read
-    /// before deciding again.
+    /// How long one command or script may take to answer. Past it a read
+    /// is `Unavailable`, and a write, sent and maybe applied, is
+    /// `OutcomeUnknown`: re-read before deciding again, or retry it with
+    /// the same idempotency key (rule I7).
     pub fn io_timeout(mut self, t: Duration) -> Self {
         self.io_timeout = t.max(Duration::from_millis(1));
         self
@@ -392,7 +393,8 @@ fn redact(url: &str) -> String {
 /// a dropped connection, a timeout, or a server refusing writes (`OOM`,
 /// `MISCONF`, `BUSY`, `LOADING`, `READONLY`, …) is `Unavailable`
 /// (retryable); anything else (a script error, a key of the wrong type) is
-/// `Corrupt`.
+/// `Corrupt`. A write script's failure after it was sent is not this
+/// function's: see `scripts::Call::invoke` (`OutcomeUnknown`).
 pub(crate) fn map_err(e: ::redis::RedisError) -> StateError {
     const RETRYABLE: &[&str] = &[
         "OOM",
