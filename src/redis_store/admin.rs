@@ -273,8 +273,7 @@ impl StoreAdmin for RedisStore {
             .arg(keys::session_base(&p))
             .arg(after)
             .arg((page.limit + 1).to_string())
-            .invoke(&mut *conn)
-            .map_err(map_err)?;
+            .invoke(&mut conn)?;
         let mut items = Vec::new();
         for pair in reply.chunks_exact(2) {
             let id = String::from_utf8(pair[0].clone())
@@ -352,7 +351,7 @@ impl StoreAdmin for RedisStore {
                 for (id, _) in &chunk {
                     inv.arg(id);
                 }
-                let n: String = inv.invoke(&mut *conn).map_err(map_err)?;
+                let n: String = inv.invoke(&mut conn)?;
                 deleted += num(n.as_bytes(), "pruned count")?;
                 if chunk.len() < 256 {
                     break;
@@ -602,8 +601,7 @@ impl RedisStore {
                     .arg(r.iterations.to_string())
                     .arg(super::runs::caps_arg(&r.caps))
                     .arg(r.budget.clone().unwrap_or_default())
-                    .invoke(&mut *conn)
-                    .map_err(map_err)?;
+                    .invoke(&mut conn)?;
                 if reply.first().map(Vec::as_slice) == Some(b"seqused") {
                     return Err(StateError::invalid(format!(
                         "run {}: seq {} is already used in tenant {}",
@@ -627,8 +625,7 @@ impl RedisStore {
                     .arg(v)
                     .arg(s.version.to_string())
                     .arg(s.created_at.to_string())
-                    .invoke(&mut *conn)
-                    .map_err(map_err)?;
+                    .invoke(&mut conn)?;
                 outcome(reply, || Missing::Session(s.key.clone()), 0)?;
             }
             Entry::Budget { budget, spent } => {
@@ -648,8 +645,7 @@ impl RedisStore {
                     .arg(spent.cost_micros.to_string())
                     .arg(spent.tokens.to_string())
                     .arg(spent.iterations.to_string())
-                    .invoke(&mut *conn)
-                    .map_err(map_err)?;
+                    .invoke(&mut conn)?;
                 outcome(reply, || Missing::Budget(budget.key.clone()), 0)?;
             }
             Entry::Hold { run, hold } => {
@@ -663,8 +659,7 @@ impl RedisStore {
                     .arg(&run.run_id)
                     .arg(&hold.id)
                     .arg(hold_value(&hold))
-                    .invoke(&mut *conn)
-                    .map_err(map_err)?;
+                    .invoke(&mut conn)?;
                 if reply.first().map(Vec::as_slice) == Some(b"norun") {
                     return Err(StateError::invalid(format!(
                         "hold {}: its run {}/{} is not in the import before it",

@@ -19,6 +19,8 @@ use crate::rules::{
 };
 
 use super::runs::{Reply, caps_arg, decode_run, no_budget, num, outcome, text};
+use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
+
 use super::scripts::BUDGETS;
 use super::{Conn, RedisStore, keys, map_err};
 
@@ -267,8 +269,7 @@ impl BudgetStore for RedisStore {
             .arg(record.version.to_string())
             .arg(caps_arg(&record.caps))
             .arg(self.now().to_string())
-            .invoke(&mut *conn)
-            .map_err(map_err)?;
+            .invoke(&mut conn)?;
         let rest = outcome(
             reply,
             || Missing::Budget(record.key.clone()),
@@ -339,8 +340,105 @@ impl BudgetStore for RedisStore {
     }
 
     fn reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
+        self.reserve_with(run, hold, None)
+    }
+    fn reserve_idempotent(
+        &self,
+        run: &RunKey,
+        hold: Hold,
+        key: &IdempotencyKey,
+    ) -> Result<HoldRecord> {
+        let keyed = Keyed::new(Op::Reserve, Scope::Tenant(&run.tenant), key, &(run, &hold))?;
+        self.reserve_with(run, hold, Some(keyed))
+            .map_err(StateError::keyed)
+    }
+
+    fn settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled> {
+        self.settle_with(run, hold_id, spent, None)
+    }
+    fn settle_idempotent(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        spent: StateDelta,
+        key: &IdempotencyKey,
+    ) -> Result<Settled> {
+        let keyed = Keyed::new(
+            Op::Settle,
+            Scope::Tenant(&run.tenant),
+            key,
+            &(run, hold_id, &spent),
+        )?;
+        self.settle_with(run, hold_id, spent, Some(keyed))
+            .map_err(StateError::keyed)
+    }
+
+    fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
+        self.release_hold_with(run, hold_id, None)
+    }
+    fn release_hold_idempotent(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        key: &IdempotencyKey,
+    ) -> Result<()> {
+        let keyed = Keyed::new(
+            Op::ReleaseHold,
+            Scope::Tenant(&run.tenant),
+            key,
+            &(run, hold_id),
+        )?;
+        self.release_hold_with(run, hold_id, Some(keyed))
+            .map_err(StateError::keyed)
+    }
+    fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
+        check_run_key(run)?;
+        let now = self.now();
+        let p = keys::tenant(&run.tenant);
+        let mut conn = self.conn()?;
+        let (v, holds): (Option<Vec<u8>>, HashPairs) = ::redis::pipe()
+            .atomic()
+            .cmd("HGET")
+            .arg(keys::run(&p, &run.run_id))
+            .arg("v")
+            .cmd("HGETALL")
+            .arg(keys::holds(&p, &run.run_id))
+            .query(&mut *conn)
+            .map_err(map_err)?;
+        let Some(v) = v else {
+            return Ok(None);
+        };
+        let r = decode_run(&v, run)?;
+        let mut live = Vec::new();
+        for (id, h) in holds {
+            let h = parse_hold(&text(&id), &h)?;
+            if h.is_live(now) {
+                live.push(h);
+            }
+        }
+        live.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(Some(RunSpend {
+            key: r.key.clone(),
+            caps: r.caps,
+            budget: r.budget.clone(),
+            spent: Spend::of_run(&r),
+            held: held(&live, now),
+            holds: live,
+        }))
+    }
+}
+
+impl RedisStore {
+    fn reserve_with(
+        &self,
+        run: &RunKey,
+        hold: Hold,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<HoldRecord> {
         check_run_key(run)?;
         check_hold(&hold)?;
+
+        let idem = self.idem(keyed);
         let p = keys::tenant(&run.tenant);
         let mut conn = self.conn()?;
         let reply: Reply = BUDGETS
@@ -356,8 +454,8 @@ impl BudgetStore for RedisStore {
             .arg(hold.ttl_millis.to_string())
             .arg(self.now().to_string())
             .arg(HOLDS_PER_RUN_MAX.to_string())
-            .invoke(&mut *conn)
-            .map_err(map_err)?;
+            .idem(idem.as_ref())
+            .invoke(&mut conn)?;
         match reply.first().map(Vec::as_slice) {
             Some(b"duphold") => {
                 return Err(StateError::invalid(format!(
@@ -409,10 +507,16 @@ impl BudgetStore for RedisStore {
         })
     }
 
-    fn settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled> {
+    fn settle_with(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        spent: StateDelta,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<Settled> {
         check_run_key(run)?;
         check_id("hold id", hold_id)?;
-        let (record, hold) = self.patch(run, &spent, Some(hold_id))?;
+        let (record, hold) = self.patch(run, &spent, Some(hold_id), keyed)?;
         let hold = hold.ok_or_else(|| StateError::corrupt("redis: settle answered no hold"))?;
         Ok(Settled {
             record,
@@ -420,9 +524,15 @@ impl BudgetStore for RedisStore {
         })
     }
 
-    fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
+    fn release_hold_with(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<()> {
         check_run_key(run)?;
         check_id("hold id", hold_id)?;
+        let idem = self.idem(keyed);
         let p = keys::tenant(&run.tenant);
         let mut conn = self.conn()?;
         let reply: Reply = BUDGETS
@@ -433,8 +543,8 @@ impl BudgetStore for RedisStore {
             .arg(&run.run_id)
             .arg(hold_id)
             .arg(self.now().to_string())
-            .invoke(&mut *conn)
-            .map_err(map_err)?;
+            .idem(idem.as_ref())
+            .invoke(&mut conn)?;
         if reply.first().map(Vec::as_slice) == Some(b"nohold") {
             return Err(StateError::NotFound(Missing::Hold {
                 run: run.clone(),
@@ -442,41 +552,5 @@ impl BudgetStore for RedisStore {
             }));
         }
         outcome(reply, || Missing::Run(run.clone()), 0).map(|_| ())
-    }
-
-    fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
-        check_run_key(run)?;
-        let now = self.now();
-        let p = keys::tenant(&run.tenant);
-        let mut conn = self.conn()?;
-        let (v, holds): (Option<Vec<u8>>, HashPairs) = ::redis::pipe()
-            .atomic()
-            .cmd("HGET")
-            .arg(keys::run(&p, &run.run_id))
-            .arg("v")
-            .cmd("HGETALL")
-            .arg(keys::holds(&p, &run.run_id))
-            .query(&mut *conn)
-            .map_err(map_err)?;
-        let Some(v) = v else {
-            return Ok(None);
-        };
-        let r = decode_run(&v, run)?;
-        let mut live = Vec::new();
-        for (id, h) in holds {
-            let h = parse_hold(&text(&id), &h)?;
-            if h.is_live(now) {
-                live.push(h);
-            }
-        }
-        live.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(Some(RunSpend {
-            key: r.key.clone(),
-            caps: r.caps,
-            budget: r.budget.clone(),
-            spent: Spend::of_run(&r),
-            held: held(&live, now),
-            holds: live,
-        }))
     }
 }

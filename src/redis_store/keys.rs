@@ -78,6 +78,15 @@ pub(crate) fn holds_index(p: &[u8]) -> Vec<u8> {
     join(p, &[b"hr"])
 }
 
+/// A tenant's idempotency keys (a hash: key -> fingerprint, time, reply).
+pub(crate) fn idem(p: &[u8]) -> Vec<u8> {
+    join(p, &[b"ik"])
+}
+/// A tenant's idempotency keys by ordinal, oldest first (a sorted set).
+pub(crate) fn idem_order(p: &[u8]) -> Vec<u8> {
+    join(p, &[b"io"])
+}
+
 /// A state as the scripts see it: its tag in decimal.
 pub(crate) fn state_tag(s: RunState) -> String {
     s.tag().to_string()
@@ -136,6 +145,15 @@ pub(crate) fn marked_env(env: &str) -> Vec<u8> {
 }
 pub(crate) fn due() -> Vec<u8> {
     join(TRAYS, &[b"a"])
+}
+
+/// The idempotency keys of an instance namespace's trays (as `idem`).
+pub(crate) fn tray_idem(ns: &str) -> Vec<u8> {
+    join(TRAYS, &[b"ik:", ns.as_bytes()])
+}
+/// Those keys by ordinal (as `idem_order`).
+pub(crate) fn tray_idem_order(ns: &str) -> Vec<u8> {
+    join(TRAYS, &[b"io:", ns.as_bytes()])
 }
 
 /// Reads an instance member back (`inst`), returning the rest.

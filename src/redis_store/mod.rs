@@ -22,12 +22,17 @@
 //! | `as:{t…}:seq` | string | the tenant's `seq` counter (`INCR`) |
 //! | `as:{t…}:runs`, `:st:<tag>`, `:ss:<session>` | sorted set | run ids by `seq`: all, by state, by session |
 //! | `as:{t…}:s:<session_id>`, `:sessions` | hash, sorted set | sessions; their ids (by id) |
+//! | `as:{t…}:ik`, `:io` | hash, sorted set | idempotency keys (key → fingerprint, time, reply); the keys by ordinal |
 //! | `as:{trays}:i:<inst>` | hash | `ep` epoch, `al` due_at, `am` its due-index member |
 //! | `as:{trays}:y:<inst><tray>` | hash | `v` tray, `m` marked, `e` env, `h` hostname |
 //! | `as:{trays}:yz:<inst>`, `:ym:<inst>` | sorted set | an instance's trays, its marked trays |
 //! | `as:{trays}:m`, `:me:<env>` | sorted set | marked trays of all instances, of one env |
 //! | `as:{trays}:a` | sorted set | alarms by (due_at, ns, id) |
 //! | `as:{trays}:insts` | sorted set | every instance with an epoch, tray or alarm |
+//! | `as:{trays}:ik:<ns>`, `:io:<ns>` | hash, sorted set | an instance namespace's idempotency keys, as a tenant's |
+//!
+//! The idempotency keys are no records: no index names them, so export,
+//! `verify` and `stats` (which walk the indexes) never see them.
 //!
 //! # Records
 //!
@@ -106,9 +111,10 @@ impl RedisOptions {
         self.connect_timeout = t.max(Duration::from_millis(1));
         self
     }
-    /// How long one command or script may take to answer before the call is
-    /// `Unavailable`. Past it the outcome of a write is unknown: re-read
-    /// before deciding again.
+    /// How long one command or script may take to answer. Past it a read
+    /// is `Unavailable`, and a write, sent and maybe applied, is
+    /// `OutcomeUnknown`: re-read before deciding again, or retry it with
+    /// the same idempotency key (rule I7).
     pub fn io_timeout(mut self, t: Duration) -> Self {
         self.io_timeout = t.max(Duration::from_millis(1));
         self
@@ -387,7 +393,8 @@ fn redact(url: &str) -> String {
 /// a dropped connection, a timeout, or a server refusing writes (`OOM`,
 /// `MISCONF`, `BUSY`, `LOADING`, `READONLY`, …) is `Unavailable`
 /// (retryable); anything else (a script error, a key of the wrong type) is
-/// `Corrupt`.
+/// `Corrupt`. A write script's failure after it was sent is not this
+/// function's: see `scripts::Call::invoke` (`OutcomeUnknown`).
 pub(crate) fn map_err(e: ::redis::RedisError) -> StateError {
     const RETRYABLE: &[&str] = &[
         "OOM",

@@ -19,7 +19,9 @@ use crate::rules::{
     check_id, check_limit, check_record, check_run_key, check_session_key, check_size,
 };
 
-use super::scripts::{DELETE_SESSION, LIST_RUNS, PATCH_RUN, PUT_RUN, PUT_SESSION};
+use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
+
+use super::scripts::{DELETE_SESSION, Idem, LIST_RUNS, PATCH_RUN, PUT_RUN, PUT_SESSION};
 use super::{RedisStore, keys, map_err};
 
 /// The fields of a run the caller gives, encoded by the client.
@@ -243,7 +245,12 @@ pub(super) fn outcome(
     }
 }
 
-impl RedisStore {}
+impl RedisStore {
+    /// A keyed call's idempotency arguments, at the store's clock.
+    pub(super) fn idem(&self, keyed: Option<Keyed<'_>>) -> Option<Idem> {
+        keyed.map(|k| Idem::new(&k, self.now(), self.opts.options.idempotency))
+    }
+}
 
 /// The finished states (R9) as `put_run.lua` reads them: `tag:name,…`.
 fn finished_tags() -> String {
@@ -284,7 +291,9 @@ impl RedisStore {
         key: &RunKey,
         delta: &StateDelta,
         hold_id: Option<&str>,
+        keyed: Option<Keyed<'_>>,
     ) -> Result<(RunRecord, Option<HoldRecord>)> {
+        let idem = self.idem(keyed);
         let p = keys::tenant(&key.tenant);
         let max = self.max();
         let mut conn = self.conn()?;
@@ -301,8 +310,8 @@ impl RedisStore {
             .arg(&p)
             .arg(&key.run_id)
             .arg(hold_id.unwrap_or_default())
-            .invoke(&mut *conn)
-            .map_err(map_err)?;
+            .idem(idem.as_ref())
+            .invoke(&mut conn)?;
         match reply.first().map(Vec::as_slice) {
             Some(b"nohold") => {
                 return Err(StateError::NotFound(Missing::Hold {
@@ -335,9 +344,10 @@ impl RedisStore {
     }
 }
 
-impl StateStore for RedisStore {
-    fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
+impl RedisStore {
+    fn put_run_with(&self, record: RunRecord, keyed: Option<Keyed<'_>>) -> Result<RunRecord> {
         check_record(&record)?;
+        let idem = self.idem(keyed);
         let record = self.opts.options.scrubber.scrub_run_owned(record);
         let max = self.max();
         let (h, crc) = run_head(&record);
@@ -371,8 +381,8 @@ impl StateStore for RedisStore {
             .arg(record.budget.clone().unwrap_or_default())
             .arg(finished_tags())
             .arg(record.state.as_str())
-            .invoke(&mut *conn)
-            .map_err(map_err)?;
+            .idem(idem.as_ref())
+            .invoke(&mut conn)?;
         if reply.first().map(Vec::as_slice) == Some(b"nosession") {
             return Err(StateError::NotFound(Missing::Session(SessionKey::new(
                 record.key.tenant.clone(),
@@ -392,6 +402,18 @@ impl StateStore for RedisStore {
             .ok_or_else(|| StateError::corrupt("redis: put_run answered no record"))?;
         decode_run(v, &record.key)
     }
+}
+
+impl StateStore for RedisStore {
+    fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
+        self.put_run_with(record, None)
+    }
+    fn put_run_idempotent(&self, record: RunRecord, key: &IdempotencyKey) -> Result<RunRecord> {
+        let tenant = record.key.tenant.clone();
+        let keyed = Keyed::new(Op::PutRun, Scope::Tenant(&tenant), key, &record)?;
+        self.put_run_with(record, Some(keyed))
+            .map_err(StateError::keyed)
+    }
 
     fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
         check_run_key(key)?;
@@ -407,7 +429,24 @@ impl StateStore for RedisStore {
 
     fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
         check_run_key(key)?;
-        self.patch(key, &delta, None).map(|(r, _)| r)
+        self.patch(key, &delta, None, None).map(|(r, _)| r)
+    }
+    fn patch_run_idempotent(
+        &self,
+        key: &RunKey,
+        delta: StateDelta,
+        idempotency_key: &IdempotencyKey,
+    ) -> Result<RunRecord> {
+        let keyed = Keyed::new(
+            Op::PatchRun,
+            Scope::Tenant(&key.tenant),
+            idempotency_key,
+            &(key, &delta),
+        )?;
+        check_run_key(key)?;
+        self.patch(key, &delta, None, Some(keyed))
+            .map(|(r, _)| r)
+            .map_err(StateError::keyed)
     }
     fn list_runs(&self, q: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
         check_id("tenant", &q.tenant)?;
@@ -452,8 +491,7 @@ impl StateStore for RedisStore {
                 .arg(q.agent.clone().unwrap_or_default())
                 .arg(q.updated_before.map(|t| t.to_string()).unwrap_or_default())
                 .arg(LIST_SCAN_CAP.to_string())
-                .invoke(&mut *conn)
-                .map_err(map_err)?;
+                .invoke(&mut conn)?;
             if reply.len() < 2 || !reply.len().is_multiple_of(2) {
                 return Err(StateError::corrupt("redis: list_runs answer malformed"));
             }
@@ -507,8 +545,7 @@ impl StateStore for RedisStore {
             .arg(crc.to_string())
             .arg(self.now().to_string())
             .arg(max.to_string())
-            .invoke(&mut *conn)
-            .map_err(map_err)?;
+            .invoke(&mut conn)?;
         let rest = outcome(
             reply,
             || Missing::Session(record.key.clone()),
@@ -545,8 +582,7 @@ impl StateStore for RedisStore {
             .arg(&p)
             .arg(&key.session_id)
             .arg(if cascade { "1" } else { "0" })
-            .invoke(&mut *conn)
-            .map_err(map_err)?;
+            .invoke(&mut conn)?;
         let to_keys = |ids: &[Vec<u8>]| -> Result<Vec<RunKey>> {
             ids.iter()
                 .map(|id| {

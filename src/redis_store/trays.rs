@@ -16,7 +16,9 @@ use crate::rules::{
 use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 
 use super::runs::{Reply, head, num, outcome};
-use super::scripts::{READ_PAGES, TRAYS};
+use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
+
+use super::scripts::{Idem, READ_PAGES, TRAYS};
 use super::{RedisStore, keys, map_err};
 
 #[derive(Serialize)]
@@ -58,6 +60,7 @@ pub(super) fn decode_tray(v: &[u8]) -> Result<Tray> {
 pub(super) struct TrayCall {
     inst: Vec<u8>,
     args: Vec<Vec<u8>>,
+    idem: Option<Idem>,
 }
 
 impl TrayCall {
@@ -70,7 +73,11 @@ impl TrayCall {
             keys::tray_base(&inst),
             keys::marked_env_base(),
         ];
-        TrayCall { inst, args }
+        TrayCall {
+            inst,
+            args,
+            idem: None,
+        }
     }
     pub(super) fn arg(mut self, a: impl Into<Vec<u8>>) -> TrayCall {
         self.args.push(a.into());
@@ -86,6 +93,11 @@ impl TrayCall {
             .arg(t.env.as_bytes())
             .arg(t.hostname.as_bytes())
     }
+    /// Runs the call under an idempotency key.
+    pub(super) fn idem(mut self, idem: Option<Idem>) -> TrayCall {
+        self.idem = idem;
+        self
+    }
     pub(super) fn run(self, store: &RedisStore) -> Result<Reply> {
         let mut inv = TRAYS.prepare_invoke();
         inv.key(keys::instance(&self.inst))
@@ -97,8 +109,37 @@ impl TrayCall {
         for a in &self.args {
             inv.arg(a);
         }
+        inv.idem(self.idem.as_ref());
         let mut conn = store.conn()?;
-        inv.invoke(&mut *conn).map_err(map_err)
+        inv.invoke(&mut conn)
+    }
+}
+
+impl RedisStore {
+    fn apply_batch_with(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+        keyed: Option<Keyed<'_>>,
+    ) -> Result<()> {
+        check_batch(instance, &ops, self.max())?;
+        let mut call = TrayCall::new(instance, "batch", epoch).idem(self.idem(keyed));
+        for op in &ops {
+            call = match op {
+                TrayOp::Put {
+                    tray_ns,
+                    tray_id,
+                    tray,
+                } => call
+                    .arg("p")
+                    .tray(keys::tray_member(tray_ns, tray_id), tray),
+                TrayOp::Delete { tray_ns, tray_id } => {
+                    call.arg("d").arg(keys::tray_member(tray_ns, tray_id))
+                }
+            };
+        }
+        outcome(call.run(self)?, not_tray, epoch).map(|_| ())
     }
 }
 
@@ -146,23 +187,23 @@ impl TrayStore for RedisStore {
     }
 
     fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
-        check_batch(instance, &ops, self.max())?;
-        let mut call = TrayCall::new(instance, "batch", epoch);
-        for op in &ops {
-            call = match op {
-                TrayOp::Put {
-                    tray_ns,
-                    tray_id,
-                    tray,
-                } => call
-                    .arg("p")
-                    .tray(keys::tray_member(tray_ns, tray_id), tray),
-                TrayOp::Delete { tray_ns, tray_id } => {
-                    call.arg("d").arg(keys::tray_member(tray_ns, tray_id))
-                }
-            };
-        }
-        outcome(call.run(self)?, not_tray, epoch).map(|_| ())
+        self.apply_batch_with(instance, epoch, ops, None)
+    }
+    fn apply_batch_idempotent(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+        key: &IdempotencyKey,
+    ) -> Result<()> {
+        let keyed = Keyed::new(
+            Op::ApplyBatch,
+            Scope::Trays(&instance.ns),
+            key,
+            &(instance, epoch, &ops),
+        )?;
+        self.apply_batch_with(instance, epoch, ops, Some(keyed))
+            .map_err(StateError::keyed)
     }
 
     fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
@@ -243,8 +284,7 @@ impl TrayStore for RedisStore {
             .arg(keys::all_tray_base())
             .arg(after)
             .arg((page.limit + 1).to_string())
-            .invoke(&mut *conn)
-            .map_err(map_err)?;
+            .invoke(&mut conn)?;
         if !reply.len().is_multiple_of(3) {
             return Err(StateError::corrupt("redis: marked_trays answer malformed"));
         }

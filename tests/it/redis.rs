@@ -540,3 +540,134 @@ fn spend_caps_answer_like_the_memory_store() {
     both!(s => s.run_spend(&c));
     both!(s => s.reserve(&c, Hold::new("h1", 10)));
 }
+
+/// Blocks the server for `millis` with a busy script on its own
+/// connection (`redis-cli`), from a thread; returns once the script runs.
+fn block_server(url: &str, millis: u64) -> std::thread::JoinHandle<()> {
+    let script = format!(
+        "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
+         while true do local n = redis.call('TIME') \
+         if n[1] * 1000000 + n[2] - s > {} then break end end return 1",
+        millis * 1000
+    );
+    let url = url.to_string();
+    let h = std::thread::spawn(move || {
+        let ok = std::process::Command::new("redis-cli")
+            .args(["-u", &url, "EVAL", &script, "0"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("redis-cli")
+            .success();
+        assert!(ok, "the blocking script failed");
+    });
+    std::thread::sleep(Duration::from_millis(millis / 4));
+    h
+}
+
+/// I7 on Redis: a write whose reply is lost after it was sent (here: the
+/// server is busy past the io timeout, then runs it) is `OutcomeUnknown`,
+/// retryable only when keyed; the keyed retry answers the first outcome
+/// and applies nothing again. The keys are no records: verify, stats and
+/// export do not see them.
+#[test]
+fn a_lost_reply_is_outcome_unknown_and_a_keyed_retry_applies_once() {
+    use agentstate::IdempotencyKey;
+    let server = Server::start(&temp_dir("lost"), &[]);
+    let url = server.url(0);
+    let store = RedisStore::connect_with(
+        &url,
+        RedisOptions::new().io_timeout(Duration::from_millis(200)),
+    )
+    .expect("connect");
+    let rk = RunKey::new("lost", "r");
+    store
+        .put_run(RunRecord::new(rk.clone(), "agent"))
+        .expect("create");
+    let one = StateDelta {
+        cost_micros: 1,
+        ..Default::default()
+    };
+    // Load both scripts first: a lost NOSCRIPT would apply nothing.
+    store.patch_run(&rk, one).expect("patch");
+    store
+        .patch_run_idempotent(&rk, one, &IdempotencyKey::new("warm").expect("key"))
+        .expect("keyed patch");
+    let blocker = block_server(&url, 1_200);
+    let e = store.patch_run(&rk, one).expect_err("the reply is lost");
+    assert!(
+        e.is_outcome_unknown() && !e.is_retryable(),
+        "an unkeyed lost reply: {e:?}"
+    );
+    blocker.join().expect("blocker");
+    let cost = |s: &RedisStore| s.get_run(&rk).expect("get").expect("run").cost_micros;
+    assert_eq!(cost(&store), 3, "the server ran the patch after all");
+
+    let key = IdempotencyKey::new("lost-1").expect("key");
+    let blocker = block_server(&url, 1_200);
+    let e = store
+        .patch_run_idempotent(&rk, one, &key)
+        .expect_err("the reply is lost");
+    assert!(
+        e.is_outcome_unknown() && e.is_retryable(),
+        "a keyed lost reply: {e:?}"
+    );
+    blocker.join().expect("blocker");
+    let again = store
+        .patch_run_idempotent(&rk, one, &key)
+        .expect("the keyed retry");
+    assert_eq!(again.cost_micros, 4, "the retry answers the first outcome");
+    assert_eq!(cost(&store), 4, "and applied nothing again");
+
+    let report = store.verify().expect("verify");
+    assert!(report.is_ok(), "verify: {:?}", report.problems);
+    let page = store.export_page(&PageRequest::new(100)).expect("export");
+    assert_eq!(page.items().len(), 1, "export: the run only");
+    let stats = store.stats().expect("stats");
+    assert_eq!(stats.tenants.len(), 1);
+}
+
+/// I5 on Redis with a count bound: a scope keeps at most `keys_max` keys;
+/// the oldest are forgotten first.
+#[test]
+fn keys_beyond_keys_max_are_forgotten_oldest_first() {
+    use agentstate::{IdempotencyKey, IdempotencyWindow};
+    let url = crate::redis_server::shared_url(11);
+    crate::redis_server::flush(&url);
+    let store = RedisStore::connect_with(
+        &url,
+        RedisOptions::new().options(Options::new().idempotency_window(IdempotencyWindow {
+            keys_max: 2,
+            ttl_millis: 60_000,
+        })),
+    )
+    .expect("connect");
+    let rk = RunKey::new("kmax", "r");
+    store
+        .put_run(RunRecord::new(rk.clone(), "agent"))
+        .expect("create");
+    let one = StateDelta {
+        cost_micros: 1,
+        ..Default::default()
+    };
+    let key = |k: &str| IdempotencyKey::new(k).expect("key");
+    for k in ["k1", "k2", "k3"] {
+        store
+            .patch_run_idempotent(&rk, one, &key(k))
+            .expect("patch");
+    }
+    let cost = || store.get_run(&rk).expect("get").expect("run").cost_micros;
+    assert_eq!(cost(), 3);
+    // k1 was forgotten when k3 came; k2 when k1 came again.
+    store
+        .patch_run_idempotent(&rk, one, &key("k1"))
+        .expect("k1");
+    assert_eq!(cost(), 4, "k1, beyond keys_max, applies again");
+    store
+        .patch_run_idempotent(&rk, one, &key("k3"))
+        .expect("k3");
+    assert_eq!(cost(), 4, "k3 is kept");
+    store
+        .patch_run_idempotent(&rk, one, &key("k2"))
+        .expect("k2");
+    assert_eq!(cost(), 5, "k2 was forgotten");
+}

@@ -29,9 +29,11 @@ if not stored[1] then
   if session ~= '' and redis.call('EXISTS', KEYS[4]) == 0 then return {'nosession'} end
   -- B1: so does its budget.
   if budget ~= '' and redis.call('EXISTS', prefix .. 'b:' .. budget) == 0 then return {'nobudget'} end
-  local seq = tostring(redis.call('INCR', KEYS[2]))
+  -- The next seq, taken only once nothing refuses (a refusal writes nothing).
+  local seq = add_dec(redis.call('GET', KEYS[2]) or '0', '1')
   local v = seal(head, head_crc, tail_of(amounts, '1', now, now, seq))
   if #v > max then return {'toolarge', tostring(#v)} end
+  redis.call('SET', KEYS[2], seq)
   redis.call('HSET', run, 'v', v, 'hl', tostring(#head), 'hc', head_crc, 'ver', '1', 'seq', seq,
     'st', state, 'ag', agent, 'ca', now, 'ua', now,
     'mr', amounts[1], 'it', amounts[2], 'ot', amounts[3], 'co', amounts[4], 'ir', amounts[5])
