@@ -34,6 +34,14 @@ pub enum PersistenceReason {
     /// The file system holding the store is read-only (`EROFS`). Not
     /// retryable: remount it read-write, or use another path.
     ReadOnly,
+    /// A server answered "no" to how it was asked: authentication or
+    /// authorization failed, TLS was required or refused, the database
+    /// does not exist, or it runs with a setting under which the store
+    /// could lose acknowledged writes (an eviction policy, no
+    /// persistence). Not retryable: retrying repeats the same answer;
+    /// fix the configuration. The detail carries the server's own words;
+    /// `source()` the driver's error.
+    Refused,
     /// The file system refuses the store's path itself: a file name too long
     /// for it (`ENAMETOOLONG`), a component that is not a directory, or a name
     /// it cannot hold. Not retryable: pick another path.
@@ -111,7 +119,8 @@ pub enum StateError {
     /// The write could not be persisted (E3).
     #[error("persistence failed ({reason:?}): {detail}")]
     Persistence {
-        /// Unavailable (retryable), or TooLarge, ReadOnly, InvalidPath (not).
+        /// Unavailable (retryable), OutcomeUnknown (retryable when keyed), or
+        /// TooLarge, ReadOnly, InvalidPath, Refused (not).
         reason: PersistenceReason,
         /// What happened, for a human.
         detail: String,
@@ -257,6 +266,20 @@ impl StateError {
             reason: PersistenceReason::TooLarge,
             detail: detail.into(),
             source: None,
+        }
+    }
+
+    /// A server's "no" to the configuration (see
+    /// [`PersistenceReason::Refused`]), with the driver's error as source.
+    #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
+    pub(crate) fn refused(
+        detail: impl Into<String>,
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        StateError::Persistence {
+            reason: PersistenceReason::Refused,
+            detail: detail.into(),
+            source: source.map(std::io::Error::other),
         }
     }
 

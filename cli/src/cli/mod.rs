@@ -361,6 +361,18 @@ impl From<StateError> for CliError {
                 reason: PersistenceReason::InvalidPath,
                 ..
             } => CliError::usage(format!("{text} (pick another --db path)")),
+            StateError::Persistence {
+                reason: PersistenceReason::OutcomeUnknown { .. },
+                ..
+            } => CliError::usage(format!(
+                "{text} (the write may have been applied: look before doing it again)"
+            )),
+            StateError::Persistence {
+                reason: PersistenceReason::Refused,
+                ..
+            } => CliError::usage(format!(
+                "{text} (the server said no: check the user, password, database, TLS and server settings in --db)"
+            )),
             StateError::Persistence { .. } | StateError::Invalid { .. } => CliError::usage(text),
             StateError::FenceLost { stored, .. } => CliError::failed(format!(
                 "{text} (a newer worker holds this instance; use --epoch {stored} or higher)"
