@@ -598,53 +598,6 @@ mod tests {
         Ok(())
     }
 
-    /// agentstate patch: the workers start before the keyspaces are
-    /// recovered. A recovery that fails after that must stop them and
-    /// return its error: the database it drops waits for every worker to
-    /// leave, so a worker left running would hang the open forever.
-    #[test]
-    fn a_recovery_that_fails_after_the_workers_started_returns() -> crate::Result<()> {
-        let folder = tempfile::tempdir()?;
-        {
-            let db = Database::builder(&folder).open()?;
-            let ks = db.keyspace("default", KeyspaceCreateOptions::default)?;
-            ks.insert("a", "a")?;
-            ks.rotate_memtable_and_wait()?;
-            assert_eq!(1, ks.tree.table_count());
-        }
-        // The keyspace's one table is gone: its recovery fails.
-        let mut removed = 0;
-        for ks in std::fs::read_dir(folder.path().join("keyspaces"))? {
-            let tables = ks?.path().join("tables");
-            let Ok(entries) = std::fs::read_dir(&tables) else {
-                continue;
-            };
-            for t in entries {
-                let t = t?.path();
-                if t.parent()
-                    .and_then(|p| p.parent())
-                    .and_then(|p| p.file_name())
-                    != Some(std::ffi::OsStr::new("0"))
-                {
-                    std::fs::remove_file(t)?;
-                    removed += 1;
-                }
-            }
-        }
-        assert_eq!(1, removed, "the user keyspace's table");
-
-        let (tx, rx) = std::sync::mpsc::channel();
-        let path = folder.path().to_path_buf();
-        std::thread::spawn(move || {
-            let _ = tx.send(Database::builder(&path).open().is_err());
-        });
-        let failed = rx
-            .recv_timeout(std::time::Duration::from_secs(60))
-            .expect("the failed open returned (its workers stopped)");
-        assert!(failed, "the open found the missing table");
-        Ok(())
-    }
-
     /// A worker state for driving `worker_tick` by hand on a database opened
     /// without workers.
     fn hand_worker(db: &Database, pool_size: usize, worker_id: usize) -> WorkerState {
