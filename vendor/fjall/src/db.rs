@@ -922,7 +922,7 @@ impl Database {
         }
 
         // agentstate patch: the tables an interrupted compaction left are
-        // deleted now, off the open (vendor/lsm-tree/PATCHES.md).
+        // deleted now, off the open (lsm-tree's orphaned-tables patch).
         lsm_tree::delete_discarded_tables();
 
         log::trace!("Database recovery successful");
