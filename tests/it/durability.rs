@@ -2543,7 +2543,7 @@ fn active_journal(path: &Path) -> (PathBuf, u64, u64) {
 #[test]
 fn d1_new_journals_start_in_zeros_written_ahead_and_lose_nothing() {
     // fjall's journals are sparse files; ours start in a spare file written
-    // with zeros ahead of time (vendor/fjall/PATCHES.md, "Spare journal"),
+    // with zeros ahead of time (patches/fjall/0008-spare-journal.patch),
     // so a synced append commits no file-system metadata. The spare is
     // taken by an empty journal at open and by every rotation.
     let tmp = tempfile::tempdir().unwrap();
@@ -2614,7 +2614,7 @@ fn d1_tables_an_interrupted_compaction_left_leave_at_open_and_are_deleted_after(
     // A kill during a compaction leaves its new tables in no version. The
     // open moves them out of `tables/` before it returns (the next table
     // takes the next id, maybe an orphan's) and deletes them afterwards,
-    // with what an earlier open left to delete (vendor/lsm-tree/PATCHES.md).
+    // with what an earlier open left to delete (patches/lsm-tree/0004-orphaned-tables-leave-the-open.patch).
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("store");
     let mut runs: Vec<RunRecord> = Vec::new();
@@ -2724,7 +2724,8 @@ fn d8_a_clean_close_empties_the_journal_and_loses_nothing() {
 
 /// D9 at the engine: fjall's flushes and compactions take a sequence number
 /// when they register a new tree version and publish it, and before the
-/// vendored patch (`vendor/fjall/PATCHES.md`) that made a batch still being
+/// vendored patch (`patches/fjall/0006-no-snapshot-above-an-applying-batch.patch`)
+/// that made a batch still being
 /// inserted into the memtable visible: a snapshot opened in that window read
 /// part of the batch. Here a thread flushes without pause while batches of
 /// synced writes move a set of keys, and readers count the set.

@@ -10,6 +10,11 @@ use fjall::{AbstractTree, Database, Keyspace, KeyspaceCreateOptions, PersistMode
 use super::{Engine, Write};
 use crate::error::{Result, StateError};
 
+// The engine must be our patched fork (vendor/fjall, built from the patch
+// queue in patches/): this store relies on its durability fixes and settings.
+// Upstream fjall has no such constant, so a build against it fails here.
+const _: &str = fjall::AGENTSTATE_PATCH_QUEUE;
+
 /// How a batch reaches the disk.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum SyncMode {

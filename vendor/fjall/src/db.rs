@@ -725,19 +725,6 @@ impl Database {
 
         let db = Self(Arc::new(inner));
 
-        // agentstate patch: the pool is made ready before the keyspaces
-        // are recovered; its first thread starts at the first message (see
-        // `WorkerMessager`), none of which is sent before the recovery
-        // below is done. A recovery that fails drops `db`, which stops any
-        // worker as a close does.
-        db.worker_pool.start(
-            db.config.worker_threads,
-            &db.supervisor,
-            &db.stats,
-            &PoisonDart::new(db.is_poisoned.clone()),
-            &db.active_thread_counter,
-        );
-
         // Recover keyspaces
         recover_keyspaces(&db, &meta_keyspace)?;
 
@@ -913,6 +900,17 @@ impl Database {
             }
         }
 
+        // agentstate patch: this only makes the pool ready; its first
+        // thread starts at the first message (see `WorkerMessager`), or now
+        // if the recovery above queued one.
+        db.worker_pool.start(
+            db.config.worker_threads,
+            &db.supervisor,
+            &db.stats,
+            &PoisonDart::new(db.is_poisoned.clone()),
+            &db.active_thread_counter,
+        );
+
         // agentstate patch: an empty active journal (a clean close leaves
         // one) moves into the spare at its first write (see
         // `Writer::adopt_spare_at_first_write`).
@@ -924,7 +922,7 @@ impl Database {
         }
 
         // agentstate patch: the tables an interrupted compaction left are
-        // deleted now, off the open (vendor/lsm-tree/PATCHES.md).
+        // deleted now, off the open (lsm-tree's orphaned-tables patch).
         lsm_tree::delete_discarded_tables();
 
         log::trace!("Database recovery successful");

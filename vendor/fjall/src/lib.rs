@@ -192,3 +192,32 @@ pub mod util {
 pub fn prepare_spare_journal(folder: &std::path::Path, bytes: u64) -> std::io::Result<()> {
     journal::writer::prepare_spare(folder, bytes)
 }
+
+/// agentstate patch: names the patch queue this fjall was built from
+/// (`patches/fjall/` in the agentstate repository). Upstream has no such
+/// item, so code that refers to it does not build against an unpatched
+/// fjall.
+#[doc(hidden)]
+pub const AGENTSTATE_PATCH_QUEUE: &str = "agentstate patch queue 1: fjall 3.1.13, lsm-tree 3.1.10";
+
+// agentstate patch: the lsm-tree under this fjall must come from the same
+// queue (an unpatched one has no such constant and fails to build here).
+const _: () = assert!(
+    same_str(lsm_tree::AGENTSTATE_PATCH_QUEUE, AGENTSTATE_PATCH_QUEUE),
+    "lsm-tree is not from fjall's agentstate patch queue"
+);
+
+/// `a == b`, in a const context.
+const fn same_str(a: &str, b: &str) -> bool {
+    let (mut a, mut b) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (a, b) {
+            ([], []) => return true,
+            ([x, rest_a @ ..], [y, rest_b @ ..]) if *x == *y => {
+                a = rest_a;
+                b = rest_b;
+            }
+            _ => return false,
+        }
+    }
+}

@@ -85,23 +85,6 @@ impl MetaKeyspace {
         self.inner.get(key, SeqNo::MAX).map_err(Into::into)
     }
 
-    /// agentstate patch: every configuration value of a keyspace, read by
-    /// one prefix scan. `CreateOptions::from_kvs` asked for its 27 values
-    /// one point read each (a filter, an index and a block search apiece:
-    /// 84k instructions of a 1M-run store's 827k-instruction open).
-    pub(crate) fn config_kvs(&self, keyspace_id: InternalKeyspaceId) -> crate::Result<ConfigKvs> {
-        use lsm_tree::Guard as _;
-
-        let prefix = encode_config_key(keyspace_id, "");
-        let mut kvs = Vec::new();
-        for guard in self.inner.prefix(&prefix, SeqNo::MAX, None) {
-            let (k, v) = guard.into_inner()?;
-            let name = k.get(prefix.len()..).unwrap_or_default().to_vec();
-            kvs.push((name, v));
-        }
-        Ok(ConfigKvs(kvs))
-    }
-
     fn maintenance(&self) -> crate::Result<()> {
         self.inner
             .compact(
@@ -312,51 +295,6 @@ mod tests {
     use test_log::test;
 
     const ITEM_COUNT: usize = 10;
-
-    /// agentstate patch: a keyspace's configuration read by one prefix
-    /// scan answers every name as the point reads did, for that keyspace
-    /// only, and a reopen recovers the options it was created with.
-    #[test]
-    fn config_kvs_answers_as_point_reads() -> crate::Result<()> {
-        let folder = tempfile::tempdir()?;
-        let options = || {
-            KeyspaceCreateOptions::default()
-                .max_memtable_size(3_000_000)
-                .compaction_strategy(std::sync::Arc::new(
-                    crate::compaction::Leveled::default().with_l0_threshold(7),
-                ))
-        };
-        {
-            let db = Database::builder(&folder).open()?;
-            let a = db.keyspace("a", options)?;
-            let _b = db.keyspace("b", Default::default)?;
-            let kvs = db.meta_keyspace.config_kvs(a.id)?;
-            assert!(kvs.0.len() >= 20, "{} values", kvs.0.len());
-            for (name, value) in &kvs.0 {
-                let name = std::str::from_utf8(name).expect("names are UTF-8");
-                assert_eq!(
-                    db.meta_keyspace.get_kv_for_config(a.id, name)?.as_deref(),
-                    Some(&**value),
-                    "{name}"
-                );
-                assert_eq!(
-                    kvs.get_kv_for_config(a.id, name)?.as_deref(),
-                    Some(&**value)
-                );
-            }
-            assert_eq!(None, kvs.get_kv_for_config(a.id, "no such name")?);
-        }
-        let db = Database::builder(&folder).open()?;
-        let a = db.keyspace("a", Default::default)?;
-        assert_eq!(3_000_000, a.config.max_memtable_size);
-        let kvs = db.meta_keyspace.config_kvs(a.id)?;
-        assert_eq!(
-            Some(&7u8.to_le_bytes()[..]),
-            kvs.get_kv_for_config(a.id, "leveled_l0_threshold")?
-                .as_deref()
-        );
-        Ok(())
-    }
 
     #[test]
     fn meta_keyspace_smoke_test() -> crate::Result<()> {
@@ -608,29 +546,5 @@ mod tests {
         assert!(keyspace_exists(2)?);
 
         Ok(())
-    }
-}
-
-/// agentstate patch: a keyspace's configuration values by name, in key
-/// order (see `MetaKeyspace::config_kvs`).
-pub(crate) struct ConfigKvs(Vec<(Vec<u8>, UserValue)>);
-
-impl ConfigKvs {
-    /// The value stored under `name`, as `get_kv_for_config` answers.
-    #[expect(
-        clippy::unnecessary_wraps,
-        reason = "the shape of get_kv_for_config's answer"
-    )]
-    pub(crate) fn get_kv_for_config(
-        &self,
-        _keyspace_id: InternalKeyspaceId,
-        name: &str,
-    ) -> crate::Result<Option<UserValue>> {
-        Ok(self
-            .0
-            .binary_search_by(|(k, _)| k.as_slice().cmp(name.as_bytes()))
-            .ok()
-            .and_then(|i| self.0.get(i))
-            .map(|(_, v)| v.clone()))
     }
 }

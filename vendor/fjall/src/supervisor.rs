@@ -32,6 +32,8 @@ pub struct SupervisorInner {
     /// Tracks journal size and garbage collects sealed journals when possible
     pub(crate) journal_manager: Arc<RwLock<JournalManager>>,
 
+    // agentstate patch: never read in 3.1.13; allowed, not removed.
+    #[allow(dead_code)]
     pub(crate) backpressure_lock: Mutex<()>,
 }
 

@@ -87,10 +87,10 @@ impl WorkerMessager {
 struct Start {
     /// True once the pool started, failed to, or was closed.
     done: AtomicBool,
-    /// What starts the first worker: set by `WorkerPool::start`, taken by
-    /// the first message or by the close.
+    /// What starts the workers: set by `WorkerPool::start`, taken by the
+    /// first message or by the close.
     spawner: Mutex<Option<Spawner>>,
-    /// The first worker, once started (it joins the others).
+    /// The workers, once started.
     handles: Mutex<Vec<WorkerHandle>>,
 }
 
@@ -105,17 +105,22 @@ impl Start {
         let Some(spawner) = slot.take() else {
             return;
         };
-        match claim_and_spawn(spawner.pool_size.min(1), &spawner.thread_counter, |i| {
-            spawner.spawn(i)
-        }) {
-            Ok(handles) => *self.handles.lock().expect("lock is poisoned") = handles,
-            Err(e) => {
+        let mut handles = Vec::with_capacity(spawner.pool_size);
+        let spawned = claim_and_spawn(spawner.pool_size, &spawner.thread_counter, |i| {
+            spawner.spawn(i).map(|handle| handles.push(handle))
+        });
+        if let Err(e) = spawned {
+            if handles.is_empty() {
                 // Nothing would flush or compact: writes must fail, not
                 // pile up in memtables that never leave.
                 log::error!("Could not start a fjall worker: {e:?}");
                 spawner.poison_dart.poison();
+            } else {
+                // One worker runs every kind of task.
+                log::warn!("Could not start every fjall worker: {e:?}");
             }
         }
+        *self.handles.lock().expect("lock is poisoned") = handles;
         self.done.store(true, SeqCst);
     }
 
@@ -127,9 +132,9 @@ impl Start {
 }
 
 impl WorkerPool {
-    /// agentstate patch: waits until every worker thread has exited (the
-    /// first joins the others before it ends). Called by the database's
-    /// drop once the workers have left their loops; never by a worker.
+    /// agentstate patch: waits until every worker thread has exited.
+    /// Called by the database's drop once the workers have left their
+    /// loops; never by a worker.
     pub fn join(&self) {
         let handles = std::mem::take(&mut *self.start.handles.lock().expect("lock is poisoned"));
         for handle in handles {
@@ -174,9 +179,6 @@ impl WorkerPool {
     ) {
         log::debug!("Starting worker pool with {pool_size} threads");
 
-        // agentstate patch: the first worker starts the others before it
-        // takes its first message. A thread's spawn cost the open 55–150 µs
-        // here, once per worker.
         let spawner = Spawner {
             pool_size,
             rx: self.rx.clone(),
@@ -194,9 +196,8 @@ impl WorkerPool {
     }
 }
 
-/// What starting a worker needs (agentstate patch): the pool's first
-/// worker holds one to start the others.
-#[derive(Clone)]
+/// What starting the workers needs (agentstate patch), kept by the pool
+/// until its first message.
 struct Spawner {
     pool_size: usize,
     rx: flume::Receiver<WorkerMessage>,
@@ -209,11 +210,9 @@ struct Spawner {
 }
 
 impl Spawner {
-    /// Spawns worker `i`; worker 0 first spawns workers `1..pool_size`.
-    /// Their slots in the counter are claimed (by `claim_and_spawn`) before
-    /// each spawn, so a close that comes first waits for them too. A spawn
-    /// that fails there leaves the pool smaller, not the database closed:
-    /// one worker runs every kind of task.
+    /// Spawns worker `i`. Its slot in the counter is claimed (by
+    /// `claim_and_spawn`) before the spawn, so a close that comes first
+    /// waits for it too.
     fn spawn(&self, i: usize) -> std::io::Result<WorkerHandle> {
         log::trace!("Starting fjall worker thread #{i}");
 
@@ -228,7 +227,6 @@ impl Spawner {
         };
         let thread_counter = self.thread_counter.clone();
         let poison_dart = self.poison_dart.clone();
-        let rest = (i == 0 && self.pool_size > 1).then(|| self.clone());
 
         std::thread::Builder::new()
             .name("fjall:worker".to_string())
@@ -240,41 +238,21 @@ impl Spawner {
                 // closing forever.
                 let _counter_guard = ActiveThreadGuard(thread_counter);
 
-                // agentstate patch: the first worker keeps the others'
-                // handles and joins them before it ends, and the database's
-                // drop joins the first: a drop returns once every worker
-                // thread has exited, not merely left its loop (a worker
-                // still exiting when the process ended was reported as a
-                // leak by the fuzzers' leak check).
-                let others = rest.map_or_else(Vec::new, |rest| {
-                    claim_and_spawn(rest.pool_size - 1, &rest.thread_counter, |j| {
-                        rest.spawn(j + 1)
-                    })
-                    .unwrap_or_else(|e| {
-                        log::warn!("Could not start every fjall worker: {e:?}");
-                        Vec::new()
-                    })
-                });
-
-                let result = loop {
+                loop {
                     match worker_tick(&worker_state) {
                         Ok(should_abort) => {
                             if should_abort {
                                 log::debug!("Worker #{i} closes because DB is dropping");
-                                break Ok(());
+                                return Ok(());
                             }
                         }
                         Err(e) => {
                             log::error!("Worker #{i} crashed: {e:?}");
                             poison_dart.poison();
-                            break Err(e);
+                            return Err(e);
                         }
                     }
-                };
-                for handle in others {
-                    let _ = handle.join();
                 }
-                result
             })
     }
 }
@@ -595,53 +573,6 @@ mod tests {
         assert_eq!(2, db.active_thread_counter.load(Relaxed), "both started");
         assert_eq!(1, ks.tree.table_count());
         assert_eq!(Some(b"b".as_slice().into()), ks.get("b")?);
-        Ok(())
-    }
-
-    /// agentstate patch: the workers start before the keyspaces are
-    /// recovered. A recovery that fails after that must stop them and
-    /// return its error: the database it drops waits for every worker to
-    /// leave, so a worker left running would hang the open forever.
-    #[test]
-    fn a_recovery_that_fails_after_the_workers_started_returns() -> crate::Result<()> {
-        let folder = tempfile::tempdir()?;
-        {
-            let db = Database::builder(&folder).open()?;
-            let ks = db.keyspace("default", KeyspaceCreateOptions::default)?;
-            ks.insert("a", "a")?;
-            ks.rotate_memtable_and_wait()?;
-            assert_eq!(1, ks.tree.table_count());
-        }
-        // The keyspace's one table is gone: its recovery fails.
-        let mut removed = 0;
-        for ks in std::fs::read_dir(folder.path().join("keyspaces"))? {
-            let tables = ks?.path().join("tables");
-            let Ok(entries) = std::fs::read_dir(&tables) else {
-                continue;
-            };
-            for t in entries {
-                let t = t?.path();
-                if t.parent()
-                    .and_then(|p| p.parent())
-                    .and_then(|p| p.file_name())
-                    != Some(std::ffi::OsStr::new("0"))
-                {
-                    std::fs::remove_file(t)?;
-                    removed += 1;
-                }
-            }
-        }
-        assert_eq!(1, removed, "the user keyspace's table");
-
-        let (tx, rx) = std::sync::mpsc::channel();
-        let path = folder.path().to_path_buf();
-        std::thread::spawn(move || {
-            let _ = tx.send(Database::builder(&path).open().is_err());
-        });
-        let failed = rx
-            .recv_timeout(std::time::Duration::from_secs(60))
-            .expect("the failed open returned (its workers stopped)");
-        assert!(failed, "the open found the missing table");
         Ok(())
     }
 

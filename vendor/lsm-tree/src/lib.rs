@@ -194,6 +194,13 @@ pub use {
 #[cfg(feature = "metrics")]
 pub use metrics::Metrics;
 
+/// agentstate patch: names the patch queue this lsm-tree was built from
+/// (`patches/lsm-tree/` in the agentstate repository). Upstream has no such
+/// item, so code that refers to it does not build against an unpatched
+/// lsm-tree; fjall checks it at compile time.
+#[doc(hidden)]
+pub const AGENTSTATE_PATCH_QUEUE: &str = "agentstate patch queue 1: fjall 3.1.13, lsm-tree 3.1.10";
+
 /// agentstate patch: the machine's parallelism, asked once per process.
 ///
 /// `std::thread::available_parallelism` reads `/proc/self/cgroup` and the

@@ -103,10 +103,6 @@ impl Iterator for JournalBatchReader {
                     self.is_in_batch = true;
                     self.batch_counter = item_count;
                     self.batch_seqno = seqno;
-                    // agentstate patch: the batch's items in one allocation
-                    // (the count is read from disk: capped, so a damaged
-                    // one cannot ask for more than a few KiB).
-                    self.items.reserve((item_count as usize).min(64));
                 }
                 Entry::End(expected_checksum) => {
                     if self.batch_counter > 0 {

@@ -7,6 +7,8 @@
 /// Based on `RocksDB`'s WAL Recovery Modes: <https://github.com/facebook/rocksdb/wiki/WAL-Recovery-Modes>
 #[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
 #[non_exhaustive]
+// agentstate patch: unused in 3.1.13 (not exported); allowed, not removed.
+#[allow(dead_code)]
 pub enum RecoveryMode {
     /// The last batch in the journal may be corrupt on crash,
     /// and will be discarded without error.

@@ -84,6 +84,8 @@ pub struct KeyspaceInner {
     pub(crate) supervisor: Supervisor,
 
     /// Database-level stats
+    // agentstate patch: never read in 3.1.13; allowed, not removed.
+    #[allow(dead_code)]
     pub(crate) stats: Arc<Stats>,
 
     pub(crate) worker_messager: crate::worker_pool::WorkerMessager,

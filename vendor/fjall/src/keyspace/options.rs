@@ -153,9 +153,6 @@ impl CreateOptions {
         keyspace_id: InternalKeyspaceId,
         meta_keyspace: &MetaKeyspace,
     ) -> crate::Result<Self> {
-        // agentstate patch: the keyspace's values read by one scan; each
-        // `get_kv_for_config` below answers from them.
-        let meta_keyspace = &meta_keyspace.config_kvs(keyspace_id)?;
         let blob = meta_keyspace.get_kv_for_config(keyspace_id, "blob")?;
 
         let data_block_compression_policy = meta_keyspace

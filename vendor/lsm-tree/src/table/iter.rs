@@ -66,23 +66,6 @@ impl OwnedDataBlockIter {
             Bound::Excluded(key) => self.seek_upper_exclusive(key, seqno),
         }
     }
-
-    /// agentstate patch: the next item going forward; with an upper bound
-    /// to check, only if it lies within it (`None` at the block's end or at
-    /// the first item past it).
-    fn next_within(&mut self, upper: Option<&Bound>) -> Option<InternalValue> {
-        let Some(bound) = upper else {
-            return self.next();
-        };
-        let (key, inclusive) = match bound {
-            Bound::Included(key) => (key, true),
-            Bound::Excluded(key) => (key, false),
-        };
-        self.with_dependent_mut(|block, iter| {
-            iter.next_below(key, inclusive)
-                .map(|item| item.materialize(&block.inner.data))
-        })
-    }
 }
 
 impl Iterator for OwnedDataBlockIter {
@@ -126,16 +109,6 @@ pub struct Iter {
     lo_offset: BlockOffset,
     lo_data_block: Option<OwnedDataBlockIter>,
 
-    /// agentstate patch: the low data block holds the upper bound and its
-    /// back cursor is not positioned on it: the forward path checks each
-    /// item against the bound, and the reverse path positions the cursor
-    /// before it serves the block.
-    lo_unclamped: bool,
-
-    /// agentstate patch: the forward path met an item past the upper
-    /// bound; nothing in the range is left after the items it returned.
-    forward_done: bool,
-
     hi_offset: BlockOffset,
     hi_data_block: Option<OwnedDataBlockIter>,
 
@@ -171,8 +144,6 @@ impl Iter {
 
             lo_offset: BlockOffset(0),
             lo_data_block: None,
-            lo_unclamped: false,
-            forward_done: false,
 
             hi_offset: BlockOffset(u64::MAX),
             hi_data_block: None,
@@ -197,19 +168,11 @@ impl Iterator for Iter {
     type Item = crate::Result<InternalValue>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.forward_done {
-            return None;
-        }
-
         // Always try to keep iterating inside the already-materialized low data block first; this
         // lets callers consume multiple entries without touching the index or cache again.
         if let Some(block) = &mut self.lo_data_block {
-            let upper = self.range.1.as_ref().filter(|_| self.lo_unclamped);
-            let item = block.next_within(upper);
-            if item.is_none() && upper.is_some() {
-                return self.end_forward();
-            }
-            if let Some(item) = item
+            if let Some(item) = block
+                .next()
                 .map(|mut v| {
                     v.key.seqno += self.global_seqno;
                     v
@@ -306,37 +269,17 @@ impl Iterator for Iter {
             // Forward path: seek the low side first to avoid returning entries below the lower
             // bound, then clamp the iterator on the high side. This guarantees iteration stays in
             // [low, high] with exact control over inclusivity/exclusivity.
-            //
-            // agentstate patch: only where a seek can move a cursor. A block after the first one
-            // this path loaded starts past the lower bound (the first ends at or past it), and a
-            // block whose last key (its handle's end key) is below the upper bound holds nothing
-            // past it: positioning its back cursor decoded a restart interval backwards, ~8k
-            // instructions, for every block of every forward scan.
             if let Some(bound) = &self.range.0 {
-                if self.lo_data_block.is_none() {
-                    reader.seek_lower_bound(bound, SeqNo::MAX);
-                }
+                reader.seek_lower_bound(bound, SeqNo::MAX);
             }
-            //
-            // agentstate patch: nor is the back cursor positioned on the upper bound in the block
-            // that holds it. Each item is checked against the bound instead (`lo_unclamped`), and
-            // the first one past it ends the forward path: no later block can hold one below it.
-            let reaches = self.range.1.as_ref().is_some_and(|bound| {
-                let end: &[u8] = handle.end_key();
-                match bound {
-                    Bound::Included(key) => end > &**key,
-                    Bound::Excluded(key) => end >= &**key,
-                }
-            });
-            let upper = self.range.1.as_ref().filter(|_| reaches);
-            let item = reader.next_within(upper);
-            if item.is_none() && upper.is_some() {
-                return self.end_forward();
+            if let Some(bound) = &self.range.1 {
+                reader.seek_upper_bound(bound, SeqNo::MAX);
             }
+
+            let item = reader.next();
 
             self.lo_offset = handle.offset();
             self.lo_data_block = Some(reader);
-            self.lo_unclamped = reaches;
 
             if let Some(mut item) = item {
                 item.key.seqno += self.global_seqno;
@@ -346,17 +289,6 @@ impl Iterator for Iter {
                 return Some(Ok(item));
             }
         }
-    }
-}
-
-impl Iter {
-    /// agentstate patch: ends the forward path at the first item past the
-    /// upper bound. The blocks left hold nothing below it, on either side.
-    fn end_forward(&mut self) -> Option<crate::Result<InternalValue>> {
-        self.forward_done = true;
-        self.lo_data_block = None;
-        self.hi_data_block = None;
-        None
     }
 }
 
@@ -414,14 +346,6 @@ impl DoubleEndedIterator for Iter {
                 // Once we exhaust the index in reverse order, flush any items that were buffered on
                 // the low side (set when iterating forward first) before signalling completion.
                 if let Some(block) = &mut self.lo_data_block {
-                    // agentstate patch: the forward path left the back cursor where the block
-                    // ends; it is positioned on the upper bound before serving from that end.
-                    if self.lo_unclamped {
-                        if let Some(bound) = &self.range.1 {
-                            block.seek_upper_bound(bound, SeqNo::MAX);
-                        }
-                        self.lo_unclamped = false;
-                    }
                     if let Some(item) = block
                         .next_back()
                         .map(|mut v| {

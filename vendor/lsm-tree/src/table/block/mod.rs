@@ -106,7 +106,11 @@ impl Block {
 
             #[cfg(feature = "lz4")]
             CompressionType::Lz4 => {
-                #[warn(unsafe_code)]
+                // agentstate patch: upstream marks this unsafe block with
+                // `warn`, which printed a warning in every build of a crate
+                // depending on this one; the block is unchanged (lz4 writes
+                // the buffer before it is read).
+                #[allow(unsafe_code)]
                 let mut builder =
                     unsafe { Slice::builder_unzeroed(header.uncompressed_length as usize) };
 
@@ -177,7 +181,11 @@ impl Block {
                 #[expect(clippy::indexing_slicing)]
                 let raw_data = &buf[Header::serialized_len()..];
 
-                #[warn(unsafe_code)]
+                // agentstate patch: upstream marks this unsafe block with
+                // `warn`, which printed a warning in every build of a crate
+                // depending on this one; the block is unchanged (lz4 writes
+                // the buffer before it is read).
+                #[allow(unsafe_code)]
                 let mut builder =
                     unsafe { Slice::builder_unzeroed(header.uncompressed_length as usize) };
 

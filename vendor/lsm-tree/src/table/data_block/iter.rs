@@ -174,24 +174,6 @@ impl<'a> Iter<'a> {
             }
         }
     }
-
-    /// agentstate patch: the next item if its key is below `needle` (or
-    /// equal to it, if `inclusive`); nothing is consumed otherwise. A
-    /// forward scan checks its upper bound item by item this way instead of
-    /// positioning the back cursor on it, which decodes a restart interval.
-    pub fn next_below(&mut self, needle: &[u8], inclusive: bool) -> Option<DataBlockParsedItem> {
-        let bytes = self.bytes;
-        let within = match self.decoder.peek()?.compare_key(needle, bytes) {
-            std::cmp::Ordering::Less => true,
-            std::cmp::Ordering::Equal => inclusive,
-            std::cmp::Ordering::Greater => false,
-        };
-        if within {
-            self.decoder.next()
-        } else {
-            None
-        }
-    }
 }
 
 impl Iterator for Iter<'_> {
