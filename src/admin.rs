@@ -55,7 +55,8 @@ pub trait StoreAdmin: Send + Sync {
 }
 
 /// What [`StoreAdmin::verify`] found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct VerifyReport {
     /// Runs checked.
     pub runs: u64,
@@ -79,7 +80,8 @@ impl VerifyReport {
 }
 
 /// Counts of one tenant.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct TenantStats {
     /// Runs per state.
     pub runs_by_state: BTreeMap<RunState, u64>,
@@ -98,7 +100,8 @@ pub struct TenantStats {
 }
 
 /// What [`StoreAdmin::stats`] counted.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct StoreStats {
     /// Per tenant, in tenant order.
     pub tenants: BTreeMap<String, TenantStats>,

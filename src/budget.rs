@@ -332,7 +332,7 @@ pub struct Settled {
 }
 
 /// A budget with what is spent against it and what is held.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BudgetStatus {
     /// The budget.
     pub record: BudgetRecord,
@@ -345,7 +345,7 @@ pub struct BudgetStatus {
 }
 
 /// A run's caps with what it has spent and what it holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunSpend {
     /// The run.
     pub key: RunKey,
@@ -421,5 +421,12 @@ pub trait BudgetStore: Send + Sync {
     /// Every budget of a tenant, page after page.
     fn iter_budgets<'a>(&'a self, tenant: &'a str) -> Pages<'a, BudgetStatus> {
         Pages::new(move |req| self.list_budgets(tenant, req))
+    }
+}
+
+/// `tenant/name`.
+impl std::fmt::Display for BudgetKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.tenant, self.name)
     }
 }

@@ -8,6 +8,8 @@ use crate::tray::TrayKey;
 
 /// Why a write could not be persisted (rule E3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum PersistenceReason {
     /// The write certainly did not apply: the store could not be reached,
     /// refused it before anything was written (a full disk, a store
@@ -64,6 +66,7 @@ impl PersistenceReason {
 
 /// What a [`StateError::NotFound`] could not find (rule E2).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Missing {
     /// A run.
     Run(RunKey),
@@ -356,3 +359,70 @@ impl StateError {
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = StateError> = std::result::Result<T, E>;
+
+/// A stable JSON shape for HTTP APIs and logs:
+/// `{"kind": "conflict", "message": "…", "retryable": false, …facts}`,
+/// the facts being the variant's fields (`expected`/`actual`,
+/// `caller`/`stored`, `missing`, `runs`, `limit`/`spent`/`held`/`asked`,
+/// `reason`/`detail`, `what`, `found`/`supported`, `path`/`this_process`).
+/// `kind` is the variant's name in snake case. New variants add new kinds.
+impl serde::Serialize for StateError {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        let kind = match self {
+            StateError::Conflict { .. } => "conflict",
+            StateError::NotFound(_) => "not_found",
+            StateError::Persistence { .. } => "persistence",
+            StateError::InUse { .. } => "in_use",
+            StateError::FenceLost { .. } => "fence_lost",
+            StateError::BudgetExceeded { .. } => "budget_exceeded",
+            StateError::Invalid { .. } => "invalid",
+            StateError::Corrupt { .. } => "corrupt",
+            StateError::UnsupportedFormat { .. } => "unsupported_format",
+            StateError::Locked { .. } => "locked",
+        };
+        m.serialize_entry("kind", kind)?;
+        m.serialize_entry("message", &self.to_string())?;
+        m.serialize_entry("retryable", &self.is_retryable())?;
+        match self {
+            StateError::Conflict { expected, actual } => {
+                m.serialize_entry("expected", expected)?;
+                m.serialize_entry("actual", actual)?;
+            }
+            StateError::NotFound(missing) => m.serialize_entry("missing", missing)?,
+            StateError::Persistence { reason, detail, .. } => {
+                m.serialize_entry("reason", reason)?;
+                m.serialize_entry("detail", detail)?;
+            }
+            StateError::InUse { runs } => m.serialize_entry("runs", runs)?,
+            StateError::FenceLost { caller, stored } => {
+                m.serialize_entry("caller", caller)?;
+                m.serialize_entry("stored", stored)?;
+            }
+            StateError::BudgetExceeded {
+                limit,
+                spent,
+                held,
+                asked,
+            } => {
+                m.serialize_entry("limit", limit)?;
+                m.serialize_entry("spent", spent)?;
+                m.serialize_entry("held", held)?;
+                m.serialize_entry("asked", asked)?;
+            }
+            StateError::Invalid { what } | StateError::Corrupt { what } => {
+                m.serialize_entry("what", what)?
+            }
+            StateError::UnsupportedFormat { found, supported } => {
+                m.serialize_entry("found", found)?;
+                m.serialize_entry("supported", supported)?;
+            }
+            StateError::Locked { path, this_process } => {
+                m.serialize_entry("path", &path.display().to_string())?;
+                m.serialize_entry("this_process", this_process)?;
+            }
+        }
+        m.end()
+    }
+}

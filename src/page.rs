@@ -17,7 +17,7 @@ use crate::limits::{PAGE_ITEMS_DEFAULT, PAGE_ITEMS_MAX};
 /// assert_eq!((first.limit, first.cursor.is_none()), (50, true));
 /// assert_eq!(PageRequest::default().limit, 100);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PageRequest {
     /// Items per page, 1..=1000.
     pub limit: usize,
@@ -52,7 +52,9 @@ impl PageRequest {
 }
 
 /// One page of a listing. The page that ends a walk has no cursor (rule L3).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Serializes as `{"items": [...], "cursor": "..." | null}`; it is not
+/// deserialized (a page is made by a store, or checked by [`Page::new`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Page<T> {
     items: Vec<T>,
     cursor: Option<Cursor>,

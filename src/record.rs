@@ -288,7 +288,7 @@ impl SessionRecord {
 
 /// The filters of a listing of runs (rule L1); the page is a
 /// [`PageRequest`](crate::PageRequest).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateQuery {
     /// Whose runs.
     pub tenant: String,
@@ -332,5 +332,26 @@ impl StateQuery {
     pub fn updated_before(mut self, t: Millis) -> Self {
         self.updated_before = Some(t);
         self
+    }
+}
+
+/// `tenant/run_id`, for messages and logs.
+impl std::fmt::Display for RunKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.tenant, self.run_id)
+    }
+}
+
+/// `tenant/session_id`.
+impl std::fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.tenant, self.session_id)
+    }
+}
+
+/// The state's name as stored and parsed (`running`, `awaiting_approval`).
+impl std::fmt::Display for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }

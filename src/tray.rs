@@ -87,7 +87,7 @@ pub enum TrayOp {
 }
 
 /// A marked tray as the sweeper sees it: whom to wake.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MarkedTray {
     /// The tray.
     pub key: TrayKey,
@@ -98,10 +98,28 @@ pub struct MarkedTray {
 }
 
 /// A due alarm (rule A2).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Alarm {
     /// Whose alarm.
     pub instance: InstanceKey,
     /// When it is due; pass it back to `ack_alarm`.
     pub due_at: Millis,
+}
+
+/// `ns/id`.
+impl std::fmt::Display for InstanceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.ns, self.id)
+    }
+}
+
+/// `ns/id/tray_ns/tray_id`.
+impl std::fmt::Display for TrayKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}/{}/{}",
+            self.ns, self.id, self.tray_ns, self.tray_id
+        )
+    }
 }

@@ -12,6 +12,7 @@ mod exactly_once;
 mod fault_proxy;
 mod fuzz_regressions;
 mod hardening;
+mod json_shapes;
 #[cfg(feature = "postgres")]
 mod pg_server;
 #[cfg(feature = "postgres")]
