@@ -46,9 +46,13 @@ use crate::{BudgetStore, StateStore, StoreAdmin, TrayStore};
 /// # Closing
 ///
 /// The store closes when its last handle is dropped; closing a file store
-/// writes its high-water mark (a small synced file write) on the thread
-/// that drops it. In async code, end with [`AsyncStore::close`], which does
-/// that on the blocking pool too.
+/// writes its high-water mark (a small synced file write), and closing a
+/// PostgreSQL store shuts its blocking client down. Dropped inside a tokio
+/// runtime, the last handle closes the store on a thread of its own and
+/// waits for it, so no store's close ever runs a runtime inside the
+/// caller's (which would panic); outside a runtime it closes in place. In
+/// async code, prefer ending with [`AsyncStore::close`], which closes on
+/// the blocking pool without holding the executor thread.
 ///
 /// # Panics
 ///
@@ -70,8 +74,38 @@ use crate::{BudgetStore, StateStore, StoreAdmin, TrayStore};
 /// ```
 #[derive(Clone)]
 pub struct AsyncStore {
-    inner: Arc<dyn Store>,
+    /// Always `Some` but while the handle closes (see `Drop`).
+    inner: Option<Arc<dyn Store>>,
     path: Option<PathBuf>,
+}
+
+/// The last handle of a store closes it where closing cannot panic: a
+/// store over a blocking client (PostgreSQL's) shuts its client down by
+/// running a runtime of its own, which panics on a thread that is already
+/// inside a tokio runtime. Inside one, the close runs on a thread of its
+/// own, and the drop returns once it is done (so a file store's directory
+/// is free again when the drop returns, as it is outside a runtime).
+impl Drop for AsyncStore {
+    fn drop(&mut self) {
+        let Some(store) = self.inner.take() else {
+            return;
+        };
+        if Arc::strong_count(&store) > 1 || tokio::runtime::Handle::try_current().is_err() {
+            return; // not the last handle, or no runtime here: drops as is
+        }
+        std::thread::scope(|scope| {
+            let closed = std::thread::Builder::new()
+                .name("agentstate-close".into())
+                .spawn_scoped(scope, move || drop(store));
+            if let Ok(closer) = closed {
+                // A panic while closing is a bug; it surfaces here as it
+                // would have in the dropping thread.
+                if let Err(panic) = closer.join() {
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        });
+    }
 }
 
 impl std::fmt::Debug for AsyncStore {
@@ -92,7 +126,7 @@ impl From<FileStore> for AsyncStore {
     fn from(store: FileStore) -> Self {
         let path = Some(store.path().to_path_buf());
         AsyncStore {
-            inner: Arc::new(store),
+            inner: Some(Arc::new(store)),
             path,
         }
     }
@@ -101,7 +135,7 @@ impl From<FileStore> for AsyncStore {
 impl From<Arc<dyn Store>> for AsyncStore {
     fn from(store: Arc<dyn Store>) -> Self {
         AsyncStore {
-            inner: store,
+            inner: Some(store),
             path: None,
         }
     }
@@ -111,7 +145,7 @@ impl AsyncStore {
     /// Wraps a store of any backend.
     pub fn new(store: impl Store + 'static) -> Self {
         AsyncStore {
-            inner: Arc::new(store),
+            inner: Some(Arc::new(store)),
             path: None,
         }
     }
@@ -137,7 +171,13 @@ impl AsyncStore {
     /// The synchronous store underneath, for code that is already on a
     /// blocking thread.
     pub fn sync_store(&self) -> &Arc<dyn Store> {
-        &self.inner
+        self.store()
+    }
+
+    fn store(&self) -> &Arc<dyn Store> {
+        self.inner
+            .as_ref()
+            .expect("a handle holds its store until it is dropped")
     }
 
     /// The directory of a file store; `None` for other backends. Reads no
@@ -150,8 +190,11 @@ impl AsyncStore {
     /// the store is closed (and its directory free to open again) when this
     /// returns, and the answer is `true`. With other handles alive it only
     /// drops this one and answers `false`.
-    pub async fn close(self) -> Result<bool> {
-        let mut store = self.inner;
+    pub async fn close(mut self) -> Result<bool> {
+        let mut store = self
+            .inner
+            .take()
+            .expect("a handle holds its store until it is dropped");
         blocking(move || {
             let last = Arc::get_mut(&mut store).is_some();
             drop(store);
@@ -166,7 +209,7 @@ impl AsyncStore {
         T: Send + 'static,
         F: FnOnce(&dyn Store) -> Result<T> + Send + 'static,
     {
-        let store = Arc::clone(&self.inner);
+        let store = Arc::clone(self.store());
         blocking(move || f(&*store)).await
     }
 

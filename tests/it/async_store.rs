@@ -593,3 +593,81 @@ async fn w1_keyed_writes_through_async_apply_once() {
         .unwrap();
     assert_eq!(store.get_run(&key).await.unwrap().unwrap().cost_micros, 6);
 }
+
+/// W3 over a server store: the last `AsyncStore` over a `PostgresStore`
+/// dropped inside a multi-thread and a current-thread runtime, a future
+/// dropped mid-call, and a store dropped outside any runtime: no panic,
+/// and the writes that answered are there.
+#[cfg(feature = "postgres")]
+#[test]
+fn w3_postgres_stores_and_futures_drop_inside_and_outside_runtimes() {
+    use agentstate::{PostgresStore, StateStore};
+    let dsn = crate::pg_server::fresh_db("w3");
+    let connect = {
+        let dsn = dsn.clone();
+        move || {
+            let s = PostgresStore::connect(&dsn).expect("connect");
+            s.setup().expect("setup");
+            s
+        }
+    };
+    let key = RunKey::new("acme", "w3");
+    for flavor in ["multi", "current"] {
+        let rt = match flavor {
+            "multi" => tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap(),
+            _ => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        };
+        let connect = connect.clone();
+        let key = key.clone();
+        rt.block_on(async move {
+            // Made on the blocking pool: the sync client's connect runs a
+            // runtime of its own.
+            let pg = tokio::task::spawn_blocking(connect).await.unwrap();
+            let store = AsyncStore::new(pg);
+            let clone = store.clone();
+            let run = RunRecord::new(RunKey::new("acme", format!("w3-{flavor}")), "planner");
+            store.put_run(run).await.unwrap();
+            if flavor == "multi" && store.get_run(&key).await.unwrap().is_none() {
+                store
+                    .put_run(RunRecord::new(key.clone(), "planner"))
+                    .await
+                    .unwrap();
+            }
+            // A future dropped before it is polled to the end.
+            let pending = clone.patch_run(
+                &key,
+                StateDelta {
+                    iterations: 1,
+                    ..Default::default()
+                },
+            );
+            drop(pending);
+            drop(clone);
+            // The last handle, inside the runtime.
+            drop(store);
+        });
+        drop(rt);
+    }
+    // Outside any runtime.
+    let pg = connect();
+    let store = AsyncStore::new(pg);
+    drop(store);
+    let pg = connect();
+    assert!(
+        pg.get_run(&RunKey::new("acme", "w3-multi"))
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        pg.get_run(&RunKey::new("acme", "w3-current"))
+            .unwrap()
+            .is_some()
+    );
+}
