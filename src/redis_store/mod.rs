@@ -45,6 +45,7 @@
 
 mod admin;
 mod budgets;
+mod connect;
 mod keys;
 mod runs;
 mod scripts;
@@ -58,16 +59,21 @@ use parking_lot::Mutex;
 use crate::error::{Result, StateError};
 use crate::options::Options;
 
+use connect::{KeepLast, Manager, TlsPems};
+
 /// How a [`RedisStore`] connects: the common [`Options`] (clock, record
-/// limit, scrubber), timeouts, the pool's size, and whether to refuse a
-/// server that could lose acknowledged writes.
+/// limit, scrubber), TLS certificates, timeouts, the pool's size and
+/// lifetimes, and what the server must guarantee.
 ///
 /// ```
 /// use std::time::Duration;
 /// use agentstate::{Options, RedisOptions};
+/// let ca = std::fs::read("ca.pem").unwrap_or_default();
 /// let opts = RedisOptions::new()
 ///     .options(Options::new().record_bytes_max(256 * 1024))
+///     .tls_ca_pem(ca) // for rediss:// URLs
 ///     .pool_size(16)
+///     .idle_timeout(Some(Duration::from_secs(300)))
 ///     .io_timeout(Duration::from_secs(2))
 ///     .require_fsync(true);
 /// # let _ = opts;
@@ -78,7 +84,19 @@ pub struct RedisOptions {
     pub(crate) connect_timeout: Duration,
     pub(crate) io_timeout: Duration,
     pub(crate) pool_size: u32,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) max_lifetime: Option<Duration>,
     pub(crate) require_fsync: bool,
+    pub(crate) tls: Option<TlsPems>,
+    pub(crate) assumed: Option<Assumed>,
+}
+
+/// What the caller states a server guarantees when `CONFIG GET` cannot
+/// be read (see [`RedisOptions::durability_assumed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Assumed {
+    pub(crate) noeviction: bool,
+    pub(crate) appendfsync_always: bool,
 }
 
 impl Default for RedisOptions {
@@ -88,14 +106,20 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(10),
             pool_size: 16,
+            idle_timeout: Some(Duration::from_secs(10 * 60)),
+            max_lifetime: Some(Duration::from_secs(30 * 60)),
             require_fsync: true,
+            tls: None,
+            assumed: None,
         }
     }
 }
 
 impl RedisOptions {
-    /// Default options: 5 s to connect, 10 s per command, 16 connections,
-    /// `require_fsync(true)`.
+    /// Default options: 5 s to connect, 10 s per command, 16 connections
+    /// closed after 10 minutes idle or 30 minutes open, `require_fsync(true)`,
+    /// TLS (for `rediss://`) trusting the built-in web PKI roots, no
+    /// durability statement.
     pub fn new() -> Self {
         Self::default()
     }
@@ -106,7 +130,9 @@ impl RedisOptions {
         self
     }
     /// How long opening a connection (or waiting for a free one in the
-    /// pool) may take before the call is `Unavailable`.
+    /// pool) may take before the call is `Unavailable`. A server that
+    /// answers "no" (a wrong password, a certificate it refuses, …) is
+    /// `Refused` as soon as it answers, not after this.
     pub fn connect_timeout(mut self, t: Duration) -> Self {
         self.connect_timeout = t.max(Duration::from_millis(1));
         self
@@ -124,22 +150,82 @@ impl RedisOptions {
         self.pool_size = n.max(1);
         self
     }
+    /// A pooled connection idle this long is closed (one is always kept);
+    /// `None` keeps idle connections. Default 10 minutes: below a managed
+    /// service's or a firewall's idle cut-off, set it lower.
+    pub fn idle_timeout(mut self, t: Option<Duration>) -> Self {
+        self.idle_timeout = t.map(|t| t.max(Duration::from_millis(1)));
+        self
+    }
+    /// A pooled connection open this long is closed and replaced when next
+    /// idle; `None` keeps it. Default 30 minutes.
+    pub fn max_lifetime(mut self, t: Option<Duration>) -> Self {
+        self.max_lifetime = t.map(|t| t.max(Duration::from_millis(1)));
+        self
+    }
+    /// For `rediss://` URLs: trust the CA certificate(s) in `pem` (PEM
+    /// bytes) instead of the built-in web PKI roots, as for a server whose
+    /// certificate a private CA signed. A `rediss://…/#insecure` URL turns
+    /// certificate checks off altogether (tests only).
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.get_or_insert_with(TlsPems::default).ca = Some(pem.into());
+        self
+    }
+    /// For `rediss://` URLs to a server that asks for a client certificate
+    /// (mutual TLS, `tls-auth-clients yes`): the certificate chain and its
+    /// private key, PEM bytes. Never printed.
+    pub fn tls_client_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.tls.get_or_insert_with(TlsPems::default).client = Some((cert.into(), key.into()));
+        self
+    }
     /// With `true` (the default), [`RedisStore::connect_with`] refuses a
     /// server that would lose acknowledged writes in a crash: one without
-    /// `appendonly yes` and `appendfsync always`, or one whose settings
-    /// cannot be read. With `false` it connects anyway and
-    /// [`StoreStats::backend`](crate::StoreStats) says what an `Ok` survives.
+    /// `appendonly yes` and `appendfsync always`. With `false` it connects
+    /// anyway and [`StoreStats::backend`](crate::StoreStats) says what an
+    /// `Ok` survives. Either way a server that may evict keys
+    /// (`maxmemory-policy` other than `noeviction`) is refused.
     pub fn require_fsync(mut self, require: bool) -> Self {
         self.require_fsync = require;
         self
     }
+    /// The caller's statement of what a server guarantees, for a managed
+    /// service whose `CONFIG GET` is disabled (or an ACL user without
+    /// `+config|get`): `noeviction`, it never evicts keys; and
+    /// `appendfsync_always`, it fsyncs every acknowledged write. Used only
+    /// when `CONFIG GET` fails; a server that answers it is checked instead.
+    ///
+    /// Without it such a server is refused. With `noeviction` false it is
+    /// refused too (a server that may evict keys loses records silently);
+    /// with `appendfsync_always` false it is refused while
+    /// [`require_fsync`](Self::require_fsync) is on.
+    /// [`RedisStore::durability`] says which settings were read and which
+    /// stated.
+    ///
+    /// ```
+    /// # use agentstate::RedisOptions;
+    /// // A service documented as noeviction with fsync on every write:
+    /// let opts = RedisOptions::new().durability_assumed(true, true);
+    /// # let _ = opts;
+    /// ```
+    pub fn durability_assumed(mut self, noeviction: bool, appendfsync_always: bool) -> Self {
+        self.assumed = Some(Assumed {
+            noeviction,
+            appendfsync_always,
+        });
+        self
+    }
 }
 
-/// The server's persistence settings, as read at connect.
+/// The server's persistence and eviction settings, as read at connect
+/// (or as the caller stated them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Persistence {
     appendonly: String,
     appendfsync: String,
+    maxmemory_policy: String,
+    /// `Some(why CONFIG GET failed)` when the settings are the caller's
+    /// statement ([`RedisOptions::durability_assumed`]), not read.
+    stated: Option<String>,
 }
 
 impl Persistence {
@@ -148,9 +234,11 @@ impl Persistence {
     }
 
     fn describe(&self) -> String {
-        if self.survives_crash() {
+        let fsync = if self.survives_crash() {
             "appendonly yes, appendfsync always: every Ok was fsynced to the append-only file"
                 .to_string()
+        } else if self.appendonly == "unknown" {
+            "appendfsync unknown: a server crash may lose acknowledged writes".to_string()
         } else if self.appendonly == "yes" {
             format!(
                 "appendonly yes, appendfsync {}: a server crash can lose the last acknowledged writes",
@@ -158,37 +246,18 @@ impl Persistence {
             )
         } else {
             "appendonly no: a server crash loses every write since the last snapshot".to_string()
+        };
+        match &self.stated {
+            None => format!(
+                "{fsync}; maxmemory-policy {} (read with CONFIG GET)",
+                self.maxmemory_policy
+            ),
+            Some(why) => format!(
+                "{fsync}; maxmemory-policy {} (stated by the caller with \
+                 RedisOptions::durability_assumed, not checked: CONFIG GET failed: {why})",
+                self.maxmemory_policy
+            ),
         }
-    }
-}
-
-/// Opens connections with the store's timeouts; r2d2 pools them.
-#[derive(Debug)]
-struct Manager {
-    client: ::redis::Client,
-    connect_timeout: Duration,
-    io_timeout: Duration,
-}
-
-impl r2d2::ManageConnection for Manager {
-    type Connection = ::redis::Connection;
-    type Error = ::redis::RedisError;
-
-    fn connect(&self) -> std::result::Result<Self::Connection, Self::Error> {
-        let c = self
-            .client
-            .get_connection_with_timeout(self.connect_timeout)?;
-        c.set_read_timeout(Some(self.io_timeout))?;
-        c.set_write_timeout(Some(self.io_timeout))?;
-        Ok(c)
-    }
-
-    fn is_valid(&self, conn: &mut Self::Connection) -> std::result::Result<(), Self::Error> {
-        ::redis::cmd("PING").query::<String>(conn).map(|_| ())
-    }
-
-    fn has_broken(&self, conn: &mut Self::Connection) -> bool {
-        !::redis::ConnectionLike::is_open(conn)
     }
 }
 
@@ -201,7 +270,7 @@ type Conn = r2d2::PooledConnection<Manager>;
 /// An `Ok` survives a server crash only when the server runs with
 /// `appendonly yes` and `appendfsync always`; by default
 /// [`connect`](RedisStore::connect) refuses any other server (see
-/// [`RedisOptions::require_fsync`]).
+/// [`RedisOptions::require_fsync`]), and always one that may evict keys.
 ///
 /// ```no_run
 /// use agentstate::{RedisStore, RunKey, RunRecord, StateStore};
@@ -216,6 +285,8 @@ pub struct RedisStore {
     persistence: Persistence,
     /// Where the server is, without a password, for messages.
     server: String,
+    /// The pool's last failure to open a connection.
+    last: std::sync::Arc<Mutex<Option<::redis::RedisError>>>,
     /// Tenants this handle has put in the registry already.
     registered: Mutex<HashSet<String>>,
 }
@@ -235,64 +306,77 @@ impl RedisStore {
         Self::connect_with(url, RedisOptions::default())
     }
 
-    /// Connects to the server at `url` (`redis://[user:password@]host:port/db`),
-    /// reads its persistence settings (refusing, with `require_fsync`, a
-    /// server that could lose acknowledged writes), and loads or creates
-    /// the store's cursor secret on the server.
+    /// Connects to the server at `url` (`redis://[user:password@]host:port/db`,
+    /// or `rediss://…` for TLS), checks it, and loads or creates the
+    /// store's cursor secret on the server.
+    ///
+    /// The first connection is opened outside the pool, so a server's "no"
+    /// comes back at once as `Persistence { reason: Refused }` with the
+    /// server's own words: a wrong password (`WRONGPASS`, `NOAUTH`), a
+    /// user without a command the store needs (`NOPERM`), a TLS
+    /// certificate that does not verify or a handshake the server refuses,
+    /// a database that does not exist, a Redis Cluster node, a
+    /// `maxmemory-policy` other than `noeviction`, with `require_fsync` a
+    /// server that could lose acknowledged writes, and a server whose
+    /// `CONFIG GET` fails without [`RedisOptions::durability_assumed`].
+    /// What a retry can fix (unreachable, reset, timed out, loading) is
+    /// `Unavailable`. Messages name the server, never its password.
     pub fn connect_with(url: &str, opts: RedisOptions) -> Result<RedisStore> {
-        let server = redact(url);
-        let client = ::redis::Client::open(url)
-            .map_err(|e| StateError::invalid(format!("redis url {server}: {e}")))?;
+        let server = crate::redact_connection_string(url);
+        let manager = Manager::new(url, &server, &opts)?;
+        let mut first = manager
+            .open()
+            .map_err(|e| connect::connect_error(&server, e))?;
+        connect::refuse_cluster(&mut first, &server)?;
+        let persistence = connect::read_persistence(&mut first, &server, &opts)?;
+        let secret = load_secret(&mut first).map_err(|e| with_server(e, &server))?;
+        let last = manager.last.clone();
         let pool = r2d2::Pool::builder()
             .max_size(opts.pool_size)
             .min_idle(Some(1))
+            .idle_timeout(opts.idle_timeout)
+            .max_lifetime(opts.max_lifetime)
             .connection_timeout(opts.connect_timeout)
             .test_on_check_out(false)
-            .error_handler(Box::new(r2d2::NopErrorHandler))
-            .build(Manager {
-                client,
-                connect_timeout: opts.connect_timeout,
-                io_timeout: opts.io_timeout,
-            })
-            .map_err(|e| {
-                StateError::unavailable(format!("redis {server}: cannot connect: {e}"), None)
-            })?;
-        let mut conn = pool.get().map_err(|e| {
-            StateError::unavailable(format!("redis {server}: cannot connect: {e}"), None)
-        })?;
-        let persistence = read_persistence(&mut conn, &server, opts.require_fsync)?;
-        if opts.require_fsync && !persistence.survives_crash() {
-            return Err(StateError::unavailable(
-                format!(
-                    "redis {server}: {}; refusing to connect because RedisOptions::require_fsync is on: \
-                     run the server with `appendonly yes` and `appendfsync always` \
-                     (CONFIG SET appendonly yes; CONFIG SET appendfsync always; and in redis.conf), \
-                     or connect with require_fsync(false) to accept the loss",
-                    persistence.describe()
-                ),
-                None,
-            ));
-        }
-        let secret = load_secret(&mut conn)?;
-        drop(conn);
+            .error_handler(Box::new(KeepLast(last.clone())))
+            .build_unchecked(manager);
+        drop(first);
         Ok(RedisStore {
             pool,
             opts,
             secret,
             persistence,
             server,
+            last,
             registered: Mutex::new(HashSet::new()),
         })
     }
 
-    /// What an `Ok` survives on this server, as read at connect.
+    /// What an `Ok` survives on this server: its `appendfsync` and
+    /// `maxmemory-policy`, and whether they were read with `CONFIG GET` at
+    /// connect or stated by the caller
+    /// ([`RedisOptions::durability_assumed`]).
     pub fn durability(&self) -> String {
         self.persistence.describe()
     }
 
     fn conn(&self) -> Result<Conn> {
         self.pool.get().map_err(|e| {
-            StateError::unavailable(format!("redis {}: no connection: {e}", self.server), None)
+            let server = &self.server;
+            match self.last.lock().clone() {
+                Some(last) => match connect::refusal(&last) {
+                    Some(why) => {
+                        StateError::refused(format!("redis {server}: {why}"), Some(Box::new(last)))
+                    }
+                    None => StateError::unavailable(
+                        format!("redis {server}: no connection: {e}"),
+                        Some(std::io::Error::other(last)),
+                    ),
+                },
+                None => {
+                    StateError::unavailable(format!("redis {server}: no connection: {e}"), None)
+                }
+            }
         })
     }
 
@@ -321,81 +405,53 @@ impl RedisStore {
     }
 }
 
-fn read_persistence(conn: &mut Conn, server: &str, require: bool) -> Result<Persistence> {
-    let read = |conn: &mut Conn, name: &str| -> std::result::Result<String, ::redis::RedisError> {
-        let pair: Vec<String> = ::redis::cmd("CONFIG")
-            .arg("GET")
-            .arg(name)
-            .query(&mut **conn)?;
-        Ok(pair.get(1).cloned().unwrap_or_default())
-    };
-    match (read(conn, "appendonly"), read(conn, "appendfsync")) {
-        (Ok(appendonly), Ok(appendfsync)) => Ok(Persistence {
-            appendonly,
-            appendfsync,
-        }),
-        (Err(e), _) | (_, Err(e)) if e.is_io_error() || e.is_timeout() => Err(map_err(e)),
-        (Err(e), _) | (_, Err(e)) => {
-            if require {
-                Err(StateError::unavailable(
-                    format!(
-                        "redis {server}: cannot read appendonly/appendfsync ({e}); \
-                         refusing to connect because RedisOptions::require_fsync is on \
-                         (allow CONFIG GET, or connect with require_fsync(false))"
-                    ),
-                    None,
-                ))
-            } else {
-                Ok(Persistence {
-                    appendonly: "unknown".into(),
-                    appendfsync: "unknown".into(),
-                })
-            }
-        }
-    }
-}
-
 /// The store's cursor secret lives on the server, so every client of one
 /// store accepts the others' cursors; the first client to connect makes it.
-fn load_secret(conn: &mut Conn) -> Result<[u8; 16]> {
+fn load_secret(conn: &mut ::redis::Connection) -> Result<[u8; 16]> {
     let fresh = crate::kv::new_secret();
     ::redis::cmd("SET")
         .arg(keys::SECRET)
         .arg(&fresh[..])
         .arg("NX")
-        .query::<Option<String>>(&mut **conn)
+        .query::<Option<String>>(conn)
         .map_err(map_err)?;
     let got: Vec<u8> = ::redis::cmd("GET")
         .arg(keys::SECRET)
-        .query(&mut **conn)
+        .query(conn)
         .map_err(map_err)?;
     got.try_into()
         .map_err(|_| StateError::corrupt("redis: the cursor secret is not 16 bytes"))
 }
 
-/// `redis://user:secret@host` → `redis://user:***@host`.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (auth, tail) = rest.split_at(end);
-    match auth.rsplit_once('@') {
-        Some((user, host)) => {
-            let user = user.split_once(':').map_or(user, |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}{tail}")
-        }
-        None => url.to_string(),
+/// A connect-time error with the server named (for errors `map_err`
+/// made, which name none).
+fn with_server(e: StateError, server: &str) -> StateError {
+    match e {
+        StateError::Persistence {
+            reason,
+            detail,
+            source,
+        } => StateError::Persistence {
+            reason,
+            detail: detail.replacen("redis:", &format!("redis {server}:"), 1),
+            source,
+        },
+        other => other,
     }
 }
 
 /// A Redis failure as the crate's error: a server that cannot be reached,
 /// a dropped connection, a timeout, or a server refusing writes (`OOM`,
 /// `MISCONF`, `BUSY`, `LOADING`, `READONLY`, …) is `Unavailable`
-/// (retryable); anything else (a script error, a key of the wrong type) is
-/// `Corrupt`. A write script's failure after it was sent is not this
-/// function's: see `scripts::Call::invoke` (`OutcomeUnknown`).
+/// (retryable); a server's "no" to how it was asked (`NOPERM`,
+/// `WRONGPASS`, `NOAUTH`, a TLS failure, a cluster's `MOVED`/`ASK`) is
+/// `Refused` (not retryable); anything else (a script error, a key of the
+/// wrong type) is `Corrupt`. A write script's failure after it was sent is
+/// not this function's: see `scripts::Call::invoke` (`OutcomeUnknown`).
 pub(crate) fn map_err(e: ::redis::RedisError) -> StateError {
+    if let Some(why) = connect::refusal(&e) {
+        return StateError::refused(format!("redis: {why}"), Some(Box::new(e)));
+    }
     const RETRYABLE: &[&str] = &[
         "OOM",
         "MISCONF",

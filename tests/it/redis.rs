@@ -671,3 +671,433 @@ fn keys_beyond_keys_max_are_forgotten_oldest_first() {
         .expect("k2");
     assert_eq!(cost(), 5, "k2 was forgotten");
 }
+
+// ---------------------------------------------------------------------------
+// Production connections: TLS, a server's "no", what the server guarantees.
+
+mod production {
+    use std::time::{Duration, Instant};
+
+    use agentstate::conformance::RULES;
+    use agentstate::{
+        ManualClock, PersistenceReason, RedisOptions, RedisStore, RunKey, RunRecord, StateError,
+        StateStore,
+    };
+
+    use crate::redis_server::{Certs, Server, temp_dir};
+
+    /// Every password these tests give a server or a client.
+    const SECRETS: &[&str] = &["hunter2-requirepass", "wrong-pass-7731", "app-pw-5521"];
+
+    /// Fails when a password shows in an error's `Display`, `{:?}`, or any
+    /// error in its `source()` chain.
+    fn no_secret(e: &StateError) {
+        let mut shown = vec![e.to_string(), format!("{e:?}")];
+        let mut src = std::error::Error::source(e);
+        while let Some(s) = src {
+            shown.push(s.to_string());
+            shown.push(format!("{s:?}"));
+            src = s.source();
+        }
+        for text in &shown {
+            for pw in SECRETS {
+                assert!(!text.contains(pw), "a password in an error: {text}");
+            }
+        }
+    }
+
+    /// A connect that must be `Refused`: within 1 s (the connect timeout
+    /// is 5 s), not retryable, its detail holding every `words`, no
+    /// password anywhere. Returns the message.
+    fn refused(url: &str, opts: RedisOptions, words: &[&str]) -> String {
+        let started = Instant::now();
+        let e = RedisStore::connect_with(url, opts.connect_timeout(Duration::from_secs(5)))
+            .expect_err("must be refused");
+        let took = started.elapsed();
+        no_secret(&e);
+        assert!(
+            matches!(
+                e,
+                StateError::Persistence {
+                    reason: PersistenceReason::Refused,
+                    ..
+                }
+            ),
+            "Refused: {e:?}"
+        );
+        assert!(!e.is_retryable(), "{e}");
+        assert!(took < Duration::from_secs(1), "took {took:?}: {e}");
+        let msg = e.to_string();
+        for w in words {
+            assert!(msg.contains(w), "{w:?} missing from: {msg}");
+        }
+        eprintln!("refused in {took:?}: {msg}");
+        msg
+    }
+
+    fn put_get(store: &RedisStore, tenant: &str) {
+        let key = RunKey::new(tenant, "run_1");
+        store
+            .put_run(RunRecord::new(key.clone(), "agent"))
+            .expect("put over the connection");
+        assert_eq!(store.get_run(&key).expect("get").expect("stored").key, key);
+    }
+
+    /// Every rule of the conformance suite over `rediss://`, trusting the
+    /// test CA given in code.
+    #[test]
+    fn conformance_over_tls() {
+        let dir = temp_dir("tls-conf");
+        let certs = Certs::make(&dir.join("certs"));
+        let server = Server::start_tls(&dir.join("server"), &certs, false, &[]);
+        let ca = std::fs::read(&certs.ca).expect("ca");
+        let url = server.url(0);
+        assert!(url.starts_with("rediss://"), "{url}");
+        let factory = |clock: std::sync::Arc<ManualClock>| {
+            std::sync::Arc::new(
+                RedisStore::connect_with(
+                    &url,
+                    RedisOptions::new()
+                        .options(agentstate::Options::new().clock(clock))
+                        .tls_ca_pem(ca.clone())
+                        .pool_size(4),
+                )
+                .expect("connect over TLS"),
+            ) as std::sync::Arc<dyn agentstate::conformance::ConformanceStore>
+        };
+        let started = Instant::now();
+        for (name, check) in RULES {
+            eprintln!("rule {name} over rediss://");
+            check(&factory);
+        }
+        eprintln!("{} rules over TLS in {:?}", RULES.len(), started.elapsed());
+        assert!(RULES.len() > 10);
+    }
+
+    /// The URL forms redis-rs users write: `localhost` (the certificate's
+    /// DNS name) as well as the IP, and `#insecure` (no verification).
+    /// A wrong CA is refused, naming the certificate check.
+    #[test]
+    fn tls_urls_and_a_wrong_ca() {
+        let dir = temp_dir("tls-urls");
+        let certs = Certs::make(&dir.join("certs"));
+        let server = Server::start_tls(&dir.join("server"), &certs, false, &[]);
+        let ca = std::fs::read(&certs.ca).expect("ca");
+        let s = RedisStore::connect_with(
+            &format!("rediss://localhost:{}/0", server.port),
+            RedisOptions::new().tls_ca_pem(ca.clone()),
+        )
+        .expect("localhost matches the certificate");
+        put_get(&s, "tls-localhost");
+        let s = RedisStore::connect_with(
+            &format!("rediss://127.0.0.1:{}/0#insecure", server.port),
+            RedisOptions::new(),
+        )
+        .expect("#insecure skips verification");
+        put_get(&s, "tls-insecure");
+        let other = std::fs::read(&certs.other_ca).expect("other ca");
+        let msg = refused(
+            &server.url(0),
+            RedisOptions::new().tls_ca_pem(other),
+            &["does not verify", "127.0.0.1"],
+        );
+        assert!(
+            msg.contains("UnknownIssuer") || msg.contains("issuer"),
+            "{msg}"
+        );
+        // No CA given: the built-in web PKI roots do not know the test CA.
+        refused(&server.url(0), RedisOptions::new(), &["does not verify"]);
+        // TLS options with a redis:// URL is a caller's mistake.
+        let e = RedisStore::connect_with(
+            &format!("redis://127.0.0.1:{}/0", server.port),
+            RedisOptions::new().tls_ca_pem(ca),
+        )
+        .expect_err("TLS options need rediss://");
+        assert!(matches!(e, StateError::Invalid { .. }), "{e:?}");
+        // Plain text to the TLS port: an error, at once.
+        let started = Instant::now();
+        let e = RedisStore::connect_with(
+            &format!("redis://127.0.0.1:{}/0", server.port),
+            RedisOptions::new(),
+        )
+        .expect_err("plain text to a TLS port");
+        eprintln!("plain to TLS port in {:?}: {e}", started.elapsed());
+        assert!(started.elapsed() < Duration::from_secs(1), "{e}");
+    }
+
+    /// `--tls-auth-clients yes`: the client certificate given in code
+    /// connects; without it the server's refusal comes back as `Refused`.
+    #[test]
+    fn tls_client_certificate() {
+        let dir = temp_dir("tls-mtls");
+        let certs = Certs::make(&dir.join("certs"));
+        let server = Server::start_tls(&dir.join("server"), &certs, true, &[]);
+        let s = RedisStore::connect_with(&server.url(0), server.opts())
+            .expect("the client certificate is accepted");
+        put_get(&s, "tls-mtls");
+        assert!(format!("{:?}", server.opts()).contains("<cert and key>"));
+        let ca = std::fs::read(&certs.ca).expect("ca");
+        refused(
+            &server.url(0),
+            RedisOptions::new().tls_ca_pem(ca.clone()),
+            &["TLS", "client certificate"],
+        );
+        // A certificate the server's CA did not sign.
+        let other = Certs::make(&dir.join("other"));
+        refused(
+            &server.url(0),
+            RedisOptions::new().tls_ca_pem(ca).tls_client_pem(
+                std::fs::read(&other.client_cert).expect("cert"),
+                std::fs::read(&other.client_key).expect("key"),
+            ),
+            &["TLS"],
+        );
+    }
+
+    /// A wrong password, none, and the right one (`requirepass`); the
+    /// password shows in no error.
+    #[test]
+    fn wrong_password_is_refused_at_once() {
+        let server = Server::start(
+            &temp_dir("requirepass"),
+            &["--requirepass", "hunter2-requirepass"],
+        );
+        let p = server.port;
+        refused(
+            &format!("redis://:wrong-pass-7731@127.0.0.1:{p}/0"),
+            RedisOptions::new(),
+            &[
+                "WRONGPASS",
+                "authentication failed",
+                &format!("127.0.0.1:{p}"),
+            ],
+        );
+        refused(
+            &format!("redis://default:wrong-pass-7731@127.0.0.1:{p}/0"),
+            RedisOptions::new(),
+            &["WRONGPASS", "***"],
+        );
+        refused(
+            &format!("redis://127.0.0.1:{p}/0"),
+            RedisOptions::new(),
+            &["NOAUTH"],
+        );
+        let s = RedisStore::connect(&format!("redis://:hunter2-requirepass@127.0.0.1:{p}/3"))
+            .expect("the right password connects");
+        put_get(&s, "requirepass");
+        assert!(!format!("{s:?}").contains("hunter2"), "{s:?}");
+        // A database that does not exist.
+        refused(
+            &format!("redis://:hunter2-requirepass@127.0.0.1:{p}/99"),
+            RedisOptions::new(),
+            &["database does not exist", "DB index"],
+        );
+    }
+
+    /// An ACL user without `+config`: refused, naming both ways out,
+    /// until the caller states what the service guarantees; then it
+    /// connects and says what was stated. A user without `EVALSHA` gets
+    /// `Refused` (`NOPERM`) from the first write, not `Corrupt`.
+    #[test]
+    fn acl_user_without_config_needs_a_statement() {
+        let server = Server::start(
+            &temp_dir("acl"),
+            &[
+                // One argv each: redis-server joins them into the line.
+                "--user",
+                "app",
+                "on",
+                ">app-pw-5521",
+                "~*",
+                "&*",
+                "+@all",
+                "-config",
+                "--user",
+                "noscript",
+                "on",
+                ">app-pw-5521",
+                "~*",
+                "&*",
+                "+@all",
+                "-config",
+                "-evalsha",
+                "-eval",
+                "-script",
+            ],
+        );
+        let url = format!("redis://app:app-pw-5521@127.0.0.1:{}/0", server.port);
+        refused(
+            &url,
+            RedisOptions::new(),
+            &[
+                "NOPERM",
+                "config",
+                "+config|get",
+                "durability_assumed",
+                "noeviction",
+            ],
+        );
+        refused(
+            &url,
+            RedisOptions::new().durability_assumed(false, true),
+            &["may evict keys"],
+        );
+        refused(
+            &url,
+            RedisOptions::new().durability_assumed(true, false),
+            &["appendfsync unknown", "require_fsync(false)"],
+        );
+        let s = RedisStore::connect_with(&url, RedisOptions::new().durability_assumed(true, true))
+            .expect("the statement connects");
+        let d = s.durability();
+        assert!(
+            d.contains("stated by the caller") && d.contains("NOPERM"),
+            "{d}"
+        );
+        assert!(
+            d.contains("appendfsync always") && d.contains("noeviction"),
+            "{d}"
+        );
+        put_get(&s, "acl");
+        let s = RedisStore::connect_with(
+            &url,
+            RedisOptions::new()
+                .durability_assumed(true, false)
+                .require_fsync(false),
+        )
+        .expect("no fsync statement, require_fsync(false)");
+        assert!(
+            s.durability().contains("appendfsync unknown"),
+            "{}",
+            s.durability()
+        );
+
+        let url = format!("redis://noscript:app-pw-5521@127.0.0.1:{}/0", server.port);
+        let s = RedisStore::connect_with(&url, RedisOptions::new().durability_assumed(true, true))
+            .expect("connects: the checks need no script");
+        let started = Instant::now();
+        let e = s
+            .put_run(RunRecord::new(RunKey::new("acl", "r"), "agent"))
+            .expect_err("no EVALSHA");
+        no_secret(&e);
+        assert!(
+            matches!(
+                e,
+                StateError::Persistence {
+                    reason: PersistenceReason::Refused,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("NOPERM"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // A server that reads CONFIG is checked, the statement unused.
+        let plain = Server::start(&temp_dir("acl-plain"), &[]);
+        let s = RedisStore::connect_with(
+            &plain.url(0),
+            RedisOptions::new().durability_assumed(true, false),
+        )
+        .expect("connects");
+        assert!(
+            s.durability().contains("read with CONFIG GET"),
+            "{}",
+            s.durability()
+        );
+    }
+
+    /// `maxmemory-policy allkeys-lru` is refused, fsync or not, naming the
+    /// setting and the command that changes it.
+    #[test]
+    fn an_evicting_server_is_refused() {
+        let server = Server::start(
+            &temp_dir("evict"),
+            &["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"],
+        );
+        for opts in [
+            RedisOptions::new(),
+            RedisOptions::new().require_fsync(false),
+        ] {
+            refused(
+                &server.url(0),
+                opts,
+                &[
+                    "maxmemory-policy is allkeys-lru",
+                    "CONFIG SET maxmemory-policy noeviction",
+                ],
+            );
+        }
+    }
+
+    /// `appendonly no` with `require_fsync` (the default) is refused.
+    #[test]
+    fn appendonly_no_is_refused() {
+        let server = Server::start(&temp_dir("aof-off"), &["--appendonly", "no"]);
+        refused(
+            &server.url(0),
+            RedisOptions::new(),
+            &[
+                "appendonly no",
+                "appendfsync always",
+                "require_fsync(false)",
+            ],
+        );
+        let s = RedisStore::connect_with(&server.url(0), RedisOptions::new().require_fsync(false))
+            .expect("require_fsync(false) connects");
+        assert!(
+            s.durability().contains("appendonly no"),
+            "{}",
+            s.durability()
+        );
+    }
+
+    /// A cluster-mode server is refused at connect, not `Corrupt` later.
+    #[test]
+    fn a_cluster_node_is_refused() {
+        let server = Server::start(&temp_dir("cluster"), &["--cluster-enabled", "yes"]);
+        refused(
+            &server.url(0),
+            RedisOptions::new(),
+            &["cluster mode", "not supported", "cluster_enabled:1"],
+        );
+    }
+
+    /// The pool's idle timeout and lifetime are taken, and a store with
+    /// short ones keeps working across them.
+    #[test]
+    fn pool_idle_timeout_and_max_lifetime() {
+        let server = Server::start(&temp_dir("pool"), &[]);
+        let s = RedisStore::connect_with(
+            &server.url(0),
+            RedisOptions::new()
+                .pool_size(2)
+                .idle_timeout(Some(Duration::from_millis(50)))
+                .max_lifetime(Some(Duration::from_millis(200))),
+        )
+        .expect("connects");
+        put_get(&s, "pool-a");
+        std::thread::sleep(Duration::from_millis(300));
+        put_get(&s, "pool-b");
+        let _ = RedisOptions::new()
+            .idle_timeout(None)
+            .max_lifetime(Some(Duration::ZERO));
+    }
+
+    /// An unreachable server stays `Unavailable` (retryable), naming host
+    /// and port, never the password.
+    #[test]
+    fn unreachable_is_unavailable() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("port");
+        let e = RedisStore::connect_with(
+            &format!("redis://app:app-pw-5521@127.0.0.1:{port}/0"),
+            RedisOptions::new().connect_timeout(Duration::from_millis(500)),
+        )
+        .expect_err("nothing listens");
+        no_secret(&e);
+        assert!(e.is_retryable(), "{e:?}");
+        assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+    }
+}

@@ -12,16 +12,28 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use agentstate::{RedisOptions, RedisStore};
+use agentstate::{PersistenceReason, RedisOptions, RedisStore, StateError};
 
 const INSTALL: &str = "apt-get update && apt-get install -y redis-server";
 
 /// A server the tests started.
 pub struct Server {
+    /// The port clients use: the TLS port of a TLS server (which then
+    /// listens on no plain port).
     pub port: u16,
     pub dir: PathBuf,
     child: Option<Child>,
     extra: Vec<String>,
+    /// For a TLS server, what a client trusts and shows.
+    tls: Option<TlsClient>,
+}
+
+/// What a client of a TLS test server uses: the CA that signed the
+/// server's certificate, and (for `--tls-auth-clients yes`) its own.
+#[derive(Clone)]
+pub struct TlsClient {
+    pub ca: Vec<u8>,
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Server {
@@ -35,22 +47,86 @@ impl Server {
             dir: dir.to_path_buf(),
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls: None,
         };
         s.spawn();
         s
     }
 
+    /// Starts a server that takes TLS only (on `port`), its certificate
+    /// for 127.0.0.1 and localhost signed by `certs`' CA; with
+    /// `auth_clients` it asks for a client certificate that CA signed.
+    pub fn start_tls(dir: &Path, certs: &Certs, auth_clients: bool, extra: &[&str]) -> Server {
+        std::fs::create_dir_all(dir).expect("create the server's dir");
+        let port = free_port();
+        let path = |p: &Path| p.display().to_string();
+        let mut args = vec![
+            "--tls-cert-file".to_string(),
+            path(&certs.server_cert),
+            "--tls-key-file".into(),
+            path(&certs.server_key),
+            "--tls-ca-cert-file".into(),
+            path(&certs.ca),
+            "--tls-auth-clients".into(),
+            if auth_clients { "yes" } else { "no" }.into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let client = TlsClient {
+            ca: std::fs::read(&certs.ca).expect("read the CA"),
+            client: Some((
+                std::fs::read(&certs.client_cert).expect("read the client cert"),
+                std::fs::read(&certs.client_key).expect("read the client key"),
+            )),
+        };
+        let mut s = Server {
+            port,
+            dir: dir.to_path_buf(),
+            child: None,
+            extra: args,
+            tls: Some(client),
+        };
+        s.spawn();
+        s
+    }
+
+    /// `redis://127.0.0.1:port/db`, or `rediss://…` for a TLS server.
     pub fn url(&self, db: u32) -> String {
-        format!("redis://127.0.0.1:{}/{db}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// Options that trust a TLS server's CA and show the client
+    /// certificate (the default options for a plain server).
+    pub fn opts(&self) -> RedisOptions {
+        match &self.tls {
+            Some(t) => {
+                let o = RedisOptions::new().tls_ca_pem(t.ca.clone());
+                match &t.client {
+                    Some((cert, key)) => o.tls_client_pem(cert.clone(), key.clone()),
+                    None => o,
+                }
+            }
+            None => RedisOptions::new(),
+        }
     }
 
     fn spawn(&mut self) {
         let bin = which("redis-server").unwrap_or_else(|| {
             panic!("redis-server is not installed; the Redis tests need it: {INSTALL}")
         });
+        let (port, tls_port) = match self.tls {
+            Some(_) => (0, self.port),
+            None => (self.port, 0),
+        };
         let mut args = vec![
             "--port".to_string(),
-            self.port.to_string(),
+            port.to_string(),
+            "--tls-port".into(),
+            tls_port.to_string(),
             "--bind".into(),
             "127.0.0.1".into(),
             "--dir".into(),
@@ -91,14 +167,20 @@ impl Server {
         self.wait_ready();
     }
 
+    /// Waits until the server answers: a store connects, or the server
+    /// refuses it (a test's misconfigured server, a password it wants).
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             match RedisStore::connect_with(
                 &self.url(0),
-                RedisOptions::new().pool_size(1).require_fsync(false),
+                self.opts().pool_size(1).require_fsync(false),
             ) {
                 Ok(_) => return,
+                Err(StateError::Persistence {
+                    reason: PersistenceReason::Refused,
+                    ..
+                }) => return,
                 Err(e) if Instant::now() > deadline => {
                     panic!("redis-server on port {} did not start: {e}", self.port)
                 }
@@ -208,4 +290,115 @@ pub fn flush(url: &str) {
         .unwrap_or_else(|e| panic!("redis-cli: {e}; install it: {INSTALL}"))
         .success();
     assert!(ok, "redis-cli FLUSHDB on {url} failed");
+}
+
+/// A test CA, a server certificate it signed for 127.0.0.1 and localhost,
+/// a client certificate it signed, and another CA that signed nothing
+/// here: PEM files made with `openssl` in a temp dir.
+pub struct Certs {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    pub other_ca: PathBuf,
+}
+
+impl Certs {
+    pub fn make(dir: &Path) -> Certs {
+        std::fs::create_dir_all(dir).expect("create the certs' dir");
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|e| panic!("openssl: {e}; install it: apt-get install -y openssl"));
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        for ca in ["ca", "other-ca"] {
+            let mut a = vec!["req", "-x509"];
+            a.extend(ec);
+            let (key, pem, subj) = (
+                format!("{ca}.key"),
+                format!("{ca}.pem"),
+                format!("/CN=agentstate test {ca}"),
+            );
+            a.extend([
+                "-keyout",
+                &key,
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-subj",
+                &subj,
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ]);
+            run(&a);
+        }
+        for (who, ext) in [
+            (
+                "server",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth",
+            ),
+            ("client", "extendedKeyUsage=clientAuth"),
+        ] {
+            std::fs::write(
+                dir.join(format!("{who}.ext")),
+                format!("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n{ext}\n"),
+            )
+            .expect("write the extensions");
+            let (key, csr, pem, extf, subj) = (
+                format!("{who}.key"),
+                format!("{who}.csr"),
+                format!("{who}.pem"),
+                format!("{who}.ext"),
+                format!("/CN=agentstate test {who}"),
+            );
+            let mut a = vec!["req"];
+            a.extend(ec);
+            a.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
+            run(&a);
+            run(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                &extf,
+            ]);
+        }
+        Certs {
+            ca: dir.join("ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server.key"),
+            client_cert: dir.join("client.pem"),
+            client_key: dir.join("client.key"),
+            other_ca: dir.join("other-ca.pem"),
+        }
+    }
 }
