@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::hash::Hasher;
 use std::io::Write;
 
-use agentstate::{Entry, Options, Store};
+use agentstate::{Entry, Store};
 
 use super::CliError;
-use super::open::{DbSpec, Open, open};
+use super::open::{Connect, DbSpec, Open, open};
 use super::output::{Progress, thousands};
 
 /// Entries read per page of the source.
@@ -60,12 +60,17 @@ fn tally(store: &dyn Store, what: &str) -> Result<Tally, CliError> {
     Ok(t)
 }
 
-pub fn run(from: &DbSpec, to: &DbSpec, opts: Options, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn run(
+    from: &DbSpec,
+    to: &DbSpec,
+    conn: &Connect,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     if from == to {
         return Err(CliError::usage("copy: --from and --to name the same store"));
     }
-    let src = open(from, opts.clone(), Open::Existing)?;
-    let dst = open(to, opts, Open::Create)?;
+    let src = open(from, conn, Open::Existing)?;
+    let dst = open(to, conn, Open::Create)?;
     if !dst.is_empty()? {
         return Err(CliError::usage(format!(
             "copy: {} is not empty; copy only into an empty store",

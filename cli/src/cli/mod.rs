@@ -44,8 +44,38 @@ pub struct Cli {
     #[arg(long, global = true)]
     salvage: bool,
 
+    /// Redis: what the service guarantees, for managed services that
+    /// disable `CONFIG GET` (the store then trusts this instead of reading
+    /// the settings): `noeviction`, `appendfsync-always`, or both,
+    /// comma-separated. Without `noeviction` such a server is refused.
+    #[arg(long, global = true, value_delimiter = ',', value_name = "GUARANTEE")]
+    redis_assume: Vec<Guarantee>,
+
+    /// Redis over TLS (`rediss://`): a CA certificate (PEM file) to trust
+    /// instead of the web PKI roots. (PostgreSQL takes `sslrootcert=…` in
+    /// its URL.)
+    #[arg(long, global = true, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+
+    /// Redis over TLS: a client certificate (PEM file), with --tls-key.
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// Redis over TLS: the client certificate's key (PEM file).
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
     #[command(subcommand)]
     command: Command,
+}
+
+/// A durability guarantee a managed Redis states (see `--redis-assume`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Guarantee {
+    /// `maxmemory-policy noeviction`: no acknowledged key is evicted.
+    Noeviction,
+    /// `appendonly yes` + `appendfsync always`: every write is fsynced.
+    AppendfsyncAlways,
 }
 
 #[derive(Debug, Subcommand)]
@@ -396,8 +426,34 @@ impl Cli {
         Options::new().salvage(self.salvage)
     }
 
+    /// The options and the server connection settings of the command line.
+    fn connect(&self) -> Result<open::Connect, CliError> {
+        let read = |what: &str, p: &PathBuf| {
+            std::fs::read(p).map_err(|e| CliError::usage(format!("{what} {}: {e}", p.display())))
+        };
+        let tls_client = match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => Some((read("--tls-cert", c)?, read("--tls-key", k)?)),
+            _ => None,
+        };
+        Ok(open::Connect {
+            opts: self.options(),
+            redis_assume: (!self.redis_assume.is_empty()).then(|| {
+                (
+                    self.redis_assume.contains(&Guarantee::Noeviction),
+                    self.redis_assume.contains(&Guarantee::AppendfsyncAlways),
+                )
+            }),
+            tls_ca: self
+                .tls_ca
+                .as_ref()
+                .map(|p| read("--tls-ca", p))
+                .transpose()?,
+            tls_client,
+        })
+    }
+
     fn open(&self, how: Open) -> Result<Box<dyn Store>, CliError> {
-        open::open(&self.db()?, self.options(), how)
+        open::open(&self.db()?, &self.connect()?, how)
     }
 }
 
@@ -532,9 +588,12 @@ fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
             }
             r
         }
-        Command::Copy { from, to } => {
-            copy::run(&DbSpec::parse(from), &DbSpec::parse(to), cli.options(), out)
-        }
+        Command::Copy { from, to } => copy::run(
+            &DbSpec::parse(from),
+            &DbSpec::parse(to),
+            &cli.connect()?,
+            out,
+        ),
         Command::Prune {
             tenant,
             finished_before,

@@ -100,6 +100,20 @@ fn is_libpq_key_values(s: &str) -> bool {
     any
 }
 
+/// What opening a store takes besides its name: the common options, and
+/// the server backends' connection settings from the command line.
+#[derive(Clone, Default)]
+pub struct Connect {
+    pub opts: Options,
+    /// Redis: what the service guarantees where `CONFIG GET` is disabled
+    /// (noeviction, appendfsync always).
+    pub redis_assume: Option<(bool, bool)>,
+    /// Redis over TLS: a CA (PEM) to trust instead of the web PKI roots.
+    pub tls_ca: Option<Vec<u8>>,
+    /// Redis over TLS: a client certificate and its key (PEM).
+    pub tls_client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
 /// How a command may open the store.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Open {
@@ -110,7 +124,8 @@ pub enum Open {
 }
 
 /// Opens the store `spec` names.
-pub fn open(spec: &DbSpec, opts: Options, how: Open) -> Result<Box<dyn Store>, CliError> {
+pub fn open(spec: &DbSpec, conn: &Connect, how: Open) -> Result<Box<dyn Store>, CliError> {
+    let opts = conn.opts.clone();
     match spec {
         DbSpec::Path(path) => {
             if how == Open::Existing {
@@ -154,11 +169,38 @@ pub fn open(spec: &DbSpec, opts: Options, how: Open) -> Result<Box<dyn Store>, C
             // database needs no creating. `require_fsync` stays on: the CLI
             // refuses a server that could lose what it writes.
             let _ = how;
-            let store = agentstate::RedisStore::connect_with(
-                url,
-                agentstate::RedisOptions::new().options(opts),
-            )
-            .map_err(|e| CliError::failed(format!("--db {}: {e}", spec.display())))?;
+            let mut ro = agentstate::RedisOptions::new().options(opts);
+            if let Some((noeviction, fsync)) = conn.redis_assume {
+                ro = ro.durability_assumed(noeviction, fsync);
+            }
+            if let Some(ca) = &conn.tls_ca {
+                ro = ro.tls_ca_pem(ca.clone());
+            }
+            if let Some((cert, key)) = &conn.tls_client {
+                ro = ro.tls_client_pem(cert.clone(), key.clone());
+            }
+            let store = agentstate::RedisStore::connect_with(url, ro).map_err(|e| {
+                // A server's "no" to the configuration is an unusable store
+                // (exit 2); other failures keep exit 1.
+                let refused = matches!(
+                    e,
+                    agentstate::StateError::Persistence {
+                        reason: agentstate::PersistenceReason::Refused,
+                        ..
+                    }
+                );
+                let mut text = format!("--db {}: {e}", spec.display());
+                if text.contains("durability_assumed") {
+                    text.push_str(
+                        " (on the command line: --redis-assume noeviction,appendfsync-always)",
+                    );
+                }
+                if refused {
+                    CliError::usage(text)
+                } else {
+                    CliError::failed(text)
+                }
+            })?;
             Ok(Box::new(store))
         }
         DbSpec::Url { scheme, .. } => {

@@ -1583,3 +1583,42 @@ fn cli_upgrades_a_format_1_store_once_and_says_so() {
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert!(!r.stderr.contains("upgrad"), "{}", r.stderr);
 }
+
+/// A managed Redis without `CONFIG GET` (an ACL user without `+config`):
+/// refused (exit 2, naming `--redis-assume`'s library twin) until the
+/// command line states what the service guarantees; the password is in no
+/// output.
+#[test]
+fn cli_redis_without_config_needs_redis_assume() {
+    use crate::redis_server::{Server, temp_dir};
+    let server = Server::start(
+        &temp_dir("cli-acl"),
+        &[
+            "--user",
+            "app",
+            "on",
+            ">cli-pw-7731",
+            "~*",
+            "&*",
+            "+@all",
+            "-config",
+        ],
+    );
+    let url = format!("redis://app:cli-pw-7731@127.0.0.1:{}/0", server.port);
+    let r = cli(&["stats", "--db", &url]);
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("durability_assumed"), "{}", r.stderr);
+    assert!(r.stderr.contains("--redis-assume"), "{}", r.stderr);
+    let r = cli(&[
+        "stats",
+        "--db",
+        &url,
+        "--redis-assume",
+        "noeviction,appendfsync-always",
+    ]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("stated by the caller"), "{}", r.stdout);
+    for out in [&r.stdout, &r.stderr] {
+        assert!(!out.contains("cli-pw-7731"), "a password was shown: {out}");
+    }
+}
