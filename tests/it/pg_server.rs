@@ -25,7 +25,102 @@ pub struct PgServer {
     bindir: PathBuf,
     user: Option<String>,
     fsync: bool,
+    /// More `-c name=value` settings for the postmaster.
+    settings: Vec<String>,
     child: Mutex<Option<Child>>,
+}
+
+/// The files of a TLS server (see [`PgServer::start_tls`]): the CA that
+/// signed the server's certificate (for `localhost` and `127.0.0.1`) and a
+/// client certificate for the user `certuser`.
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    /// A CA that signed nothing here.
+    pub other_ca: PathBuf,
+}
+
+/// The password of `pwuser` on a TLS server: the tests check that it
+/// appears in no error.
+pub const TEST_PASSWORD: &str = "Pw-s3cret-Xq7";
+
+/// Runs `openssl` with `args` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let o = sh(Command::new("openssl").current_dir(dir).args(args))
+        .expect("openssl runs (apt-get install -y openssl)");
+    assert!(
+        o.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A CA, a server certificate for `localhost`/`127.0.0.1` and a client
+/// certificate for `certuser`, in `dir`.
+fn make_certs(dir: &Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    for ca in ["ca", "other-ca"] {
+        let mut a = vec!["req", "-x509"];
+        a.extend(ec);
+        let key = format!("{ca}.key");
+        let crt = format!("{ca}.crt");
+        a.extend(["-keyout", &key, "-out", &crt, "-days", "2"]);
+        a.extend(["-subj", "/CN=agentstate test CA"]);
+        openssl(dir, &a);
+    }
+    let leaf = |name: &str, cn: &str, ext: &str| {
+        std::fs::write(dir.join(format!("{name}.ext")), ext).expect("write ext");
+        let (key, csr, crt, extf) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+            format!("{name}.ext"),
+        );
+        let subj = format!("/CN={cn}");
+        let mut a = vec!["req"];
+        a.extend(ec);
+        a.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
+        openssl(dir, &a);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &crt,
+                "-days",
+                "2",
+                "-extfile",
+                &extf,
+            ],
+        );
+    };
+    leaf(
+        "server",
+        "localhost",
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\n\
+         keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    );
+    leaf(
+        "client",
+        "certuser",
+        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
+         extendedKeyUsage=clientAuth\n",
+    );
 }
 
 fn sh(cmd: &mut Command) -> std::io::Result<std::process::Output> {
@@ -155,6 +250,76 @@ impl PgServer {
     /// crash, what the fault test does, loses nothing either way); the
     /// benchmarks turn it on.
     pub fn start(fsync: bool) -> PgServer {
+        Self::start_with(fsync, |_| Vec::new())
+    }
+
+    /// A server with TLS on (`ssl=on`, a certificate for `localhost` and
+    /// `127.0.0.1`) and this `pg_hba.conf`: the superuser `agentstate` by
+    /// `host` (TLS or not, trusted), `sslonly` only by `hostssl`,
+    /// `certuser` by `hostssl … cert` (a client certificate), `pwuser` by
+    /// password (`password`, checked by the server alone) and `scramuser`
+    /// (`scram-sha-256`), both [`TEST_PASSWORD`], and `rejected`
+    /// refused by a `reject` line. Every user may create in `postgres`.
+    pub fn start_tls() -> (PgServer, TlsFiles) {
+        let mut files = None;
+        let s = Self::start_with(false, |s| {
+            let dir = s.root.join("tls");
+            std::fs::create_dir_all(&dir).expect("tls dir");
+            make_certs(&dir);
+            // The server refuses a key others may read, or not its own.
+            if let Some(u) = &s.user {
+                let st = sh(Command::new("chown")
+                    .arg(format!("{u}:"))
+                    .arg(dir.join("server.key")))
+                .expect("chown");
+                assert!(st.status.success(), "chown the server key");
+            }
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(
+                dir.join("server.key"),
+                std::fs::Permissions::from_mode(0o600),
+            )
+            .expect("chmod the server key");
+            std::fs::write(
+                s.data().join("pg_hba.conf"),
+                "local all all trust\n\
+                 host all agentstate 127.0.0.1/32 trust\n\
+                 hostssl all sslonly 127.0.0.1/32 trust\n\
+                 hostssl all certuser 127.0.0.1/32 cert\n\
+                 host all pwuser 127.0.0.1/32 password\n\
+                 host all scramuser 127.0.0.1/32 scram-sha-256\n\
+                 host all rejected 127.0.0.1/32 reject\n",
+            )
+            .expect("write pg_hba.conf");
+            files = Some(TlsFiles {
+                ca: dir.join("ca.crt"),
+                client_cert: dir.join("client.crt"),
+                client_key: dir.join("client.key"),
+                other_ca: dir.join("other-ca.crt"),
+            });
+            vec![
+                "ssl=on".to_string(),
+                format!("ssl_cert_file={}", dir.join("server.crt").display()),
+                format!("ssl_key_file={}", dir.join("server.key").display()),
+                format!("ssl_ca_file={}", dir.join("ca.crt").display()),
+                "password_encryption=scram-sha-256".to_string(),
+            ]
+        });
+        let mut c =
+            postgres::Client::connect(&s.dsn("postgres"), postgres::NoTls).expect("connect");
+        c.batch_execute(&format!(
+            "CREATE ROLE sslonly LOGIN SUPERUSER; CREATE ROLE certuser LOGIN SUPERUSER; \
+             CREATE ROLE pwuser LOGIN PASSWORD '{TEST_PASSWORD}'; CREATE ROLE rejected LOGIN; \
+             CREATE ROLE scramuser LOGIN PASSWORD '{TEST_PASSWORD}'; \
+             GRANT ALL ON SCHEMA public TO PUBLIC"
+        ))
+        .expect("create the test roles");
+        (s, files.expect("the tls files"))
+    }
+
+    /// Starts a new server; `prepare` runs after initdb (it may write into
+    /// the data directory) and returns more settings.
+    pub fn start_with(fsync: bool, prepare: impl FnOnce(&PgServer) -> Vec<String>) -> PgServer {
         static N: AtomicU64 = AtomicU64::new(0);
         let bindir = bindir();
         let user = server_user();
@@ -179,6 +344,7 @@ impl PgServer {
             bindir,
             user,
             fsync,
+            settings: Vec::new(),
             child: Mutex::new(None),
         };
         watchdog(&s.root);
@@ -194,6 +360,7 @@ impl PgServer {
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         );
+        s.settings = prepare(&s);
         for attempt in 0.. {
             s.port = free_port();
             if s.spawn() {
@@ -229,6 +396,7 @@ impl PgServer {
             .arg(format!("unix_socket_directories={}", self.root.display()))
             .args(["-c", "max_connections=300"])
             .args(["-c", if self.fsync { "fsync=on" } else { "fsync=off" }])
+            .args(self.settings.iter().flat_map(|v| ["-c", v.as_str()]))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
@@ -249,6 +417,11 @@ impl PgServer {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The URL of database `db` on this server for `user`.
+    pub fn dsn_as(&self, user: &str, db: &str) -> String {
+        format!("postgres://{user}@127.0.0.1:{}/{db}", self.port)
     }
 
     /// The URL of database `db` on this server.
