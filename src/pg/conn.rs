@@ -211,6 +211,8 @@ pub(crate) struct Tx<'a> {
     tx: &'a mut postgres::Client,
     statements: &'a mut HashMap<String, Statement>,
     prefix: &'a str,
+    /// Statements kept for the connection's next transactions.
+    cache: bool,
     /// `BEGIN` answered and neither `COMMIT` nor `ROLLBACK` sent yet.
     open: bool,
 }
@@ -227,17 +229,18 @@ impl Drop for Tx<'_> {
 }
 
 impl<'a> Tx<'a> {
-    /// `BEGIN` on `client`.
+    /// `BEGIN` (and the store's settings, `begin`) on `client`.
     fn begin(
         client: &'a mut postgres::Client,
         statements: &'a mut HashMap<String, Statement>,
-        prefix: &'a str,
+        store: &'a PostgresStore,
     ) -> std::result::Result<Self, postgres::Error> {
-        client.batch_execute("BEGIN")?;
+        client.batch_execute(&store.begin)?;
         Ok(Tx {
             tx: client,
             statements,
-            prefix,
+            prefix: &store.prefix,
+            cache: store.opts.statement_cache,
             open: true,
         })
     }
@@ -285,7 +288,10 @@ impl Tx<'_> {
             return Ok(s.clone());
         }
         let s = self.tx.prepare(&text)?;
-        self.statements.insert(text, s.clone());
+        // Uncached, it is closed when dropped, inside its transaction.
+        if self.cache {
+            self.statements.insert(text, s.clone());
+        }
         Ok(s)
     }
 
@@ -356,6 +362,14 @@ fn verdict(e: &postgres::Error, began: bool) -> Verdict {
         None if !began => Verdict::Redial,
         None => Verdict::Fail,
     }
+}
+
+/// A prepared statement the server connection does not have, or has
+/// already: what a transaction-mode pooler does to a statement cache.
+fn lost_statement(e: &postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::INVALID_SQL_STATEMENT_NAME || *c == SqlState::DUPLICATE_PSTATEMENT
+    })
 }
 
 /// A server failure as the crate's error.
@@ -441,7 +455,7 @@ impl PostgresStore {
             let mut began = false;
             let out = (|| {
                 let Conn { client, statements } = &mut *conn;
-                let mut tx = Tx::begin(client, statements, &self.prefix)?;
+                let mut tx = Tx::begin(client, statements, self)?;
                 began = true;
                 let v = f(&mut tx)?;
                 tx.commit()?;
@@ -468,6 +482,19 @@ impl PostgresStore {
                 }
                 Verdict::Redial if redials <= self.opts.pool_size => {
                     redials += 1;
+                }
+                _ if lost_statement(&e) => {
+                    return Err(StateError::refused(
+                        format!(
+                            "postgres at {}: {}: a pooler in transaction mode (PgBouncer's \
+                             pool_mode = transaction) in front of the server? Connect to the \
+                             server directly, use the pooler's session mode, or turn off \
+                             PgOptions::statement_cache",
+                            self.target,
+                            describe(&e)
+                        ),
+                        Some(Box::new(e)),
+                    ));
                 }
                 _ => return Err(unavailable(&e)),
             }

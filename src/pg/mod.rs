@@ -77,6 +77,7 @@ pub struct PgOptions {
     pub(crate) statement_timeout: Duration,
     pub(crate) schema: String,
     pub(crate) retries: u32,
+    pub(crate) statement_cache: bool,
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) max_lifetime: Option<Duration>,
     /// As written; checked by `connect_with`.
@@ -95,6 +96,7 @@ impl Default for PgOptions {
             statement_timeout: Duration::from_secs(30),
             schema: "public".to_string(),
             retries: 16,
+            statement_cache: true,
             idle_timeout: Some(Duration::from_secs(600)),
             max_lifetime: Some(Duration::from_secs(1800)),
             ssl_mode: None,
@@ -148,6 +150,19 @@ impl PgOptions {
     /// or a deadlock the server reported (default 16).
     pub fn retries(mut self, n: u32) -> Self {
         self.retries = n;
+        self
+    }
+    /// Whether each connection keeps its prepared statements from one
+    /// transaction to the next (default on: a statement is parsed once
+    /// per connection). Turn it off behind a pooler in transaction mode
+    /// (PgBouncer's `pool_mode = transaction`), which hands each
+    /// transaction whichever server connection is free, so a statement
+    /// prepared on one is unknown on the next: each statement is then
+    /// prepared in its transaction (one more round trip each). With it
+    /// on, such a pooler's "prepared statement does not exist" is
+    /// `Refused`, naming this fix.
+    pub fn statement_cache(mut self, on: bool) -> Self {
+        self.statement_cache = on;
         self
     }
     /// A pooled connection unused this long is closed (default 10 min;
@@ -236,6 +251,8 @@ pub struct PostgresStore {
     secret: OnceLock<[u8; 16]>,
     /// The DSN without its password, for messages.
     display: String,
+    /// What starts every transaction: `BEGIN` and the settings.
+    begin: String,
     /// The last dial's failure (see `conn`).
     failure: Failure,
     /// `host:port` (each, when several), for messages.
@@ -342,18 +359,16 @@ impl PostgresStore {
             config.connect_timeout(opts.connect_timeout);
         }
         let ms = opts.statement_timeout.as_millis();
-        // Every connection commits synchronously (the durability promise),
+        // Every transaction commits synchronously (the durability promise),
         // cancels long statements, and is dropped by the server if a client
-        // dies inside a transaction.
-        let mine = format!(
-            "-c synchronous_commit=on -c statement_timeout={ms} -c idle_in_transaction_session_timeout={}",
+        // dies inside it. Set with `SET LOCAL` in the `BEGIN` batch (no
+        // extra round trip), not as startup `options`, which PgBouncer
+        // refuses (or, told to ignore them, drops).
+        let begin = format!(
+            "BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL statement_timeout = {ms}; \
+             SET LOCAL idle_in_transaction_session_timeout = {}",
             ms.saturating_mul(2)
         );
-        let options = match config.get_options() {
-            Some(o) if !o.is_empty() => format!("{o} {mine}"),
-            _ => mine,
-        };
-        config.options(&options);
         if config.get_application_name().is_none() {
             config.application_name("agentstate");
         }
@@ -386,6 +401,7 @@ impl PostgresStore {
             });
         Ok(PostgresStore {
             pool,
+            begin,
             failure,
             target,
             prefix: format!("\"{}\".", opts.schema),
