@@ -544,3 +544,147 @@ pub fn fresh_db(tag: &str) -> String {
         .expect("create database");
     with_db(shared_dsn(), &name)
 }
+
+/// A PgBouncer in front of a server, in a temp dir, run as the server's
+/// unprivileged user (it refuses to run as root), stopped when dropped or
+/// when this process exits.
+pub struct PgBouncer {
+    pub port: u16,
+    root: PathBuf,
+    child: Mutex<Option<Child>>,
+}
+
+/// The PgBouncer binary, or a panic naming how to install it.
+fn pgbouncer_bin() -> PathBuf {
+    for d in ["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"] {
+        let p = Path::new(d).join("pgbouncer");
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!("the PgBouncer tests need pgbouncer: apt-get install -y pgbouncer");
+}
+
+impl PgBouncer {
+    /// PgBouncer on a free loopback port, `pool_mode` as given, every
+    /// database of the server at `host:port` behind it, user `agentstate`
+    /// trusted; 4 server connections per pool, reused last-in first-out.
+    pub fn start(host: &str, upstream: u16, pool_mode: &str) -> PgBouncer {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let bin = pgbouncer_bin();
+        let user = server_user();
+        let root = std::env::temp_dir().join(format!(
+            "agentstate-pgbouncer-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&root).expect("create pgbouncer's temp dir");
+        std::fs::write(root.join("users.txt"), "\"agentstate\" \"\"\n").expect("users");
+        if let Some(u) = &user {
+            let st = sh(Command::new("chown")
+                .arg("-R")
+                .arg(format!("{u}:"))
+                .arg(&root))
+            .expect("chown");
+            assert!(st.status.success(), "chown {u} {}", root.display());
+        }
+        for attempt in 0.. {
+            let port = free_port();
+            let ini = root.join("pgbouncer.ini");
+            std::fs::write(
+                &ini,
+                format!(
+                    "[databases]\n* = host={host} port={upstream}\n\
+                     [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
+                     unix_socket_dir =\nauth_type = trust\nauth_file = {users}\n\
+                     pool_mode = {pool_mode}\ndefault_pool_size = 4\nmax_client_conn = 200\n\
+                     logfile = {log}\n",
+                    users = root.join("users.txt").display(),
+                    log = root.join("pgbouncer.log").display(),
+                ),
+            )
+            .expect("pgbouncer.ini");
+            let mut c = match &user {
+                None => Command::new(&bin),
+                Some(u) => {
+                    let mut c = Command::new("setpriv");
+                    c.arg(format!("--reuid={u}"))
+                        .arg(format!("--regid={}", group_of(u)))
+                        .arg("--init-groups")
+                        .arg("--")
+                        .arg(&bin);
+                    c
+                }
+            };
+            let child = c
+                .arg(&ini)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("pgbouncer runs");
+            watch_child(child.id(), &root);
+            let b = PgBouncer {
+                port,
+                root: root.clone(),
+                child: Mutex::new(Some(child)),
+            };
+            let until = Instant::now() + Duration::from_secs(20);
+            loop {
+                let exited = matches!(
+                    b.child.lock().expect("lock").as_mut().map(|c| c.try_wait()),
+                    Some(Ok(Some(_)))
+                );
+                if exited {
+                    break;
+                }
+                let dsn = format!("postgres://agentstate@127.0.0.1:{port}/postgres");
+                if postgres::Client::connect(&dsn, postgres::NoTls).is_ok() {
+                    return b;
+                }
+                if Instant::now() > until {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            assert!(
+                attempt < 3,
+                "pgbouncer did not start; see {}",
+                root.join("pgbouncer.log").display()
+            );
+        }
+        unreachable!()
+    }
+
+    /// The URL of database `db` through this PgBouncer.
+    pub fn dsn(&self, db: &str) -> String {
+        format!("postgres://agentstate@127.0.0.1:{}/{db}", self.port)
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.lock().expect("lock").take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Stops process `pid` (and removes `root`) when this process is gone.
+#[allow(clippy::zombie_processes)]
+fn watch_child(pid: u32, root: &Path) {
+    let script = format!(
+        "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill {pid} 2>/dev/null; rm -rf '{root}'",
+        me = std::process::id(),
+        root = root.display()
+    );
+    Command::new("setsid")
+        .args(["sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the watchdog starts (setsid, sh)");
+}

@@ -1466,3 +1466,92 @@ mod tls {
         }
     }
 }
+
+/// The store behind PgBouncer in transaction mode: with the statement
+/// cache off, every rule holds; with it on, a statement the next server
+/// connection lacks is `Refused`, naming the fix.
+mod pgbouncer {
+    use super::*;
+    use crate::pg_server::PgBouncer;
+
+    fn bouncer() -> &'static PgBouncer {
+        static B: OnceLock<PgBouncer> = OnceLock::new();
+        B.get_or_init(|| {
+            let cfg: postgres::Config = shared_dsn().parse().expect("the shared dsn");
+            let host = match cfg.get_hosts().first() {
+                Some(postgres::config::Host::Tcp(h)) => h.clone(),
+                _ => "127.0.0.1".to_string(),
+            };
+            let port = cfg.get_ports().first().copied().unwrap_or(5432);
+            PgBouncer::start(&host, port, "transaction")
+        })
+    }
+
+    #[test]
+    fn a_cached_statement_on_another_server_connection_is_refused_naming_the_fix() {
+        let b = bouncer();
+        let o = PgOptions::new().schema("bouncer_cached").pool_size(1);
+        let store = PostgresStore::connect_with(&b.dsn("postgres"), o.clone()).expect("connect");
+        store.setup().expect("setup through the bouncer");
+        // The cached statements are prepared on the server connection the
+        // bouncer lent this transaction…
+        assert!(store.schema_version().expect("read").is_some());
+        // …which another client now holds (PgBouncer lends the last
+        // released connection first), so the next transaction gets another.
+        let mut other = postgres::Client::connect(&b.dsn("postgres"), postgres::NoTls).expect("c");
+        other.batch_execute("BEGIN; SELECT 1").expect("pin");
+        let e = store
+            .schema_version()
+            .expect_err("the statement is on the other connection");
+        other.batch_execute("COMMIT").expect("unpin");
+        assert!(
+            matches!(
+                e,
+                StateError::Persistence {
+                    reason: PersistenceReason::Refused,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("statement_cache"), "{e}");
+        assert!(e.to_string().contains("session mode"), "{e}");
+        eprintln!("@@ {e}");
+        // Without the cache, the same works.
+        let store =
+            PostgresStore::connect_with(&b.dsn("postgres"), o.statement_cache(false)).expect("c");
+        assert!(store.schema_version().expect("read").is_some());
+        let mut other = postgres::Client::connect(&b.dsn("postgres"), postgres::NoTls).expect("c");
+        other.batch_execute("BEGIN; SELECT 1").expect("pin");
+        assert!(store.schema_version().expect("read").is_some());
+        other.batch_execute("COMMIT").expect("unpin");
+    }
+
+    /// The whole conformance suite through PgBouncer in transaction mode.
+    #[cfg(feature = "conformance")]
+    #[test]
+    fn conformance_through_pgbouncer_in_transaction_mode() {
+        use agentstate::ManualClock;
+        use agentstate::conformance::{ConformanceStore, RULES};
+        let dsn = bouncer().dsn("postgres");
+        let o = || {
+            PgOptions::new()
+                .schema("bouncer_conformance")
+                .statement_cache(false)
+        };
+        PostgresStore::connect_with(&dsn, o())
+            .expect("connect")
+            .setup()
+            .expect("setup through the bouncer");
+        let factory = |clock: Arc<ManualClock>| -> Arc<dyn ConformanceStore> {
+            Arc::new(
+                PostgresStore::connect_with(&dsn, o().options(Options::new().clock(clock)))
+                    .expect("connect"),
+            )
+        };
+        for (id, check) in RULES {
+            eprintln!("@@ {id}");
+            check(&factory);
+        }
+    }
+}
