@@ -36,6 +36,8 @@ use crate::error::{Result, StateError};
 pub(crate) struct Conn {
     client: postgres::Client,
     statements: HashMap<String, Statement>,
+    /// When it was dialed (for the max lifetime).
+    born: Instant,
 }
 
 /// Dials connections for the pool, and keeps the last dial's failure so a
@@ -47,6 +49,9 @@ pub(crate) struct Manager {
     /// The last dial's failure; cleared by a dial that succeeds. Shared
     /// with the store (r2d2 does not lend its manager back).
     pub(crate) failure: Failure,
+    /// A connection older than this is closed when it comes back to the
+    /// pool (r2d2's own check only looks at idle ones, every 30 s).
+    pub(crate) max_lifetime: Option<Duration>,
 }
 
 impl Manager {
@@ -86,6 +91,7 @@ impl r2d2::ManageConnection for Manager {
         Ok(Conn {
             client: dialed?,
             statements: HashMap::new(),
+            born: Instant::now(),
         })
     }
 
@@ -94,7 +100,7 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.client.is_closed()
+        conn.client.is_closed() || self.max_lifetime.is_some_and(|l| conn.born.elapsed() >= l)
     }
 }
 
@@ -454,7 +460,9 @@ impl PostgresStore {
             let mut conn = self.conn()?;
             let mut began = false;
             let out = (|| {
-                let Conn { client, statements } = &mut *conn;
+                let Conn {
+                    client, statements, ..
+                } = &mut *conn;
                 let mut tx = Tx::begin(client, statements, self)?;
                 began = true;
                 let v = f(&mut tx)?;

@@ -166,15 +166,16 @@ impl PgOptions {
         self
     }
     /// A pooled connection unused this long is closed (default 10 min;
-    /// `None`: never). Checked about every 30 s.
+    /// `None`: never). Idle connections are looked at about every 30 s.
     pub fn idle_timeout(mut self, t: Option<Duration>) -> Self {
         self.idle_timeout = t;
         self
     }
-    /// A pooled connection older than this is closed when it goes back to
-    /// the pool, or when next checked (default 30 min; `None`: never):
-    /// under a server that fails over behind one name, or a proxy that
-    /// drops old connections, set it below their limit.
+    /// A connection older than this is closed when a call gives it back,
+    /// or, idle, at the next look (about every 30 s); default 30 min,
+    /// `None`: never. Under a server that fails over behind one name, or
+    /// a proxy or firewall that drops old connections, set it below their
+    /// limit.
     pub fn max_lifetime(mut self, t: Option<Duration>) -> Self {
         self.max_lifetime = t;
         self
@@ -398,6 +399,7 @@ impl PostgresStore {
                     .config
                     .map(|c| tokio_postgres_rustls::MakeRustlsConnect::new((*c).clone())),
                 failure: failure.clone(),
+                max_lifetime: opts.max_lifetime,
             });
         Ok(PostgresStore {
             pool,

@@ -1555,3 +1555,50 @@ mod pgbouncer {
         }
     }
 }
+
+/// `max_lifetime`: a connection past it is closed when its call gives it
+/// back, and the next call dials a new one.
+#[test]
+fn a_connection_past_its_max_lifetime_is_replaced() {
+    let app = unique("lifetime").replace('-', "_");
+    let sep = if shared_dsn().contains('?') { '&' } else { '?' };
+    let dsn = format!("{}{sep}application_name={app}", shared_dsn());
+    let store = PostgresStore::connect_with(
+        &dsn,
+        PgOptions::new()
+            .schema(schema())
+            .pool_size(1)
+            .max_lifetime(Some(Duration::from_millis(300))),
+    )
+    .expect("connect");
+    let mut admin = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("admin");
+    let mut pids = || -> Vec<i32> {
+        admin
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+                &[&app],
+            )
+            .expect("pg_stat_activity")
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    store.schema_version().expect("read");
+    let first = pids();
+    assert_eq!(first.len(), 1, "{first:?}");
+    // Young: kept.
+    store.schema_version().expect("read");
+    assert_eq!(pids(), first);
+    std::thread::sleep(Duration::from_millis(400));
+    // Old: used once more, then closed as it comes back.
+    store.schema_version().expect("read");
+    let until = Instant::now() + Duration::from_secs(5);
+    while !pids().is_empty() {
+        assert!(Instant::now() < until, "still open: {:?}", pids());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    store.schema_version().expect("read");
+    let second = pids();
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(second, first);
+}
