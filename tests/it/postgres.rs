@@ -973,7 +973,8 @@ fn cutting_proxy(mode: Arc<std::sync::atomic::AtomicU8>) -> (u16, postgres::Conf
                         let _ = to.shutdown(Shutdown::Both);
                         return;
                     }
-                    if has(b"BEGIN\0") {
+                    // `BEGIN` alone, or the store's `BEGIN; SET LOCAL …` batch.
+                    if has(b"BEGIN\0") || has(b"BEGIN;") {
                         in_txn = true;
                     }
                     if to.write_all(chunk).is_err() {
