@@ -8,7 +8,13 @@
 //!
 //! | failure point                                    | answer           |
 //! |--------------------------------------------------|------------------|
-//! | no connection (dial, pool wait)                  | `Unavailable`    |
+//! | the dial refused: authentication, `pg_hba.conf`, | `Refused`, as    |
+//! | unknown database, TLS required or failing, a     | soon as the      |
+//! | certificate that does not verify                 | server answers   |
+//! | no connection (unreachable, too many clients,    | `Unavailable`    |
+//! | starting up, the pool's wait)                    | after the timeout|
+//! | a prepared statement the server connection lacks | `Refused`: a     |
+//! | (a transaction-mode pooler and the cache on)     | pooler's mode    |
 //! | `BEGIN` or a statement fails (server error, lost | `Unavailable`    |
 //! | connection, timeout): the server aborts an open  | (or tried again) |
 //! | transaction when its connection drops            |                  |

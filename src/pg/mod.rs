@@ -224,7 +224,16 @@ impl PgOptions {
 /// record that commits late).
 ///
 /// `connect` opens no connection: a pool of [`PgOptions::pool_size`]
-/// connections is dialed as calls need them. Call [`setup`](Self::setup)
+/// connections is dialed as calls need them, over TLS as the DSN's
+/// `sslmode` says (see [`PgOptions`]). A dial the server refuses (a wrong
+/// password, `pg_hba.conf`, an unknown database, a certificate that does
+/// not verify) fails the call `Persistence { reason: Refused }` with the
+/// server's words as soon as it answers.
+///
+/// **Poolers:** through PgBouncer in session mode the store works as
+/// over a direct connection; in transaction mode turn off
+/// [`PgOptions::statement_cache`] (its settings are per transaction, so
+/// nothing else leaks between the server connections it is lent). Call [`setup`](Self::setup)
 /// once at boot (every worker may, at the same time) before any other call.
 ///
 /// **Durability:** an `Ok` means the call's transaction committed with

@@ -272,7 +272,19 @@ pub(crate) fn resolve(s: TlsSettings<'_>) -> Result<Tls> {
             config: (mode != PgSslMode::Disable).then(|| config.clone()),
         });
     }
-    let mut mode = s.mode.or(s.dsn.mode).unwrap_or(PgSslMode::Prefer);
+    // libpq 16: `sslrootcert=system` is the OS's roots, and verify-full.
+    let system = root.as_deref() == Some(Path::new("system"));
+    let mut mode = s.mode.or(s.dsn.mode).unwrap_or(if system {
+        PgSslMode::VerifyFull
+    } else {
+        PgSslMode::Prefer
+    });
+    if system && mode != PgSslMode::VerifyFull {
+        return Err(invalid(
+            "sslrootcert=system: sslmode must be verify-full (or left out), as libpq requires"
+                .into(),
+        ));
+    }
     if mode == PgSslMode::Disable {
         return Ok(Tls { mode, config: None });
     }
@@ -303,7 +315,11 @@ pub(crate) fn resolve(s: TlsSettings<'_>) -> Result<Tls> {
                 }
             }
         };
-        Some(load_roots(&path)?)
+        Some(if system {
+            system_roots()?
+        } else {
+            load_roots(&path)?
+        })
     } else {
         None
     };
@@ -331,6 +347,26 @@ fn load_roots(path: &Path) -> Result<RootCertStore> {
         return Err(invalid(format!(
             "sslrootcert {}: no usable certificate in it",
             path.display()
+        )));
+    }
+    Ok(roots)
+}
+
+/// The operating system's root certificates.
+fn system_roots() -> Result<RootCertStore> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        let why = found
+            .errors
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(invalid(format!(
+            "sslrootcert=system: no root certificate found in the system's store{}{why}",
+            if why.is_empty() { "" } else { ": " }
         )));
     }
     Ok(roots)

@@ -1278,6 +1278,21 @@ mod tls {
         .with_root_certificates(roots)
         .with_no_client_auth();
         ok(&url("sslonly", "localhost", ""), opts().tls(config));
+        // libpq 16's `sslrootcert=system`: the OS's roots, which do not
+        // hold this test CA; verify-full is implied, weaker is an error.
+        let sys = url("sslonly", "localhost", "sslrootcert=system");
+        if std::path::Path::new("/etc/ssl/certs")
+            .read_dir()
+            .is_ok_and(|mut d| d.next().is_some())
+        {
+            refused(&sys, opts(), "sslrootcert must name the CA");
+        }
+        let e = PostgresStore::connect_with(
+            &url("sslonly", "localhost", "sslrootcert=system&sslmode=require"),
+            opts(),
+        )
+        .expect_err("invalid");
+        assert!(matches!(e, StateError::Invalid { .. }), "{e:?}");
         // A word libpq does not know, and a verify mode without a root.
         for (dsn, o) in [
             (url("sslonly", h, "sslmode=verify"), opts()),
