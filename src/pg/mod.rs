@@ -69,7 +69,7 @@ pub(crate) const SCHEMA_VERSION: u8 = SCHEMA.len() as u8;
 ///
 /// `verify-ca` and `verify-full` need the root certificate
 /// (`sslrootcert`, else libpq's `~/.postgresql/root.crt`).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PgOptions {
     pub(crate) options: Options,
     pub(crate) pool_size: u32,
@@ -85,6 +85,27 @@ pub struct PgOptions {
     pub(crate) ssl_root_cert: Option<PathBuf>,
     pub(crate) ssl_client_cert: Option<(PathBuf, PathBuf)>,
     pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl std::fmt::Debug for PgOptions {
+    // By hand: a rustls configuration holds the client's key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgOptions")
+            .field("options", &self.options)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("schema", &self.schema)
+            .field("retries", &self.retries)
+            .field("statement_cache", &self.statement_cache)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_lifetime", &self.max_lifetime)
+            .field("ssl_mode", &self.ssl_mode)
+            .field("ssl_root_cert", &self.ssl_root_cert)
+            .field("ssl_client_cert", &self.ssl_client_cert)
+            .field("tls", &self.tls.as_ref().map(|_| "a rustls ClientConfig"))
+            .finish()
+    }
 }
 
 impl Default for PgOptions {

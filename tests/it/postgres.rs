@@ -1543,6 +1543,31 @@ mod pgbouncer {
         other.batch_execute("COMMIT").expect("unpin");
     }
 
+    /// Session mode: the store works as over a direct connection, its
+    /// statement cache on (nothing is sent as startup `options`, which
+    /// PgBouncer refuses).
+    #[test]
+    fn session_mode_works_as_a_direct_connection() {
+        let cfg: postgres::Config = shared_dsn().parse().expect("the shared dsn");
+        let host = match cfg.get_hosts().first() {
+            Some(postgres::config::Host::Tcp(h)) => h.clone(),
+            _ => "127.0.0.1".to_string(),
+        };
+        let port = cfg.get_ports().first().copied().unwrap_or(5432);
+        let b = PgBouncer::start(&host, port, "session");
+        let store = PostgresStore::connect_with(
+            &b.dsn("postgres"),
+            PgOptions::new().schema("bouncer_session"),
+        )
+        .expect("connect");
+        store.setup().expect("setup");
+        let rk = RunKey::new(unique("session"), "r");
+        store.put_run(RunRecord::new(rk.clone(), "a")).expect("put");
+        for _ in 0..3 {
+            assert!(store.get_run(&rk).expect("get").is_some());
+        }
+    }
+
     /// The whole conformance suite through PgBouncer in transaction mode.
     #[cfg(feature = "conformance")]
     #[test]
