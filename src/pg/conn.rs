@@ -8,7 +8,13 @@
 //!
 //! | failure point                                    | answer           |
 //! |--------------------------------------------------|------------------|
-//! | no connection (dial, pool wait)                  | `Unavailable`    |
+//! | the dial refused: authentication, `pg_hba.conf`, | `Refused`, as    |
+//! | unknown database, TLS required or failing, a     | soon as the      |
+//! | certificate that does not verify                 | server answers   |
+//! | no connection (unreachable, too many clients,    | `Unavailable`    |
+//! | starting up, the pool's wait)                    | after the timeout|
+//! | a prepared statement the server connection lacks | `Refused`: a     |
+//! | (a transaction-mode pooler and the cache on)     | pooler's mode    |
 //! | `BEGIN` or a statement fails (server error, lost | `Unavailable`    |
 //! | connection, timeout): the server aborts an open  | (or tried again) |
 //! | transaction when its connection drops            |                  |
@@ -21,11 +27,13 @@
 //! | answering it (class 08, 57P): it may have landed |                  |
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
 use postgres::types::ToSql;
 use postgres::{NoTls, Row, Statement};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::PostgresStore;
 use crate::error::{Result, StateError};
@@ -34,31 +42,153 @@ use crate::error::{Result, StateError};
 pub(crate) struct Conn {
     client: postgres::Client,
     statements: HashMap<String, Statement>,
+    /// When it was dialed (for the max lifetime).
+    born: Instant,
 }
 
-/// Dials connections for the pool.
+/// Dials connections for the pool, and keeps the last dial's failure so a
+/// caller waiting for a connection learns why none comes.
 pub(crate) struct Manager {
     pub(crate) config: postgres::Config,
+    /// `None`: no TLS (`sslmode=disable`).
+    pub(crate) tls: Option<MakeRustlsConnect>,
+    /// The last dial's failure; cleared by a dial that succeeds. Shared
+    /// with the store (r2d2 does not lend its manager back).
+    pub(crate) failure: Failure,
+    /// A connection older than this is closed when it comes back to the
+    /// pool (r2d2's own check only looks at idle ones, every 30 s).
+    pub(crate) max_lifetime: Option<Duration>,
+}
+
+impl Manager {
+    /// Dials one connection: plain, or TLS as the store's `sslmode` says.
+    fn dial(&self) -> std::result::Result<postgres::Client, postgres::Error> {
+        match &self.tls {
+            None => self.config.connect(NoTls),
+            Some(tls) => self.config.connect(tls.clone()),
+        }
+    }
+}
+
+/// The last dial's failure, if it failed.
+#[derive(Clone, Default)]
+pub(crate) struct Failure(Arc<Mutex<Option<Arc<postgres::Error>>>>);
+
+impl Failure {
+    fn get(&self) -> Option<Arc<postgres::Error>> {
+        self.0.lock().map(|f| f.clone()).unwrap_or(None)
+    }
+
+    fn set(&self, e: Option<Arc<postgres::Error>>) {
+        if let Ok(mut f) = self.0.lock() {
+            *f = e;
+        }
+    }
 }
 
 impl r2d2::ManageConnection for Manager {
     type Connection = Conn;
-    type Error = postgres::Error;
+    /// Shared with the failure slot (the driver's error is not `Clone`).
+    type Error = Arc<postgres::Error>;
 
-    fn connect(&self) -> std::result::Result<Conn, postgres::Error> {
+    fn connect(&self) -> std::result::Result<Conn, Arc<postgres::Error>> {
+        let dialed = self.dial().map_err(Arc::new);
+        self.failure.set(dialed.as_ref().err().cloned());
         Ok(Conn {
-            client: self.config.connect(NoTls)?,
+            client: dialed?,
             statements: HashMap::new(),
+            born: Instant::now(),
         })
     }
 
-    fn is_valid(&self, conn: &mut Conn) -> std::result::Result<(), postgres::Error> {
-        conn.client.simple_query("").map(|_| ())
+    fn is_valid(&self, conn: &mut Conn) -> std::result::Result<(), Arc<postgres::Error>> {
+        conn.client.simple_query("").map(|_| ()).map_err(Arc::new)
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.client.is_closed()
+        conn.client.is_closed() || self.max_lifetime.is_some_and(|l| conn.born.elapsed() >= l)
     }
+}
+
+/// True when a failed dial is the server's (or the TLS layer's) "no" to
+/// the configuration, which no retry fixes: authentication (28000 covers a
+/// `pg_hba.conf` refusal, 28P01 a wrong password), an unknown database
+/// (3D000), no `CONNECT` privilege (42501), the client's own TLS or
+/// authentication settings, a certificate that does not verify, a server
+/// that does not offer TLS when it is required.
+pub(crate) fn is_refusal(e: &postgres::Error) -> bool {
+    if let Some(db) = e.as_db_error() {
+        let c = db.code().code();
+        return c.starts_with("28")
+            || c == SqlState::INVALID_CATALOG_NAME.code()
+            || c == SqlState::INSUFFICIENT_PRIVILEGE.code()
+            || c == SqlState::PROTOCOL_VIOLATION.code()
+            || c == SqlState::FEATURE_NOT_SUPPORTED.code();
+    }
+    // The driver's error kinds are private; its `Display` names them.
+    let text = e.to_string();
+    if text.starts_with("authentication error") || text.starts_with("invalid configuration") {
+        return true;
+    }
+    if text.starts_with("error performing TLS handshake") {
+        // A connection reset mid-handshake is the network's; a rustls
+        // error (a certificate, a protocol mismatch) or a server without
+        // TLS is the configuration's.
+        return !transient_io(e);
+    }
+    false
+}
+
+/// An I/O error under `e` that is the network's doing, not TLS's.
+fn transient_io(e: &postgres::Error) -> bool {
+    use std::error::Error as _;
+    use std::io::ErrorKind as K;
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = e.source();
+    while let Some(s) = cur {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+            {
+                return false;
+            }
+            return matches!(
+                io.kind(),
+                K::ConnectionReset
+                    | K::ConnectionAborted
+                    | K::UnexpectedEof
+                    | K::BrokenPipe
+                    | K::TimedOut
+                    | K::NotConnected
+            );
+        }
+        if s.downcast_ref::<rustls::Error>().is_some() {
+            return false;
+        }
+        cur = s.source();
+    }
+    false
+}
+
+/// The driver's error in words: the server's message and SQLSTATE when the
+/// server answered, its chain of causes otherwise.
+pub(crate) fn describe(e: &postgres::Error) -> String {
+    use std::error::Error as _;
+    if let Some(db) = e.as_db_error() {
+        return format!("{} ({})", db.message(), db.code().code());
+    }
+    let mut s = e.to_string();
+    // The driver's `Display` names only the kind of failure.
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
 }
 
 /// Why a transaction did not commit: a rule said no (returned as is), or
@@ -93,6 +223,8 @@ pub(crate) struct Tx<'a> {
     tx: &'a mut postgres::Client,
     statements: &'a mut HashMap<String, Statement>,
     prefix: &'a str,
+    /// Statements kept for the connection's next transactions.
+    cache: bool,
     /// `BEGIN` answered and neither `COMMIT` nor `ROLLBACK` sent yet.
     open: bool,
 }
@@ -109,17 +241,18 @@ impl Drop for Tx<'_> {
 }
 
 impl<'a> Tx<'a> {
-    /// `BEGIN` on `client`.
+    /// `BEGIN` (and the store's settings, `begin`) on `client`.
     fn begin(
         client: &'a mut postgres::Client,
         statements: &'a mut HashMap<String, Statement>,
-        prefix: &'a str,
+        store: &'a PostgresStore,
     ) -> std::result::Result<Self, postgres::Error> {
-        client.batch_execute("BEGIN")?;
+        client.batch_execute(&store.begin)?;
         Ok(Tx {
             tx: client,
             statements,
-            prefix,
+            prefix: &store.prefix,
+            cache: store.opts.statement_cache,
             open: true,
         })
     }
@@ -167,7 +300,10 @@ impl Tx<'_> {
             return Ok(s.clone());
         }
         let s = self.tx.prepare(&text)?;
-        self.statements.insert(text, s.clone());
+        // Uncached, it is closed when dropped, inside its transaction.
+        if self.cache {
+            self.statements.insert(text, s.clone());
+        }
         Ok(s)
     }
 
@@ -240,6 +376,14 @@ fn verdict(e: &postgres::Error, began: bool) -> Verdict {
     }
 }
 
+/// A prepared statement the server connection does not have, or has
+/// already: what a transaction-mode pooler does to a statement cache.
+fn lost_statement(e: &postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::INVALID_SQL_STATEMENT_NAME || *c == SqlState::DUPLICATE_PSTATEMENT
+    })
+}
+
 /// A server failure as the crate's error.
 pub(crate) fn unavailable(e: &postgres::Error) -> StateError {
     let detail = match e.as_db_error() {
@@ -258,17 +402,57 @@ pub(crate) fn unavailable(e: &postgres::Error) -> StateError {
 
 impl PostgresStore {
     /// A connection from the pool, dialing one if none is free; waits at
-    /// most the connect timeout.
+    /// most the connect timeout. A dial the server (or TLS) refuses is
+    /// `Refused` as soon as it answers; a server not reached in time is
+    /// `Unavailable`, with the last dial's failure.
     pub(crate) fn conn(&self) -> Result<r2d2::PooledConnection<Manager>> {
-        self.pool.get().map_err(|e| {
-            StateError::unavailable(
-                format!(
-                    "postgres {}: no connection within {:?}: {e}",
-                    self.display, self.opts.connect_timeout
-                ),
-                None,
-            )
-        })
+        if let Some(c) = self.pool.try_get() {
+            return Ok(c);
+        }
+        // r2d2 dials in the background and retries a failed dial until the
+        // timeout: wait in short slices, and look at the last dial's
+        // failure between them.
+        const SLICE: Duration = Duration::from_millis(10);
+        let until = Instant::now() + self.opts.connect_timeout;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if let Ok(c) = self.pool.get_timeout(left.min(SLICE)) {
+                return Ok(c);
+            }
+            let failure = self.failure.get();
+            if let Some(e) = failure.as_ref().filter(|e| is_refusal(e)) {
+                return Err(self.refused(e.clone()));
+            }
+            if Instant::now() >= until {
+                let why = match failure {
+                    Some(e) => describe(&e),
+                    None => "every connection is in use".to_string(),
+                };
+                return Err(StateError::unavailable(
+                    format!(
+                        "postgres at {}: no connection within {:?}: {why}",
+                        self.target, self.opts.connect_timeout
+                    ),
+                    None,
+                ));
+            }
+        }
+    }
+
+    /// A dial's refusal as the crate's error: the server's own words, and
+    /// the driver's error as the source.
+    fn refused(&self, e: Arc<postgres::Error>) -> StateError {
+        let mut detail = format!(
+            "postgres at {} refused the connection: {}",
+            self.target,
+            describe(&e)
+        );
+        if let Some(hint) = refusal_hint(&e) {
+            detail.push_str(" (");
+            detail.push_str(hint);
+            detail.push(')');
+        }
+        StateError::refused(detail, Some(Box::new(e)))
     }
 
     /// Runs `f` in one transaction and commits it. `f` may run more than
@@ -282,8 +466,10 @@ impl PostgresStore {
             let mut conn = self.conn()?;
             let mut began = false;
             let out = (|| {
-                let Conn { client, statements } = &mut *conn;
-                let mut tx = Tx::begin(client, statements, &self.prefix)?;
+                let Conn {
+                    client, statements, ..
+                } = &mut *conn;
+                let mut tx = Tx::begin(client, statements, self)?;
                 began = true;
                 let v = f(&mut tx)?;
                 tx.commit()?;
@@ -311,6 +497,19 @@ impl PostgresStore {
                 Verdict::Redial if redials <= self.opts.pool_size => {
                     redials += 1;
                 }
+                _ if lost_statement(&e) => {
+                    return Err(StateError::refused(
+                        format!(
+                            "postgres at {}: {}: a pooler in transaction mode (PgBouncer's \
+                             pool_mode = transaction) in front of the server? Connect to the \
+                             server directly, use the pooler's session mode, or turn off \
+                             PgOptions::statement_cache",
+                            self.target,
+                            describe(&e)
+                        ),
+                        Some(Box::new(e)),
+                    ));
+                }
                 _ => return Err(unavailable(&e)),
             }
         }
@@ -326,43 +525,28 @@ fn backoff(attempt: u32) {
     std::thread::sleep(Duration::from_micros(h.finish() % cap_us));
 }
 
-/// `postgres://user:secret@host/…` → `postgres://user:***@host/…`; a
-/// `key=value` DSN loses its `password=…`.
-pub(crate) fn redact(dsn: &str) -> String {
-    if let Some((scheme, rest)) = dsn.split_once("://") {
-        let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        let (auth, tail) = rest.split_at(auth_end);
-        return match auth.rsplit_once('@') {
-            Some((userinfo, host)) => match userinfo.split_once(':') {
-                Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-                None => dsn.to_string(),
-            },
-            None => dsn.to_string(),
+/// What to change, for the refusals whose fix is not in the server's words.
+fn refusal_hint(e: &postgres::Error) -> Option<&'static str> {
+    if let Some(db) = e.as_db_error() {
+        let m = db.message();
+        return if m.contains("no encryption") {
+            Some("the server accepts this user only over TLS: sslmode=require or stronger")
+        } else if *db.code() == SqlState::INVALID_PASSWORD {
+            Some("check the user and password")
+        } else {
+            None
         };
     }
-    dsn.split_whitespace()
-        .map(|kv| {
-            if kv.starts_with("password=") {
-                "password=***"
-            } else {
-                kv
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn passwords_never_shown() {
-        assert_eq!(
-            super::redact("postgres://me:hunter2@db:5432/x"),
-            "postgres://me:***@db:5432/x"
-        );
-        assert_eq!(
-            super::redact("host=db password=hunter2 user=me"),
-            "host=db password=*** user=me"
-        );
+    let text = describe(e);
+    if text.contains("server does not support TLS") {
+        Some("the server offers no TLS; sslmode=prefer or disable, or turn ssl on at the server")
+    } else if text.contains("NotValidForName") || text.contains("not valid for name") {
+        Some("the host connected to is not a name in the server's certificate")
+    } else if text.contains("invalid peer certificate") {
+        Some("sslrootcert must name the CA that signed the server's certificate")
+    } else if text.contains("password missing") {
+        Some("the server asks for a password and the DSN has none")
+    } else {
+        None
     }
 }

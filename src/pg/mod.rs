@@ -14,16 +14,18 @@ mod budgets;
 mod conn;
 mod idempotency;
 mod runs;
+mod tls;
 mod trays;
 
 use std::borrow::Cow;
-use std::sync::OnceLock;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::error::{Result, StateError};
 use crate::options::Options;
 
-use conn::{Manager, Tx};
+use conn::{Failure, Manager, Tx};
 
 /// The schema files, in order; `SCHEMA[i]` brings a database from version
 /// `i` to `i + 1`.
@@ -45,10 +47,29 @@ pub(crate) const SCHEMA_VERSION: u8 = SCHEMA.len() as u8;
 ///     .pool_size(16)
 ///     .connect_timeout(Duration::from_secs(2))
 ///     .schema("agents")
+///     .idle_timeout(Some(Duration::from_secs(300)))
+///     .max_lifetime(Some(Duration::from_secs(1800)))
+///     .ssl_mode("verify-full")
+///     .ssl_root_cert("/etc/ssl/certs/db-ca.pem")
 ///     .options(Options::new().record_bytes_max(256 * 1024));
 /// # let _ = opts;
 /// ```
-#[derive(Debug, Clone)]
+///
+/// **TLS** (on rustls, libpq's `sslmode`): the DSN's `sslmode`,
+/// `sslrootcert`, `sslcert` and `sslkey` (URL query or `key=value`) are
+/// read as libpq reads them, and the options below override them:
+///
+/// | `sslmode`     | TLS                          | server certificate checked          |
+/// |---------------|------------------------------|-------------------------------------|
+/// | `disable`     | never                        | —                                   |
+/// | `prefer` (default), `allow` | if the server offers it | no                       |
+/// | `require`     | always                       | no; with a root certificate, as `verify-ca` |
+/// | `verify-ca`   | always                       | chains to the root certificate      |
+/// | `verify-full` | always                       | chain, and it names the host        |
+///
+/// `verify-ca` and `verify-full` need the root certificate
+/// (`sslrootcert`, else libpq's `~/.postgresql/root.crt`).
+#[derive(Clone)]
 pub struct PgOptions {
     pub(crate) options: Options,
     pub(crate) pool_size: u32,
@@ -56,6 +77,35 @@ pub struct PgOptions {
     pub(crate) statement_timeout: Duration,
     pub(crate) schema: String,
     pub(crate) retries: u32,
+    pub(crate) statement_cache: bool,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) max_lifetime: Option<Duration>,
+    /// As written; checked by `connect_with`.
+    pub(crate) ssl_mode: Option<String>,
+    pub(crate) ssl_root_cert: Option<PathBuf>,
+    pub(crate) ssl_client_cert: Option<(PathBuf, PathBuf)>,
+    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl std::fmt::Debug for PgOptions {
+    // By hand: a rustls configuration holds the client's key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgOptions")
+            .field("options", &self.options)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("schema", &self.schema)
+            .field("retries", &self.retries)
+            .field("statement_cache", &self.statement_cache)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_lifetime", &self.max_lifetime)
+            .field("ssl_mode", &self.ssl_mode)
+            .field("ssl_root_cert", &self.ssl_root_cert)
+            .field("ssl_client_cert", &self.ssl_client_cert)
+            .field("tls", &self.tls.as_ref().map(|_| "a rustls ClientConfig"))
+            .finish()
+    }
 }
 
 impl Default for PgOptions {
@@ -67,6 +117,13 @@ impl Default for PgOptions {
             statement_timeout: Duration::from_secs(30),
             schema: "public".to_string(),
             retries: 16,
+            statement_cache: true,
+            idle_timeout: Some(Duration::from_secs(600)),
+            max_lifetime: Some(Duration::from_secs(1800)),
+            ssl_mode: None,
+            ssl_root_cert: None,
+            ssl_client_cert: None,
+            tls: None,
         }
     }
 }
@@ -116,6 +173,70 @@ impl PgOptions {
         self.retries = n;
         self
     }
+    /// Whether each connection keeps its prepared statements from one
+    /// transaction to the next (default on: a statement is parsed once
+    /// per connection). Turn it off behind a pooler in transaction mode
+    /// (PgBouncer's `pool_mode = transaction`), which hands each
+    /// transaction whichever server connection is free, so a statement
+    /// prepared on one is unknown on the next: each statement is then
+    /// prepared in its transaction (one more round trip each). With it
+    /// on, such a pooler's "prepared statement does not exist" is
+    /// `Refused`, naming this fix.
+    pub fn statement_cache(mut self, on: bool) -> Self {
+        self.statement_cache = on;
+        self
+    }
+    /// A pooled connection unused this long is closed (default 10 min;
+    /// `None`: never). Idle connections are looked at about every 30 s.
+    pub fn idle_timeout(mut self, t: Option<Duration>) -> Self {
+        self.idle_timeout = t;
+        self
+    }
+    /// A connection older than this is closed when a call gives it back,
+    /// or, idle, at the next look (about every 30 s); default 30 min,
+    /// `None`: never. Under a server that fails over behind one name, or
+    /// a proxy or firewall that drops old connections, set it below their
+    /// limit.
+    pub fn max_lifetime(mut self, t: Option<Duration>) -> Self {
+        self.max_lifetime = t;
+        self
+    }
+    /// libpq's `sslmode`, spelled as libpq spells it: `disable`, `allow`,
+    /// `prefer`, `require`, `verify-ca` or `verify-full` (see the table
+    /// above); overrides the DSN's. Another word is `Invalid` at
+    /// [`PostgresStore::connect_with`].
+    pub fn ssl_mode(mut self, mode: &str) -> Self {
+        self.ssl_mode = Some(mode.to_string());
+        self
+    }
+    /// The PEM file of the certificate(s) the server's certificate must
+    /// chain to (libpq's `sslrootcert`); overrides the DSN's. With it,
+    /// `require` checks the chain as `verify-ca` does.
+    pub fn ssl_root_cert(mut self, pem: impl Into<PathBuf>) -> Self {
+        self.ssl_root_cert = Some(pem.into());
+        self
+    }
+    /// A client certificate (PEM, its chain after it) and its private key
+    /// (PEM: PKCS#8, PKCS#1 or SEC1), for servers that authenticate by
+    /// certificate (`hostssl … cert` in `pg_hba.conf`); libpq's `sslcert`
+    /// and `sslkey`, overriding the DSN's.
+    pub fn ssl_client_cert(
+        mut self,
+        cert_pem: impl Into<PathBuf>,
+        key_pem: impl Into<PathBuf>,
+    ) -> Self {
+        self.ssl_client_cert = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+    /// A rustls client configuration built in code (its roots, its
+    /// verifier, its client certificate), used for every TLS connection
+    /// instead of the root and client certificates from the DSN or the
+    /// options. TLS is then required unless `sslmode` says otherwise.
+    /// `rustls` 0.23.
+    pub fn tls(mut self, config: rustls::ClientConfig) -> Self {
+        self.tls = Some(Arc::new(config));
+        self
+    }
 }
 
 /// The PostgreSQL backend: every worker of a fleet connects to one server
@@ -124,7 +245,16 @@ impl PgOptions {
 /// record that commits late).
 ///
 /// `connect` opens no connection: a pool of [`PgOptions::pool_size`]
-/// connections is dialed as calls need them. Call [`setup`](Self::setup)
+/// connections is dialed as calls need them, over TLS as the DSN's
+/// `sslmode` says (see [`PgOptions`]). A dial the server refuses (a wrong
+/// password, `pg_hba.conf`, an unknown database, a certificate that does
+/// not verify) fails the call `Persistence { reason: Refused }` with the
+/// server's words as soon as it answers.
+///
+/// **Poolers:** through PgBouncer in session mode the store works as
+/// over a direct connection; in transaction mode turn off
+/// [`PgOptions::statement_cache`] (its settings are per transaction, so
+/// nothing else leaks between the server connections it is lent). Call [`setup`](Self::setup)
 /// once at boot (every worker may, at the same time) before any other call.
 ///
 /// **Durability:** an `Ok` means the call's transaction committed with
@@ -152,6 +282,12 @@ pub struct PostgresStore {
     secret: OnceLock<[u8; 16]>,
     /// The DSN without its password, for messages.
     display: String,
+    /// What starts every transaction: `BEGIN` and the settings.
+    begin: String,
+    /// The last dial's failure (see `conn`).
+    failure: Failure,
+    /// `host:port` (each, when several), for messages.
+    target: String,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -162,6 +298,29 @@ impl std::fmt::Debug for PostgresStore {
             .field("pool_size", &self.opts.pool_size)
             .finish_non_exhaustive()
     }
+}
+
+/// The hosts and ports a configuration names, `host:port,…`.
+fn target(config: &postgres::Config) -> String {
+    use postgres::config::Host;
+    let ports = config.get_ports();
+    config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let port = ports
+                .get(i)
+                .or_else(|| ports.first())
+                .copied()
+                .unwrap_or(5432);
+            match h {
+                Host::Tcp(h) => format!("{h}:{port}"),
+                Host::Unix(p) => format!("{}/.s.PGSQL.{port}", p.display()),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn valid_schema(s: &str) -> bool {
@@ -182,8 +341,15 @@ impl PostgresStore {
     }
 
     /// A store over the server `dsn` names, with options. Opens no
-    /// connection. TLS is not supported: connect over a trusted network or
-    /// a local socket.
+    /// connection; reads the TLS files the DSN or the options name (one
+    /// missing or unreadable is `Invalid`).
+    ///
+    /// A call that needs a connection and gets none fails `Refused` as soon
+    /// as the server (or TLS) says no to the configuration — a wrong
+    /// password, a `pg_hba.conf` refusal, an unknown database, a user
+    /// allowed only over TLS, a certificate that does not verify — with the
+    /// server's own words; and `Unavailable` when the server is not reached
+    /// within the connect timeout (down, unreachable, restarting).
     pub fn connect_with(dsn: &str, opts: PgOptions) -> Result<PostgresStore> {
         if !valid_schema(&opts.schema) {
             return Err(StateError::invalid(format!(
@@ -191,26 +357,49 @@ impl PostgresStore {
                 opts.schema
             )));
         }
-        let display = crate::pg::conn::redact(dsn);
-        let mut config: postgres::Config = dsn
+        let display = crate::redact_connection_string(dsn);
+        let (rest, dsn_tls) =
+            tls::split_dsn(dsn).map_err(|e| StateError::invalid(format!("dsn {display}: {e}")))?;
+        let mut config: postgres::Config = rest
             .parse()
             .map_err(|e| StateError::invalid(format!("dsn {display}: {e}")))?;
+        let mode = opts
+            .ssl_mode
+            .as_deref()
+            .map(|m| {
+                tls::PgSslMode::parse(m).ok_or_else(|| {
+                    StateError::invalid(format!(
+                        "ssl_mode {m:?}: must be disable, allow, prefer, require, verify-ca or verify-full"
+                    ))
+                })
+            })
+            .transpose()?;
+        let tls = tls::resolve(tls::TlsSettings {
+            dsn: dsn_tls,
+            mode,
+            root_cert: opts.ssl_root_cert.as_deref(),
+            client_cert: opts
+                .ssl_client_cert
+                .as_ref()
+                .map(|(c, k)| (c.as_path(), k.as_path())),
+            config: opts.tls.as_ref(),
+        })?;
+        config.ssl_mode(tls.mode.driver());
+        let target = target(&config);
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(opts.connect_timeout);
         }
         let ms = opts.statement_timeout.as_millis();
-        // Every connection commits synchronously (the durability promise),
+        // Every transaction commits synchronously (the durability promise),
         // cancels long statements, and is dropped by the server if a client
-        // dies inside a transaction.
-        let mine = format!(
-            "-c synchronous_commit=on -c statement_timeout={ms} -c idle_in_transaction_session_timeout={}",
+        // dies inside it. Set with `SET LOCAL` in the `BEGIN` batch (no
+        // extra round trip), not as startup `options`, which PgBouncer
+        // refuses (or, told to ignore them, drops).
+        let begin = format!(
+            "BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL statement_timeout = {ms}; \
+             SET LOCAL idle_in_transaction_session_timeout = {}",
             ms.saturating_mul(2)
         );
-        let options = match config.get_options() {
-            Some(o) if !o.is_empty() => format!("{o} {mine}"),
-            _ => mine,
-        };
-        config.options(&options);
         if config.get_application_name().is_none() {
             config.application_name("agentstate");
         }
@@ -220,6 +409,7 @@ impl PostgresStore {
             .keepalives_interval(Duration::from_secs(2))
             .keepalives_retries(3)
             .tcp_user_timeout(opts.statement_timeout + Duration::from_secs(5));
+        let failure = Failure::default();
         let pool = r2d2::Pool::builder()
             .max_size(opts.pool_size)
             // Dialed lazily: a store never used opened no connection.
@@ -229,10 +419,23 @@ impl PostgresStore {
             // that is closed before a transaction starts is replaced at
             // once (see `conn`), so no round trip is spent testing.
             .test_on_check_out(false)
+            .idle_timeout(opts.idle_timeout)
+            .max_lifetime(opts.max_lifetime)
+            // The last dial's failure is kept by the manager (see `conn`).
             .error_handler(Box::new(r2d2::NopErrorHandler))
-            .build_unchecked(Manager { config });
+            .build_unchecked(Manager {
+                config,
+                tls: tls
+                    .config
+                    .map(|c| tokio_postgres_rustls::MakeRustlsConnect::new((*c).clone())),
+                failure: failure.clone(),
+                max_lifetime: opts.max_lifetime,
+            });
         Ok(PostgresStore {
             pool,
+            begin,
+            failure,
+            target,
             prefix: format!("\"{}\".", opts.schema),
             opts,
             secret: OnceLock::new(),

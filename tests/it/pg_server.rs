@@ -25,7 +25,102 @@ pub struct PgServer {
     bindir: PathBuf,
     user: Option<String>,
     fsync: bool,
+    /// More `-c name=value` settings for the postmaster.
+    settings: Vec<String>,
     child: Mutex<Option<Child>>,
+}
+
+/// The files of a TLS server (see [`PgServer::start_tls`]): the CA that
+/// signed the server's certificate (for `localhost` and `127.0.0.1`) and a
+/// client certificate for the user `certuser`.
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    /// A CA that signed nothing here.
+    pub other_ca: PathBuf,
+}
+
+/// The password of `pwuser` on a TLS server: the tests check that it
+/// appears in no error.
+pub const TEST_PASSWORD: &str = "Pw-s3cret-Xq7";
+
+/// Runs `openssl` with `args` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let o = sh(Command::new("openssl").current_dir(dir).args(args))
+        .expect("openssl runs (apt-get install -y openssl)");
+    assert!(
+        o.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A CA, a server certificate for `localhost`/`127.0.0.1` and a client
+/// certificate for `certuser`, in `dir`.
+fn make_certs(dir: &Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    for ca in ["ca", "other-ca"] {
+        let mut a = vec!["req", "-x509"];
+        a.extend(ec);
+        let key = format!("{ca}.key");
+        let crt = format!("{ca}.crt");
+        a.extend(["-keyout", &key, "-out", &crt, "-days", "2"]);
+        a.extend(["-subj", "/CN=agentstate test CA"]);
+        openssl(dir, &a);
+    }
+    let leaf = |name: &str, cn: &str, ext: &str| {
+        std::fs::write(dir.join(format!("{name}.ext")), ext).expect("write ext");
+        let (key, csr, crt, extf) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+            format!("{name}.ext"),
+        );
+        let subj = format!("/CN={cn}");
+        let mut a = vec!["req"];
+        a.extend(ec);
+        a.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
+        openssl(dir, &a);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &crt,
+                "-days",
+                "2",
+                "-extfile",
+                &extf,
+            ],
+        );
+    };
+    leaf(
+        "server",
+        "localhost",
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\n\
+         keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    );
+    leaf(
+        "client",
+        "certuser",
+        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
+         extendedKeyUsage=clientAuth\n",
+    );
 }
 
 fn sh(cmd: &mut Command) -> std::io::Result<std::process::Output> {
@@ -155,6 +250,76 @@ impl PgServer {
     /// crash, what the fault test does, loses nothing either way); the
     /// benchmarks turn it on.
     pub fn start(fsync: bool) -> PgServer {
+        Self::start_with(fsync, |_| Vec::new())
+    }
+
+    /// A server with TLS on (`ssl=on`, a certificate for `localhost` and
+    /// `127.0.0.1`) and this `pg_hba.conf`: the superuser `agentstate` by
+    /// `host` (TLS or not, trusted), `sslonly` only by `hostssl`,
+    /// `certuser` by `hostssl … cert` (a client certificate), `pwuser` by
+    /// password (`password`, checked by the server alone) and `scramuser`
+    /// (`scram-sha-256`), both [`TEST_PASSWORD`], and `rejected`
+    /// refused by a `reject` line. Every user may create in `postgres`.
+    pub fn start_tls() -> (PgServer, TlsFiles) {
+        let mut files = None;
+        let s = Self::start_with(false, |s| {
+            let dir = s.root.join("tls");
+            std::fs::create_dir_all(&dir).expect("tls dir");
+            make_certs(&dir);
+            // The server refuses a key others may read, or not its own.
+            if let Some(u) = &s.user {
+                let st = sh(Command::new("chown")
+                    .arg(format!("{u}:"))
+                    .arg(dir.join("server.key")))
+                .expect("chown");
+                assert!(st.status.success(), "chown the server key");
+            }
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(
+                dir.join("server.key"),
+                std::fs::Permissions::from_mode(0o600),
+            )
+            .expect("chmod the server key");
+            std::fs::write(
+                s.data().join("pg_hba.conf"),
+                "local all all trust\n\
+                 host all agentstate 127.0.0.1/32 trust\n\
+                 hostssl all sslonly 127.0.0.1/32 trust\n\
+                 hostssl all certuser 127.0.0.1/32 cert\n\
+                 host all pwuser 127.0.0.1/32 password\n\
+                 host all scramuser 127.0.0.1/32 scram-sha-256\n\
+                 host all rejected 127.0.0.1/32 reject\n",
+            )
+            .expect("write pg_hba.conf");
+            files = Some(TlsFiles {
+                ca: dir.join("ca.crt"),
+                client_cert: dir.join("client.crt"),
+                client_key: dir.join("client.key"),
+                other_ca: dir.join("other-ca.crt"),
+            });
+            vec![
+                "ssl=on".to_string(),
+                format!("ssl_cert_file={}", dir.join("server.crt").display()),
+                format!("ssl_key_file={}", dir.join("server.key").display()),
+                format!("ssl_ca_file={}", dir.join("ca.crt").display()),
+                "password_encryption=scram-sha-256".to_string(),
+            ]
+        });
+        let mut c =
+            postgres::Client::connect(&s.dsn("postgres"), postgres::NoTls).expect("connect");
+        c.batch_execute(&format!(
+            "CREATE ROLE sslonly LOGIN SUPERUSER; CREATE ROLE certuser LOGIN SUPERUSER; \
+             CREATE ROLE pwuser LOGIN PASSWORD '{TEST_PASSWORD}'; CREATE ROLE rejected LOGIN; \
+             CREATE ROLE scramuser LOGIN PASSWORD '{TEST_PASSWORD}'; \
+             GRANT ALL ON SCHEMA public TO PUBLIC"
+        ))
+        .expect("create the test roles");
+        (s, files.expect("the tls files"))
+    }
+
+    /// Starts a new server; `prepare` runs after initdb (it may write into
+    /// the data directory) and returns more settings.
+    pub fn start_with(fsync: bool, prepare: impl FnOnce(&PgServer) -> Vec<String>) -> PgServer {
         static N: AtomicU64 = AtomicU64::new(0);
         let bindir = bindir();
         let user = server_user();
@@ -179,6 +344,7 @@ impl PgServer {
             bindir,
             user,
             fsync,
+            settings: Vec::new(),
             child: Mutex::new(None),
         };
         watchdog(&s.root);
@@ -194,6 +360,7 @@ impl PgServer {
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         );
+        s.settings = prepare(&s);
         for attempt in 0.. {
             s.port = free_port();
             if s.spawn() {
@@ -229,6 +396,7 @@ impl PgServer {
             .arg(format!("unix_socket_directories={}", self.root.display()))
             .args(["-c", "max_connections=300"])
             .args(["-c", if self.fsync { "fsync=on" } else { "fsync=off" }])
+            .args(self.settings.iter().flat_map(|v| ["-c", v.as_str()]))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
@@ -249,6 +417,11 @@ impl PgServer {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The URL of database `db` on this server for `user`.
+    pub fn dsn_as(&self, user: &str, db: &str) -> String {
+        format!("postgres://{user}@127.0.0.1:{}/{db}", self.port)
     }
 
     /// The URL of database `db` on this server.
@@ -370,4 +543,148 @@ pub fn fresh_db(tag: &str) -> String {
     c.batch_execute(&format!("CREATE DATABASE {name}"))
         .expect("create database");
     with_db(shared_dsn(), &name)
+}
+
+/// A PgBouncer in front of a server, in a temp dir, run as the server's
+/// unprivileged user (it refuses to run as root), stopped when dropped or
+/// when this process exits.
+pub struct PgBouncer {
+    pub port: u16,
+    root: PathBuf,
+    child: Mutex<Option<Child>>,
+}
+
+/// The PgBouncer binary, or a panic naming how to install it.
+fn pgbouncer_bin() -> PathBuf {
+    for d in ["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"] {
+        let p = Path::new(d).join("pgbouncer");
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!("the PgBouncer tests need pgbouncer: apt-get install -y pgbouncer");
+}
+
+impl PgBouncer {
+    /// PgBouncer on a free loopback port, `pool_mode` as given, every
+    /// database of the server at `host:port` behind it, user `agentstate`
+    /// trusted; 4 server connections per pool, reused last-in first-out.
+    pub fn start(host: &str, upstream: u16, pool_mode: &str) -> PgBouncer {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let bin = pgbouncer_bin();
+        let user = server_user();
+        let root = std::env::temp_dir().join(format!(
+            "agentstate-pgbouncer-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&root).expect("create pgbouncer's temp dir");
+        std::fs::write(root.join("users.txt"), "\"agentstate\" \"\"\n").expect("users");
+        if let Some(u) = &user {
+            let st = sh(Command::new("chown")
+                .arg("-R")
+                .arg(format!("{u}:"))
+                .arg(&root))
+            .expect("chown");
+            assert!(st.status.success(), "chown {u} {}", root.display());
+        }
+        for attempt in 0.. {
+            let port = free_port();
+            let ini = root.join("pgbouncer.ini");
+            std::fs::write(
+                &ini,
+                format!(
+                    "[databases]\n* = host={host} port={upstream}\n\
+                     [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
+                     unix_socket_dir =\nauth_type = trust\nauth_file = {users}\n\
+                     pool_mode = {pool_mode}\ndefault_pool_size = 4\nmax_client_conn = 200\n\
+                     logfile = {log}\n",
+                    users = root.join("users.txt").display(),
+                    log = root.join("pgbouncer.log").display(),
+                ),
+            )
+            .expect("pgbouncer.ini");
+            let mut c = match &user {
+                None => Command::new(&bin),
+                Some(u) => {
+                    let mut c = Command::new("setpriv");
+                    c.arg(format!("--reuid={u}"))
+                        .arg(format!("--regid={}", group_of(u)))
+                        .arg("--init-groups")
+                        .arg("--")
+                        .arg(&bin);
+                    c
+                }
+            };
+            let child = c
+                .arg(&ini)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("pgbouncer runs");
+            watch_child(child.id(), &root);
+            let b = PgBouncer {
+                port,
+                root: root.clone(),
+                child: Mutex::new(Some(child)),
+            };
+            let until = Instant::now() + Duration::from_secs(20);
+            loop {
+                let exited = matches!(
+                    b.child.lock().expect("lock").as_mut().map(|c| c.try_wait()),
+                    Some(Ok(Some(_)))
+                );
+                if exited {
+                    break;
+                }
+                let dsn = format!("postgres://agentstate@127.0.0.1:{port}/postgres");
+                if postgres::Client::connect(&dsn, postgres::NoTls).is_ok() {
+                    return b;
+                }
+                if Instant::now() > until {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            assert!(
+                attempt < 3,
+                "pgbouncer did not start; see {}",
+                root.join("pgbouncer.log").display()
+            );
+        }
+        unreachable!()
+    }
+
+    /// The URL of database `db` through this PgBouncer.
+    pub fn dsn(&self, db: &str) -> String {
+        format!("postgres://agentstate@127.0.0.1:{}/{db}", self.port)
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.lock().expect("lock").take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Stops process `pid` (and removes `root`) when this process is gone.
+#[allow(clippy::zombie_processes)]
+fn watch_child(pid: u32, root: &Path) {
+    let script = format!(
+        "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill {pid} 2>/dev/null; rm -rf '{root}'",
+        me = std::process::id(),
+        root = root.display()
+    );
+    Command::new("setsid")
+        .args(["sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the watchdog starts (setsid, sh)");
 }

@@ -973,7 +973,8 @@ fn cutting_proxy(mode: Arc<std::sync::atomic::AtomicU8>) -> (u16, postgres::Conf
                         let _ = to.shutdown(Shutdown::Both);
                         return;
                     }
-                    if has(b"BEGIN\0") {
+                    // `BEGIN` alone, or the store's `BEGIN; SET LOCAL …` batch.
+                    if has(b"BEGIN\0") || has(b"BEGIN;") {
                         in_txn = true;
                     }
                     if to.write_all(chunk).is_err() {
@@ -1083,4 +1084,562 @@ fn i7_a_lost_commit_is_outcome_unknown_and_a_keyed_retry_applies_once() {
     );
     assert_eq!(cost(), 13, "nothing was applied");
     assert_eq!(mode.load(Ordering::SeqCst), cut::NONE, "every cut happened");
+}
+
+/// TLS (libpq's `sslmode` on rustls), client certificates, and the
+/// refusals a misconfigured client gets, on a server of their own (see
+/// `PgServer::start_tls`).
+mod tls {
+    use super::*;
+    use crate::pg_server::{TEST_PASSWORD, TlsFiles};
+
+    fn server() -> &'static (PgServer, TlsFiles) {
+        static S: OnceLock<(PgServer, TlsFiles)> = OnceLock::new();
+        S.get_or_init(PgServer::start_tls)
+    }
+
+    /// Every error these tests saw, as `Display` and `{:?}`, for the
+    /// password check.
+    fn seen() -> &'static Mutex<Vec<String>> {
+        static S: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+        S.get_or_init(|| Mutex::new(Vec::new()))
+    }
+
+    fn note(e: &StateError) {
+        let mut s = format!("{e} | {e:?}");
+        let mut cur = std::error::Error::source(e);
+        while let Some(c) = cur {
+            s.push_str(&format!(" | {c} | {c:?}"));
+            cur = c.source();
+        }
+        assert!(
+            !s.contains(TEST_PASSWORD) && !s.contains(WRONG),
+            "a password in an error: {s}"
+        );
+        seen().lock().expect("lock").push(s);
+    }
+
+    const WRONG: &str = "Wr0ng-pass-Zk9";
+
+    fn opts() -> PgOptions {
+        PgOptions::new().schema("tls_checks")
+    }
+
+    /// Opens a connection (a read through the store): Ok, or the error
+    /// and how long it took.
+    fn try_dsn(dsn: &str, o: PgOptions) -> std::result::Result<(), (StateError, Duration)> {
+        let t = Instant::now();
+        let r = PostgresStore::connect_with(dsn, o).and_then(|s| s.schema_version().map(|_| ()));
+        r.map_err(|e| {
+            note(&e);
+            (e, t.elapsed())
+        })
+    }
+
+    fn ok(dsn: &str, o: PgOptions) {
+        if let Err((e, _)) = try_dsn(dsn, o) {
+            panic!("{dsn}: {e}");
+        }
+    }
+
+    /// Refused, not retryable, quickly (the connect timeout is 5 s), with
+    /// `words` in the message.
+    fn refused(dsn: &str, o: PgOptions, words: &str) -> Duration {
+        refused_within(dsn, o, words, Duration::ZERO)
+    }
+
+    /// [`refused`], allowing `client` for the client's own work before the
+    /// server answers (SCRAM's key derivation takes most of a second in a
+    /// debug build).
+    fn refused_within(dsn: &str, o: PgOptions, words: &str, client: Duration) -> Duration {
+        let (e, took) = match try_dsn(dsn, o) {
+            Ok(()) => panic!("{dsn}: connected"),
+            Err(x) => x,
+        };
+        assert!(
+            matches!(
+                e,
+                StateError::Persistence {
+                    reason: PersistenceReason::Refused,
+                    ..
+                }
+            ),
+            "{dsn}: {e:?}"
+        );
+        assert!(!e.is_retryable(), "{e}");
+        assert!(e.to_string().contains(words), "{dsn}: {e} lacks {words:?}");
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "the driver's error"
+        );
+        assert!(took < client + Duration::from_secs(1), "{dsn}: {took:?}");
+        eprintln!("@@ refused in {took:?}: {e}");
+        took
+    }
+
+    fn url(user: &str, host: &str, query: &str) -> String {
+        format!(
+            "postgres://{user}@{host}:{}/postgres?{query}",
+            server().0.port
+        )
+    }
+
+    #[test]
+    fn each_sslmode_connects_or_refuses_as_libpq_does() {
+        let (_, f) = server();
+        let ca = f.ca.display().to_string();
+        let other = f.other_ca.display().to_string();
+        let h = "127.0.0.1";
+        // The hostssl-only user: no TLS is the server's refusal.
+        refused(
+            &url("sslonly", h, "sslmode=disable"),
+            opts(),
+            "no encryption",
+        );
+        ok(&url("sslonly", h, "sslmode=prefer"), opts());
+        ok(&url("sslonly", h, ""), opts());
+        ok(&url("sslonly", h, "sslmode=require"), opts());
+        // require with a root certificate is verify-ca.
+        ok(
+            &url("sslonly", h, &format!("sslmode=require&sslrootcert={ca}")),
+            opts(),
+        );
+        refused(
+            &url(
+                "sslonly",
+                h,
+                &format!("sslmode=require&sslrootcert={other}"),
+            ),
+            opts(),
+            "certificate",
+        );
+        ok(
+            &url("sslonly", h, &format!("sslmode=verify-ca&sslrootcert={ca}")),
+            opts(),
+        );
+        refused(
+            &url(
+                "sslonly",
+                h,
+                &format!("sslmode=verify-ca&sslrootcert={other}"),
+            ),
+            opts(),
+            "certificate",
+        );
+        for host in ["localhost", "127.0.0.1"] {
+            ok(
+                &url(
+                    "sslonly",
+                    host,
+                    &format!("sslmode=verify-full&sslrootcert={ca}"),
+                ),
+                opts(),
+            );
+        }
+        // A name not in the certificate: verify-ca does not look, verify-full does.
+        let wrong = |mode: &str| {
+            url(
+                "sslonly",
+                "db.wrong.invalid",
+                &format!("sslmode={mode}&sslrootcert={ca}&hostaddr=127.0.0.1"),
+            )
+        };
+        ok(&wrong("verify-ca"), opts());
+        refused(
+            &wrong("verify-full"),
+            opts(),
+            "not a name in the server's certificate",
+        );
+        // libpq's key=value form, quoted values included.
+        ok(
+            &format!(
+                "host=localhost port={} user=sslonly dbname=postgres sslmode=verify-full sslrootcert='{ca}'",
+                server().0.port
+            ),
+            opts(),
+        );
+        // The options in code override the DSN.
+        ok(
+            &url("sslonly", "localhost", "sslmode=disable"),
+            opts().ssl_mode("verify-full").ssl_root_cert(&f.ca),
+        );
+        // A rustls configuration built in code.
+        let mut roots = rustls::RootCertStore::empty();
+        use rustls::pki_types::pem::PemObject;
+        for c in rustls::pki_types::CertificateDer::pem_file_iter(&f.ca).expect("ca") {
+            roots.add(c.expect("pem")).expect("add");
+        }
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            #[allow(deprecated)]
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        ok(&url("sslonly", "localhost", ""), opts().tls(config));
+        // libpq 16's `sslrootcert=system`: the OS's roots, which do not
+        // hold this test CA; verify-full is implied, weaker is an error.
+        let sys = url("sslonly", "localhost", "sslrootcert=system");
+        if std::path::Path::new("/etc/ssl/certs")
+            .read_dir()
+            .is_ok_and(|mut d| d.next().is_some())
+        {
+            refused(&sys, opts(), "sslrootcert must name the CA");
+        }
+        let e = PostgresStore::connect_with(
+            &url("sslonly", "localhost", "sslrootcert=system&sslmode=require"),
+            opts(),
+        )
+        .expect_err("invalid");
+        assert!(matches!(e, StateError::Invalid { .. }), "{e:?}");
+        // A word libpq does not know, and a verify mode without a root.
+        for (dsn, o) in [
+            (url("sslonly", h, "sslmode=verify"), opts()),
+            (url("sslonly", h, ""), opts().ssl_mode("full")),
+            (url("sslonly", h, "sslmode=verify-full"), opts()),
+        ] {
+            let e = PostgresStore::connect_with(&dsn, o).expect_err("invalid");
+            assert!(matches!(e, StateError::Invalid { .. }), "{e:?}");
+        }
+        // A server without TLS, when TLS is required.
+        let plain = format!("{}?sslmode=require", shared_dsn());
+        if !shared_dsn().contains('?') {
+            refused(&plain, opts(), "no TLS");
+        }
+    }
+
+    #[test]
+    fn client_certificates() {
+        let (_, f) = server();
+        let ca = f.ca.display().to_string();
+        let q = format!(
+            "sslmode=verify-full&sslrootcert={ca}&sslcert={}&sslkey={}",
+            f.client_cert.display(),
+            f.client_key.display()
+        );
+        ok(&url("certuser", "localhost", &q), opts());
+        ok(
+            &url("certuser", "localhost", "sslmode=require"),
+            opts().ssl_client_cert(&f.client_cert, &f.client_key),
+        );
+        refused(
+            &url(
+                "certuser",
+                "localhost",
+                &format!("sslmode=verify-full&sslrootcert={ca}"),
+            ),
+            opts(),
+            "certificate",
+        );
+        // Only one of the two is a configuration error.
+        let e = PostgresStore::connect_with(
+            &url(
+                "certuser",
+                "localhost",
+                &format!("sslcert={}", f.client_cert.display()),
+            ),
+            opts(),
+        )
+        .expect_err("invalid");
+        assert!(matches!(e, StateError::Invalid { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn misconfigurations_are_refused_at_once_with_the_servers_words() {
+        let (s, _) = server();
+        let port = s.port;
+        let pw =
+            |p: &str| format!("postgres://pwuser:{p}@127.0.0.1:{port}/postgres?sslmode=disable");
+        ok(&pw(TEST_PASSWORD), opts());
+        let mut took = Vec::new();
+        took.push((
+            "wrong password",
+            refused(
+                &pw(WRONG),
+                opts(),
+                "password authentication failed for user \"pwuser\"",
+            ),
+        ));
+        took.push((
+            "wrong password, key=value",
+            refused(
+                &format!(
+                    "host=127.0.0.1 port={port} user=pwuser password='{WRONG}' dbname=postgres"
+                ),
+                opts(),
+                "28P01",
+            ),
+        ));
+        // SCRAM: the client derives its key before the server answers
+        // (most of a second in a debug build), allowed on top of the second.
+        let scram = |p: &str| format!("postgres://scramuser:{p}@127.0.0.1:{port}/postgres");
+        let t = Instant::now();
+        ok(&scram(TEST_PASSWORD), opts());
+        let client = t.elapsed();
+        eprintln!("@@ a SCRAM connection with the right password: {client:?}");
+        took.push((
+            "wrong password, scram-sha-256",
+            refused_within(&scram(WRONG), opts(), "28P01", client),
+        ));
+        took.push((
+            "no password",
+            refused(&s.dsn_as("pwuser", "postgres"), opts(), "password"),
+        ));
+        took.push((
+            "unknown database",
+            refused(
+                &format!("postgres://pwuser:{TEST_PASSWORD}@127.0.0.1:{port}/no_such_db"),
+                opts(),
+                "database \"no_such_db\" does not exist",
+            ),
+        ));
+        took.push((
+            "pg_hba reject",
+            refused(
+                &s.dsn_as("rejected", "postgres"),
+                opts(),
+                "pg_hba.conf rejects connection",
+            ),
+        ));
+        took.push((
+            "hostssl only",
+            refused(
+                &format!("{}?sslmode=disable", s.dsn_as("sslonly", "postgres")),
+                opts(),
+                "28000",
+            ),
+        ));
+        for (what, t) in &took {
+            eprintln!("@@ {what}: {t:?}");
+        }
+        // Nothing listens: Unavailable after the timeout, naming host and
+        // port, never the password.
+        let dead = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+            l.local_addr().expect("addr").port()
+        };
+        let t = Instant::now();
+        let e = PostgresStore::connect_with(
+            &format!("postgres://pwuser:{TEST_PASSWORD}@127.0.0.1:{dead}/postgres"),
+            opts().connect_timeout(Duration::from_millis(300)),
+        )
+        .and_then(|s| s.schema_version())
+        .expect_err("nothing listens");
+        note(&e);
+        assert!(e.is_retryable(), "{e}");
+        assert!(
+            matches!(
+                e,
+                StateError::Persistence {
+                    reason: PersistenceReason::Unavailable,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains(&format!("127.0.0.1:{dead}")), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+        // The store's own Debug hides the password too.
+        let store = PostgresStore::connect_with(&pw(TEST_PASSWORD), opts()).expect("connect");
+        assert!(!format!("{store:?}").contains(TEST_PASSWORD));
+        // Every error these tests saw so far, once more (each is checked
+        // as it is seen, in `note`).
+        let seen = seen().lock().expect("lock");
+        assert!(seen.len() >= 7, "{}", seen.len());
+        for s in seen.iter() {
+            assert!(!s.contains(TEST_PASSWORD) && !s.contains(WRONG), "{s}");
+        }
+    }
+
+    /// The whole conformance suite over `sslmode=verify-full`, as the
+    /// user the server lets in only over TLS.
+    #[cfg(feature = "conformance")]
+    #[test]
+    fn conformance_over_verify_full() {
+        use agentstate::ManualClock;
+        use agentstate::conformance::{ConformanceStore, RULES};
+        let (s, f) = server();
+        let dsn = format!(
+            "postgres://sslonly@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+            s.port,
+            f.ca.display()
+        );
+        let o = || PgOptions::new().schema("conformance_tls");
+        PostgresStore::connect_with(&dsn, o())
+            .expect("connect")
+            .setup()
+            .expect("setup over TLS");
+        let factory = |clock: Arc<ManualClock>| -> Arc<dyn ConformanceStore> {
+            Arc::new(
+                PostgresStore::connect_with(&dsn, o().options(Options::new().clock(clock)))
+                    .expect("connect"),
+            )
+        };
+        for (id, check) in RULES {
+            eprintln!("@@ {id}");
+            check(&factory);
+        }
+    }
+}
+
+/// The store behind PgBouncer in transaction mode: with the statement
+/// cache off, every rule holds; with it on, a statement the next server
+/// connection lacks is `Refused`, naming the fix.
+mod pgbouncer {
+    use super::*;
+    use crate::pg_server::PgBouncer;
+
+    fn bouncer() -> &'static PgBouncer {
+        static B: OnceLock<PgBouncer> = OnceLock::new();
+        B.get_or_init(|| {
+            let cfg: postgres::Config = shared_dsn().parse().expect("the shared dsn");
+            let host = match cfg.get_hosts().first() {
+                Some(postgres::config::Host::Tcp(h)) => h.clone(),
+                _ => "127.0.0.1".to_string(),
+            };
+            let port = cfg.get_ports().first().copied().unwrap_or(5432);
+            PgBouncer::start(&host, port, "transaction")
+        })
+    }
+
+    #[test]
+    fn a_cached_statement_on_another_server_connection_is_refused_naming_the_fix() {
+        let b = bouncer();
+        let o = PgOptions::new().schema("bouncer_cached").pool_size(1);
+        let store = PostgresStore::connect_with(&b.dsn("postgres"), o.clone()).expect("connect");
+        store.setup().expect("setup through the bouncer");
+        // The cached statements are prepared on the server connection the
+        // bouncer lent this transaction…
+        assert!(store.schema_version().expect("read").is_some());
+        // …which another client now holds (PgBouncer lends the last
+        // released connection first), so the next transaction gets another.
+        let mut other = postgres::Client::connect(&b.dsn("postgres"), postgres::NoTls).expect("c");
+        other.batch_execute("BEGIN; SELECT 1").expect("pin");
+        let e = store
+            .schema_version()
+            .expect_err("the statement is on the other connection");
+        other.batch_execute("COMMIT").expect("unpin");
+        assert!(
+            matches!(
+                e,
+                StateError::Persistence {
+                    reason: PersistenceReason::Refused,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("statement_cache"), "{e}");
+        assert!(e.to_string().contains("session mode"), "{e}");
+        eprintln!("@@ {e}");
+        // Without the cache, the same works.
+        let store =
+            PostgresStore::connect_with(&b.dsn("postgres"), o.statement_cache(false)).expect("c");
+        assert!(store.schema_version().expect("read").is_some());
+        let mut other = postgres::Client::connect(&b.dsn("postgres"), postgres::NoTls).expect("c");
+        other.batch_execute("BEGIN; SELECT 1").expect("pin");
+        assert!(store.schema_version().expect("read").is_some());
+        other.batch_execute("COMMIT").expect("unpin");
+    }
+
+    /// Session mode: the store works as over a direct connection, its
+    /// statement cache on (nothing is sent as startup `options`, which
+    /// PgBouncer refuses).
+    #[test]
+    fn session_mode_works_as_a_direct_connection() {
+        let cfg: postgres::Config = shared_dsn().parse().expect("the shared dsn");
+        let host = match cfg.get_hosts().first() {
+            Some(postgres::config::Host::Tcp(h)) => h.clone(),
+            _ => "127.0.0.1".to_string(),
+        };
+        let port = cfg.get_ports().first().copied().unwrap_or(5432);
+        let b = PgBouncer::start(&host, port, "session");
+        let store = PostgresStore::connect_with(
+            &b.dsn("postgres"),
+            PgOptions::new().schema("bouncer_session"),
+        )
+        .expect("connect");
+        store.setup().expect("setup");
+        let rk = RunKey::new(unique("session"), "r");
+        store.put_run(RunRecord::new(rk.clone(), "a")).expect("put");
+        for _ in 0..3 {
+            assert!(store.get_run(&rk).expect("get").is_some());
+        }
+    }
+
+    /// The whole conformance suite through PgBouncer in transaction mode.
+    #[cfg(feature = "conformance")]
+    #[test]
+    fn conformance_through_pgbouncer_in_transaction_mode() {
+        use agentstate::ManualClock;
+        use agentstate::conformance::{ConformanceStore, RULES};
+        let dsn = bouncer().dsn("postgres");
+        let o = || {
+            PgOptions::new()
+                .schema("bouncer_conformance")
+                .statement_cache(false)
+        };
+        PostgresStore::connect_with(&dsn, o())
+            .expect("connect")
+            .setup()
+            .expect("setup through the bouncer");
+        let factory = |clock: Arc<ManualClock>| -> Arc<dyn ConformanceStore> {
+            Arc::new(
+                PostgresStore::connect_with(&dsn, o().options(Options::new().clock(clock)))
+                    .expect("connect"),
+            )
+        };
+        for (id, check) in RULES {
+            eprintln!("@@ {id}");
+            check(&factory);
+        }
+    }
+}
+
+/// `max_lifetime`: a connection past it is closed when its call gives it
+/// back, and the next call dials a new one.
+#[test]
+fn a_connection_past_its_max_lifetime_is_replaced() {
+    let app = unique("lifetime").replace('-', "_");
+    let sep = if shared_dsn().contains('?') { '&' } else { '?' };
+    let dsn = format!("{}{sep}application_name={app}", shared_dsn());
+    let store = PostgresStore::connect_with(
+        &dsn,
+        PgOptions::new()
+            .schema(schema())
+            .pool_size(1)
+            .max_lifetime(Some(Duration::from_millis(300))),
+    )
+    .expect("connect");
+    let mut admin = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("admin");
+    let mut pids = || -> Vec<i32> {
+        admin
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+                &[&app],
+            )
+            .expect("pg_stat_activity")
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    store.schema_version().expect("read");
+    let first = pids();
+    assert_eq!(first.len(), 1, "{first:?}");
+    // Young: kept.
+    store.schema_version().expect("read");
+    assert_eq!(pids(), first);
+    std::thread::sleep(Duration::from_millis(400));
+    // Old: used once more, then closed as it comes back.
+    store.schema_version().expect("read");
+    let until = Instant::now() + Duration::from_secs(5);
+    while !pids().is_empty() {
+        assert!(Instant::now() < until, "still open: {:?}", pids());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    store.schema_version().expect("read");
+    let second = pids();
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(second, first);
 }
