@@ -274,7 +274,7 @@ impl StateError {
 
     /// A server's "no" to the configuration (see
     /// [`PersistenceReason::Refused`]), with the driver's error as source.
-    #[allow(dead_code)] // the server backends' connect refusals use it as they land
+    #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
     pub(crate) fn refused(
         detail: impl Into<String>,
         source: Option<Box<dyn std::error::Error + Send + Sync>>,

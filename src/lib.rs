@@ -43,10 +43,12 @@
 //!   a third-party backend runs against itself (one macro line:
 //!   `agentstate::conformance_tests!(factory)`).
 //! - `postgres`: `PostgresStore` and `PgOptions`, the PostgreSQL backend
-//!   (the sync `postgres` client with an `r2d2` pool).
+//!   (the sync `postgres` client with an `r2d2` pool; TLS on rustls with
+//!   libpq's `sslmode`).
 //! - `redis`: `RedisStore` and `RedisOptions`, the Redis backend (every
-//!   write one Lua script on the server; an `Ok` survives a server crash
-//!   only with `appendfsync always`, which `connect` checks).
+//!   write one Lua script on the server; `rediss://` on rustls; an `Ok`
+//!   survives a server crash only with `appendfsync always`, and nothing
+//!   is safe from eviction but `noeviction`, which `connect` checks).
 //! - `sled`: the sled engine under the file store
 //!   (`Options::engine(FileEngine::Sled)`), kept as a second engine the
 //!   conformance suite and the crash harness run on.
