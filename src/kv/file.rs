@@ -355,6 +355,20 @@ fn create(path: &Path, opts: &Options) -> Result<()> {
             let _ = fs::remove_dir_all(&tmp);
             Ok(())
         }
+        // A mount point cannot be replaced by rename (EBUSY): no retry
+        // changes that. The store goes in a directory below it.
+        Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
+            let _ = fs::remove_dir_all(&tmp);
+            Err(StateError::Persistence {
+                reason: crate::error::PersistenceReason::InvalidPath,
+                detail: format!(
+                    "moving the new store into place at {}: {e}: it is a mount point (or in use); \
+                     create the store in a directory below it",
+                    path.display()
+                ),
+                source: Some(e),
+            })
+        }
         Err(e) => {
             let _ = fs::remove_dir_all(&tmp);
             Err(io_err("moving the new store into place at", path, e))

@@ -215,6 +215,11 @@ fn e3_a_read_only_file_system_is_not_retryable() {
             .unwrap();
     }
     fs.remount_read_only();
+    // The mount point itself too: creating a store there renames onto
+    // it, which a read-only mount refuses (EROFS) and any mount point
+    // refuses with EBUSY; neither is retryable.
+    let empty = Tmpfs::mount("1m");
+    empty.remount_read_only();
     for p in [path.clone(), fs.at.join("new-store")] {
         let e = FileStore::open(&p).map(|_| ()).unwrap_err();
         assert!(
@@ -231,6 +236,18 @@ fn e3_a_read_only_file_system_is_not_retryable() {
         assert!(!e.is_retryable(), "no retry can write a read-only fs: {e}");
         assert_says_once(&e, ErrorKind::ReadOnlyFilesystem);
     }
+    let e = FileStore::open(&empty.at).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            StateError::Persistence {
+                reason: PersistenceReason::InvalidPath | PersistenceReason::ReadOnly,
+                ..
+            }
+        ) && !e.is_retryable(),
+        "the mount point itself: {e:?}"
+    );
+    assert!(e.to_string().contains("mount point"), "{e}");
 }
 
 #[test]
