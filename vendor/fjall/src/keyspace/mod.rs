@@ -797,8 +797,21 @@ impl Keyspace {
     }
 
     fn check_write_halt(&self) {
+        // agentstate patch: while writes are halted, the keyspace asks for
+        // a compaction again every second. With writes halted no flush
+        // comes to send the next request, so a request that was lost (a
+        // full queue, or one left to a compaction that had already looked
+        // for it) kept the halt for ever: every writer asleep here, both
+        // workers idle on the queue (a 1M-run load under CPU contention).
+        let mut waited = 0u32;
         while self.tree.l0_run_count() >= 30 {
             std::thread::sleep(Duration::from_millis(10));
+            waited = waited.wrapping_add(1);
+            if waited % 100 == 0 {
+                self.worker_messager
+                    .try_send(WorkerMessage::Compact(self.clone()))
+                    .ok();
+            }
         }
     }
 
@@ -813,6 +826,7 @@ impl Keyspace {
             throttled = true;
         }
 
+        let mut waited = 0u32;
         while self.tree.sealed_memtable_count() >= 4 {
             log::debug!(
                 "Halting writes because we have 4+ sealed memtables in {:?} queued up",
@@ -820,6 +834,12 @@ impl Keyspace {
             );
             std::thread::sleep(Duration::from_millis(100));
             throttled = true;
+            // agentstate patch: as for the L0 halt, ask for a flush again
+            // every second, so a lost request cannot halt writes for ever.
+            waited = waited.wrapping_add(1);
+            if waited % 10 == 0 {
+                self.worker_messager.try_send(WorkerMessage::Flush).ok();
+            }
         }
 
         throttled
