@@ -219,7 +219,7 @@ impl Options {
     /// The block cache of a file store (fjall engine; sled ignores it):
     /// table blocks kept in memory after a read, so the next read of them
     /// costs no disk access or decoding. Default
-    /// [`CACHE_BYTES_DEFAULT`] (16 MiB). A bigger cache helps stores whose
+    /// `CACHE_BYTES_DEFAULT` (16 MiB). A bigger cache helps stores whose
     /// hot runs do not fit; it never grows past this.
     pub fn cache_bytes(mut self, bytes: u64) -> Self {
         self.cache_bytes = bytes;
@@ -229,8 +229,8 @@ impl Options {
     /// engine; sled ignores it): the active memtable and the sealed ones
     /// waiting for their flush, together. One memtable is a fifth of it
     /// (fjall makes writers wait while four wait for their flush). Default
-    /// [`WRITE_BUFFER_BYTES_DEFAULT`] (5 MiB), at least
-    /// [`WRITE_BUFFER_BYTES_MIN`] (4 MiB). Smaller means less memory and
+    /// `WRITE_BUFFER_BYTES_DEFAULT` (5 MiB), at least
+    /// `WRITE_BUFFER_BYTES_MIN` (4 MiB). Smaller means less memory and
     /// more, smaller table files (more compaction work). It applies at
     /// every open, whatever the store was created or last opened with.
     pub fn write_buffer_bytes(mut self, bytes: u64) -> Self {
