@@ -276,6 +276,11 @@ mod growth;
 #[cfg(feature = "postgres")]
 #[path = "support/pg.rs"]
 mod pg_section;
+// The test server's certificates (its TLS variant), unused by the bench.
+#[cfg(feature = "postgres")]
+#[allow(dead_code)]
+#[path = "../tests/it/certs.rs"]
+mod certs;
 #[cfg(feature = "postgres")]
 #[path = "../tests/it/pg_server.rs"]
 mod pg_server;

@@ -12,10 +12,11 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::budget::{CapLimit, HoldRecord, Settled};
+use crate::budget::{CapLimit, Hold, HoldRecord, Settled};
 use crate::error::{Missing, Result, StateError};
 use crate::limits::IDEMPOTENCY_KEY_BYTES_MAX;
-use crate::record::{Millis, RunKey, RunRecord};
+use crate::record::{Millis, RunKey, RunRecord, StateDelta};
+use crate::tray::{InstanceKey, TrayOp};
 
 /// The caller's name for one logical write, kept across its retries: a
 /// UUID per operation, say, or an id the caller already has (the tool
@@ -152,6 +153,73 @@ impl<'a> Keyed<'a> {
             key,
             fingerprint,
         })
+    }
+}
+
+/// One constructor per keyed write, so every backend fingerprints a call
+/// from the same operation, scope and arguments (a key first used on one
+/// backend's process is recognised by another's).
+impl<'a> Keyed<'a> {
+    /// `put_run_idempotent`: the record as given, in its tenant.
+    pub(crate) fn put_run(
+        tenant: &'a str,
+        record: &RunRecord,
+        key: &'a IdempotencyKey,
+    ) -> Result<Self> {
+        Keyed::new(Op::PutRun, Scope::Tenant(tenant), key, record)
+    }
+    /// `patch_run_idempotent`.
+    pub(crate) fn patch_run(
+        run: &'a RunKey,
+        delta: &StateDelta,
+        key: &'a IdempotencyKey,
+    ) -> Result<Self> {
+        Keyed::new(Op::PatchRun, Scope::Tenant(&run.tenant), key, &(run, delta))
+    }
+    /// `reserve_idempotent`.
+    pub(crate) fn reserve(run: &'a RunKey, hold: &Hold, key: &'a IdempotencyKey) -> Result<Self> {
+        Keyed::new(Op::Reserve, Scope::Tenant(&run.tenant), key, &(run, hold))
+    }
+    /// `settle_idempotent`.
+    pub(crate) fn settle(
+        run: &'a RunKey,
+        hold_id: &str,
+        spent: &StateDelta,
+        key: &'a IdempotencyKey,
+    ) -> Result<Self> {
+        Keyed::new(
+            Op::Settle,
+            Scope::Tenant(&run.tenant),
+            key,
+            &(run, hold_id, spent),
+        )
+    }
+    /// `release_hold_idempotent`.
+    pub(crate) fn release_hold(
+        run: &'a RunKey,
+        hold_id: &str,
+        key: &'a IdempotencyKey,
+    ) -> Result<Self> {
+        Keyed::new(
+            Op::ReleaseHold,
+            Scope::Tenant(&run.tenant),
+            key,
+            &(run, hold_id),
+        )
+    }
+    /// `apply_batch_idempotent`, scoped by the instance's namespace.
+    pub(crate) fn apply_batch(
+        instance: &'a InstanceKey,
+        epoch: u64,
+        ops: &[TrayOp],
+        key: &'a IdempotencyKey,
+    ) -> Result<Self> {
+        Keyed::new(
+            Op::ApplyBatch,
+            Scope::Trays(&instance.ns),
+            key,
+            &(instance, epoch, ops),
+        )
     }
 }
 

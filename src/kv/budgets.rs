@@ -3,7 +3,7 @@
 //! holds, asks `crate::rules` what to write, and writes it in the same job,
 //! so the cap check and the hold it records are one atomic step.
 
-use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
+use crate::idempotency::{IdempotencyKey, Keyed};
 use serde::{Deserialize, Serialize};
 
 use crate::budget::{
@@ -343,7 +343,7 @@ impl BudgetStore for KvStore {
         hold: Hold,
         key: &IdempotencyKey,
     ) -> Result<HoldRecord> {
-        let keyed = Keyed::new(Op::Reserve, Scope::Tenant(&run.tenant), key, &(run, &hold))?;
+        let keyed = Keyed::reserve(run, &hold, key)?;
         self.reserve_with(run, hold, Some(keyed))
     }
 
@@ -357,12 +357,7 @@ impl BudgetStore for KvStore {
         spent: StateDelta,
         key: &IdempotencyKey,
     ) -> Result<Settled> {
-        let keyed = Keyed::new(
-            Op::Settle,
-            Scope::Tenant(&run.tenant),
-            key,
-            &(run, hold_id, &spent),
-        )?;
+        let keyed = Keyed::settle(run, hold_id, &spent, key)?;
         self.settle_with(run, hold_id, spent, Some(keyed))
     }
 
@@ -375,12 +370,7 @@ impl BudgetStore for KvStore {
         hold_id: &str,
         key: &IdempotencyKey,
     ) -> Result<()> {
-        let keyed = Keyed::new(
-            Op::ReleaseHold,
-            Scope::Tenant(&run.tenant),
-            key,
-            &(run, hold_id),
-        )?;
+        let keyed = Keyed::release_hold(run, hold_id, key)?;
         self.release_hold_with(run, hold_id, Some(keyed))
     }
 

@@ -4,7 +4,7 @@ use crate::api::StateStore;
 use crate::codec::cursor::Listing;
 use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
-use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
+use crate::idempotency::{IdempotencyKey, Keyed};
 use crate::kv::key::{KeyBuf, prefix_end, table};
 use crate::page::{Page, PageRequest};
 use crate::record::{
@@ -485,7 +485,7 @@ impl StateStore for KvStore {
     }
     fn put_run_idempotent(&self, record: RunRecord, key: &IdempotencyKey) -> Result<RunRecord> {
         let tenant = record.key.tenant.clone();
-        let keyed = Keyed::new(Op::PutRun, Scope::Tenant(&tenant), key, &record)?;
+        let keyed = Keyed::put_run(&tenant, &record, key)?;
         self.put_run_with(record, Some(keyed))
     }
 
@@ -530,12 +530,7 @@ impl StateStore for KvStore {
         delta: StateDelta,
         idempotency_key: &IdempotencyKey,
     ) -> Result<RunRecord> {
-        let keyed = Keyed::new(
-            Op::PatchRun,
-            Scope::Tenant(&key.tenant),
-            idempotency_key,
-            &(key, &delta),
-        )?;
+        let keyed = Keyed::patch_run(key, &delta, idempotency_key)?;
         self.patch_run_with(key, delta, Some(keyed))
     }
 

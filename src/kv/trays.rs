@@ -4,7 +4,7 @@
 //! same commit-path job as its reads and writes, so the check and the write
 //! are one atomic step (T6).
 
-use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
+use crate::idempotency::{IdempotencyKey, Keyed};
 use serde::{Deserialize, Serialize};
 
 use crate::api::TrayStore;
@@ -250,12 +250,7 @@ impl TrayStore for KvStore {
         ops: Vec<TrayOp>,
         key: &IdempotencyKey,
     ) -> Result<()> {
-        let keyed = Keyed::new(
-            Op::ApplyBatch,
-            Scope::Trays(&instance.ns),
-            key,
-            &(instance, epoch, &ops),
-        )?;
+        let keyed = Keyed::apply_batch(instance, epoch, &ops, key)?;
         self.apply_batch_with(instance, epoch, ops, Some(keyed))
     }
 

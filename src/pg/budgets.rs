@@ -16,7 +16,7 @@ use crate::budget::{
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
-use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
+use crate::idempotency::{IdempotencyKey, Keyed};
 use crate::kv::key::KeyBuf;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, StateDelta};
@@ -368,7 +368,7 @@ impl BudgetStore for PostgresStore {
         hold: Hold,
         key: &IdempotencyKey,
     ) -> Result<HoldRecord> {
-        let keyed = Keyed::new(Op::Reserve, Scope::Tenant(&run.tenant), key, &(run, &hold))?;
+        let keyed = Keyed::reserve(run, &hold, key)?;
         self.reserve_with(run, hold, Some(keyed))
     }
 
@@ -382,12 +382,7 @@ impl BudgetStore for PostgresStore {
         spent: StateDelta,
         key: &IdempotencyKey,
     ) -> Result<Settled> {
-        let keyed = Keyed::new(
-            Op::Settle,
-            Scope::Tenant(&run.tenant),
-            key,
-            &(run, hold_id, &spent),
-        )?;
+        let keyed = Keyed::settle(run, hold_id, &spent, key)?;
         self.settle_with(run, hold_id, spent, Some(keyed))
     }
 
@@ -400,12 +395,7 @@ impl BudgetStore for PostgresStore {
         hold_id: &str,
         key: &IdempotencyKey,
     ) -> Result<()> {
-        let keyed = Keyed::new(
-            Op::ReleaseHold,
-            Scope::Tenant(&run.tenant),
-            key,
-            &(run, hold_id),
-        )?;
+        let keyed = Keyed::release_hold(run, hold_id, key)?;
         self.release_hold_with(run, hold_id, Some(keyed))
     }
 

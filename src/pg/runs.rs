@@ -8,7 +8,7 @@ use crate::api::StateStore;
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
-use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
+use crate::idempotency::{IdempotencyKey, Keyed};
 use crate::kv::key::{KeyBuf, KeyReader};
 use crate::page::{Page, PageRequest};
 use crate::record::{RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
@@ -227,7 +227,7 @@ impl StateStore for PostgresStore {
     }
     fn put_run_idempotent(&self, record: RunRecord, key: &IdempotencyKey) -> Result<RunRecord> {
         let tenant = record.key.tenant.clone();
-        let keyed = Keyed::new(Op::PutRun, Scope::Tenant(&tenant), key, &record)?;
+        let keyed = Keyed::put_run(&tenant, &record, key)?;
         self.put_run_with(record, Some(keyed))
     }
 
@@ -245,12 +245,7 @@ impl StateStore for PostgresStore {
         delta: StateDelta,
         idempotency_key: &IdempotencyKey,
     ) -> Result<RunRecord> {
-        let keyed = Keyed::new(
-            Op::PatchRun,
-            Scope::Tenant(&key.tenant),
-            idempotency_key,
-            &(key, &delta),
-        )?;
+        let keyed = Keyed::patch_run(key, &delta, idempotency_key)?;
         self.patch_run_with(key, delta, Some(keyed))
     }
 

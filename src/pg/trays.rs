@@ -10,7 +10,7 @@ use postgres::Row;
 use crate::api::TrayStore;
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::error::{Result, StateError};
-use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
+use crate::idempotency::{IdempotencyKey, Keyed};
 use crate::kv::key::{KeyBuf, KeyReader};
 use crate::page::{Page, PageRequest};
 use crate::record::Millis;
@@ -210,12 +210,7 @@ impl TrayStore for PostgresStore {
         ops: Vec<TrayOp>,
         key: &IdempotencyKey,
     ) -> Result<()> {
-        let keyed = Keyed::new(
-            Op::ApplyBatch,
-            Scope::Trays(&instance.ns),
-            key,
-            &(instance, epoch, &ops),
-        )?;
+        let keyed = Keyed::apply_batch(instance, epoch, &ops, key)?;
         self.apply_batch_with(instance, epoch, ops, Some(keyed))
     }
 

@@ -19,7 +19,7 @@ use crate::rules::{
 };
 
 use super::runs::{Reply, caps_arg, decode_run, no_budget, num, outcome, text};
-use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
+use crate::idempotency::{IdempotencyKey, Keyed};
 
 use super::scripts::BUDGETS;
 use super::{Conn, RedisStore, keys, map_err};
@@ -348,7 +348,7 @@ impl BudgetStore for RedisStore {
         hold: Hold,
         key: &IdempotencyKey,
     ) -> Result<HoldRecord> {
-        let keyed = Keyed::new(Op::Reserve, Scope::Tenant(&run.tenant), key, &(run, &hold))?;
+        let keyed = Keyed::reserve(run, &hold, key)?;
         self.reserve_with(run, hold, Some(keyed))
             .map_err(StateError::keyed)
     }
@@ -363,12 +363,7 @@ impl BudgetStore for RedisStore {
         spent: StateDelta,
         key: &IdempotencyKey,
     ) -> Result<Settled> {
-        let keyed = Keyed::new(
-            Op::Settle,
-            Scope::Tenant(&run.tenant),
-            key,
-            &(run, hold_id, &spent),
-        )?;
+        let keyed = Keyed::settle(run, hold_id, &spent, key)?;
         self.settle_with(run, hold_id, spent, Some(keyed))
             .map_err(StateError::keyed)
     }
@@ -382,12 +377,7 @@ impl BudgetStore for RedisStore {
         hold_id: &str,
         key: &IdempotencyKey,
     ) -> Result<()> {
-        let keyed = Keyed::new(
-            Op::ReleaseHold,
-            Scope::Tenant(&run.tenant),
-            key,
-            &(run, hold_id),
-        )?;
+        let keyed = Keyed::release_hold(run, hold_id, key)?;
         self.release_hold_with(run, hold_id, Some(keyed))
             .map_err(StateError::keyed)
     }

@@ -19,7 +19,7 @@ use crate::rules::{
     check_id, check_limit, check_record, check_run_key, check_session_key, check_size,
 };
 
-use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
+use crate::idempotency::{IdempotencyKey, Keyed};
 
 use super::scripts::{DELETE_SESSION, Idem, LIST_RUNS, PATCH_RUN, PUT_RUN, PUT_SESSION};
 use super::{RedisStore, keys, map_err};
@@ -410,7 +410,7 @@ impl StateStore for RedisStore {
     }
     fn put_run_idempotent(&self, record: RunRecord, key: &IdempotencyKey) -> Result<RunRecord> {
         let tenant = record.key.tenant.clone();
-        let keyed = Keyed::new(Op::PutRun, Scope::Tenant(&tenant), key, &record)?;
+        let keyed = Keyed::put_run(&tenant, &record, key)?;
         self.put_run_with(record, Some(keyed))
             .map_err(StateError::keyed)
     }
@@ -437,12 +437,7 @@ impl StateStore for RedisStore {
         delta: StateDelta,
         idempotency_key: &IdempotencyKey,
     ) -> Result<RunRecord> {
-        let keyed = Keyed::new(
-            Op::PatchRun,
-            Scope::Tenant(&key.tenant),
-            idempotency_key,
-            &(key, &delta),
-        )?;
+        let keyed = Keyed::patch_run(key, &delta, idempotency_key)?;
         check_run_key(key)?;
         self.patch(key, &delta, None, Some(keyed))
             .map(|(r, _)| r)

@@ -16,7 +16,7 @@ use crate::rules::{
 use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 
 use super::runs::{Reply, head, num, outcome};
-use crate::idempotency::{IdempotencyKey, Keyed, Op, Scope};
+use crate::idempotency::{IdempotencyKey, Keyed};
 
 use super::scripts::{Idem, READ_PAGES, TRAYS};
 use super::{RedisStore, keys, map_err};
@@ -196,12 +196,7 @@ impl TrayStore for RedisStore {
         ops: Vec<TrayOp>,
         key: &IdempotencyKey,
     ) -> Result<()> {
-        let keyed = Keyed::new(
-            Op::ApplyBatch,
-            Scope::Trays(&instance.ns),
-            key,
-            &(instance, epoch, &ops),
-        )?;
+        let keyed = Keyed::apply_batch(instance, epoch, &ops, key)?;
         self.apply_batch_with(instance, epoch, ops, Some(keyed))
             .map_err(StateError::keyed)
     }

@@ -2,6 +2,8 @@ mod api;
 #[cfg(feature = "async")]
 mod async_store;
 mod budgets;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod certs;
 #[cfg(feature = "conformance")]
 mod conformance;
 mod durability;

@@ -31,97 +31,14 @@ pub struct PgServer {
 }
 
 /// The files of a TLS server (see [`PgServer::start_tls`]): the CA that
-/// signed the server's certificate (for `localhost` and `127.0.0.1`) and a
-/// client certificate for the user `certuser`.
-pub struct TlsFiles {
-    pub ca: PathBuf,
-    pub client_cert: PathBuf,
-    pub client_key: PathBuf,
-    /// A CA that signed nothing here.
-    pub other_ca: PathBuf,
-}
+/// signed the server's certificate (for `localhost` and `127.0.0.1`), a
+/// client certificate for the user `certuser`, and a CA that signed nothing
+/// here.
+pub type TlsFiles = crate::certs::Certs;
 
 /// The password of `pwuser` on a TLS server: the tests check that it
 /// appears in no error.
 pub const TEST_PASSWORD: &str = "Pw-s3cret-Xq7";
-
-/// Runs `openssl` with `args` in `dir`.
-fn openssl(dir: &Path, args: &[&str]) {
-    let o = sh(Command::new("openssl").current_dir(dir).args(args))
-        .expect("openssl runs (apt-get install -y openssl)");
-    assert!(
-        o.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-/// A CA, a server certificate for `localhost`/`127.0.0.1` and a client
-/// certificate for `certuser`, in `dir`.
-fn make_certs(dir: &Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    for ca in ["ca", "other-ca"] {
-        let mut a = vec!["req", "-x509"];
-        a.extend(ec);
-        let key = format!("{ca}.key");
-        let crt = format!("{ca}.crt");
-        a.extend(["-keyout", &key, "-out", &crt, "-days", "2"]);
-        a.extend(["-subj", "/CN=agentstate test CA"]);
-        openssl(dir, &a);
-    }
-    let leaf = |name: &str, cn: &str, ext: &str| {
-        std::fs::write(dir.join(format!("{name}.ext")), ext).expect("write ext");
-        let (key, csr, crt, extf) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.crt"),
-            format!("{name}.ext"),
-        );
-        let subj = format!("/CN={cn}");
-        let mut a = vec!["req"];
-        a.extend(ec);
-        a.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
-        openssl(dir, &a);
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &crt,
-                "-days",
-                "2",
-                "-extfile",
-                &extf,
-            ],
-        );
-    };
-    leaf(
-        "server",
-        "localhost",
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\n\
-         keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-    );
-    leaf(
-        "client",
-        "certuser",
-        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
-         extendedKeyUsage=clientAuth\n",
-    );
-}
 
 fn sh(cmd: &mut Command) -> std::io::Result<std::process::Output> {
     cmd.stdin(Stdio::null()).output()
@@ -265,21 +182,18 @@ impl PgServer {
         let s = Self::start_with(false, |s| {
             let dir = s.root.join("tls");
             std::fs::create_dir_all(&dir).expect("tls dir");
-            make_certs(&dir);
+            let certs = crate::certs::Certs::make(&dir, "certuser");
             // The server refuses a key others may read, or not its own.
             if let Some(u) = &s.user {
                 let st = sh(Command::new("chown")
                     .arg(format!("{u}:"))
-                    .arg(dir.join("server.key")))
+                    .arg(&certs.server_key))
                 .expect("chown");
                 assert!(st.status.success(), "chown the server key");
             }
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(
-                dir.join("server.key"),
-                std::fs::Permissions::from_mode(0o600),
-            )
-            .expect("chmod the server key");
+            std::fs::set_permissions(&certs.server_key, std::fs::Permissions::from_mode(0o600))
+                .expect("chmod the server key");
             std::fs::write(
                 s.data().join("pg_hba.conf"),
                 "local all all trust\n\
@@ -291,19 +205,15 @@ impl PgServer {
                  host all rejected 127.0.0.1/32 reject\n",
             )
             .expect("write pg_hba.conf");
-            files = Some(TlsFiles {
-                ca: dir.join("ca.crt"),
-                client_cert: dir.join("client.crt"),
-                client_key: dir.join("client.key"),
-                other_ca: dir.join("other-ca.crt"),
-            });
-            vec![
+            let settings = vec![
                 "ssl=on".to_string(),
-                format!("ssl_cert_file={}", dir.join("server.crt").display()),
-                format!("ssl_key_file={}", dir.join("server.key").display()),
-                format!("ssl_ca_file={}", dir.join("ca.crt").display()),
+                format!("ssl_cert_file={}", certs.server_cert.display()),
+                format!("ssl_key_file={}", certs.server_key.display()),
+                format!("ssl_ca_file={}", certs.ca.display()),
                 "password_encryption=scram-sha-256".to_string(),
-            ]
+            ];
+            files = Some(certs);
+            settings
         });
         let mut c =
             postgres::Client::connect(&s.dsn("postgres"), postgres::NoTls).expect("connect");

@@ -748,7 +748,7 @@ mod production {
     #[test]
     fn conformance_over_tls() {
         let dir = temp_dir("tls-conf");
-        let certs = Certs::make(&dir.join("certs"));
+        let certs = Certs::make(&dir.join("certs"), "agentstate test client");
         let server = Server::start_tls(&dir.join("server"), &certs, false, &[]);
         let ca = std::fs::read(&certs.ca).expect("ca");
         let url = server.url(0);
@@ -780,7 +780,7 @@ mod production {
     #[test]
     fn tls_urls_and_a_wrong_ca() {
         let dir = temp_dir("tls-urls");
-        let certs = Certs::make(&dir.join("certs"));
+        let certs = Certs::make(&dir.join("certs"), "agentstate test client");
         let server = Server::start_tls(&dir.join("server"), &certs, false, &[]);
         let ca = std::fs::read(&certs.ca).expect("ca");
         let s = RedisStore::connect_with(
@@ -830,7 +830,7 @@ mod production {
     #[test]
     fn tls_client_certificate() {
         let dir = temp_dir("tls-mtls");
-        let certs = Certs::make(&dir.join("certs"));
+        let certs = Certs::make(&dir.join("certs"), "agentstate test client");
         let server = Server::start_tls(&dir.join("server"), &certs, true, &[]);
         let s = RedisStore::connect_with(&server.url(0), server.opts())
             .expect("the client certificate is accepted");
@@ -843,7 +843,7 @@ mod production {
             &["TLS", "client certificate"],
         );
         // A certificate the server's CA did not sign.
-        let other = Certs::make(&dir.join("other"));
+        let other = Certs::make(&dir.join("other"), "agentstate test client");
         refused(
             &server.url(0),
             RedisOptions::new().tls_ca_pem(ca).tls_client_pem(

@@ -1,6 +1,9 @@
 //! The `agentstate` binary's tests: one test binary (see the main crate's
 //! `tests/it`), with the main crate's throwaway-server fixtures.
 
+#[allow(dead_code)]
+#[path = "../../../tests/it/certs.rs"]
+mod certs;
 mod cli;
 mod pg_cli;
 // The main crate's fixtures, shared whole: this binary uses part of them
