@@ -76,7 +76,21 @@ use crate::{BudgetStore, StateStore, StoreAdmin, TrayStore};
 pub struct AsyncStore {
     /// Always `Some` but while the handle closes (see `Drop`).
     inner: Option<Arc<dyn Store>>,
+    /// The same store when it has an async core (a server backend): its
+    /// calls are awaited natively, in the caller's task.
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    native: Option<Arc<dyn crate::native::NativeStore>>,
     path: Option<PathBuf>,
+}
+
+/// Awaits the call natively when the store has an async core, and returns.
+macro_rules! native {
+    ($self:ident . $m:ident ( $($a:expr),* )) => {
+        #[cfg(any(feature = "postgres", feature = "redis"))]
+        if let Some(n) = &$self.native {
+            return crate::native::DynCore::$m(&**n, $($a),*).await;
+        }
+    };
 }
 
 /// The last handle of a store closes it where closing cannot panic: a
@@ -87,6 +101,8 @@ pub struct AsyncStore {
 /// is free again when the drop returns, as it is outside a runtime).
 impl Drop for AsyncStore {
     fn drop(&mut self) {
+        #[cfg(any(feature = "postgres", feature = "redis"))]
+        drop(self.native.take());
         let Some(store) = self.inner.take() else {
             return;
         };
@@ -125,28 +141,49 @@ impl From<MemoryStore> for AsyncStore {
 impl From<FileStore> for AsyncStore {
     fn from(store: FileStore) -> Self {
         let path = Some(store.path().to_path_buf());
-        AsyncStore {
-            inner: Some(Arc::new(store)),
-            path,
-        }
+        AsyncStore::blocking_pool(Arc::new(store), path)
     }
 }
 
 impl From<Arc<dyn Store>> for AsyncStore {
+    /// Every call of a store handed in this way goes through the blocking
+    /// pool, whatever its backend; wrap a server backend's own type
+    /// ([`AsyncStore::new`]) to have its calls awaited natively.
     fn from(store: Arc<dyn Store>) -> Self {
-        AsyncStore {
-            inner: Some(store),
-            path: None,
-        }
+        AsyncStore::blocking_pool(store, None)
     }
 }
 
 impl AsyncStore {
     /// Wraps a store of any backend.
-    pub fn new(store: impl Store + 'static) -> Self {
+    ///
+    /// A server backend (PostgreSQL, Redis) is called natively: each call
+    /// is awaited in the caller's task over the backend's async client,
+    /// with no thread hop. The embedded stores run each call on tokio's
+    /// blocking pool.
+    pub fn new<S: Store + 'static>(store: S) -> Self {
+        #[cfg(any(feature = "postgres", feature = "redis"))]
+        let store = match crate::native::downcast(Box::new(store)) {
+            Ok(native) => {
+                return AsyncStore {
+                    inner: Some(native.clone()),
+                    native: Some(native),
+                    path: None,
+                };
+            }
+            Err(any) => *any
+                .downcast::<S>()
+                .expect("a store that is not native comes back as itself"),
+        };
+        AsyncStore::blocking_pool(Arc::new(store), None)
+    }
+
+    fn blocking_pool(store: Arc<dyn Store>, path: Option<PathBuf>) -> Self {
         AsyncStore {
-            inner: Some(Arc::new(store)),
-            path: None,
+            inner: Some(store),
+            #[cfg(any(feature = "postgres", feature = "redis"))]
+            native: None,
+            path,
         }
     }
 
@@ -191,6 +228,8 @@ impl AsyncStore {
     /// returns, and the answer is `true`. With other handles alive it only
     /// drops this one and answers `false`.
     pub async fn close(mut self) -> Result<bool> {
+        #[cfg(any(feature = "postgres", feature = "redis"))]
+        drop(self.native.take());
         let mut store = self
             .inner
             .take()
@@ -217,17 +256,20 @@ impl AsyncStore {
 
     /// [`StateStore::put_run`].
     pub async fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
+        native!(self.put_run(record));
         self.run(move |s| s.put_run(record)).await
     }
 
     /// [`StateStore::get_run`].
     pub async fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
+        native!(self.get_run(key));
         let key = key.clone();
         self.run(move |s| s.get_run(&key)).await
     }
 
     /// [`StateStore::patch_run`].
     pub async fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
+        native!(self.patch_run(key, delta));
         let key = key.clone();
         self.run(move |s| s.patch_run(&key, delta)).await
     }
@@ -238,6 +280,7 @@ impl AsyncStore {
         record: RunRecord,
         key: &IdempotencyKey,
     ) -> Result<RunRecord> {
+        native!(self.put_run_idempotent(record, key));
         let key = key.clone();
         self.run(move |s| s.put_run_idempotent(record, &key)).await
     }
@@ -249,6 +292,7 @@ impl AsyncStore {
         delta: StateDelta,
         idempotency_key: &IdempotencyKey,
     ) -> Result<RunRecord> {
+        native!(self.patch_run_idempotent(key, delta, idempotency_key));
         let (key, idem) = (key.clone(), idempotency_key.clone());
         self.run(move |s| s.patch_run_idempotent(&key, delta, &idem))
             .await
@@ -260,6 +304,7 @@ impl AsyncStore {
         query: &StateQuery,
         page: &PageRequest,
     ) -> Result<Page<RunRecord>> {
+        native!(self.list_runs(query, page));
         let query = query.clone();
         let page = page.clone();
         self.run(move |s| s.list_runs(&query, &page)).await
@@ -267,17 +312,20 @@ impl AsyncStore {
 
     /// [`StateStore::put_session`].
     pub async fn put_session(&self, record: SessionRecord) -> Result<SessionRecord> {
+        native!(self.put_session(record));
         self.run(move |s| s.put_session(record)).await
     }
 
     /// [`StateStore::get_session`].
     pub async fn get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+        native!(self.get_session(key));
         let key = key.clone();
         self.run(move |s| s.get_session(&key)).await
     }
 
     /// [`StateStore::delete_session`].
     pub async fn delete_session(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
+        native!(self.delete_session(key, cascade));
         let key = key.clone();
         self.run(move |s| s.delete_session(&key, cascade)).await
     }
@@ -288,6 +336,7 @@ impl AsyncStore {
         tenant: &str,
         page: &PageRequest,
     ) -> Result<Page<SessionRecord>> {
+        native!(self.list_sessions(tenant, page));
         let tenant = tenant.to_owned();
         let page = page.clone();
         self.run(move |s| s.list_sessions(&tenant, &page)).await
@@ -297,18 +346,21 @@ impl AsyncStore {
 
     /// [`TrayStore::read_tray`].
     pub async fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
+        native!(self.read_tray(key, epoch));
         let key = key.clone();
         self.run(move |s| s.read_tray(&key, epoch)).await
     }
 
     /// [`TrayStore::write_tray`].
     pub async fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
+        native!(self.write_tray(key, epoch, tray));
         let key = key.clone();
         self.run(move |s| s.write_tray(&key, epoch, tray)).await
     }
 
     /// [`TrayStore::delete_tray`].
     pub async fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
+        native!(self.delete_tray(key, epoch));
         let key = key.clone();
         self.run(move |s| s.delete_tray(&key, epoch)).await
     }
@@ -320,6 +372,7 @@ impl AsyncStore {
         epoch: u64,
         ops: Vec<TrayOp>,
     ) -> Result<()> {
+        native!(self.apply_batch(instance, epoch, ops));
         let instance = instance.clone();
         self.run(move |s| s.apply_batch(&instance, epoch, ops))
             .await
@@ -333,6 +386,7 @@ impl AsyncStore {
         ops: Vec<TrayOp>,
         key: &IdempotencyKey,
     ) -> Result<()> {
+        native!(self.apply_batch_idempotent(instance, epoch, ops, key));
         let (instance, key) = (instance.clone(), key.clone());
         self.run(move |s| s.apply_batch_idempotent(&instance, epoch, ops, &key))
             .await
@@ -340,6 +394,7 @@ impl AsyncStore {
 
     /// [`TrayStore::release`].
     pub async fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
+        native!(self.release(instance, epoch));
         let instance = instance.clone();
         self.run(move |s| s.release(&instance, epoch)).await
     }
@@ -351,6 +406,7 @@ impl AsyncStore {
         epoch: u64,
         page: &PageRequest,
     ) -> Result<Page<(TrayKey, Tray)>> {
+        native!(self.list_trays(instance, epoch, page));
         let instance = instance.clone();
         let page = page.clone();
         self.run(move |s| s.list_trays(&instance, epoch, &page))
@@ -363,6 +419,7 @@ impl AsyncStore {
         env: Option<&str>,
         page: &PageRequest,
     ) -> Result<Page<MarkedTray>> {
+        native!(self.marked_trays(env, page));
         let env = env.map(str::to_owned);
         let page = page.clone();
         self.run(move |s| s.marked_trays(env.as_deref(), &page))
@@ -371,6 +428,7 @@ impl AsyncStore {
 
     /// [`TrayStore::epoch`].
     pub async fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
+        native!(self.epoch(instance));
         let instance = instance.clone();
         self.run(move |s| s.epoch(&instance)).await
     }
@@ -382,6 +440,7 @@ impl AsyncStore {
         epoch: u64,
         due_at: Millis,
     ) -> Result<()> {
+        native!(self.set_alarm(instance, epoch, due_at));
         let instance = instance.clone();
         self.run(move |s| s.set_alarm(&instance, epoch, due_at))
             .await
@@ -389,6 +448,7 @@ impl AsyncStore {
 
     /// [`TrayStore::due_alarms`].
     pub async fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
+        native!(self.due_alarms(now, page));
         let page = page.clone();
         self.run(move |s| s.due_alarms(now, &page)).await
     }
@@ -400,6 +460,7 @@ impl AsyncStore {
         epoch: u64,
         due_at: Millis,
     ) -> Result<bool> {
+        native!(self.ack_alarm(instance, epoch, due_at));
         let instance = instance.clone();
         self.run(move |s| s.ack_alarm(&instance, epoch, due_at))
             .await
@@ -409,11 +470,13 @@ impl AsyncStore {
 
     /// [`BudgetStore::put_budget`].
     pub async fn put_budget(&self, record: BudgetRecord) -> Result<BudgetRecord> {
+        native!(self.put_budget(record));
         self.run(move |s| s.put_budget(record)).await
     }
 
     /// [`BudgetStore::get_budget`].
     pub async fn get_budget(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
+        native!(self.get_budget(key));
         let key = key.clone();
         self.run(move |s| s.get_budget(&key)).await
     }
@@ -424,6 +487,7 @@ impl AsyncStore {
         tenant: &str,
         page: &PageRequest,
     ) -> Result<Page<BudgetStatus>> {
+        native!(self.list_budgets(tenant, page));
         let tenant = tenant.to_string();
         let page = page.clone();
         self.run(move |s| s.list_budgets(&tenant, &page)).await
@@ -431,18 +495,21 @@ impl AsyncStore {
 
     /// [`BudgetStore::reserve`].
     pub async fn reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
+        native!(self.reserve(run, hold));
         let run = run.clone();
         self.run(move |s| s.reserve(&run, hold)).await
     }
 
     /// [`BudgetStore::settle`].
     pub async fn settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled> {
+        native!(self.settle(run, hold_id, spent));
         let (run, hold_id) = (run.clone(), hold_id.to_string());
         self.run(move |s| s.settle(&run, &hold_id, spent)).await
     }
 
     /// [`BudgetStore::release_hold`].
     pub async fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
+        native!(self.release_hold(run, hold_id));
         let (run, hold_id) = (run.clone(), hold_id.to_string());
         self.run(move |s| s.release_hold(&run, &hold_id)).await
     }
@@ -454,6 +521,7 @@ impl AsyncStore {
         hold: Hold,
         key: &IdempotencyKey,
     ) -> Result<HoldRecord> {
+        native!(self.reserve_idempotent(run, hold, key));
         let (run, key) = (run.clone(), key.clone());
         self.run(move |s| s.reserve_idempotent(&run, hold, &key))
             .await
@@ -467,6 +535,7 @@ impl AsyncStore {
         spent: StateDelta,
         key: &IdempotencyKey,
     ) -> Result<Settled> {
+        native!(self.settle_idempotent(run, hold_id, spent, key));
         let (run, hold_id, key) = (run.clone(), hold_id.to_string(), key.clone());
         self.run(move |s| s.settle_idempotent(&run, &hold_id, spent, &key))
             .await
@@ -479,6 +548,7 @@ impl AsyncStore {
         hold_id: &str,
         key: &IdempotencyKey,
     ) -> Result<()> {
+        native!(self.release_hold_idempotent(run, hold_id, key));
         let (run, hold_id, key) = (run.clone(), hold_id.to_string(), key.clone());
         self.run(move |s| s.release_hold_idempotent(&run, &hold_id, &key))
             .await
@@ -486,6 +556,7 @@ impl AsyncStore {
 
     /// [`BudgetStore::run_spend`].
     pub async fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
+        native!(self.run_spend(run));
         let run = run.clone();
         self.run(move |s| s.run_spend(&run)).await
     }

@@ -256,6 +256,23 @@ impl StateError {
         }
     }
 
+    /// The variant's name in snake case: the JSON shape's `kind`, and the
+    /// `kind` label of the error metrics.
+    pub(crate) fn kind_name(&self) -> &'static str {
+        match self {
+            StateError::Conflict { .. } => "conflict",
+            StateError::NotFound(_) => "not_found",
+            StateError::Persistence { .. } => "persistence",
+            StateError::InUse { .. } => "in_use",
+            StateError::FenceLost { .. } => "fence_lost",
+            StateError::BudgetExceeded { .. } => "budget_exceeded",
+            StateError::Invalid { .. } => "invalid",
+            StateError::Corrupt { .. } => "corrupt",
+            StateError::UnsupportedFormat { .. } => "unsupported_format",
+            StateError::Locked { .. } => "locked",
+        }
+    }
+
     pub(crate) fn invalid(what: impl Into<String>) -> Self {
         StateError::Invalid { what: what.into() }
     }
@@ -370,18 +387,7 @@ impl serde::Serialize for StateError {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut m = s.serialize_map(None)?;
-        let kind = match self {
-            StateError::Conflict { .. } => "conflict",
-            StateError::NotFound(_) => "not_found",
-            StateError::Persistence { .. } => "persistence",
-            StateError::InUse { .. } => "in_use",
-            StateError::FenceLost { .. } => "fence_lost",
-            StateError::BudgetExceeded { .. } => "budget_exceeded",
-            StateError::Invalid { .. } => "invalid",
-            StateError::Corrupt { .. } => "corrupt",
-            StateError::UnsupportedFormat { .. } => "unsupported_format",
-            StateError::Locked { .. } => "locked",
-        };
+        let kind = self.kind_name();
         m.serialize_entry("kind", kind)?;
         m.serialize_entry("message", &self.to_string())?;
         m.serialize_entry("retryable", &self.is_retryable())?;

@@ -87,6 +87,9 @@ pub mod fuzz_api;
 mod idempotency;
 mod kv;
 pub mod limits;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) mod native;
+mod observe;
 mod options;
 mod page;
 #[cfg(feature = "postgres")]
