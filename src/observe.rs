@@ -14,14 +14,12 @@
 //! | `agentstate_errors_total`            | counter   | `backend`, `op`, `kind`        |
 //! | `agentstate_call_duration_seconds`   | histogram | `backend`, `op`                |
 //! | `agentstate_retries_total`           | counter   | `backend`, `why`               |
-//! | `agentstate_group_commit_size`       | histogram | `backend`                      |
+//! | `agentstate_group_commit_size`       | histogram | (embedded stores)              |
 //! | `agentstate_pool_connections`        | gauge     | `backend`, `state` (in_use, idle) |
 //!
 //! Events: `debug` for a conflict, a refused budget and a serialization
 //! retry; `info` for a lost fence (a worker was replaced); `warn` for a
 //! refused connection, an unavailable server and an unknown outcome.
-
-#![allow(dead_code)]
 
 use std::future::Future;
 use std::time::Instant;
@@ -30,8 +28,9 @@ use tracing::Instrument;
 
 use crate::error::{PersistenceReason, Result, StateError};
 
-/// The span of one call.
-fn span(backend: &'static str, op: &'static str, tenant: Option<&str>) -> tracing::Span {
+/// The span of one call. Built before the call's arguments move (the
+/// tenant is recorded at once; the span borrows nothing).
+pub(crate) fn span(backend: &'static str, op: &'static str, tenant: Option<&str>) -> tracing::Span {
     match tenant {
         Some(tenant) => tracing::debug_span!("agentstate", backend, op, tenant),
         None => tracing::debug_span!("agentstate", backend, op),
@@ -47,22 +46,26 @@ pub(crate) async fn call<T>(
     fut: impl Future<Output = Result<T>>,
 ) -> Result<T> {
     let start = Instant::now();
-    let out = fut.instrument(span(backend, op, tenant)).await;
-    finish(backend, op, start, &out);
+    let span = span(backend, op, tenant);
+    let out = fut.instrument(span.clone()).await;
+    span.in_scope(|| finish(backend, op, start, &out));
     out
 }
 
-/// Runs one synchronous call of `backend` inside its span, and counts it.
+/// Runs one synchronous call of `backend` inside `span` (see [`span`]),
+/// and counts it.
 pub(crate) fn call_sync<T>(
+    span: tracing::Span,
     backend: &'static str,
     op: &'static str,
-    tenant: Option<&str>,
     f: impl FnOnce() -> Result<T>,
 ) -> Result<T> {
     let start = Instant::now();
-    let out = span(backend, op, tenant).in_scope(f);
-    finish(backend, op, start, &out);
-    out
+    span.in_scope(|| {
+        let out = f();
+        finish(backend, op, start, &out);
+        out
+    })
 }
 
 fn finish<T>(backend: &'static str, op: &'static str, start: Instant, out: &Result<T>) {
@@ -82,7 +85,13 @@ fn finish<T>(backend: &'static str, op: &'static str, start: Instant, out: &Resu
             tracing::debug!(backend, op, expected, actual, "version conflict");
         }
         StateError::FenceLost { caller, stored } => {
-            tracing::info!(backend, op, caller, stored, "fence lost: a newer epoch holds the instance");
+            tracing::info!(
+                backend,
+                op,
+                caller,
+                stored,
+                "fence lost: a newer epoch holds the instance"
+            );
         }
         StateError::BudgetExceeded { limit, .. } => {
             tracing::debug!(backend, op, limit = %limit, "budget exceeded");
@@ -95,7 +104,13 @@ fn finish<T>(backend: &'static str, op: &'static str, start: Instant, out: &Resu
                 tracing::warn!(backend, op, detail = detail.as_str(), "server unavailable");
             }
             PersistenceReason::OutcomeUnknown { keyed } => {
-                tracing::warn!(backend, op, keyed, detail = detail.as_str(), "outcome unknown");
+                tracing::warn!(
+                    backend,
+                    op,
+                    keyed,
+                    detail = detail.as_str(),
+                    "outcome unknown"
+                );
             }
             _ => tracing::warn!(backend, op, detail = detail.as_str(), "persistence failure"),
         },
@@ -115,9 +130,8 @@ pub(crate) fn retry(backend: &'static str, why: &'static str, attempt: u32) {
 }
 
 /// One group commit of the embedded store, of `size` callers' writes.
-#[allow(dead_code)]
-pub(crate) fn group_commit(backend: &'static str, size: usize) {
-    metrics::histogram!("agentstate_group_commit_size", "backend" => backend).record(size as f64);
+pub(crate) fn group_commit(size: usize) {
+    metrics::histogram!("agentstate_group_commit_size").record(size as f64);
 }
 
 /// A connection pool's state after a checkout.

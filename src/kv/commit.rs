@@ -511,6 +511,7 @@ impl Committer {
             next_seq,
             commits: counters.commits + 1,
         };
+        crate::observe::group_commit(jobs.len());
         match sink.commit(overlay.into_batch(), next) {
             Ok(()) => {
                 *counters = next;

@@ -131,23 +131,32 @@ impl FileStore {
 
 /// Hands every trait call of a handle to its `KvStore`.
 macro_rules! forward_to_kv {
-    ($handle:ty) => {
+    ($handle:ty, $backend:literal) => {
         impl StateStore for $handle {
             fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
-                self.0.put_run(record)
+                let span = crate::observe::span($backend, "put_run", Some(&record.key.tenant));
+                crate::observe::call_sync(span, $backend, "put_run", || self.0.put_run(record))
             }
             fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
-                self.0.get_run(key)
+                let span = crate::observe::span($backend, "get_run", Some(&key.tenant));
+                crate::observe::call_sync(span, $backend, "get_run", || self.0.get_run(key))
             }
             fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
-                self.0.patch_run(key, delta)
+                let span = crate::observe::span($backend, "patch_run", Some(&key.tenant));
+                crate::observe::call_sync(span, $backend, "patch_run", || {
+                    self.0.patch_run(key, delta)
+                })
             }
             fn put_run_idempotent(
                 &self,
                 record: RunRecord,
                 key: &IdempotencyKey,
             ) -> Result<RunRecord> {
-                self.0.put_run_idempotent(record, key)
+                let span =
+                    crate::observe::span($backend, "put_run_idempotent", Some(&record.key.tenant));
+                crate::observe::call_sync(span, $backend, "put_run_idempotent", || {
+                    self.0.put_run_idempotent(record, key)
+                })
             }
             fn patch_run_idempotent(
                 &self,
@@ -155,31 +164,54 @@ macro_rules! forward_to_kv {
                 delta: StateDelta,
                 idempotency_key: &IdempotencyKey,
             ) -> Result<RunRecord> {
-                self.0.patch_run_idempotent(key, delta, idempotency_key)
+                let span =
+                    crate::observe::span($backend, "patch_run_idempotent", Some(&key.tenant));
+                crate::observe::call_sync(span, $backend, "patch_run_idempotent", || {
+                    self.0.patch_run_idempotent(key, delta, idempotency_key)
+                })
             }
             fn list_runs(&self, query: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
-                self.0.list_runs(query, page)
+                let span = crate::observe::span($backend, "list_runs", None);
+                crate::observe::call_sync(span, $backend, "list_runs", || {
+                    self.0.list_runs(query, page)
+                })
             }
             fn put_session(&self, record: SessionRecord) -> Result<SessionRecord> {
-                self.0.put_session(record)
+                let span = crate::observe::span($backend, "put_session", Some(&record.key.tenant));
+                crate::observe::call_sync(span, $backend, "put_session", || {
+                    self.0.put_session(record)
+                })
             }
             fn get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
-                self.0.get_session(key)
+                let span = crate::observe::span($backend, "get_session", Some(&key.tenant));
+                crate::observe::call_sync(span, $backend, "get_session", || self.0.get_session(key))
             }
             fn delete_session(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
-                self.0.delete_session(key, cascade)
+                let span = crate::observe::span($backend, "delete_session", Some(&key.tenant));
+                crate::observe::call_sync(span, $backend, "delete_session", || {
+                    self.0.delete_session(key, cascade)
+                })
             }
         }
 
         impl TrayStore for $handle {
             fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
-                self.0.read_tray(key, epoch)
+                let span = crate::observe::span($backend, "read_tray", None);
+                crate::observe::call_sync(span, $backend, "read_tray", || {
+                    self.0.read_tray(key, epoch)
+                })
             }
             fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
-                self.0.write_tray(key, epoch, tray)
+                let span = crate::observe::span($backend, "write_tray", None);
+                crate::observe::call_sync(span, $backend, "write_tray", || {
+                    self.0.write_tray(key, epoch, tray)
+                })
             }
             fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
-                self.0.delete_tray(key, epoch)
+                let span = crate::observe::span($backend, "delete_tray", None);
+                crate::observe::call_sync(span, $backend, "delete_tray", || {
+                    self.0.delete_tray(key, epoch)
+                })
             }
             fn apply_batch(
                 &self,
@@ -187,7 +219,10 @@ macro_rules! forward_to_kv {
                 epoch: u64,
                 ops: Vec<TrayOp>,
             ) -> Result<()> {
-                self.0.apply_batch(instance, epoch, ops)
+                let span = crate::observe::span($backend, "apply_batch", None);
+                crate::observe::call_sync(span, $backend, "apply_batch", || {
+                    self.0.apply_batch(instance, epoch, ops)
+                })
             }
             fn apply_batch_idempotent(
                 &self,
@@ -196,10 +231,16 @@ macro_rules! forward_to_kv {
                 ops: Vec<TrayOp>,
                 key: &IdempotencyKey,
             ) -> Result<()> {
-                self.0.apply_batch_idempotent(instance, epoch, ops, key)
+                let span = crate::observe::span($backend, "apply_batch_idempotent", None);
+                crate::observe::call_sync(span, $backend, "apply_batch_idempotent", || {
+                    self.0.apply_batch_idempotent(instance, epoch, ops, key)
+                })
             }
             fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
-                self.0.release(instance, epoch)
+                let span = crate::observe::span($backend, "release", None);
+                crate::observe::call_sync(span, $backend, "release", || {
+                    self.0.release(instance, epoch)
+                })
             }
             fn list_trays(
                 &self,
@@ -207,23 +248,36 @@ macro_rules! forward_to_kv {
                 epoch: u64,
                 page: &PageRequest,
             ) -> Result<Page<(TrayKey, Tray)>> {
-                self.0.list_trays(instance, epoch, page)
+                let span = crate::observe::span($backend, "list_trays", None);
+                crate::observe::call_sync(span, $backend, "list_trays", || {
+                    self.0.list_trays(instance, epoch, page)
+                })
             }
             fn marked_trays(
                 &self,
                 env: Option<&str>,
                 page: &PageRequest,
             ) -> Result<Page<MarkedTray>> {
-                self.0.marked_trays(env, page)
+                let span = crate::observe::span($backend, "marked_trays", None);
+                crate::observe::call_sync(span, $backend, "marked_trays", || {
+                    self.0.marked_trays(env, page)
+                })
             }
             fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
-                self.0.epoch(instance)
+                let span = crate::observe::span($backend, "epoch", None);
+                crate::observe::call_sync(span, $backend, "epoch", || self.0.epoch(instance))
             }
             fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
-                self.0.set_alarm(instance, epoch, due_at)
+                let span = crate::observe::span($backend, "set_alarm", None);
+                crate::observe::call_sync(span, $backend, "set_alarm", || {
+                    self.0.set_alarm(instance, epoch, due_at)
+                })
             }
             fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
-                self.0.due_alarms(now, page)
+                let span = crate::observe::span($backend, "due_alarms", None);
+                crate::observe::call_sync(span, $backend, "due_alarms", || {
+                    self.0.due_alarms(now, page)
+                })
             }
             fn ack_alarm(
                 &self,
@@ -231,28 +285,45 @@ macro_rules! forward_to_kv {
                 epoch: u64,
                 due_at: Millis,
             ) -> Result<bool> {
-                self.0.ack_alarm(instance, epoch, due_at)
+                let span = crate::observe::span($backend, "ack_alarm", None);
+                crate::observe::call_sync(span, $backend, "ack_alarm", || {
+                    self.0.ack_alarm(instance, epoch, due_at)
+                })
             }
         }
 
         impl BudgetStore for $handle {
             fn put_budget(&self, record: BudgetRecord) -> Result<BudgetRecord> {
-                self.0.put_budget(record)
+                let span = crate::observe::span($backend, "put_budget", Some(&record.key.tenant));
+                crate::observe::call_sync(span, $backend, "put_budget", || {
+                    self.0.put_budget(record)
+                })
             }
             fn get_budget(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
-                self.0.get_budget(key)
+                let span = crate::observe::span($backend, "get_budget", Some(&key.tenant));
+                crate::observe::call_sync(span, $backend, "get_budget", || self.0.get_budget(key))
             }
             fn list_budgets(&self, tenant: &str, page: &PageRequest) -> Result<Page<BudgetStatus>> {
-                self.0.list_budgets(tenant, page)
+                let span = crate::observe::span($backend, "list_budgets", Some(tenant));
+                crate::observe::call_sync(span, $backend, "list_budgets", || {
+                    self.0.list_budgets(tenant, page)
+                })
             }
             fn reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
-                self.0.reserve(run, hold)
+                let span = crate::observe::span($backend, "reserve", Some(&run.tenant));
+                crate::observe::call_sync(span, $backend, "reserve", || self.0.reserve(run, hold))
             }
             fn settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled> {
-                self.0.settle(run, hold_id, spent)
+                let span = crate::observe::span($backend, "settle", Some(&run.tenant));
+                crate::observe::call_sync(span, $backend, "settle", || {
+                    self.0.settle(run, hold_id, spent)
+                })
             }
             fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
-                self.0.release_hold(run, hold_id)
+                let span = crate::observe::span($backend, "release_hold", Some(&run.tenant));
+                crate::observe::call_sync(span, $backend, "release_hold", || {
+                    self.0.release_hold(run, hold_id)
+                })
             }
             fn reserve_idempotent(
                 &self,
@@ -260,7 +331,10 @@ macro_rules! forward_to_kv {
                 hold: Hold,
                 key: &IdempotencyKey,
             ) -> Result<HoldRecord> {
-                self.0.reserve_idempotent(run, hold, key)
+                let span = crate::observe::span($backend, "reserve_idempotent", Some(&run.tenant));
+                crate::observe::call_sync(span, $backend, "reserve_idempotent", || {
+                    self.0.reserve_idempotent(run, hold, key)
+                })
             }
             fn settle_idempotent(
                 &self,
@@ -269,7 +343,10 @@ macro_rules! forward_to_kv {
                 spent: StateDelta,
                 key: &IdempotencyKey,
             ) -> Result<Settled> {
-                self.0.settle_idempotent(run, hold_id, spent, key)
+                let span = crate::observe::span($backend, "settle_idempotent", Some(&run.tenant));
+                crate::observe::call_sync(span, $backend, "settle_idempotent", || {
+                    self.0.settle_idempotent(run, hold_id, spent, key)
+                })
             }
             fn release_hold_idempotent(
                 &self,
@@ -277,10 +354,15 @@ macro_rules! forward_to_kv {
                 hold_id: &str,
                 key: &IdempotencyKey,
             ) -> Result<()> {
-                self.0.release_hold_idempotent(run, hold_id, key)
+                let span =
+                    crate::observe::span($backend, "release_hold_idempotent", Some(&run.tenant));
+                crate::observe::call_sync(span, $backend, "release_hold_idempotent", || {
+                    self.0.release_hold_idempotent(run, hold_id, key)
+                })
             }
             fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
-                self.0.run_spend(run)
+                let span = crate::observe::span($backend, "run_spend", Some(&run.tenant));
+                crate::observe::call_sync(span, $backend, "run_spend", || self.0.run_spend(run))
             }
         }
 
@@ -314,8 +396,8 @@ macro_rules! forward_to_kv {
     };
 }
 
-forward_to_kv!(MemoryStore);
-forward_to_kv!(FileStore);
+forward_to_kv!(MemoryStore, "memory");
+forward_to_kv!(FileStore, "file");
 
 const _: () = {
     const fn is_send_sync<T: Send + Sync>() {}

@@ -15,6 +15,7 @@ mod fault_proxy;
 mod fuzz_regressions;
 mod hardening;
 mod json_shapes;
+mod observe;
 #[cfg(feature = "postgres")]
 mod pg_server;
 #[cfg(feature = "postgres")]
