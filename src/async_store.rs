@@ -1,19 +1,26 @@
 //! The async wrapper (rules W1–W3).
 //!
 //! [`AsyncStore`] mirrors every method of [`StateStore`], [`TrayStore`],
-//! [`BudgetStore`] and [`StoreAdmin`] as an `async fn`, over any backend (`Arc<dyn Store>`). Each one clones its
-//! arguments, hands the synchronous call to [`tokio::task::spawn_blocking`]
-//! and awaits the answer. It holds no logic of its own: every rule is the
-//! synchronous store's.
+//! [`BudgetStore`] and [`StoreAdmin`] as an `async fn`, over any backend.
+//! How a call runs depends on the backend:
 //!
-//! Invariant: no store call runs on an executor thread (W2); the wrapper
-//! decides nothing, it only moves calls to the blocking pool (W1).
+//! - a server backend (PostgreSQL, Redis) has an async core
+//!   (`crate::native`): the call is awaited in the caller's task over the
+//!   backend's async client, no thread hop;
+//! - the memory store never syncs or sleeps: the call runs in the caller's
+//!   task;
+//! - the file store (and any `Arc<dyn Store>` handed in) may sync: the
+//!   call is cloned onto tokio's blocking pool and awaited there.
+//!
+//! It holds no logic of its own: every rule is the store's (W1), and no
+//! blocking work runs on an executor thread (W2).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::admin::{StoreStats, VerifyReport};
 use crate::api::Store;
+use crate::async_stream::PageStream;
 use crate::budget::{BudgetKey, BudgetRecord, BudgetStatus, Hold, HoldRecord, RunSpend, Settled};
 use crate::entry::Entry;
 use crate::error::{Result, StateError};
@@ -22,9 +29,10 @@ use crate::kv::{FileStore, MemoryStore};
 use crate::options::Options;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
+use crate::retry::RetryPolicy;
 use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 #[cfg(doc)]
-use crate::{BudgetStore, StateStore, StoreAdmin, TrayStore};
+use crate::{BudgetStore, StateStore, StateStoreExt, StoreAdmin, TrayStore};
 
 /// Any [`Store`] for async code: every call runs on tokio's blocking pool.
 ///
@@ -80,6 +88,9 @@ pub struct AsyncStore {
     /// calls are awaited natively, in the caller's task.
     #[cfg(any(feature = "postgres", feature = "redis"))]
     native: Option<Arc<dyn crate::native::NativeStore>>,
+    /// A memory store: its calls never sync or sleep, so they run in the
+    /// caller's task (W2 keeps only blocking work off the executor).
+    inline: bool,
     path: Option<PathBuf>,
 }
 
@@ -168,6 +179,7 @@ impl AsyncStore {
                 return AsyncStore {
                     inner: Some(native.clone()),
                     native: Some(native),
+                    inline: false,
                     path: None,
                 };
             }
@@ -175,7 +187,10 @@ impl AsyncStore {
                 .downcast::<S>()
                 .expect("a store that is not native comes back as itself"),
         };
-        AsyncStore::blocking_pool(Arc::new(store), None)
+        let inline = std::any::TypeId::of::<S>() == std::any::TypeId::of::<MemoryStore>();
+        let mut wrapped = AsyncStore::blocking_pool(Arc::new(store), None);
+        wrapped.inline = inline;
+        wrapped
     }
 
     fn blocking_pool(store: Arc<dyn Store>, path: Option<PathBuf>) -> Self {
@@ -183,6 +198,7 @@ impl AsyncStore {
             inner: Some(store),
             #[cfg(any(feature = "postgres", feature = "redis"))]
             native: None,
+            inline: false,
             path,
         }
     }
@@ -242,12 +258,16 @@ impl AsyncStore {
         .await
     }
 
-    /// Runs `f` on the blocking pool with the store.
+    /// Runs `f` on the blocking pool with the store (in the caller's task
+    /// for a memory store).
     async fn run<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&dyn Store) -> Result<T> + Send + 'static,
     {
+        if self.inline {
+            return f(&**self.store());
+        }
         let store = Arc::clone(self.store());
         blocking(move || f(&*store)).await
     }
@@ -559,6 +579,121 @@ impl AsyncStore {
         native!(self.run_spend(run));
         let run = run.clone();
         self.run(move |s| s.run_spend(&run)).await
+    }
+
+    // --- walks and read-modify-write ------------------------------------
+
+    /// Every run the query matches, page after page (the L2 walk), as a
+    /// [`Stream`](futures_core::Stream): [`StateStore::iter_runs`].
+    pub fn iter_runs(&self, query: &StateQuery) -> PageStream<RunRecord> {
+        let (store, query) = (self.clone(), query.clone());
+        PageStream::new(move |req| {
+            let (store, query) = (store.clone(), query.clone());
+            async move { store.list_runs(&query, &req).await }
+        })
+    }
+
+    /// Every session of a tenant: [`StoreAdmin::iter_sessions`].
+    pub fn iter_sessions(&self, tenant: &str) -> PageStream<SessionRecord> {
+        let (store, tenant) = (self.clone(), tenant.to_owned());
+        PageStream::new(move |req| {
+            let (store, tenant) = (store.clone(), tenant.clone());
+            async move { store.list_sessions(&tenant, &req).await }
+        })
+    }
+
+    /// Every tray of an instance; each page's read carries the epoch, so a
+    /// walk by a fenced holder stops with `FenceLost`:
+    /// [`TrayStore::iter_trays`].
+    pub fn iter_trays(&self, instance: &InstanceKey, epoch: u64) -> PageStream<(TrayKey, Tray)> {
+        let (store, instance) = (self.clone(), instance.clone());
+        PageStream::new(move |req| {
+            let (store, instance) = (store.clone(), instance.clone());
+            async move { store.list_trays(&instance, epoch, &req).await }
+        })
+    }
+
+    /// Every marked tray, optionally of one env (T5):
+    /// [`TrayStore::iter_marked_trays`].
+    pub fn iter_marked_trays(&self, env: Option<&str>) -> PageStream<MarkedTray> {
+        let (store, env) = (self.clone(), env.map(str::to_owned));
+        PageStream::new(move |req| {
+            let (store, env) = (store.clone(), env.clone());
+            async move { store.marked_trays(env.as_deref(), &req).await }
+        })
+    }
+
+    /// Every alarm due at `now` (A2): [`TrayStore::iter_due_alarms`].
+    pub fn iter_due_alarms(&self, now: Millis) -> PageStream<Alarm> {
+        let store = self.clone();
+        PageStream::new(move |req| {
+            let store = store.clone();
+            async move { store.due_alarms(now, &req).await }
+        })
+    }
+
+    /// Every budget of a tenant: [`BudgetStore::iter_budgets`].
+    pub fn iter_budgets(&self, tenant: &str) -> PageStream<BudgetStatus> {
+        let (store, tenant) = (self.clone(), tenant.to_owned());
+        PageStream::new(move |req| {
+            let (store, tenant) = (store.clone(), tenant.clone());
+            async move { store.list_budgets(&tenant, &req).await }
+        })
+    }
+
+    /// Every entry of the store, for a backup: [`StoreAdmin::iter_export`].
+    pub fn iter_export(&self) -> PageStream<Entry> {
+        let store = self.clone();
+        PageStream::new(move |req| {
+            let store = store.clone();
+            async move { store.export_page(&req).await }
+        })
+    }
+
+    /// Reads the run, applies `edit`, and puts it at the version read,
+    /// again on a `Conflict` after a jittered pause on the runtime's timer
+    /// (never sleeping a thread): [`StateStoreExt::update_run`] with the
+    /// default [`RetryPolicy`]. `edit` may run more than once; only its
+    /// last run is stored.
+    pub async fn update_run<F>(&self, key: &RunKey, edit: F) -> Result<RunRecord>
+    where
+        F: FnMut(&mut RunRecord) -> Result<()>,
+    {
+        self.update_run_with(key, RetryPolicy::default(), edit)
+            .await
+    }
+
+    /// [`update_run`](Self::update_run) with its own retry policy.
+    pub async fn update_run_with<F>(
+        &self,
+        key: &RunKey,
+        policy: RetryPolicy,
+        mut edit: F,
+    ) -> Result<RunRecord>
+    where
+        F: FnMut(&mut RunRecord) -> Result<()>,
+    {
+        let mut seed = crate::retry::seed();
+        let attempts = policy.attempts.max(1);
+        let mut n = 0;
+        loop {
+            n += 1;
+            let Some(mut run) = self.get_run(key).await? else {
+                return Err(StateError::NotFound(crate::error::Missing::Run(
+                    key.clone(),
+                )));
+            };
+            edit(&mut run)?;
+            match self.put_run(run).await {
+                Err(e @ StateError::Conflict { .. }) => {
+                    if n >= attempts {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(policy.backoff(n, &mut seed)).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     // --- whole-store operations -----------------------------------------

@@ -107,11 +107,15 @@ mod tray;
 
 #[cfg(feature = "async")]
 mod async_store;
+#[cfg(feature = "async")]
+mod async_stream;
 
 pub use admin::{StoreAdmin, StoreStats, TenantStats, VerifyReport};
 pub use api::{StateStore, Store, TrayStore};
 #[cfg(feature = "async")]
 pub use async_store::AsyncStore;
+#[cfg(feature = "async")]
+pub use async_stream::PageStream;
 pub use budget::{
     Amount, BudgetKey, BudgetRecord, BudgetStatus, BudgetStore, CapLimit, CapScope, Caps, Hold,
     HoldRecord, RunSpend, Settled, Spend,

@@ -36,7 +36,7 @@ impl RetryPolicy {
     /// The sleep before attempt `n + 1` (n ≥ 1): uniform in `[0, cap]`
     /// where `cap = min(max, base · 2^(n-1))` ("full jitter"), so writers
     /// that collided once do not collide again in step.
-    fn backoff(&self, n: u32, seed: &mut u64) -> Duration {
+    pub(crate) fn backoff(&self, n: u32, seed: &mut u64) -> Duration {
         let cap = self
             .base
             .saturating_mul(1u32 << (n - 1).min(20))
@@ -51,7 +51,7 @@ impl RetryPolicy {
     }
 }
 
-fn seed() -> u64 {
+pub(crate) fn seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(

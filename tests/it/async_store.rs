@@ -671,3 +671,156 @@ fn w3_postgres_stores_and_futures_drop_inside_and_outside_runtimes() {
             .is_some()
     );
 }
+
+/// The walks as `Stream`s: every item once, in listing order, across
+/// pages, while another task writes; `after` resumes where a page ended.
+#[tokio::test(flavor = "current_thread")]
+async fn w1_walks_are_streams_that_visit_every_item_once() {
+    let store = AsyncStore::memory();
+    for i in 0..25 {
+        store
+            .put_run(RunRecord::new(
+                RunKey::new("acme", format!("run-{i:02}")),
+                "planner",
+            ))
+            .await
+            .unwrap();
+    }
+    let mut walk = store.iter_runs(&StateQuery::new("acme")).page_size(4);
+    let mut seen = Vec::new();
+    while let Some(run) = walk.next().await {
+        let run = run.unwrap();
+        // Writes between pages (new runs land after the walk's end, as L2
+        // allows; stored ones move on in version only).
+        if seen.len() % 5 == 0 {
+            store
+                .patch_run(&run.key, StateDelta::default())
+                .await
+                .unwrap();
+        }
+        seen.push(run.key.run_id);
+    }
+    let want: Vec<String> = (0..25).map(|i| format!("run-{i:02}")).collect();
+    assert_eq!(seen, want);
+
+    // Resuming after a page's cursor continues the same walk.
+    let first = store
+        .list_runs(&StateQuery::new("acme"), &PageRequest::new(10))
+        .await
+        .unwrap();
+    let rest = store
+        .iter_runs(&StateQuery::new("acme"))
+        .after(first.cursor())
+        .collect_all()
+        .await
+        .unwrap();
+    assert_eq!(rest.len(), 15);
+    assert_eq!(rest[0].key.run_id, "run-10");
+
+    // Trays, marked trays, sessions and budgets walk the same way.
+    let inst = InstanceKey::new("chat", "room-1");
+    for i in 0..7 {
+        store
+            .write_tray(
+                &inst.tray("state", format!("t{i}")),
+                1,
+                tray("{}", i % 2 == 0),
+            )
+            .await
+            .unwrap();
+    }
+    let trays = store
+        .iter_trays(&inst, 1)
+        .page_size(3)
+        .collect_all()
+        .await
+        .unwrap();
+    assert_eq!(trays.len(), 7);
+    let marked = store
+        .iter_marked_trays(Some("prod"))
+        .collect_all()
+        .await
+        .unwrap();
+    assert_eq!(marked.len(), 4);
+    assert!(
+        store
+            .iter_sessions("acme")
+            .collect_all()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store
+            .iter_budgets("acme")
+            .collect_all()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A fenced holder's walk stops with FenceLost.
+    store.epoch(&inst).await.unwrap();
+    store.release(&inst, 5).await.unwrap();
+    let mut fenced = store.iter_trays(&inst, 1);
+    assert!(matches!(
+        fenced.next().await,
+        Some(Err(StateError::FenceLost { .. }))
+    ));
+    assert!(fenced.next().await.is_none(), "nothing after an error");
+}
+
+/// `update_run` under contention, on both runtimes: every edit lands once,
+/// the conflicts retried on the runtime's timer.
+#[test]
+fn w1_update_run_retries_conflicts_on_the_runtime_timer() {
+    for multi in [false, true] {
+        let rt = if multi {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        }
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        rt.block_on(async {
+            let opts = Options::new().durability(Durability::Buffered);
+            let store = AsyncStore::open_with(dir.path(), opts).await.unwrap();
+            let key = RunKey::new("acme", "counter");
+            store
+                .put_run(RunRecord::new(key.clone(), "planner"))
+                .await
+                .unwrap();
+            let tasks: Vec<_> = (0..16)
+                .map(|_| {
+                    let (store, key) = (store.clone(), key.clone());
+                    tokio::spawn(async move {
+                        for _ in 0..5 {
+                            store
+                                .update_run(&key, |run| {
+                                    run.agent_name.push('+');
+                                    Ok(())
+                                })
+                                .await
+                                .unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let run = store.get_run(&key).await.unwrap().unwrap();
+            assert_eq!(
+                run.agent_name.len(),
+                "planner".len() + 80,
+                "multi_thread: {multi}"
+            );
+            assert_eq!(run.version, 81);
+            store.close().await.unwrap();
+        });
+    }
+}

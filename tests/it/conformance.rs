@@ -65,7 +65,7 @@ mod memory {
 
 /// File stores for the suite, one directory each, under the target's temp
 /// dir; shared by the `file` and `sled` modules.
-mod file_stores {
+pub(crate) mod file_stores {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
@@ -75,6 +75,14 @@ mod file_stores {
         clock: Arc<ManualClock>,
         engine: agentstate::FileEngine,
     ) -> Arc<dyn ConformanceStore> {
+        Arc::new(open_file(clock, engine))
+    }
+
+    /// [`open`], as the file store itself.
+    pub fn open_file(
+        clock: Arc<ManualClock>,
+        engine: agentstate::FileEngine,
+    ) -> agentstate::FileStore {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         static SWEEP: std::sync::Once = std::sync::Once::new();
         let root = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("conformance");
@@ -90,13 +98,11 @@ mod file_stores {
         // A directory left by an earlier process with the same pid.
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&root).expect("create the temp dir");
-        Arc::new(
-            agentstate::FileStore::open_with(
-                &dir,
-                agentstate::Options::new().clock(clock).engine(engine),
-            )
-            .expect("open"),
+        agentstate::FileStore::open_with(
+            &dir,
+            agentstate::Options::new().clock(clock).engine(engine),
         )
+        .expect("open")
     }
 
     /// Removes the store directories (`<pid>-<n>`) of processes that no

@@ -1,4 +1,6 @@
 mod api;
+#[cfg(all(feature = "async", feature = "conformance"))]
+mod async_conformance;
 #[cfg(feature = "async")]
 mod async_store;
 mod budgets;
