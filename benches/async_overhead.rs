@@ -47,9 +47,7 @@ fn direct(store: &dyn Store, keys: &[RunKey], op: Op) -> f64 {
     for k in keys {
         match op {
             Op::Get => drop(std::hint::black_box(store.get_run(k).unwrap())),
-            Op::Patch => drop(std::hint::black_box(
-                store.patch_run(k, delta()).unwrap(),
-            )),
+            Op::Patch => drop(std::hint::black_box(store.patch_run(k, delta()).unwrap())),
         }
     }
     t.elapsed().as_nanos() as f64 / keys.len() as f64
@@ -99,7 +97,8 @@ fn measure(name: &str, sync: Arc<dyn Store>, wrapped: AsyncStore, n: usize, ops:
         };
         for _ in 0..ROUNDS {
             f.direct.push(direct(&*sync, &keys, op));
-            f.current.push(current.block_on(awaited(&wrapped, &keys, op)));
+            f.current
+                .push(current.block_on(awaited(&wrapped, &keys, op)));
             let (w, k) = (wrapped.clone(), keys.clone());
             f.multi.push(
                 multi
@@ -122,7 +121,10 @@ fn measure(name: &str, sync: Arc<dyn Store>, wrapped: AsyncStore, n: usize, ops:
         println!("RESULT async_{name}_{op_name}_direct_ns={d:.0}");
         println!("RESULT async_{name}_{op_name}_current_ns={c:.0}");
         println!("RESULT async_{name}_{op_name}_multi_ns={m:.0}");
-        println!("RESULT async_{name}_{op_name}_current_vs_direct={:.3}", c / d);
+        println!(
+            "RESULT async_{name}_{op_name}_current_vs_direct={:.3}",
+            c / d
+        );
         println!("RESULT async_{name}_{op_name}_multi_vs_direct={:.3}", m / d);
     }
 }
