@@ -53,7 +53,13 @@ impl TrayKey {
 }
 
 /// A tray's contents.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// In JSON (and every human-readable format) `doc` is text when it is
+/// UTF-8 (`"doc": "{\"step\": 3}"`) and base64 otherwise
+/// (`"doc_base64": "AAEC"`); either reads back, as does the array of
+/// numbers earlier releases wrote. Binary formats keep the bytes as they
+/// are (the stores' own encoding is unchanged).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tray {
     /// True while work is in flight; the sweeper wakes marked trays.
     pub marked: bool,
@@ -63,6 +69,109 @@ pub struct Tray {
     pub env: String,
     /// The host of the worker that wrote it.
     pub hostname: String,
+}
+
+/// The field layout every binary format has always had.
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "Tray")]
+struct TrayBytes {
+    marked: bool,
+    doc: Vec<u8>,
+    env: String,
+    hostname: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename = "Tray")]
+struct TrayText<'a> {
+    marked: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    doc: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    doc_base64: Option<String>,
+    env: &'a str,
+    hostname: &'a str,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum DocIn {
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+#[derive(Deserialize)]
+#[serde(rename = "Tray", deny_unknown_fields)]
+struct TrayTextIn {
+    marked: bool,
+    #[serde(default)]
+    doc: Option<DocIn>,
+    #[serde(default)]
+    doc_base64: Option<String>,
+    env: String,
+    hostname: String,
+}
+
+impl Serialize for Tray {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if !s.is_human_readable() {
+            return TrayBytes {
+                marked: self.marked,
+                doc: self.doc.clone(),
+                env: self.env.clone(),
+                hostname: self.hostname.clone(),
+            }
+            .serialize(s);
+        }
+        use base64::Engine as _;
+        let text = std::str::from_utf8(&self.doc).ok();
+        TrayText {
+            marked: self.marked,
+            doc: text,
+            doc_base64: text
+                .is_none()
+                .then(|| base64::engine::general_purpose::STANDARD.encode(&self.doc)),
+            env: &self.env,
+            hostname: &self.hostname,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Tray {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        if !d.is_human_readable() {
+            let t = TrayBytes::deserialize(d)?;
+            return Ok(Tray {
+                marked: t.marked,
+                doc: t.doc,
+                env: t.env,
+                hostname: t.hostname,
+            });
+        }
+        let t = TrayTextIn::deserialize(d)?;
+        let doc = match (t.doc, t.doc_base64) {
+            (Some(DocIn::Text(text)), None) => text.into_bytes(),
+            (Some(DocIn::Bytes(bytes)), None) => bytes,
+            (None, Some(b64)) => {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64.as_bytes())
+                    .map_err(|e| D::Error::custom(format!("doc_base64: {e}")))?
+            }
+            (None, None) => return Err(D::Error::missing_field("doc")),
+            (Some(_), Some(_)) => {
+                return Err(D::Error::custom("a tray has doc or doc_base64, not both"));
+            }
+        };
+        Ok(Tray {
+            marked: t.marked,
+            doc,
+            env: t.env,
+            hostname: t.hostname,
+        })
+    }
 }
 
 /// One operation of a tray batch (rule T3).

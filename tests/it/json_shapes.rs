@@ -120,3 +120,31 @@ fn keys_and_states_display_as_people_write_them() {
         "acme/monthly"
     );
 }
+
+/// A tray's doc is text when it is UTF-8 and base64 otherwise; both read
+/// back, and so does the array of numbers earlier releases wrote.
+#[test]
+fn trays_show_their_doc_as_text_or_base64() {
+    let text = agentstate::Tray {
+        marked: true,
+        doc: br#"{"step": 3}"#.to_vec(),
+        env: "prod".into(),
+        hostname: "host-1".into(),
+    };
+    let binary = agentstate::Tray {
+        doc: vec![0, 1, 2, 0xff],
+        ..text.clone()
+    };
+    golden("trays", &vec![text.clone(), binary.clone()]);
+    for t in [&text, &binary] {
+        let json = serde_json::to_string(t).unwrap();
+        assert_eq!(&serde_json::from_str::<agentstate::Tray>(&json).unwrap(), t);
+    }
+    let old = r#"{"marked":false,"doc":[0,1,2,255],"env":"prod","hostname":"h"}"#;
+    assert_eq!(
+        serde_json::from_str::<agentstate::Tray>(old).unwrap().doc,
+        vec![0, 1, 2, 255]
+    );
+    let both = r#"{"marked":false,"doc":"a","doc_base64":"YQ==","env":"prod","hostname":"h"}"#;
+    assert!(serde_json::from_str::<agentstate::Tray>(both).is_err());
+}
