@@ -73,9 +73,16 @@ impl Bridge {
 
     /// Drives `fut` to completion on this thread, inside or outside any
     /// runtime (see the module's docs).
+    ///
+    /// `fut` runs unconstrained by tokio's cooperative budget: called from
+    /// inside a task, it would otherwise spend that task's budget, and once
+    /// the budget is gone every tokio resource answers `Pending` until the
+    /// task yields to its scheduler, which it cannot do while this thread
+    /// waits here (a spin on a multi-thread runtime, a hang on a
+    /// current-thread one).
     pub(crate) fn block_on<F: Future>(&self, fut: F) -> F::Output {
         let _entered = self.handle().enter();
-        block_on(fut)
+        block_on(tokio::task::unconstrained(fut))
     }
 
     /// Runs `fut` on the store's runtime and awaits its answer from any
@@ -844,6 +851,21 @@ mod tests {
             }))
         });
         assert_eq!(v, 9);
+        // Many tokio operations inside a task (past its coop budget of
+        // 128): no spin, no hang.
+        let n = rt.block_on(async {
+            bridge.block_on(async {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                let mut n = 0u32;
+                for i in 0..1000u32 {
+                    tx.send(i).unwrap();
+                    n += rx.recv().await.unwrap();
+                    tokio::time::sleep(std::time::Duration::ZERO).await;
+                }
+                n
+            })
+        });
+        assert_eq!(n, 499_500);
         // Dropped inside a runtime: no panic.
         rt.block_on(async move { drop(bridge) });
     }
