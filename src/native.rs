@@ -825,6 +825,27 @@ macro_rules! sync_over_async {
 }
 pub(crate) use sync_over_async;
 
+/// A whole backend with an async core: what [`AsyncStore`](crate::AsyncStore)
+/// calls natively.
+#[cfg_attr(not(feature = "async"), allow(dead_code))]
+pub(crate) trait NativeStore: crate::api::Store + DynCore {}
+
+impl<T: crate::api::Store + DynCore> NativeStore for T {}
+
+/// `store` as a backend with an async core, when it is one (each server
+/// backend adds its type here); otherwise `store` back.
+#[cfg_attr(not(feature = "async"), allow(dead_code))]
+pub(crate) fn downcast(
+    store: Box<dyn std::any::Any + Send>,
+) -> std::result::Result<Arc<dyn NativeStore>, Box<dyn std::any::Any + Send>> {
+    #[cfg(feature = "redis")]
+    let store = match store.downcast::<crate::RedisStore>() {
+        Ok(r) => return Ok(Arc::new(*r)),
+        Err(s) => s,
+    };
+    Err(store)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -869,25 +890,4 @@ mod tests {
         // Dropped inside a runtime: no panic.
         rt.block_on(async move { drop(bridge) });
     }
-}
-
-/// A whole backend with an async core: what [`AsyncStore`](crate::AsyncStore)
-/// calls natively.
-#[cfg_attr(not(feature = "async"), allow(dead_code))]
-pub(crate) trait NativeStore: crate::api::Store + DynCore {}
-
-impl<T: crate::api::Store + DynCore> NativeStore for T {}
-
-/// `store` as a backend with an async core, when it is one (each server
-/// backend adds its type here); otherwise `store` back.
-#[cfg_attr(not(feature = "async"), allow(dead_code))]
-pub(crate) fn downcast(
-    store: Box<dyn std::any::Any + Send>,
-) -> std::result::Result<Arc<dyn NativeStore>, Box<dyn std::any::Any + Send>> {
-    #[cfg(feature = "redis")]
-    let store = match store.downcast::<crate::RedisStore>() {
-        Ok(r) => return Ok(Arc::new(*r)),
-        Err(s) => s,
-    };
-    Err(store)
 }
