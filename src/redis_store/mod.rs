@@ -3,6 +3,18 @@
 //! writes (the record, its indexes, the tenant's `seq`) are one atomic step.
 //! Nothing is read by the client and then written.
 //!
+//! # Async-native
+//!
+//! Every call is an `async fn` of [`AsyncCore`](crate::native::AsyncCore)
+//! (`core.rs`) over redis-rs' async client: a small pool of
+//! `MultiplexedConnection`s (`connect.rs`, [`connect::Pool`]) dialed on
+//! the store's own runtime ([`Bridge`]), each script sent as `EVALSHA`
+//! and loaded with `Script::load_async` when the server answers
+//! `NOSCRIPT` (`scripts.rs`). `AsyncStore` awaits those futures in the
+//! caller's task; the synchronous traits are `sync_over_async!` impls that
+//! drive them on the calling thread (`Bridge::block_on`), and
+//! `StoreAdmin` does the same over its own async walks (`admin.rs`).
+//!
 //! # Keys and hash tags
 //!
 //! Every key of one tenant carries the hash tag `{t<tenant>}` (the tenant
@@ -65,8 +77,9 @@ use crate::native::Bridge;
 use connect::{Dialer, TlsPems};
 
 /// How a [`RedisStore`] connects: the common [`Options`] (clock, record
-/// limit, scrubber), TLS certificates, timeouts, the pool's size and
-/// lifetimes, and what the server must guarantee.
+/// limit, scrubber), TLS certificates, timeouts, how many connections it
+/// multiplexes its calls over and their lifetimes, and what the server
+/// must guarantee.
 ///
 /// ```
 /// use std::time::Duration;
@@ -132,36 +145,43 @@ impl RedisOptions {
         self.options = options;
         self
     }
-    /// How long opening a connection (or waiting for a free one in the
-    /// pool) may take before the call is `Unavailable`. A server that
-    /// answers "no" (a wrong password, a certificate it refuses, …) is
-    /// `Refused` as soon as it answers, not after this.
+    /// How long opening a connection (TCP, TLS, `AUTH`, `SELECT`) may
+    /// take before the call is `Unavailable` (nothing was sent). A call
+    /// waits for a dial only when the store has no open connection. A
+    /// server that answers "no" (a wrong password, a certificate it
+    /// refuses, …) is `Refused` as soon as it answers, not after this.
     pub fn connect_timeout(mut self, t: Duration) -> Self {
         self.connect_timeout = t.max(Duration::from_millis(1));
         self
     }
-    /// How long one command or script may take to answer. Past it a read
-    /// is `Unavailable`, and a write, sent and maybe applied, is
-    /// `OutcomeUnknown`: re-read before deciding again, or retry it with
-    /// the same idempotency key (rule I7).
+    /// How long one command or script may take to answer (redis-rs'
+    /// response timeout). Past it a read is `Unavailable`, and a write,
+    /// sent and maybe applied, is `OutcomeUnknown`: re-read before
+    /// deciding again, or retry it with the same idempotency key (rule
+    /// I7). The connection it timed out on takes no further call.
     pub fn io_timeout(mut self, t: Duration) -> Self {
         self.io_timeout = t.max(Duration::from_millis(1));
         self
     }
-    /// Connections kept open (at least 1).
+    /// At most this many connections (at least 1). Each is a redis-rs
+    /// multiplexed connection that carries any number of calls at once; a
+    /// call takes the one with the fewest calls in flight, and one more is
+    /// opened (in the background) only while every open one is busy. A
+    /// store used by one caller at a time keeps one connection.
     pub fn pool_size(mut self, n: u32) -> Self {
         self.pool_size = n.max(1);
         self
     }
-    /// A pooled connection idle this long is closed (one is always kept);
+    /// A connection idle this long is closed (one is always kept);
     /// `None` keeps idle connections. Default 10 minutes: below a managed
     /// service's or a firewall's idle cut-off, set it lower.
     pub fn idle_timeout(mut self, t: Option<Duration>) -> Self {
         self.idle_timeout = t.map(|t| t.max(Duration::from_millis(1)));
         self
     }
-    /// A pooled connection open this long is closed and replaced when next
-    /// idle; `None` keeps it. Default 30 minutes.
+    /// A connection open this long takes no new call and is closed once
+    /// its calls in flight are answered (a new one is dialed when needed);
+    /// `None` keeps it. Default 30 minutes.
     pub fn max_lifetime(mut self, t: Option<Duration>) -> Self {
         self.max_lifetime = t.map(|t| t.max(Duration::from_millis(1)));
         self
