@@ -46,7 +46,8 @@
 //!   (the sync `postgres` client with an `r2d2` pool; TLS on rustls with
 //!   libpq's `sslmode`).
 //! - `redis`: `RedisStore` and `RedisOptions`, the Redis backend (every
-//!   write one Lua script on the server; `rediss://` on rustls; an `Ok`
+//!   write one Lua script on the server, over redis-rs' async client, so
+//!   `AsyncStore` awaits it natively; `rediss://` on rustls; an `Ok`
 //!   survives a server crash only with `appendfsync always`, and nothing
 //!   is safe from eviction but `noeviction`, which `connect` checks).
 //! - `sled`: the sled engine under the file store

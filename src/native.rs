@@ -73,9 +73,16 @@ impl Bridge {
 
     /// Drives `fut` to completion on this thread, inside or outside any
     /// runtime (see the module's docs).
+    ///
+    /// `fut` runs unconstrained by tokio's cooperative budget: called from
+    /// inside a task, it would otherwise spend that task's budget, and once
+    /// the budget is gone every tokio resource answers `Pending` until the
+    /// task yields to its scheduler, which it cannot do while this thread
+    /// waits here (a spin on a multi-thread runtime, a hang on a
+    /// current-thread one).
     pub(crate) fn block_on<F: Future>(&self, fut: F) -> F::Output {
         let _entered = self.handle().enter();
-        block_on(fut)
+        block_on(tokio::task::unconstrained(fut))
     }
 
     /// Runs `fut` on the store's runtime and awaits its answer from any
@@ -818,6 +825,27 @@ macro_rules! sync_over_async {
 }
 pub(crate) use sync_over_async;
 
+/// A whole backend with an async core: what [`AsyncStore`](crate::AsyncStore)
+/// calls natively.
+#[cfg_attr(not(feature = "async"), allow(dead_code))]
+pub(crate) trait NativeStore: crate::api::Store + DynCore {}
+
+impl<T: crate::api::Store + DynCore> NativeStore for T {}
+
+/// `store` as a backend with an async core, when it is one (each server
+/// backend adds its type here); otherwise `store` back.
+#[cfg_attr(not(feature = "async"), allow(dead_code))]
+pub(crate) fn downcast(
+    store: Box<dyn std::any::Any + Send>,
+) -> std::result::Result<Arc<dyn NativeStore>, Box<dyn std::any::Any + Send>> {
+    #[cfg(feature = "redis")]
+    let store = match store.downcast::<crate::RedisStore>() {
+        Ok(r) => return Ok(Arc::new(*r)),
+        Err(s) => s,
+    };
+    Err(store)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -844,23 +872,22 @@ mod tests {
             }))
         });
         assert_eq!(v, 9);
+        // Many tokio operations inside a task (past its coop budget of
+        // 128): no spin, no hang.
+        let n = rt.block_on(async {
+            bridge.block_on(async {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                let mut n = 0u32;
+                for i in 0..1000u32 {
+                    tx.send(i).unwrap();
+                    n += rx.recv().await.unwrap();
+                    tokio::time::sleep(std::time::Duration::ZERO).await;
+                }
+                n
+            })
+        });
+        assert_eq!(n, 499_500);
         // Dropped inside a runtime: no panic.
         rt.block_on(async move { drop(bridge) });
     }
-}
-
-/// A whole backend with an async core: what [`AsyncStore`](crate::AsyncStore)
-/// calls natively.
-#[cfg_attr(not(feature = "async"), allow(dead_code))]
-pub(crate) trait NativeStore: crate::api::Store + DynCore {}
-
-impl<T: crate::api::Store + DynCore> NativeStore for T {}
-
-/// `store` as a backend with an async core, when it is one (each server
-/// backend adds its type here); otherwise `store` back.
-#[cfg_attr(not(feature = "async"), allow(dead_code))]
-pub(crate) fn downcast(
-    store: Box<dyn std::any::Any + Send>,
-) -> std::result::Result<Arc<dyn NativeStore>, Box<dyn std::any::Any + Send>> {
-    Err(store)
 }

@@ -13,13 +13,14 @@ use crate::rules::{check_id, check_limit, checked_entry};
 use crate::tray::InstanceKey;
 
 use super::budgets::{BUDGET_FIELDS, budget_row, hold_value, parse_hold};
+use super::connect::QueryOn;
 use super::runs::{
     Reply, decode_run, decode_session, num, outcome, run_head, run_tail, seal, session_head,
     session_tail, text,
 };
 use super::scripts::{BUDGETS, IMPORT, PRUNE, READ_PAGES};
 use super::trays::{TrayCall, decode_tray};
-use super::{Conn, RedisStore, keys, map_err};
+use super::{Conn, RedisStore, keys};
 
 /// Largest `seq` an import accepts: sorted-set scores are doubles, exact
 /// to 2^53.
@@ -32,13 +33,13 @@ fn cmd(name: &str) -> ::redis::Cmd {
 }
 
 impl RedisStore {
-    fn tenants(&self, conn: &mut Conn) -> Result<Vec<String>> {
+    async fn tenants(&self, conn: &mut Conn) -> Result<Vec<String>> {
         let t: Vec<Vec<u8>> = cmd("ZRANGE")
             .arg(keys::TENANTS)
             .arg(0)
             .arg(-1)
-            .query(&mut **conn)
-            .map_err(map_err)?;
+            .query_on(conn)
+            .await?;
         t.into_iter()
             .map(|t| {
                 String::from_utf8(t).map_err(|_| StateError::corrupt("redis: tenant not UTF-8"))
@@ -46,17 +47,17 @@ impl RedisStore {
             .collect()
     }
 
-    fn instances(&self, conn: &mut Conn) -> Result<Vec<Vec<u8>>> {
+    async fn instances(&self, conn: &mut Conn) -> Result<Vec<Vec<u8>>> {
         cmd("ZRANGE")
             .arg(keys::insts())
             .arg(0)
             .arg(-1)
-            .query(&mut **conn)
-            .map_err(map_err)
+            .query_on(conn)
+            .await
     }
 
     /// Members of a lexicographic sorted set after `after`, at most `n`.
-    pub(super) fn lex_after(
+    pub(super) async fn lex_after(
         &self,
         conn: &mut Conn,
         key: &[u8],
@@ -78,12 +79,12 @@ impl RedisStore {
             .arg("LIMIT")
             .arg(0)
             .arg(n)
-            .query(&mut **conn)
-            .map_err(map_err)
+            .query_on(conn)
+            .await
     }
 
     /// (member, seq) of a seq-scored sorted set after `after`, at most `n`.
-    fn seq_after(
+    async fn seq_after(
         &self,
         conn: &mut Conn,
         key: &[u8],
@@ -99,23 +100,19 @@ impl RedisStore {
             .arg("LIMIT")
             .arg(0)
             .arg(n)
-            .query(&mut **conn)
-            .map_err(map_err)?;
+            .query_on(conn)
+            .await?;
         r.into_iter()
             .map(|(m, s)| Ok((m, num(&s, "seq score")?)))
             .collect()
     }
 
-    fn hget(&self, conn: &mut Conn, key: &[u8], field: &str) -> Result<Option<Vec<u8>>> {
-        cmd("HGET")
-            .arg(key)
-            .arg(field)
-            .query(&mut **conn)
-            .map_err(map_err)
+    async fn hget(&self, conn: &mut Conn, key: &[u8], field: &str) -> Result<Option<Vec<u8>>> {
+        cmd("HGET").arg(key).arg(field).query_on(conn).await
     }
 
-    fn zcard(&self, conn: &mut Conn, key: &[u8]) -> Result<u64> {
-        cmd("ZCARD").arg(key).query(&mut **conn).map_err(map_err)
+    async fn zcard(&self, conn: &mut Conn, key: &[u8]) -> Result<u64> {
+        cmd("ZCARD").arg(key).query_on(conn).await
     }
 }
 
@@ -160,7 +157,7 @@ impl RedisStore {
     /// Export phase 2: a tenant's holds in (run id, hold id) order after
     /// `inner`, at most about `n` (a run's holds come whole); how many
     /// runs were read, so `< n` means the tenant is done.
-    fn export_holds(
+    async fn export_holds(
         &self,
         conn: &mut Conn,
         t: &str,
@@ -187,15 +184,15 @@ impl RedisStore {
             .arg("LIMIT")
             .arg(0)
             .arg(n)
-            .query(&mut **conn)
-            .map_err(map_err)?;
+            .query_on(conn)
+            .await?;
         let got = runs.len();
         for run in runs {
             let run_id = text(&run);
             let all: Vec<(Vec<u8>, Vec<u8>)> = cmd("HGETALL")
                 .arg(keys::holds(&p, &run_id))
-                .query(&mut **conn)
-                .map_err(map_err)?;
+                .query_on(conn)
+                .await?;
             let mut holds = all
                 .into_iter()
                 .map(|(id, v)| parse_hold(&text(&id), &v))
@@ -226,7 +223,7 @@ impl RedisStore {
     }
 
     /// Export phase 4: a tenant's budgets in name order after `inner`.
-    fn export_budgets(
+    async fn export_budgets(
         &self,
         conn: &mut Conn,
         t: &str,
@@ -235,7 +232,9 @@ impl RedisStore {
         out: &mut Vec<(Vec<u8>, Entry)>,
     ) -> Result<usize> {
         let p = keys::tenant(t);
-        let names = self.lex_after(conn, &keys::budgets(&p), inner.as_deref(), n)?;
+        let names = self
+            .lex_after(conn, &keys::budgets(&p), inner.as_deref(), n)
+            .await?;
         let got = names.len();
         for name in names {
             *inner = Some(name.clone());
@@ -243,8 +242,8 @@ impl RedisStore {
             let fields: Vec<Option<Vec<u8>>> = cmd("HMGET")
                 .arg(keys::budget(&p, &key.name))
                 .arg(&BUDGET_FIELDS[..])
-                .query(&mut **conn)
-                .map_err(map_err)?;
+                .query_on(conn)
+                .await?;
             if let Some((budget, spent)) = budget_row(&key, &fields)? {
                 out.push((
                     export_pos(4, t.as_bytes(), &name),
@@ -258,6 +257,82 @@ impl RedisStore {
 
 impl StoreAdmin for RedisStore {
     fn list_sessions(&self, tenant: &str, page: &PageRequest) -> Result<Page<SessionRecord>> {
+        self.bridge
+            .block_on(crate::native::AsyncCore::list_sessions(self, tenant, page))
+    }
+
+    fn is_empty(&self) -> Result<bool> {
+        self.bridge.block_on(self.is_empty_impl())
+    }
+
+    fn stats(&self) -> Result<StoreStats> {
+        self.bridge.block_on(crate::observe::call(
+            "redis",
+            "stats",
+            None,
+            self.stats_impl(),
+        ))
+    }
+
+    fn verify(&self) -> Result<VerifyReport> {
+        self.bridge.block_on(crate::observe::call(
+            "redis",
+            "verify",
+            None,
+            self.verify_impl(),
+        ))
+    }
+
+    fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
+        self.bridge.block_on(crate::observe::call(
+            "redis",
+            "prune",
+            Some(tenant),
+            self.prune_impl(tenant, finished_before),
+        ))
+    }
+
+    fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
+        self.bridge.block_on(crate::observe::call(
+            "redis",
+            "export_page",
+            None,
+            self.export_page_impl(page),
+        ))
+    }
+
+    fn import(&self, entries: &mut dyn Iterator<Item = Result<Entry>>) -> Result<u64> {
+        if !self.is_empty()? {
+            return Err(StateError::invalid(
+                "import: the store is not empty; import into a new store",
+            ));
+        }
+        // The whole input is read and checked before the first write, so a
+        // bad line, a bad entry or a duplicate writes nothing. The writes
+        // are one script per entry: a server failure in the middle can
+        // leave part of an import (the caller sees the store non-empty).
+        let max = self.max();
+        let all = entries
+            .map(|e| checked_entry(e?, &self.opts.options.scrubber, max))
+            .collect::<Result<Vec<Entry>>>()?;
+        crate::rules::check_import_unique(&all)?;
+        let n = all.len() as u64;
+        self.bridge
+            .block_on(crate::observe::call("redis", "import", None, async {
+                for e in all {
+                    self.import_one(e).await?;
+                }
+                Ok(n)
+            }))
+    }
+}
+
+impl RedisStore {
+    pub(super) async fn list_sessions_impl(
+        &self,
+        tenant: &str,
+        page: &PageRequest,
+    ) -> Result<Page<SessionRecord>> {
         check_id("tenant", tenant)?;
         check_limit(page.limit)?;
         let binding = KeyBuf::table(Listing::Sessions as u8).str(tenant).done();
@@ -266,14 +341,15 @@ impl StoreAdmin for RedisStore {
             None => Vec::new(),
         };
         let p = keys::tenant(tenant);
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let reply: Reply = READ_PAGES
             .key(keys::sessions(&p))
             .arg("sessions")
             .arg(keys::session_base(&p))
             .arg(after)
             .arg((page.limit + 1).to_string())
-            .invoke(&mut conn)?;
+            .invoke(&mut conn)
+            .await?;
         let mut items = Vec::new();
         for pair in reply.chunks_exact(2) {
             let id = String::from_utf8(pair[0].clone())
@@ -295,53 +371,53 @@ impl StoreAdmin for RedisStore {
         Page::new(items.into_iter().map(|(_, s)| s).collect(), cursor)
     }
 
-    fn is_empty(&self) -> Result<bool> {
-        Ok(self.export_page(&PageRequest::new(1))?.items().is_empty())
+    async fn is_empty_impl(&self) -> Result<bool> {
+        Ok(self
+            .export_page_impl(&PageRequest::new(1))
+            .await?
+            .items()
+            .is_empty())
     }
 
-    fn stats(&self) -> Result<StoreStats> {
-        let mut conn = self.conn()?;
+    async fn stats_impl(&self) -> Result<StoreStats> {
+        let mut conn = self.conn().await?;
         let mut s = StoreStats {
             backend: format!("redis {}: {}", self.server, self.persistence.describe()),
             ..Default::default()
         };
-        for t in self.tenants(&mut conn)? {
+        for t in self.tenants(&mut conn).await? {
             let p = keys::tenant(&t);
             let mut ts = TenantStats::default();
             for st in RunState::ALL {
-                let n = self.zcard(&mut conn, &keys::by_state(&p, st))?;
+                let n = self.zcard(&mut conn, &keys::by_state(&p, st)).await?;
                 if n > 0 {
                     ts.runs_by_state.insert(st, n);
                 }
             }
-            ts.sessions = self.zcard(&mut conn, &keys::sessions(&p))?;
-            self.budget_stats(&mut conn, &t, &mut ts)?;
+            ts.sessions = self.zcard(&mut conn, &keys::sessions(&p)).await?;
+            self.budget_stats(&mut conn, &t, &mut ts).await?;
             if ts.sessions > 0 || ts.budgets > 0 || !ts.runs_by_state.is_empty() {
                 s.tenants.insert(t, ts);
             }
         }
-        for i in self.instances(&mut conn)? {
-            s.trays += self.zcard(&mut conn, &keys::trays_of(&i))?;
+        for i in self.instances(&mut conn).await? {
+            s.trays += self.zcard(&mut conn, &keys::trays_of(&i)).await?;
         }
-        s.marked_trays = self.zcard(&mut conn, &keys::marked())?;
-        s.alarms = self.zcard(&mut conn, &keys::due())?;
+        s.marked_trays = self.zcard(&mut conn, &keys::marked()).await?;
+        s.alarms = self.zcard(&mut conn, &keys::due()).await?;
         Ok(s)
     }
 
-    fn verify(&self) -> Result<VerifyReport> {
-        self.verify_impl()
-    }
-
-    fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
+    async fn prune_impl(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
         check_id("tenant", tenant)?;
         let p = keys::tenant(tenant);
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let mut deleted = 0u64;
         for st in RunState::ALL.into_iter().filter(|s| s.is_finished()) {
             let index = keys::by_state(&p, st);
             let mut after = None;
             loop {
-                let chunk = self.seq_after(&mut conn, &index, after, 256)?;
+                let chunk = self.seq_after(&mut conn, &index, after, 256).await?;
                 let Some((_, last)) = chunk.last() else { break };
                 after = Some(*last);
                 let mut inv = PRUNE.prepare_invoke();
@@ -351,7 +427,7 @@ impl StoreAdmin for RedisStore {
                 for (id, _) in &chunk {
                     inv.arg(id);
                 }
-                let n: String = inv.invoke(&mut conn)?;
+                let n: String = inv.invoke(&mut conn).await?;
                 deleted += num(n.as_bytes(), "pruned count")?;
                 if chunk.len() < 256 {
                     break;
@@ -361,7 +437,7 @@ impl StoreAdmin for RedisStore {
         Ok(deleted)
     }
 
-    fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
+    async fn export_page_impl(&self, page: &PageRequest) -> Result<Page<Entry>> {
         check_limit(page.limit)?;
         let (start_phase, start_group, start_inner) = match &page.cursor {
             None => (1, Vec::new(), None),
@@ -373,10 +449,10 @@ impl StoreAdmin for RedisStore {
             }
         };
         let want = page.limit + 1;
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let mut out: Vec<(Vec<u8>, Entry)> = Vec::with_capacity(want);
-        let tenants = self.tenants(&mut conn)?;
-        let insts = self.instances(&mut conn)?;
+        let tenants = self.tenants(&mut conn).await?;
+        let insts = self.instances(&mut conn).await?;
         'phases: for phase in start_phase..=7u8 {
             let first = phase == start_phase;
             match phase {
@@ -404,13 +480,15 @@ impl StoreAdmin for RedisStore {
                                     )),
                                     None => None,
                                 };
-                                let ids = self.seq_after(&mut conn, &keys::runs(&p), after, n)?;
+                                let ids =
+                                    self.seq_after(&mut conn, &keys::runs(&p), after, n).await?;
                                 let got = ids.len();
                                 for (id, seq) in ids {
                                     let run_id = text(&id);
                                     let pos = seq.to_be_bytes().to_vec();
                                     inner = Some(pos.clone());
-                                    let v = self.hget(&mut conn, &keys::run(&p, &run_id), "v")?;
+                                    let v =
+                                        self.hget(&mut conn, &keys::run(&p, &run_id), "v").await?;
                                     if let Some(v) = v {
                                         let r = decode_run(&v, &RunKey::new(t.clone(), run_id))?;
                                         out.push((
@@ -421,21 +499,21 @@ impl StoreAdmin for RedisStore {
                                 }
                                 got
                             } else if phase == 2 {
-                                self.export_holds(&mut conn, t, &mut inner, n, &mut out)?
+                                self.export_holds(&mut conn, t, &mut inner, n, &mut out)
+                                    .await?
                             } else if phase == 4 {
-                                self.export_budgets(&mut conn, t, &mut inner, n, &mut out)?
+                                self.export_budgets(&mut conn, t, &mut inner, n, &mut out)
+                                    .await?
                             } else {
-                                let ids = self.lex_after(
-                                    &mut conn,
-                                    &keys::sessions(&p),
-                                    inner.as_deref(),
-                                    n,
-                                )?;
+                                let ids = self
+                                    .lex_after(&mut conn, &keys::sessions(&p), inner.as_deref(), n)
+                                    .await?;
                                 let got = ids.len();
                                 for id in ids {
                                     inner = Some(id.clone());
                                     let sid = text(&id);
-                                    let v = self.hget(&mut conn, &keys::session(&p, &sid), "v")?;
+                                    let v =
+                                        self.hget(&mut conn, &keys::session(&p, &sid), "v").await?;
                                     if let Some(v) = v {
                                         let s =
                                             decode_session(&v, &SessionKey::new(t.clone(), sid))?;
@@ -463,7 +541,7 @@ impl StoreAdmin for RedisStore {
                         }
                         let (instance, _) = keys::read_inst(i)?;
                         let field = if phase == 5 { "ep" } else { "al" };
-                        if let Some(v) = self.hget(&mut conn, &keys::instance(i), field)? {
+                        if let Some(v) = self.hget(&mut conn, &keys::instance(i), field).await? {
                             let n = num(&v, field)?;
                             let e = if phase == 5 {
                                 Entry::Epoch { instance, epoch: n }
@@ -493,14 +571,15 @@ impl StoreAdmin for RedisStore {
                         };
                         loop {
                             let n = (want - out.len()).min(CHUNK);
-                            let members =
-                                self.lex_after(&mut conn, &keys::trays_of(i), inner.as_deref(), n)?;
+                            let members = self
+                                .lex_after(&mut conn, &keys::trays_of(i), inner.as_deref(), n)
+                                .await?;
                             let got = members.len();
                             for m in members {
                                 inner = Some(m.clone());
                                 let mut tk = keys::tray_base(i);
                                 tk.extend_from_slice(&m);
-                                if let Some(v) = self.hget(&mut conn, &tk, "v")? {
+                                if let Some(v) = self.hget(&mut conn, &tk, "v").await? {
                                     let (tray_ns, tray_id) = keys::read_tray_member(&m)?;
                                     out.push((
                                         export_pos(6, i, &m),
@@ -535,32 +614,10 @@ impl StoreAdmin for RedisStore {
         };
         Page::new(out.into_iter().map(|(_, e)| e).collect(), cursor)
     }
-
-    fn import(&self, entries: &mut dyn Iterator<Item = Result<Entry>>) -> Result<u64> {
-        if !self.is_empty()? {
-            return Err(StateError::invalid(
-                "import: the store is not empty; import into a new store",
-            ));
-        }
-        // The whole input is read and checked before the first write, so a
-        // bad line, a bad entry or a duplicate writes nothing. The writes
-        // are one script per entry: a server failure in the middle can
-        // leave part of an import (the caller sees the store non-empty).
-        let max = self.max();
-        let all = entries
-            .map(|e| checked_entry(e?, &self.opts.options.scrubber, max))
-            .collect::<Result<Vec<Entry>>>()?;
-        crate::rules::check_import_unique(&all)?;
-        let n = all.len() as u64;
-        for e in all {
-            self.import_one(e)?;
-        }
-        Ok(n)
-    }
 }
 
 impl RedisStore {
-    fn import_one(&self, e: Entry) -> Result<()> {
+    async fn import_one(&self, e: Entry) -> Result<()> {
         match e {
             Entry::Run(r) => {
                 if r.seq > SEQ_MAX {
@@ -574,8 +631,8 @@ impl RedisStore {
                 crate::rules::check_size("run record", v.len(), self.max())?;
                 let p = keys::tenant(&r.key.tenant);
                 let session = r.session_id.clone().unwrap_or_default();
-                let mut conn = self.conn()?;
-                self.register(&mut conn, &r.key.tenant)?;
+                let mut conn = self.conn().await?;
+                self.register(&mut conn, &r.key.tenant).await?;
                 let reply: Reply = IMPORT
                     .key(keys::run(&p, &r.key.run_id))
                     .key(keys::seq(&p))
@@ -601,7 +658,8 @@ impl RedisStore {
                     .arg(r.iterations.to_string())
                     .arg(super::runs::caps_arg(&r.caps))
                     .arg(r.budget.clone().unwrap_or_default())
-                    .invoke(&mut conn)?;
+                    .invoke(&mut conn)
+                    .await?;
                 if reply.first().map(Vec::as_slice) == Some(b"seqused") {
                     return Err(StateError::invalid(format!(
                         "run {}: seq {} is already used in tenant {}",
@@ -615,8 +673,8 @@ impl RedisStore {
                 let v = seal(&h, &session_tail(&s));
                 crate::rules::check_size("session record", v.len(), self.max())?;
                 let p = keys::tenant(&s.key.tenant);
-                let mut conn = self.conn()?;
-                self.register(&mut conn, &s.key.tenant)?;
+                let mut conn = self.conn().await?;
+                self.register(&mut conn, &s.key.tenant).await?;
                 let reply: Reply = IMPORT
                     .key(keys::session(&p, &s.key.session_id))
                     .key(keys::sessions(&p))
@@ -625,13 +683,14 @@ impl RedisStore {
                     .arg(v)
                     .arg(s.version.to_string())
                     .arg(s.created_at.to_string())
-                    .invoke(&mut conn)?;
+                    .invoke(&mut conn)
+                    .await?;
                 outcome(reply, || Missing::Session(s.key.clone()), 0)?;
             }
             Entry::Budget { budget, spent } => {
                 let p = keys::tenant(&budget.key.tenant);
-                let mut conn = self.conn()?;
-                self.register(&mut conn, &budget.key.tenant)?;
+                let mut conn = self.conn().await?;
+                self.register(&mut conn, &budget.key.tenant).await?;
                 let reply: Reply = BUDGETS
                     .key(keys::budget(&p, &budget.key.name))
                     .key(keys::budgets(&p))
@@ -645,12 +704,13 @@ impl RedisStore {
                     .arg(spent.cost_micros.to_string())
                     .arg(spent.tokens.to_string())
                     .arg(spent.iterations.to_string())
-                    .invoke(&mut conn)?;
+                    .invoke(&mut conn)
+                    .await?;
                 outcome(reply, || Missing::Budget(budget.key.clone()), 0)?;
             }
             Entry::Hold { run, hold } => {
                 let p = keys::tenant(&run.tenant);
-                let mut conn = self.conn()?;
+                let mut conn = self.conn().await?;
                 let reply: Reply = BUDGETS
                     .key(keys::run(&p, &run.run_id))
                     .key(keys::holds(&p, &run.run_id))
@@ -659,7 +719,8 @@ impl RedisStore {
                     .arg(&run.run_id)
                     .arg(&hold.id)
                     .arg(hold_value(&hold))
-                    .invoke(&mut conn)?;
+                    .invoke(&mut conn)
+                    .await?;
                 if reply.first().map(Vec::as_slice) == Some(b"norun") {
                     return Err(StateError::invalid(format!(
                         "hold {}: its run {}/{} is not in the import before it",
@@ -669,43 +730,47 @@ impl RedisStore {
                 outcome(reply, || Missing::Run(run.clone()), 0)?;
             }
             Entry::Epoch { instance, epoch } => {
-                let reply = TrayCall::new(&instance, "import_epoch", epoch).run(self)?;
+                let reply = TrayCall::new(&instance, "import_epoch", epoch)
+                    .run(self)
+                    .await?;
                 outcome(reply, not_found_instance(&instance), 0)?;
             }
             Entry::Tray { key, tray } => {
                 let reply = TrayCall::new(&key.instance(), "import_tray", 0)
                     .tray(keys::tray_member_of(&key), &tray)
-                    .run(self)?;
+                    .run(self)
+                    .await?;
                 outcome(reply, not_found_instance(&key.instance()), 0)?;
             }
             Entry::Alarm { instance, due_at } => {
                 let reply = TrayCall::new(&instance, "import_alarm", 0)
                     .arg(keys::alarm_member(due_at, &instance))
                     .arg(due_at.to_string())
-                    .run(self)?;
+                    .run(self)
+                    .await?;
                 outcome(reply, not_found_instance(&instance), 0)?;
             }
         }
         Ok(())
     }
 
-    fn verify_impl(&self) -> Result<VerifyReport> {
+    async fn verify_impl(&self) -> Result<VerifyReport> {
         let mut rep = VerifyReport::default();
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let mut p_ = Vec::new();
-        for t in self.tenants(&mut conn)? {
+        for t in self.tenants(&mut conn).await? {
             let p = keys::tenant(&t);
-            let counter: Option<Vec<u8>> = cmd("GET")
-                .arg(keys::seq(&p))
-                .query(&mut *conn)
-                .map_err(map_err)?;
+            let counter: Option<Vec<u8>> =
+                cmd("GET").arg(keys::seq(&p)).query_on(&mut conn).await?;
             let counter = counter
                 .map(|c| num(&c, "seq counter"))
                 .transpose()?
                 .unwrap_or(0);
             let mut after = None;
             loop {
-                let ids = self.seq_after(&mut conn, &keys::runs(&p), after, CHUNK)?;
+                let ids = self
+                    .seq_after(&mut conn, &keys::runs(&p), after, CHUNK)
+                    .await?;
                 for (id, seq) in &ids {
                     after = Some(*seq);
                     rep.entries += 1;
@@ -713,8 +778,8 @@ impl RedisStore {
                     let run_id = text(id);
                     let h: std::collections::HashMap<String, Vec<u8>> = cmd("HGETALL")
                         .arg(keys::run(&p, &run_id))
-                        .query(&mut *conn)
-                        .map_err(map_err)?;
+                        .query_on(&mut conn)
+                        .await?;
                     let name = format!("run {t}/{run_id}");
                     let Some(v) = h.get("v") else {
                         p_.push(format!("{name}: listed in the seq index but missing"));
@@ -759,11 +824,8 @@ impl RedisStore {
                         want_in.push(keys::by_session(&p, s));
                     }
                     for idx in want_in {
-                        let score: Option<f64> = cmd("ZSCORE")
-                            .arg(&idx)
-                            .arg(id)
-                            .query(&mut *conn)
-                            .map_err(map_err)?;
+                        let score: Option<f64> =
+                            cmd("ZSCORE").arg(&idx).arg(id).query_on(&mut conn).await?;
                         if score != Some(r.seq as f64) {
                             p_.push(format!(
                                 "{name}: state or session index entry missing or wrong"
@@ -775,10 +837,10 @@ impl RedisStore {
                     break;
                 }
             }
-            let runs = self.zcard(&mut conn, &keys::runs(&p))?;
+            let runs = self.zcard(&mut conn, &keys::runs(&p)).await?;
             let mut by_state = 0;
             for st in RunState::ALL {
-                by_state += self.zcard(&mut conn, &keys::by_state(&p, st))?;
+                by_state += self.zcard(&mut conn, &keys::by_state(&p, st)).await?;
             }
             if by_state != runs {
                 p_.push(format!(
@@ -787,14 +849,15 @@ impl RedisStore {
             }
             let mut after: Option<Vec<u8>> = None;
             loop {
-                let ids =
-                    self.lex_after(&mut conn, &keys::sessions(&p), after.as_deref(), CHUNK)?;
+                let ids = self
+                    .lex_after(&mut conn, &keys::sessions(&p), after.as_deref(), CHUNK)
+                    .await?;
                 for id in &ids {
                     after = Some(id.clone());
                     rep.entries += 1;
                     rep.sessions += 1;
                     let sid = text(id);
-                    match self.hget(&mut conn, &keys::session(&p, &sid), "v")? {
+                    match self.hget(&mut conn, &keys::session(&p, &sid), "v").await? {
                         None => p_.push(format!("session {t}/{sid}: listed but missing")),
                         Some(v) => {
                             if let Err(e) =
@@ -812,13 +875,13 @@ impl RedisStore {
         }
         let mut marked = 0u64;
         let mut alarms = 0u64;
-        for i in self.instances(&mut conn)? {
+        for i in self.instances(&mut conn).await? {
             let (inst, _) = keys::read_inst(&i)?;
             let name = format!("instance {}/{}", inst.ns, inst.id);
             let ih: std::collections::HashMap<String, Vec<u8>> = cmd("HGETALL")
                 .arg(keys::instance(&i))
-                .query(&mut *conn)
-                .map_err(map_err)?;
+                .query_on(&mut conn)
+                .await?;
             rep.entries += 1;
             if ih.get("ep").is_some_and(|e| num(e, "epoch").is_err()) {
                 p_.push(format!("{name}: epoch undecodable"));
@@ -830,23 +893,24 @@ impl RedisStore {
                 let score: Option<f64> = cmd("ZSCORE")
                     .arg(keys::due())
                     .arg(am)
-                    .query(&mut *conn)
-                    .map_err(map_err)?;
+                    .query_on(&mut conn)
+                    .await?;
                 if score.is_none() || am != &keys::alarm_member(due, &inst) {
                     p_.push(format!("{name}: alarm without its due-index entry"));
                 }
             }
             let mut after: Option<Vec<u8>> = None;
             loop {
-                let members =
-                    self.lex_after(&mut conn, &keys::trays_of(&i), after.as_deref(), CHUNK)?;
+                let members = self
+                    .lex_after(&mut conn, &keys::trays_of(&i), after.as_deref(), CHUNK)
+                    .await?;
                 for m in &members {
                     after = Some(m.clone());
                     rep.entries += 1;
                     rep.trays += 1;
                     let mut tk = keys::tray_base(&i);
                     tk.extend_from_slice(m);
-                    let Some(v) = self.hget(&mut conn, &tk, "v")? else {
+                    let Some(v) = self.hget(&mut conn, &tk, "v").await? else {
                         p_.push(format!("{name}: tray index names a missing tray"));
                         continue;
                     };
@@ -860,8 +924,8 @@ impl RedisStore {
                                 let s: Option<f64> = cmd("ZSCORE")
                                     .arg(&idx)
                                     .arg(&full)
-                                    .query(&mut *conn)
-                                    .map_err(map_err)?;
+                                    .query_on(&mut conn)
+                                    .await?;
                                 if s.is_none() {
                                     p_.push(format!(
                                         "{name}: marked tray missing from the sweeper's index"
@@ -877,13 +941,13 @@ impl RedisStore {
                 }
             }
         }
-        let in_index = self.zcard(&mut conn, &keys::marked())?;
+        let in_index = self.zcard(&mut conn, &keys::marked()).await?;
         if in_index != marked {
             p_.push(format!(
                 "sweeper index has {in_index} entries for {marked} marked trays"
             ));
         }
-        let due = self.zcard(&mut conn, &keys::due())?;
+        let due = self.zcard(&mut conn, &keys::due()).await?;
         if due != alarms {
             p_.push(format!("due index has {due} entries for {alarms} alarms"));
         }

@@ -5,8 +5,8 @@
 //! `overshoot`) directly.
 
 use crate::budget::{
-    Amount, BudgetKey, BudgetRecord, BudgetStatus, BudgetStore, CapLimit, CapScope, Caps, Hold,
-    HoldRecord, RunSpend, Settled, Spend,
+    Amount, BudgetKey, BudgetRecord, BudgetStatus, CapLimit, CapScope, Caps, Hold, HoldRecord,
+    RunSpend, Settled, Spend,
 };
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::error::{Missing, Result, StateError};
@@ -21,8 +21,9 @@ use crate::rules::{
 use super::runs::{Reply, caps_arg, decode_run, no_budget, num, outcome, text};
 use crate::idempotency::{IdempotencyKey, Keyed};
 
+use super::connect::QueryOn;
 use super::scripts::BUDGETS;
-use super::{Conn, RedisStore, keys, map_err};
+use super::{Conn, RedisStore, keys};
 
 /// A hash's fields and values, as HGETALL answers.
 type HashPairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -138,7 +139,7 @@ pub(super) fn budget_holds(all: Vec<(Vec<u8>, Vec<u8>)>) -> Result<Vec<(String, 
 
 impl RedisStore {
     /// A budget's status at `now`, read in one MULTI.
-    pub(super) fn budget_status(
+    pub(super) async fn budget_status(
         &self,
         conn: &mut Conn,
         key: &BudgetKey,
@@ -152,8 +153,8 @@ impl RedisStore {
             .add_command(hm)
             .cmd("HGETALL")
             .arg(keys::budget_holds(&p, &key.name))
-            .query(&mut **conn)
-            .map_err(map_err)?;
+            .query_on(conn)
+            .await?;
         let Some((record, spent)) = budget_row(key, &fields)? else {
             return Ok(None);
         };
@@ -170,7 +171,7 @@ impl RedisStore {
 impl RedisStore {
     /// `stats`' budget counts for one tenant: budgets, live holds, and
     /// runs at their cap (their own or their budget's, `rules::at_cap`).
-    pub(super) fn budget_stats(
+    pub(super) async fn budget_stats(
         &self,
         conn: &mut Conn,
         tenant: &str,
@@ -179,29 +180,29 @@ impl RedisStore {
         use std::collections::HashMap;
         let now = self.now();
         let p = keys::tenant(tenant);
-        let zall = |conn: &mut Conn, key: Vec<u8>| -> Result<Vec<Vec<u8>>> {
+        async fn zall(conn: &mut Conn, key: Vec<u8>) -> Result<Vec<Vec<u8>>> {
             ::redis::cmd("ZRANGE")
                 .arg(key)
                 .arg(0)
                 .arg(-1)
-                .query(&mut **conn)
-                .map_err(map_err)
-        };
+                .query_on(conn)
+                .await
+        }
         let mut budgets: HashMap<String, BudgetStatus> = HashMap::new();
-        for name in zall(conn, keys::budgets(&p))? {
+        for name in zall(conn, keys::budgets(&p)).await? {
             let key = BudgetKey::new(tenant, text(&name));
-            if let Some(st) = self.budget_status(conn, &key, now)? {
+            if let Some(st) = self.budget_status(conn, &key, now).await? {
                 ts.budgets += 1;
                 budgets.insert(key.name, st);
             }
         }
         let mut run_held: HashMap<String, Spend> = HashMap::new();
-        for run in zall(conn, keys::holds_index(&p))? {
+        for run in zall(conn, keys::holds_index(&p)).await? {
             let run_id = text(&run);
             let all: Vec<(Vec<u8>, Vec<u8>)> = ::redis::cmd("HGETALL")
                 .arg(keys::holds(&p, &run_id))
-                .query(&mut **conn)
-                .map_err(map_err)?;
+                .query_on(conn)
+                .await?;
             let holds = all
                 .into_iter()
                 .map(|(id, v)| parse_hold(&text(&id), &v))
@@ -209,13 +210,13 @@ impl RedisStore {
             ts.holds += holds.iter().filter(|h| h.is_live(now)).count() as u64;
             run_held.insert(run_id, held(&holds, now));
         }
-        for run in zall(conn, keys::runs(&p))? {
+        for run in zall(conn, keys::runs(&p)).await? {
             let run_id = text(&run);
             let f: Vec<Option<Vec<u8>>> = ::redis::cmd("HMGET")
                 .arg(keys::run(&p, &run_id))
                 .arg(&["cp", "bg", "it", "ot", "co", "ir"][..])
-                .query(&mut **conn)
-                .map_err(map_err)?;
+                .query_on(conn)
+                .await?;
             let [cp, bg, Some(it), Some(ot), Some(co), Some(ir)] = f.as_slice() else {
                 continue;
             };
@@ -254,12 +255,12 @@ fn amount_of(b: &[u8]) -> Result<Amount> {
     }
 }
 
-impl BudgetStore for RedisStore {
-    fn put_budget(&self, record: BudgetRecord) -> Result<BudgetRecord> {
+impl RedisStore {
+    pub(super) async fn put_budget_impl(&self, record: BudgetRecord) -> Result<BudgetRecord> {
         check_budget_key(&record.key)?;
         let p = keys::tenant(&record.key.tenant);
-        let mut conn = self.conn()?;
-        self.register(&mut conn, &record.key.tenant)?;
+        let mut conn = self.conn().await?;
+        self.register(&mut conn, &record.key.tenant).await?;
         let reply: Reply = BUDGETS
             .key(keys::budget(&p, &record.key.name))
             .key(keys::budgets(&p))
@@ -269,7 +270,8 @@ impl BudgetStore for RedisStore {
             .arg(record.version.to_string())
             .arg(caps_arg(&record.caps))
             .arg(self.now().to_string())
-            .invoke(&mut conn)?;
+            .invoke(&mut conn)
+            .await?;
         let rest = outcome(
             reply,
             || Missing::Budget(record.key.clone()),
@@ -286,13 +288,17 @@ impl BudgetStore for RedisStore {
         })
     }
 
-    fn get_budget(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
+    pub(super) async fn get_budget_impl(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
         check_budget_key(key)?;
-        let mut conn = self.conn()?;
-        self.budget_status(&mut conn, key, self.now())
+        let mut conn = self.conn().await?;
+        self.budget_status(&mut conn, key, self.now()).await
     }
 
-    fn list_budgets(&self, tenant: &str, page: &PageRequest) -> Result<Page<BudgetStatus>> {
+    pub(super) async fn list_budgets_impl(
+        &self,
+        tenant: &str,
+        page: &PageRequest,
+    ) -> Result<Page<BudgetStatus>> {
         check_id("tenant", tenant)?;
         check_limit(page.limit)?;
         let binding = KeyBuf::table(Listing::Budgets as u8).str(tenant).done();
@@ -307,16 +313,18 @@ impl BudgetStore for RedisStore {
         };
         let now = self.now();
         let p = keys::tenant(tenant);
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let mut items: Vec<(Vec<u8>, BudgetStatus)> = Vec::with_capacity(page.limit + 1);
         let mut after = after;
         loop {
             let want = page.limit + 1 - items.len();
-            let names = self.lex_after(&mut conn, &keys::budgets(&p), after.as_deref(), want)?;
+            let names = self
+                .lex_after(&mut conn, &keys::budgets(&p), after.as_deref(), want)
+                .await?;
             let got = names.len();
             for n in names {
                 let key = BudgetKey::new(tenant, text(&n));
-                if let Some(s) = self.budget_status(&mut conn, &key, now)? {
+                if let Some(s) = self.budget_status(&mut conn, &key, now).await? {
                     items.push((n.clone(), s));
                 }
                 after = Some(n);
@@ -339,10 +347,10 @@ impl BudgetStore for RedisStore {
         Page::new(items.into_iter().map(|(_, s)| s).collect(), cursor)
     }
 
-    fn reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
-        self.reserve_with(run, hold, None)
+    pub(super) async fn reserve_impl(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
+        self.reserve_with(run, hold, None).await
     }
-    fn reserve_idempotent(
+    pub(super) async fn reserve_idempotent_impl(
         &self,
         run: &RunKey,
         hold: Hold,
@@ -350,13 +358,19 @@ impl BudgetStore for RedisStore {
     ) -> Result<HoldRecord> {
         let keyed = Keyed::reserve(run, &hold, key)?;
         self.reserve_with(run, hold, Some(keyed))
+            .await
             .map_err(StateError::keyed)
     }
 
-    fn settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled> {
-        self.settle_with(run, hold_id, spent, None)
+    pub(super) async fn settle_impl(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        spent: StateDelta,
+    ) -> Result<Settled> {
+        self.settle_with(run, hold_id, spent, None).await
     }
-    fn settle_idempotent(
+    pub(super) async fn settle_idempotent_impl(
         &self,
         run: &RunKey,
         hold_id: &str,
@@ -365,13 +379,14 @@ impl BudgetStore for RedisStore {
     ) -> Result<Settled> {
         let keyed = Keyed::settle(run, hold_id, &spent, key)?;
         self.settle_with(run, hold_id, spent, Some(keyed))
+            .await
             .map_err(StateError::keyed)
     }
 
-    fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
-        self.release_hold_with(run, hold_id, None)
+    pub(super) async fn release_hold_impl(&self, run: &RunKey, hold_id: &str) -> Result<()> {
+        self.release_hold_with(run, hold_id, None).await
     }
-    fn release_hold_idempotent(
+    pub(super) async fn release_hold_idempotent_impl(
         &self,
         run: &RunKey,
         hold_id: &str,
@@ -379,13 +394,14 @@ impl BudgetStore for RedisStore {
     ) -> Result<()> {
         let keyed = Keyed::release_hold(run, hold_id, key)?;
         self.release_hold_with(run, hold_id, Some(keyed))
+            .await
             .map_err(StateError::keyed)
     }
-    fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
+    pub(super) async fn run_spend_impl(&self, run: &RunKey) -> Result<Option<RunSpend>> {
         check_run_key(run)?;
         let now = self.now();
         let p = keys::tenant(&run.tenant);
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let (v, holds): (Option<Vec<u8>>, HashPairs) = ::redis::pipe()
             .atomic()
             .cmd("HGET")
@@ -393,8 +409,8 @@ impl BudgetStore for RedisStore {
             .arg("v")
             .cmd("HGETALL")
             .arg(keys::holds(&p, &run.run_id))
-            .query(&mut *conn)
-            .map_err(map_err)?;
+            .query_on(&mut conn)
+            .await?;
         let Some(v) = v else {
             return Ok(None);
         };
@@ -419,7 +435,7 @@ impl BudgetStore for RedisStore {
 }
 
 impl RedisStore {
-    fn reserve_with(
+    async fn reserve_with(
         &self,
         run: &RunKey,
         hold: Hold,
@@ -430,7 +446,7 @@ impl RedisStore {
 
         let idem = self.idem(keyed);
         let p = keys::tenant(&run.tenant);
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let reply: Reply = BUDGETS
             .key(keys::run(&p, &run.run_id))
             .key(keys::holds(&p, &run.run_id))
@@ -445,7 +461,8 @@ impl RedisStore {
             .arg(self.now().to_string())
             .arg(HOLDS_PER_RUN_MAX.to_string())
             .idem(idem.as_ref())
-            .invoke(&mut conn)?;
+            .invoke(&mut conn)
+            .await?;
         match reply.first().map(Vec::as_slice) {
             Some(b"duphold") => {
                 return Err(StateError::invalid(format!(
@@ -497,7 +514,7 @@ impl RedisStore {
         })
     }
 
-    fn settle_with(
+    async fn settle_with(
         &self,
         run: &RunKey,
         hold_id: &str,
@@ -506,7 +523,7 @@ impl RedisStore {
     ) -> Result<Settled> {
         check_run_key(run)?;
         check_id("hold id", hold_id)?;
-        let (record, hold) = self.patch(run, &spent, Some(hold_id), keyed)?;
+        let (record, hold) = self.patch(run, &spent, Some(hold_id), keyed).await?;
         let hold = hold.ok_or_else(|| StateError::corrupt("redis: settle answered no hold"))?;
         Ok(Settled {
             record,
@@ -514,7 +531,7 @@ impl RedisStore {
         })
     }
 
-    fn release_hold_with(
+    async fn release_hold_with(
         &self,
         run: &RunKey,
         hold_id: &str,
@@ -524,7 +541,7 @@ impl RedisStore {
         check_id("hold id", hold_id)?;
         let idem = self.idem(keyed);
         let p = keys::tenant(&run.tenant);
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let reply: Reply = BUDGETS
             .key(keys::run(&p, &run.run_id))
             .key(keys::holds(&p, &run.run_id))
@@ -534,7 +551,8 @@ impl RedisStore {
             .arg(hold_id)
             .arg(self.now().to_string())
             .idem(idem.as_ref())
-            .invoke(&mut conn)?;
+            .invoke(&mut conn)
+            .await?;
         if reply.first().map(Vec::as_slice) == Some(b"nohold") {
             return Err(StateError::NotFound(Missing::Hold {
                 run: run.clone(),

@@ -1,15 +1,20 @@
 //! Opening connections and telling why one failed: the URL read once
 //! (credentials and database taken out so the store authenticates itself
 //! and keeps the server's own answer), TLS on rustls, the first
-//! connection made outside the pool so its error comes back at once, and
-//! the checks a server must pass before the store uses it (not a cluster
-//! node, no eviction, fsync when required).
+//! connection made before the pool so its error comes back at once, the
+//! checks a server must pass before the store uses it (not a cluster
+//! node, no eviction, fsync when required), and the pool of multiplexed
+//! connections ([`Pool`]) every call takes one from.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use ::redis::{ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
-use parking_lot::Mutex;
+use ::redis::aio::MultiplexedConnection;
+use ::redis::{
+    AsyncConnectionConfig, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo,
+    RedisError, RedisResult, ServerErrorKind,
+};
 
 use crate::error::{Result, StateError};
 
@@ -51,22 +56,21 @@ impl std::fmt::Debug for Auth {
     }
 }
 
-/// Opens connections with the store's timeouts; r2d2 pools them.
+/// Opens connections with the store's timeouts (each one a redis-rs
+/// `MultiplexedConnection`, see [`Pool`]).
 #[derive(Debug)]
-pub(crate) struct Manager {
+pub(crate) struct Dialer {
     client: ::redis::Client,
     auth: Option<Auth>,
     db: i64,
     connect_timeout: Duration,
     io_timeout: Duration,
-    /// The last failure of a connection the pool opened (see [`KeepLast`]).
-    pub(crate) last: Arc<Mutex<Option<RedisError>>>,
 }
 
-impl Manager {
-    /// Reads `url` and the TLS options into a manager; `server` is the URL
+impl Dialer {
+    /// Reads `url` and the TLS options into a dialer; `server` is the URL
     /// without its password, for messages.
-    pub(crate) fn new(url: &str, server: &str, opts: &RedisOptions) -> Result<Manager> {
+    pub(crate) fn new(url: &str, server: &str, opts: &RedisOptions) -> Result<Dialer> {
         let info = url
             .into_connection_info()
             .map_err(|e| StateError::invalid(format!("redis url {server}: {e}")))?;
@@ -124,23 +128,39 @@ impl Manager {
             None => ::redis::Client::open(info)
                 .map_err(|e| StateError::invalid(format!("redis url {server}: {e}")))?,
         };
-        Ok(Manager {
+        Ok(Dialer {
             client,
             auth,
             db,
             connect_timeout: opts.connect_timeout,
             io_timeout: opts.io_timeout,
-            last: Arc::new(Mutex::new(None)),
         })
     }
 
-    /// Opens one connection: TCP (and TLS), `AUTH`, `SELECT`.
-    pub(crate) fn open(&self) -> std::result::Result<::redis::Connection, RedisError> {
+    /// Opens one connection: TCP (and TLS), `AUTH`, `SELECT`, all within
+    /// the connect timeout. Its I/O task is spawned on the runtime this
+    /// runs on: call it through `Bridge::on_runtime` (the store's).
+    pub(crate) async fn open(&self) -> std::result::Result<MultiplexedConnection, RedisError> {
+        match tokio::time::timeout(self.connect_timeout, self.open_untimed()).await {
+            Ok(r) => r,
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no connection within the connect timeout ({:?})",
+                    self.connect_timeout
+                ),
+            ))),
+        }
+    }
+
+    async fn open_untimed(&self) -> std::result::Result<MultiplexedConnection, RedisError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.io_timeout));
         let mut c = self
             .client
-            .get_connection_with_timeout(self.connect_timeout)?;
-        c.set_read_timeout(Some(self.io_timeout))?;
-        c.set_write_timeout(Some(self.io_timeout))?;
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
         if let Some(a) = &self.auth {
             let auth = |with_user: bool| {
                 let mut cmd = ::redis::cmd("AUTH");
@@ -150,50 +170,325 @@ impl Manager {
                 cmd.arg(&a.password);
                 cmd
             };
-            match auth(true).query::<()>(&mut c) {
+            match auth(true).query_async::<()>(&mut c).await {
                 // A server older than ACLs takes the password alone.
                 Err(e)
                     if a.username.is_some()
                         && e.detail()
                             .is_some_and(|d| d.contains("wrong number of arguments")) =>
                 {
-                    auth(false).query::<()>(&mut c)?
+                    auth(false).query_async::<()>(&mut c).await?
                 }
                 r => r?,
             }
         }
         if self.db != 0 {
-            ::redis::cmd("SELECT").arg(self.db).query::<()>(&mut c)?;
+            ::redis::cmd("SELECT")
+                .arg(self.db)
+                .query_async::<()>(&mut c)
+                .await?;
         }
         Ok(c)
     }
 }
 
-impl r2d2::ManageConnection for Manager {
-    type Connection = ::redis::Connection;
-    type Error = RedisError;
+/// The store's connections: up to `pool_size` redis-rs
+/// `MultiplexedConnection`s, each carrying any number of calls at once
+/// (pipelined on one socket). A call takes the open connection with the
+/// fewest calls in flight; when every open one is busy and the pool is
+/// not full, one more is dialed in the background (the call does not wait
+/// for it). A call waits for a dial only when no connection is open. A
+/// connection is dropped from the pool after a call on it failed in
+/// transport (dropped, reset, timed out), once it lived past
+/// `max_lifetime`, and once idle past `idle_timeout` (one idle
+/// connection is kept); a reaper task on the store's runtime does this
+/// between calls too. Every dial runs on the store's runtime, so every
+/// connection's I/O task lives there, never on a caller's runtime.
+///
+/// Why several connections rather than one (redis-rs' `ConnectionManager`
+/// is one socket): under concurrent calls a large answer (a listing, an
+/// export page) on one socket holds up only the calls that share it, and
+/// a socket that dies fails only the calls in flight on it. And each
+/// connection is dialed by the store itself (its `AUTH`, so a server's
+/// refusal keeps the server's words, with the store's own timeouts), so
+/// a call that found no connection is told apart from one that was
+/// handed to one (rule I7).
+pub(crate) struct Pool {
+    inner: Arc<PoolInner>,
+}
 
-    fn connect(&self) -> std::result::Result<Self::Connection, Self::Error> {
-        self.open()
+struct PoolInner {
+    dialer: Arc<Dialer>,
+    size: usize,
+    idle_timeout: Option<Duration>,
+    max_lifetime: Option<Duration>,
+    conns: parking_lot::Mutex<Vec<Live>>,
+    /// Whether a background dial is under way (one at a time).
+    dialing: AtomicBool,
+    /// Serializes the dials callers wait for (when none is open).
+    dial: tokio::sync::Mutex<()>,
+    next: AtomicUsize,
+    rt: tokio::runtime::Handle,
+}
+
+/// One open connection.
+struct Live {
+    conn: MultiplexedConnection,
+    born: Instant,
+    /// When a call last took it.
+    used: Instant,
+    /// Set by a call that saw the connection fail in transport.
+    broken: Arc<AtomicBool>,
+    /// Calls in flight on it.
+    busy: Arc<AtomicUsize>,
+}
+
+impl Live {
+    fn new(conn: MultiplexedConnection) -> Live {
+        let now = Instant::now();
+        Live {
+            conn,
+            born: now,
+            used: now,
+            broken: Arc::new(AtomicBool::new(false)),
+            busy: Arc::new(AtomicUsize::new(0)),
+        }
     }
 
-    fn is_valid(&self, conn: &mut Self::Connection) -> std::result::Result<(), Self::Error> {
-        ::redis::cmd("PING").query::<String>(conn).map(|_| ())
+    /// Why the connection must take no further call, if so; `keep_idle`
+    /// keeps it however long idle.
+    fn stale(&self, p: &PoolInner, now: Instant, keep_idle: bool) -> Option<&'static str> {
+        if self.broken.load(Ordering::Relaxed) {
+            return Some("redial");
+        }
+        if p.max_lifetime
+            .is_some_and(|t| now.duration_since(self.born) >= t)
+        {
+            return Some("max_lifetime");
+        }
+        if !keep_idle
+            && self.busy.load(Ordering::Relaxed) == 0
+            && p.idle_timeout
+                .is_some_and(|t| now.duration_since(self.used) >= t)
+        {
+            return Some("idle_timeout");
+        }
+        None
     }
 
-    fn has_broken(&self, conn: &mut Self::Connection) -> bool {
-        !::redis::ConnectionLike::is_open(conn)
+    fn take(&mut self, now: Instant) -> Conn {
+        self.used = now;
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        Conn {
+            conn: self.conn.clone(),
+            broken: self.broken.clone(),
+            busy: self.busy.clone(),
+        }
     }
 }
 
-/// Keeps the pool's last connection failure, so a checkout that times
-/// out says why (r2d2 keeps only its text).
-#[derive(Debug)]
-pub(crate) struct KeepLast(pub(crate) Arc<Mutex<Option<RedisError>>>);
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("size", &self.inner.size)
+            .finish_non_exhaustive()
+    }
+}
 
-impl r2d2::HandleError<RedisError> for KeepLast {
-    fn handle_error(&self, e: RedisError) {
-        *self.0.lock() = Some(e);
+impl Pool {
+    /// A pool of at most `opts.pool_size` connections, holding `first`
+    /// (the connection the store checked the server on); dials and the
+    /// reaper run on `rt` (the store's runtime).
+    pub(crate) fn new(
+        dialer: Arc<Dialer>,
+        opts: &RedisOptions,
+        first: MultiplexedConnection,
+        rt: &tokio::runtime::Handle,
+    ) -> Pool {
+        let inner = Arc::new(PoolInner {
+            dialer,
+            size: opts.pool_size.max(1) as usize,
+            idle_timeout: opts.idle_timeout,
+            max_lifetime: opts.max_lifetime,
+            conns: parking_lot::Mutex::new(vec![Live::new(first)]),
+            dialing: AtomicBool::new(false),
+            dial: tokio::sync::Mutex::new(()),
+            next: AtomicUsize::new(0),
+            rt: rt.clone(),
+        });
+        let every = [opts.idle_timeout, opts.max_lifetime]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|t| (t / 2).clamp(Duration::from_millis(10), Duration::from_secs(30)));
+        if let Some(every) = every {
+            let weak = Arc::downgrade(&inner);
+            rt.spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let Some(pool) = weak.upgrade() else { return };
+                    pool.prune(Instant::now());
+                }
+            });
+        }
+        Pool { inner }
+    }
+
+    /// A connection for one call. An error means nothing of the call was
+    /// sent (no connection could be opened).
+    pub(crate) async fn get(
+        &self,
+        bridge: &crate::native::Bridge,
+    ) -> std::result::Result<Conn, RedisError> {
+        if let Some(c) = self.inner.pick() {
+            return Ok(c);
+        }
+        // None open: dial one, and wait for it (one dial at a time; those
+        // waiting take the one it opened).
+        let _dialing = self.inner.dial.lock().await;
+        if let Some(c) = self.inner.pick() {
+            return Ok(c);
+        }
+        let dialer = self.inner.dialer.clone();
+        let conn = bridge
+            .on_runtime(async move { dialer.open().await })
+            .await?;
+        let mut live = Live::new(conn);
+        let c = live.take(Instant::now());
+        self.inner.conns.lock().push(live);
+        Ok(c)
+    }
+}
+
+impl PoolInner {
+    /// Drops the connections that must take no further call (keeping one
+    /// idle one).
+    fn prune(&self, now: Instant) -> usize {
+        let mut conns = self.conns.lock();
+        let mut kept_idle = false;
+        conns.retain(|l| match l.stale(self, now, !kept_idle) {
+            None => {
+                kept_idle = true;
+                true
+            }
+            Some(why) => {
+                if why == "redial" {
+                    crate::observe::retry("redis", "redial", 1);
+                }
+                false
+            }
+        });
+        conns.len()
+    }
+
+    /// The open connection with the fewest calls in flight, if any; when
+    /// even that one is busy, one more is dialed in the background.
+    fn pick(self: &Arc<Self>) -> Option<Conn> {
+        let now = Instant::now();
+        self.prune(now);
+        let mut conns = self.conns.lock();
+        let n = conns.len();
+        if n == 0 {
+            return None;
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let best = (0..n)
+            .map(|k| (start + k) % n)
+            .min_by_key(|&i| conns[i].busy.load(Ordering::Relaxed))
+            .expect("n > 0");
+        let busy = conns[best].busy.load(Ordering::Relaxed) > 0;
+        let c = conns[best].take(now);
+        if busy && n < self.size && !self.dialing.swap(true, Ordering::AcqRel) {
+            let pool = self.clone();
+            self.rt.spawn(async move {
+                if let Ok(conn) = pool.dialer.open().await {
+                    let mut conns = pool.conns.lock();
+                    if conns.len() < pool.size {
+                        conns.push(Live::new(conn));
+                    }
+                }
+                pool.dialing.store(false, Ordering::Release);
+            });
+        }
+        Some(c)
+    }
+}
+
+/// One call's connection (a clone of a pooled multiplexed connection).
+pub(crate) struct Conn {
+    conn: MultiplexedConnection,
+    broken: Arc<AtomicBool>,
+    busy: Arc<AtomicUsize>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Conn {
+    /// Notes a failure of `e`: a connection that failed in transport
+    /// (dropped, reset, timed out) takes no further call.
+    pub(crate) fn note(&self, e: &RedisError) {
+        if e.is_unrecoverable_error()
+            || e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+        {
+            self.broken.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends one command and answers its raw reply (a server's error
+    /// reply is `Ok(Value::ServerError)`).
+    pub(crate) async fn send(&mut self, cmd: &::redis::Cmd) -> RedisResult<::redis::Value> {
+        let r = ::redis::aio::ConnectionLike::req_packed_command(&mut self.conn, cmd).await;
+        if let Err(e) = &r {
+            self.note(e);
+        }
+        r
+    }
+
+    /// The connection, for redis-rs' own calls (loading a script).
+    pub(crate) fn raw(&mut self) -> &mut MultiplexedConnection {
+        &mut self.conn
+    }
+
+    /// Runs one command and converts its reply.
+    pub(crate) async fn query<T: FromRedisValue>(&mut self, cmd: &::redis::Cmd) -> Result<T> {
+        let r = cmd.query_async(&mut self.conn).await;
+        r.map_err(|e| {
+            self.note(&e);
+            super::map_err(e)
+        })
+    }
+
+    /// Runs a pipeline (a `MULTI` when atomic) and converts its replies.
+    pub(crate) async fn pipe<T: FromRedisValue>(&mut self, p: &::redis::Pipeline) -> Result<T> {
+        let r = p.query_async(&mut self.conn).await;
+        r.map_err(|e| {
+            self.note(&e);
+            super::map_err(e)
+        })
+    }
+}
+
+/// `cmd.query_on(&mut conn).await`: a command or pipeline run on one of
+/// the store's connections, its failure as the crate's error.
+pub(crate) trait QueryOn {
+    async fn query_on<T: FromRedisValue>(&self, conn: &mut Conn) -> Result<T>;
+}
+
+impl QueryOn for ::redis::Cmd {
+    async fn query_on<T: FromRedisValue>(&self, conn: &mut Conn) -> Result<T> {
+        conn.query(self).await
+    }
+}
+
+impl QueryOn for ::redis::Pipeline {
+    async fn query_on<T: FromRedisValue>(&self, conn: &mut Conn) -> Result<T> {
+        conn.pipe(self).await
     }
 }
 
@@ -292,23 +587,30 @@ pub(crate) fn connect_error(server: &str, e: RedisError) -> StateError {
 }
 
 /// What `CONFIG GET` says about durability, or why it could not be read.
-pub(crate) fn read_persistence(
-    conn: &mut ::redis::Connection,
+pub(crate) async fn read_persistence(
+    conn: &mut MultiplexedConnection,
     server: &str,
     opts: &RedisOptions,
 ) -> Result<Persistence> {
-    let read =
-        |conn: &mut ::redis::Connection, name: &str| -> std::result::Result<String, RedisError> {
-            let pair: Vec<String> = ::redis::cmd("CONFIG").arg("GET").arg(name).query(conn)?;
-            Ok(pair.get(1).cloned().unwrap_or_default())
-        };
-    let got = read(conn, "maxmemory-policy").and_then(|policy| {
-        Ok((
-            policy,
-            read(conn, "appendonly")?,
-            read(conn, "appendfsync")?,
+    async fn read(
+        conn: &mut MultiplexedConnection,
+        name: &str,
+    ) -> std::result::Result<String, RedisError> {
+        let pair: Vec<String> = ::redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(name)
+            .query_async(conn)
+            .await?;
+        Ok(pair.get(1).cloned().unwrap_or_default())
+    }
+    let got = async {
+        Ok::<_, RedisError>((
+            read(conn, "maxmemory-policy").await?,
+            read(conn, "appendonly").await?,
+            read(conn, "appendfsync").await?,
         ))
-    });
+    }
+    .await;
     let p = match got {
         Ok((maxmemory_policy, appendonly, appendfsync)) => Persistence {
             appendonly,
@@ -401,8 +703,12 @@ pub(crate) fn read_persistence(
 /// Refuses a Redis Cluster node (`INFO cluster` says `cluster_enabled:1`).
 /// A server that hides `INFO` passes; a `MOVED` reply later is refused
 /// the same way (see [`refusal`]).
-pub(crate) fn refuse_cluster(conn: &mut ::redis::Connection, server: &str) -> Result<()> {
-    match ::redis::cmd("INFO").arg("cluster").query::<String>(conn) {
+pub(crate) async fn refuse_cluster(conn: &mut MultiplexedConnection, server: &str) -> Result<()> {
+    match ::redis::cmd("INFO")
+        .arg("cluster")
+        .query_async::<String>(conn)
+        .await
+    {
         Ok(info) if info.lines().any(|l| l.trim() == "cluster_enabled:1") => {
             Err(StateError::refused(
                 format!(

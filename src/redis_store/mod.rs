@@ -3,6 +3,18 @@
 //! writes (the record, its indexes, the tenant's `seq`) are one atomic step.
 //! Nothing is read by the client and then written.
 //!
+//! # Async-native
+//!
+//! Every call is an `async fn` of [`AsyncCore`](crate::native::AsyncCore)
+//! (`core.rs`) over redis-rs' async client: a small pool of
+//! `MultiplexedConnection`s (`connect.rs`, [`connect::Pool`]) dialed on
+//! the store's own runtime ([`Bridge`]), each script sent as `EVALSHA`
+//! and loaded with `Script::load_async` when the server answers
+//! `NOSCRIPT` (`scripts.rs`). `AsyncStore` awaits those futures in the
+//! caller's task; the synchronous traits are `sync_over_async!` impls that
+//! drive them on the calling thread (`Bridge::block_on`), and
+//! `StoreAdmin` does the same over its own async walks (`admin.rs`).
+//!
 //! # Keys and hash tags
 //!
 //! Every key of one tenant carries the hash tag `{t<tenant>}` (the tenant
@@ -46,6 +58,7 @@
 mod admin;
 mod budgets;
 mod connect;
+mod core;
 mod keys;
 mod runs;
 mod scripts;
@@ -59,11 +72,14 @@ use parking_lot::Mutex;
 use crate::error::{Result, StateError};
 use crate::options::Options;
 
-use connect::{KeepLast, Manager, TlsPems};
+use crate::native::Bridge;
+
+use connect::{Dialer, TlsPems};
 
 /// How a [`RedisStore`] connects: the common [`Options`] (clock, record
-/// limit, scrubber), TLS certificates, timeouts, the pool's size and
-/// lifetimes, and what the server must guarantee.
+/// limit, scrubber), TLS certificates, timeouts, how many connections it
+/// multiplexes its calls over and their lifetimes, and what the server
+/// must guarantee.
 ///
 /// ```
 /// use std::time::Duration;
@@ -129,36 +145,43 @@ impl RedisOptions {
         self.options = options;
         self
     }
-    /// How long opening a connection (or waiting for a free one in the
-    /// pool) may take before the call is `Unavailable`. A server that
-    /// answers "no" (a wrong password, a certificate it refuses, …) is
-    /// `Refused` as soon as it answers, not after this.
+    /// How long opening a connection (TCP, TLS, `AUTH`, `SELECT`) may
+    /// take before the call is `Unavailable` (nothing was sent). A call
+    /// waits for a dial only when the store has no open connection. A
+    /// server that answers "no" (a wrong password, a certificate it
+    /// refuses, …) is `Refused` as soon as it answers, not after this.
     pub fn connect_timeout(mut self, t: Duration) -> Self {
         self.connect_timeout = t.max(Duration::from_millis(1));
         self
     }
-    /// How long one command or script may take to answer. Past it a read
-    /// is `Unavailable`, and a write, sent and maybe applied, is
-    /// `OutcomeUnknown`: re-read before deciding again, or retry it with
-    /// the same idempotency key (rule I7).
+    /// How long one command or script may take to answer (redis-rs'
+    /// response timeout). Past it a read is `Unavailable`, and a write,
+    /// sent and maybe applied, is `OutcomeUnknown`: re-read before
+    /// deciding again, or retry it with the same idempotency key (rule
+    /// I7). The connection it timed out on takes no further call.
     pub fn io_timeout(mut self, t: Duration) -> Self {
         self.io_timeout = t.max(Duration::from_millis(1));
         self
     }
-    /// Connections kept open (at least 1).
+    /// At most this many connections (at least 1). Each is a redis-rs
+    /// multiplexed connection that carries any number of calls at once; a
+    /// call takes the one with the fewest calls in flight, and one more is
+    /// opened (in the background) only while every open one is busy. A
+    /// store used by one caller at a time keeps one connection.
     pub fn pool_size(mut self, n: u32) -> Self {
         self.pool_size = n.max(1);
         self
     }
-    /// A pooled connection idle this long is closed (one is always kept);
+    /// A connection idle this long is closed (one is always kept);
     /// `None` keeps idle connections. Default 10 minutes: below a managed
     /// service's or a firewall's idle cut-off, set it lower.
     pub fn idle_timeout(mut self, t: Option<Duration>) -> Self {
         self.idle_timeout = t.map(|t| t.max(Duration::from_millis(1)));
         self
     }
-    /// A pooled connection open this long is closed and replaced when next
-    /// idle; `None` keeps it. Default 30 minutes.
+    /// A connection open this long takes no new call and is closed once
+    /// its calls in flight are answered (a new one is dialed when needed);
+    /// `None` keeps it. Default 30 minutes.
     pub fn max_lifetime(mut self, t: Option<Duration>) -> Self {
         self.max_lifetime = t.map(|t| t.max(Duration::from_millis(1)));
         self
@@ -261,11 +284,10 @@ impl Persistence {
     }
 }
 
-type Conn = r2d2::PooledConnection<Manager>;
+pub(crate) use connect::Conn;
 
 /// The Redis backend: every rule of the contract, with each write one Lua
-/// script on the server. Share one handle between threads; it holds a pool
-/// of connections.
+/// script on the server. Share one handle between threads and tasks.
 ///
 /// An `Ok` survives a server crash only when the server runs with
 /// `appendonly yes` and `appendfsync always`; by default
@@ -278,17 +300,72 @@ type Conn = r2d2::PooledConnection<Manager>;
 /// store.put_run(RunRecord::new(RunKey::new("acme", "run_1"), "planner"))?;
 /// # Ok::<(), agentstate::StateError>(())
 /// ```
+///
+/// # Async-native
+///
+/// The store is written once, as async code over redis-rs' async client
+/// (`MultiplexedConnection`s, scripts sent with `EVALSHA` and loaded with
+/// `Script::load_async`). It owns a small tokio runtime of its own (one
+/// worker thread) where its connections are dialed and where their I/O
+/// tasks live, so a connection never belongs to a caller's runtime (a
+/// `#[tokio::test]`'s runtime ends with its test; the store's connections
+/// do not).
+///
+/// - From async code, wrap it in [`AsyncStore`](crate::AsyncStore)
+///   (`AsyncStore::new(store)` or `AsyncStore::from(store)`, feature
+///   `async`): each call is awaited in the caller's task, with no thread
+///   hop and no blocking. Dial with [`connect_async`](RedisStore::connect_async)
+///   so connecting does not block either. The caller's runtime needs its
+///   time driver (tokio's default; `enable_all`), which the io timeout
+///   uses.
+/// - The synchronous traits ([`StateStore`](crate::StateStore) and the
+///   rest) drive the same futures on the calling thread. Called from a
+///   plain thread, that is an ordinary blocking call; called on an
+///   executor thread (inside a runtime) it works and never panics, but it
+///   blocks that executor thread for the call, so async code should use
+///   `AsyncStore` instead.
+///
+/// Dropping the store (inside a runtime or not) never blocks on its
+/// runtime and never panics: its runtime is shut down in the background.
+///
+/// # Cancellation (W3)
+///
+/// Every write is one Lua script, which Redis runs atomically: a dropped
+/// write leaves all of it or none of it, never part. A future dropped
+/// before its call was handed to a connection (still waiting for a
+/// connection to be dialed) writes nothing. A future dropped after that
+/// may still land: redis-rs writes a command its I/O task has taken even
+/// when no one waits for the answer, and the server then runs it whole.
+/// So each write may land after its future is dropped: `put_run`,
+/// `patch_run`, `put_session`, `delete_session`, every tray call that
+/// writes (`write_tray`, `delete_tray`, `apply_batch`, `release`,
+/// `set_alarm`, `ack_alarm`, and `read_tray`/`list_trays`, which advance
+/// the instance's epoch when a newer fence calls), `put_budget`,
+/// `reserve`, `settle`, `release_hold`, their `_idempotent` forms, and
+/// `prune`/`import` (one script per chunk or entry: a dropped call may
+/// leave some chunks done). A write's tenant registration (`ZADD` to the
+/// tenant registry, before its first write) may land alone, which no
+/// read sees. To know whether a dropped write landed, read the record
+/// back (its version says), or retry it with the same idempotency key.
+///
+/// # Errors
+///
+/// A server's "no" is `Persistence { reason: Refused }`; no connection
+/// (unreachable, reset, the connect timeout) is `Unavailable` and nothing
+/// was sent; a write that failed in transport after it was handed to a
+/// connection (reset, closed, the io timeout) is `OutcomeUnknown`
+/// (rule I7; retryable only with an idempotency key).
 pub struct RedisStore {
-    pool: r2d2::Pool<Manager>,
+    pool: connect::Pool,
     opts: RedisOptions,
     secret: [u8; 16],
     persistence: Persistence,
     /// Where the server is, without a password, for messages.
     server: String,
-    /// The pool's last failure to open a connection.
-    last: std::sync::Arc<Mutex<Option<::redis::RedisError>>>,
     /// Tenants this handle has put in the registry already.
     registered: Mutex<HashSet<String>>,
+    /// The store's runtime (dropped last: the connections' tasks live on it).
+    bridge: Bridge,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -298,6 +375,15 @@ impl std::fmt::Debug for RedisStore {
             .field("persistence", &self.persistence)
             .finish_non_exhaustive()
     }
+}
+
+/// What connecting found, before the store is put together.
+struct Dialed {
+    pool: connect::Pool,
+    opts: RedisOptions,
+    secret: [u8; 16],
+    persistence: Persistence,
+    server: String,
 }
 
 impl RedisStore {
@@ -310,46 +396,81 @@ impl RedisStore {
     /// or `rediss://…` for TLS), checks it, and loads or creates the
     /// store's cursor secret on the server.
     ///
-    /// The first connection is opened outside the pool, so a server's "no"
-    /// comes back at once as `Persistence { reason: Refused }` with the
-    /// server's own words: a wrong password (`WRONGPASS`, `NOAUTH`), a
-    /// user without a command the store needs (`NOPERM`), a TLS
-    /// certificate that does not verify or a handshake the server refuses,
-    /// a database that does not exist, a Redis Cluster node, a
-    /// `maxmemory-policy` other than `noeviction`, with `require_fsync` a
-    /// server that could lose acknowledged writes, and a server whose
-    /// `CONFIG GET` fails without [`RedisOptions::durability_assumed`].
-    /// What a retry can fix (unreachable, reset, timed out, loading) is
-    /// `Unavailable`. Messages name the server, never its password.
+    /// The first connection is opened and checked before any call can use
+    /// the store, so a server's "no" comes back at once as
+    /// `Persistence { reason: Refused }` with the server's own words: a
+    /// wrong password (`WRONGPASS`, `NOAUTH`), a user without a command
+    /// the store needs (`NOPERM`), a TLS certificate that does not verify
+    /// or a handshake the server refuses, a database that does not exist,
+    /// a Redis Cluster node, a `maxmemory-policy` other than `noeviction`,
+    /// with `require_fsync` a server that could lose acknowledged writes,
+    /// and a server whose `CONFIG GET` fails without
+    /// [`RedisOptions::durability_assumed`]. What a retry can fix
+    /// (unreachable, reset, timed out, loading) is `Unavailable`. Messages
+    /// name the server, never its password.
+    ///
+    /// This blocks the calling thread until connected; from async code use
+    /// [`connect_async`](RedisStore::connect_async), which does not.
     pub fn connect_with(url: &str, opts: RedisOptions) -> Result<RedisStore> {
+        let bridge = Bridge::new("agentstate-redis")?;
+        let dialed = bridge.block_on(Self::dial(url, opts, &bridge))?;
+        Ok(Self::assemble(dialed, bridge))
+    }
+
+    /// [`connect_with`](RedisStore::connect_with) for async code: dials
+    /// and checks the server without blocking the caller's executor
+    /// thread (the connection is opened on the store's own runtime, so it
+    /// outlives the caller's runtime). The same checks and errors.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "async")]
+    /// # async fn f() -> agentstate::Result<()> {
+    /// use agentstate::{AsyncStore, RedisOptions, RedisStore, RunKey, RunRecord};
+    /// let store = RedisStore::connect_async("redis://127.0.0.1:6379/0", RedisOptions::new()).await?;
+    /// let store = AsyncStore::new(store);
+    /// store.put_run(RunRecord::new(RunKey::new("acme", "run_1"), "planner")).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect_async(url: &str, opts: RedisOptions) -> Result<RedisStore> {
+        let bridge = Bridge::new("agentstate-redis")?;
+        let dialed = Self::dial(url, opts, &bridge).await?;
+        Ok(Self::assemble(dialed, bridge))
+    }
+
+    async fn dial(url: &str, opts: RedisOptions, bridge: &Bridge) -> Result<Dialed> {
         let server = crate::redact_connection_string(url);
-        let manager = Manager::new(url, &server, &opts)?;
-        let mut first = manager
-            .open()
+        let dialer = std::sync::Arc::new(Dialer::new(url, &server, &opts)?);
+        let d = dialer.clone();
+        let mut first = bridge
+            .on_runtime(async move { d.open().await })
+            .await
             .map_err(|e| connect::connect_error(&server, e))?;
-        connect::refuse_cluster(&mut first, &server)?;
-        let persistence = connect::read_persistence(&mut first, &server, &opts)?;
-        let secret = load_secret(&mut first).map_err(|e| with_server(e, &server))?;
-        let last = manager.last.clone();
-        let pool = r2d2::Pool::builder()
-            .max_size(opts.pool_size)
-            .min_idle(Some(1))
-            .idle_timeout(opts.idle_timeout)
-            .max_lifetime(opts.max_lifetime)
-            .connection_timeout(opts.connect_timeout)
-            .test_on_check_out(false)
-            .error_handler(Box::new(KeepLast(last.clone())))
-            .build_unchecked(manager);
-        drop(first);
-        Ok(RedisStore {
+        connect::refuse_cluster(&mut first, &server).await?;
+        let persistence = connect::read_persistence(&mut first, &server, &opts).await?;
+        let secret = load_secret(&mut first)
+            .await
+            .map_err(|e| with_server(e, &server))?;
+        let pool = connect::Pool::new(dialer, &opts, first, bridge.handle());
+        Ok(Dialed {
             pool,
             opts,
             secret,
             persistence,
             server,
-            last,
-            registered: Mutex::new(HashSet::new()),
         })
+    }
+
+    fn assemble(d: Dialed, bridge: Bridge) -> RedisStore {
+        RedisStore {
+            pool: d.pool,
+            opts: d.opts,
+            secret: d.secret,
+            persistence: d.persistence,
+            server: d.server,
+            registered: Mutex::new(HashSet::new()),
+            bridge,
+        }
     }
 
     /// What an `Ok` survives on this server: its `appendfsync` and
@@ -360,22 +481,21 @@ impl RedisStore {
         self.persistence.describe()
     }
 
-    fn conn(&self) -> Result<Conn> {
-        self.pool.get().map_err(|e| {
+    /// A connection for one call; an error means nothing was sent.
+    async fn conn(&self) -> Result<Conn> {
+        self.pool.get(&self.bridge).await.map_err(|e| {
             let server = &self.server;
-            match self.last.lock().clone() {
-                Some(last) => match connect::refusal(&last) {
-                    Some(why) => {
-                        StateError::refused(format!("redis {server}: {why}"), Some(Box::new(last)))
-                    }
-                    None => StateError::unavailable(
-                        format!("redis {server}: no connection: {e}"),
-                        Some(std::io::Error::other(last)),
-                    ),
-                },
-                None => {
-                    StateError::unavailable(format!("redis {server}: no connection: {e}"), None)
+            match connect::refusal(&e) {
+                Some(why) => {
+                    StateError::refused(format!("redis {server}: {why}"), Some(Box::new(e)))
                 }
+                None => StateError::unavailable(
+                    format!(
+                        "redis {server}: no connection: {}",
+                        connect::server_text(&e)
+                    ),
+                    Some(std::io::Error::other(e)),
+                ),
             }
         })
     }
@@ -390,34 +510,40 @@ impl RedisStore {
 
     /// Puts the tenant in the registry before its first write (idempotent;
     /// the registry is a superset of the tenants with records).
-    fn register(&self, conn: &mut Conn, tenant: &str) -> Result<()> {
+    async fn register(&self, conn: &mut Conn, tenant: &str) -> Result<()> {
         if self.registered.lock().contains(tenant) {
             return Ok(());
         }
-        ::redis::cmd("ZADD")
-            .arg(keys::TENANTS)
-            .arg(0)
-            .arg(tenant)
-            .query::<i64>(&mut **conn)
-            .map_err(map_err)?;
+        conn.query::<i64>(::redis::cmd("ZADD").arg(keys::TENANTS).arg(0).arg(tenant))
+            .await?;
         self.registered.lock().insert(tenant.to_string());
         Ok(())
     }
 }
 
+#[cfg(feature = "async")]
+impl From<RedisStore> for crate::AsyncStore {
+    /// The store, its calls awaited natively (see [`RedisStore`]).
+    fn from(store: RedisStore) -> Self {
+        crate::AsyncStore::new(store)
+    }
+}
+
 /// The store's cursor secret lives on the server, so every client of one
 /// store accepts the others' cursors; the first client to connect makes it.
-fn load_secret(conn: &mut ::redis::Connection) -> Result<[u8; 16]> {
+async fn load_secret(conn: &mut ::redis::aio::MultiplexedConnection) -> Result<[u8; 16]> {
     let fresh = crate::kv::new_secret();
     ::redis::cmd("SET")
         .arg(keys::SECRET)
         .arg(&fresh[..])
         .arg("NX")
-        .query::<Option<String>>(conn)
+        .query_async::<Option<String>>(conn)
+        .await
         .map_err(map_err)?;
     let got: Vec<u8> = ::redis::cmd("GET")
         .arg(keys::SECRET)
-        .query(conn)
+        .query_async(conn)
+        .await
         .map_err(map_err)?;
     got.try_into()
         .map_err(|_| StateError::corrupt("redis: the cursor secret is not 16 bytes"))

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::StateStore;
 use crate::budget::{BudgetKey, Caps, HoldRecord, Spend};
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value::{self, FORMAT_VERSION};
@@ -21,8 +20,9 @@ use crate::rules::{
 
 use crate::idempotency::{IdempotencyKey, Keyed};
 
+use super::connect::QueryOn;
 use super::scripts::{DELETE_SESSION, Idem, LIST_RUNS, PATCH_RUN, PUT_RUN, PUT_SESSION};
-use super::{RedisStore, keys, map_err};
+use super::{RedisStore, keys};
 
 /// The fields of a run the caller gives, encoded by the client.
 #[derive(Serialize)]
@@ -286,7 +286,7 @@ pub(super) fn caps_arg(c: &Caps) -> String {
 impl RedisStore {
     /// A patch (`hold_id` None) or a settle of `hold_id`: the run after it
     /// and, for a settle, the hold it dropped.
-    pub(super) fn patch(
+    pub(super) async fn patch(
         &self,
         key: &RunKey,
         delta: &StateDelta,
@@ -296,7 +296,7 @@ impl RedisStore {
         let idem = self.idem(keyed);
         let p = keys::tenant(&key.tenant);
         let max = self.max();
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
 
         let reply: Reply = PATCH_RUN
             .key(keys::run(&p, &key.run_id))
@@ -311,7 +311,8 @@ impl RedisStore {
             .arg(&key.run_id)
             .arg(hold_id.unwrap_or_default())
             .idem(idem.as_ref())
-            .invoke(&mut conn)?;
+            .invoke(&mut conn)
+            .await?;
         match reply.first().map(Vec::as_slice) {
             Some(b"nohold") => {
                 return Err(StateError::NotFound(Missing::Hold {
@@ -345,7 +346,7 @@ impl RedisStore {
 }
 
 impl RedisStore {
-    fn put_run_with(&self, record: RunRecord, keyed: Option<Keyed<'_>>) -> Result<RunRecord> {
+    async fn put_run_with(&self, record: RunRecord, keyed: Option<Keyed<'_>>) -> Result<RunRecord> {
         check_record(&record)?;
         let idem = self.idem(keyed);
         let record = self.opts.options.scrubber.scrub_run_owned(record);
@@ -354,8 +355,8 @@ impl RedisStore {
         check_size("run record", h.len() + value::OVERHEAD_BYTES - 1, max)?;
         let p = keys::tenant(&record.key.tenant);
         let session = record.session_id.clone().unwrap_or_default();
-        let mut conn = self.conn()?;
-        self.register(&mut conn, &record.key.tenant)?;
+        let mut conn = self.conn().await?;
+        self.register(&mut conn, &record.key.tenant).await?;
         let reply: Reply = PUT_RUN
             .key(keys::run(&p, &record.key.run_id))
             .key(keys::seq(&p))
@@ -382,7 +383,8 @@ impl RedisStore {
             .arg(finished_tags())
             .arg(record.state.as_str())
             .idem(idem.as_ref())
-            .invoke(&mut conn)?;
+            .invoke(&mut conn)
+            .await?;
         if reply.first().map(Vec::as_slice) == Some(b"nosession") {
             return Err(StateError::NotFound(Missing::Session(SessionKey::new(
                 record.key.tenant.clone(),
@@ -404,34 +406,43 @@ impl RedisStore {
     }
 }
 
-impl StateStore for RedisStore {
-    fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
-        self.put_run_with(record, None)
+impl RedisStore {
+    pub(super) async fn put_run_impl(&self, record: RunRecord) -> Result<RunRecord> {
+        self.put_run_with(record, None).await
     }
-    fn put_run_idempotent(&self, record: RunRecord, key: &IdempotencyKey) -> Result<RunRecord> {
+    pub(super) async fn put_run_idempotent_impl(
+        &self,
+        record: RunRecord,
+        key: &IdempotencyKey,
+    ) -> Result<RunRecord> {
         let tenant = record.key.tenant.clone();
         let keyed = Keyed::put_run(&tenant, &record, key)?;
         self.put_run_with(record, Some(keyed))
+            .await
             .map_err(StateError::keyed)
     }
 
-    fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
+    pub(super) async fn get_run_impl(&self, key: &RunKey) -> Result<Option<RunRecord>> {
         check_run_key(key)?;
         let p = keys::tenant(&key.tenant);
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let v: Option<Vec<u8>> = ::redis::cmd("HGET")
             .arg(keys::run(&p, &key.run_id))
             .arg("v")
-            .query(&mut *conn)
-            .map_err(map_err)?;
+            .query_on(&mut conn)
+            .await?;
         v.map(|v| decode_run(&v, key)).transpose()
     }
 
-    fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
+    pub(super) async fn patch_run_impl(
+        &self,
+        key: &RunKey,
+        delta: StateDelta,
+    ) -> Result<RunRecord> {
         check_run_key(key)?;
-        self.patch(key, &delta, None, None).map(|(r, _)| r)
+        self.patch(key, &delta, None, None).await.map(|(r, _)| r)
     }
-    fn patch_run_idempotent(
+    pub(super) async fn patch_run_idempotent_impl(
         &self,
         key: &RunKey,
         delta: StateDelta,
@@ -440,10 +451,15 @@ impl StateStore for RedisStore {
         let keyed = Keyed::patch_run(key, &delta, idempotency_key)?;
         check_run_key(key)?;
         self.patch(key, &delta, None, Some(keyed))
+            .await
             .map(|(r, _)| r)
             .map_err(StateError::keyed)
     }
-    fn list_runs(&self, q: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
+    pub(super) async fn list_runs_impl(
+        &self,
+        q: &StateQuery,
+        page: &PageRequest,
+    ) -> Result<Page<RunRecord>> {
         check_id("tenant", &q.tenant)?;
         if let Some(s) = &q.session {
             check_id("session", s)?;
@@ -473,7 +489,7 @@ impl StateStore for RedisStore {
             (None, Some(st)) => keys::by_state(&p, st),
             (None, None) => keys::runs(&p),
         };
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let mut items: Vec<(u64, RunRecord)> = Vec::with_capacity(page.limit + 1);
         loop {
             let reply: Reply = LIST_RUNS
@@ -486,7 +502,8 @@ impl StateStore for RedisStore {
                 .arg(q.agent.clone().unwrap_or_default())
                 .arg(q.updated_before.map(|t| t.to_string()).unwrap_or_default())
                 .arg(LIST_SCAN_CAP.to_string())
-                .invoke(&mut conn)?;
+                .invoke(&mut conn)
+                .await?;
             if reply.len() < 2 || !reply.len().is_multiple_of(2) {
                 return Err(StateError::corrupt("redis: list_runs answer malformed"));
             }
@@ -523,14 +540,14 @@ impl StateStore for RedisStore {
         Page::new(items.into_iter().map(|(_, r)| r).collect(), cursor)
     }
 
-    fn put_session(&self, record: SessionRecord) -> Result<SessionRecord> {
+    pub(super) async fn put_session_impl(&self, record: SessionRecord) -> Result<SessionRecord> {
         check_session_key(&record.key)?;
         let max = self.max();
         let (h, crc) = session_head(&record);
         check_size("session record", h.len() + value::OVERHEAD_BYTES - 1, max)?;
         let p = keys::tenant(&record.key.tenant);
-        let mut conn = self.conn()?;
-        self.register(&mut conn, &record.key.tenant)?;
+        let mut conn = self.conn().await?;
+        self.register(&mut conn, &record.key.tenant).await?;
         let reply: Reply = PUT_SESSION
             .key(keys::session(&p, &record.key.session_id))
             .key(keys::sessions(&p))
@@ -540,7 +557,8 @@ impl StateStore for RedisStore {
             .arg(crc.to_string())
             .arg(self.now().to_string())
             .arg(max.to_string())
-            .invoke(&mut conn)?;
+            .invoke(&mut conn)
+            .await?;
         let rest = outcome(
             reply,
             || Missing::Session(record.key.clone()),
@@ -553,22 +571,26 @@ impl StateStore for RedisStore {
         decode_session(v, &record.key)
     }
 
-    fn get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+    pub(super) async fn get_session_impl(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
         check_session_key(key)?;
         let p = keys::tenant(&key.tenant);
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let v: Option<Vec<u8>> = ::redis::cmd("HGET")
             .arg(keys::session(&p, &key.session_id))
             .arg("v")
-            .query(&mut *conn)
-            .map_err(map_err)?;
+            .query_on(&mut conn)
+            .await?;
         v.map(|v| decode_session(&v, key)).transpose()
     }
 
-    fn delete_session(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
+    pub(super) async fn delete_session_impl(
+        &self,
+        key: &SessionKey,
+        cascade: bool,
+    ) -> Result<Vec<RunKey>> {
         check_session_key(key)?;
         let p = keys::tenant(&key.tenant);
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let reply: Reply = DELETE_SESSION
             .key(keys::session(&p, &key.session_id))
             .key(keys::sessions(&p))
@@ -577,7 +599,8 @@ impl StateStore for RedisStore {
             .arg(&p)
             .arg(&key.session_id)
             .arg(if cascade { "1" } else { "0" })
-            .invoke(&mut conn)?;
+            .invoke(&mut conn)
+            .await?;
         let to_keys = |ids: &[Vec<u8>]| -> Result<Vec<RunKey>> {
             ids.iter()
                 .map(|id| {

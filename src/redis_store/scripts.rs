@@ -1,7 +1,9 @@
 //! The Lua scripts, one `.lua` file each beside this one, each behind the
 //! shared helpers of `lua/lib.lua`, and the one place they are called
-//! ([`Call::invoke`]): by SHA (`EVALSHA`), loading a script when the
-//! server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+//! ([`Call::invoke`], async, over one of the store's multiplexed
+//! connections): by SHA (`EVALSHA`), loading a script
+//! (`Script::load_async`) when the server answers `NOSCRIPT` (after a
+//! restart or `SCRIPT FLUSH`).
 //!
 //! Every write script starts with the `#!lua` shebang: Redis then checks
 //! for `OOM` and `MISCONF` before the script runs, and refuses it whole,
@@ -23,6 +25,7 @@ use crate::idempotency::{IdempotencyKey, Keyed, Scope, reused};
 use crate::limits::IDEMPOTENCY_PRUNE_MAX;
 use crate::options::IdempotencyWindow;
 
+use super::connect::Conn;
 use super::{keys, map_err};
 
 /// One script, and its keyed twin when it has one.
@@ -162,30 +165,36 @@ impl<'a> Call<'a> {
     /// Runs the script and answers its reply.
     ///
     /// Which failure is which (rule I7), for a write script:
-    /// - no connection from the pool (connect refused, pool timeout):
-    ///   `Unavailable`, nothing was sent;
-    /// - writing the command fails on a dropped connection (reset, broken
-    ///   pipe, closed): `Unavailable`: the server never had the whole
-    ///   command, and it runs only whole commands;
-    /// - writing the command times out: the outcome is unknown (part of it
-    ///   may sit in the server's buffer);
-    /// - the command was written, then reading the reply fails (reset,
-    ///   closed, timeout, a garbled reply): the outcome is unknown
-    ///   (`OutcomeUnknown { keyed: false }`; keyed calls make it retryable
-    ///   with `StateError::keyed`);
+    /// - no connection (refused, unreachable, the dial timed out):
+    ///   `Unavailable` or `Refused`, nothing was sent (that is the
+    ///   caller's `conn()`, before this);
+    /// - the call was handed to the connection, then it failed in
+    ///   transport (dropped, reset, closed, the io timeout, a garbled
+    ///   reply): the outcome is unknown (`OutcomeUnknown { keyed: false }`;
+    ///   keyed calls make it retryable with `StateError::keyed`). A
+    ///   multiplexed connection cannot tell a command its socket never
+    ///   took from one the server ran, so any such failure is unknown;
     /// - an error reply of the server (`OOM`, `MISCONF`, `BUSY`, `LOADING`,
     ///   `READONLY`, a script error raised before any write): as
     ///   [`map_err`] says (`Unavailable`, or `Corrupt`): the script did
     ///   not run, or refused before writing. `NOSCRIPT` loads the script
-    ///   and sends the call again, judged the same way.
+    ///   (redis-rs' `Script::load_async`) and sends the call again, judged
+    ///   the same way.
     ///
     /// A read-only script's failures are all as [`map_err`] says.
-    pub(crate) fn invoke<T: FromRedisValue>(&self, conn: &mut ::redis::Connection) -> Result<T> {
-        let (script, packed) = self.packed();
-        let value = match self.send(conn, &packed)? {
+    ///
+    /// Dropped before it answers (a cancelled future), the call may still
+    /// run on the server, whole: once handed to the connection's I/O task
+    /// it is written even if no one waits for its answer.
+    pub(crate) async fn invoke<T: FromRedisValue>(&self, conn: &mut Conn) -> Result<T> {
+        let (script, cmd) = self.packed();
+        let value = match self.send(conn, &cmd).await? {
             Value::ServerError(e) if e.code() == "NOSCRIPT" => {
-                script.load(conn).map_err(map_err)?;
-                self.send(conn, &packed)?
+                script.load_async(conn.raw()).await.map_err(|e| {
+                    conn.note(&e);
+                    map_err(e)
+                })?;
+                self.send(conn, &cmd).await?
             }
             v => v,
         };
@@ -205,7 +214,7 @@ impl<'a> Call<'a> {
     }
 
     /// The script to run and its `EVALSHA` command.
-    fn packed(&self) -> (&Script, Vec<u8>) {
+    fn packed(&self) -> (&Script, ::redis::Cmd) {
         let mut cmd = ::redis::cmd("EVALSHA");
         let script = match (self.idem, &self.lua.keyed) {
             (Some(i), Some(keyed)) => {
@@ -232,25 +241,17 @@ impl<'a> Call<'a> {
                 &self.lua.script
             }
         };
-        (script, cmd.get_packed_command())
+        (script, cmd)
     }
 
     /// Sends one command and reads its reply, telling a failure before
-    /// the command was whole on the server from one after (see `invoke`).
-    fn send(&self, conn: &mut ::redis::Connection, packed: &[u8]) -> Result<Value> {
-        if let Err(e) = conn.send_packed_command(packed) {
-            if self.lua.writes && e.is_timeout() {
-                return Err(unknown(e, "sending"));
-            }
-            return Err(map_err(e));
-        }
-        loop {
-            match conn.recv_response() {
-                Ok(Value::Push { .. }) => continue,
-                Ok(v) => return Ok(v),
-                Err(e) if self.lua.writes => return Err(unknown(e, "waiting for its answer")),
-                Err(e) => return Err(map_err(e)),
-            }
+    /// the command was handed to the connection from one after (see
+    /// `invoke`).
+    async fn send(&self, conn: &mut Conn, cmd: &::redis::Cmd) -> Result<Value> {
+        match conn.send(cmd).await {
+            Ok(v) => Ok(v),
+            Err(e) if self.lua.writes => Err(unknown(e, "waiting for its answer")),
+            Err(e) => Err(map_err(e)),
         }
     }
 }

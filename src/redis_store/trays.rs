@@ -4,7 +4,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::TrayStore;
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
@@ -18,8 +17,9 @@ use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 use super::runs::{Reply, head, num, outcome};
 use crate::idempotency::{IdempotencyKey, Keyed};
 
+use super::connect::QueryOn;
 use super::scripts::{Idem, READ_PAGES, TRAYS};
-use super::{RedisStore, keys, map_err};
+use super::{RedisStore, keys};
 
 #[derive(Serialize)]
 struct TrayHeadRef<'a> {
@@ -98,7 +98,7 @@ impl TrayCall {
         self.idem = idem;
         self
     }
-    pub(super) fn run(self, store: &RedisStore) -> Result<Reply> {
+    pub(super) async fn run(self, store: &RedisStore) -> Result<Reply> {
         let mut inv = TRAYS.prepare_invoke();
         inv.key(keys::instance(&self.inst))
             .key(keys::insts())
@@ -110,13 +110,13 @@ impl TrayCall {
             inv.arg(a);
         }
         inv.idem(self.idem.as_ref());
-        let mut conn = store.conn()?;
-        inv.invoke(&mut conn)
+        let mut conn = store.conn().await?;
+        inv.invoke(&mut conn).await
     }
 }
 
 impl RedisStore {
-    fn apply_batch_with(
+    async fn apply_batch_with(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -139,7 +139,7 @@ impl RedisStore {
                 }
             };
         }
-        outcome(call.run(self)?, not_tray, epoch).map(|_| ())
+        outcome(call.run(self).await?, not_tray, epoch).map(|_| ())
     }
 }
 
@@ -152,12 +152,13 @@ fn not_tray() -> Missing {
     })
 }
 
-impl TrayStore for RedisStore {
-    fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
+impl RedisStore {
+    pub(super) async fn read_tray_impl(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
         check_tray_key(key)?;
         let reply = TrayCall::new(&key.instance(), "read", epoch)
             .arg(keys::tray_member_of(key))
-            .run(self)?;
+            .run(self)
+            .await?;
         if reply.first().map(Vec::as_slice) == Some(b"none") {
             return Ok(None);
         }
@@ -168,28 +169,40 @@ impl TrayStore for RedisStore {
         decode_tray(v).map(Some)
     }
 
-    fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
+    pub(super) async fn write_tray_impl(
+        &self,
+        key: &TrayKey,
+        epoch: u64,
+        tray: Tray,
+    ) -> Result<()> {
         check_tray_key(key)?;
         check_tray(&tray, self.max())?;
         let reply = TrayCall::new(&key.instance(), "write", epoch)
             .tray(keys::tray_member_of(key), &tray)
-            .run(self)?;
+            .run(self)
+            .await?;
         outcome(reply, not_tray, epoch).map(|_| ())
     }
 
-    fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
+    pub(super) async fn delete_tray_impl(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
         check_tray_key(key)?;
         let reply = TrayCall::new(&key.instance(), "delete", epoch)
             .arg(keys::tray_member_of(key))
-            .run(self)?;
+            .run(self)
+            .await?;
         let rest = outcome(reply, not_tray, epoch)?;
         Ok(rest.first().map(Vec::as_slice) == Some(b"1"))
     }
 
-    fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
-        self.apply_batch_with(instance, epoch, ops, None)
+    pub(super) async fn apply_batch_impl(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+    ) -> Result<()> {
+        self.apply_batch_with(instance, epoch, ops, None).await
     }
-    fn apply_batch_idempotent(
+    pub(super) async fn apply_batch_idempotent_impl(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -198,16 +211,17 @@ impl TrayStore for RedisStore {
     ) -> Result<()> {
         let keyed = Keyed::apply_batch(instance, epoch, &ops, key)?;
         self.apply_batch_with(instance, epoch, ops, Some(keyed))
+            .await
             .map_err(StateError::keyed)
     }
 
-    fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
+    pub(super) async fn release_impl(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
         check_instance(instance)?;
-        let reply = TrayCall::new(instance, "release", epoch).run(self)?;
+        let reply = TrayCall::new(instance, "release", epoch).run(self).await?;
         outcome(reply, not_tray, epoch).map(|_| ())
     }
 
-    fn list_trays(
+    pub(super) async fn list_trays_impl(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -229,7 +243,8 @@ impl TrayStore for RedisStore {
         let reply = TrayCall::new(instance, "list", epoch)
             .arg(after)
             .arg((page.limit + 1).to_string())
-            .run(self)?;
+            .run(self)
+            .await?;
         let rest = outcome(reply, not_tray, epoch)?;
         if !rest.len().is_multiple_of(2) {
             return Err(StateError::corrupt("redis: list_trays answer malformed"));
@@ -253,7 +268,11 @@ impl TrayStore for RedisStore {
         Page::new(items.into_iter().map(|(_, t)| t).collect(), cursor)
     }
 
-    fn marked_trays(&self, env: Option<&str>, page: &PageRequest) -> Result<Page<MarkedTray>> {
+    pub(super) async fn marked_trays_impl(
+        &self,
+        env: Option<&str>,
+        page: &PageRequest,
+    ) -> Result<Page<MarkedTray>> {
         if let Some(e) = env {
             check_id("env", e)?;
         }
@@ -272,14 +291,15 @@ impl TrayStore for RedisStore {
             }
             None => Vec::new(),
         };
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let reply: Reply = READ_PAGES
             .key(&index)
             .arg("marked")
             .arg(keys::all_tray_base())
             .arg(after)
             .arg((page.limit + 1).to_string())
-            .invoke(&mut conn)?;
+            .invoke(&mut conn)
+            .await?;
         if !reply.len().is_multiple_of(3) {
             return Err(StateError::corrupt("redis: marked_trays answer malformed"));
         }
@@ -314,29 +334,39 @@ impl TrayStore for RedisStore {
         Page::new(items.into_iter().map(|(_, t)| t).collect(), cursor)
     }
 
-    fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
+    pub(super) async fn epoch_impl(&self, instance: &InstanceKey) -> Result<u64> {
         check_instance(instance)?;
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let e: Option<Vec<u8>> = ::redis::cmd("HGET")
             .arg(keys::instance(&keys::inst(instance)))
             .arg("ep")
-            .query(&mut *conn)
-            .map_err(map_err)?;
+            .query_on(&mut conn)
+            .await?;
         e.map(|e| num(&e, "epoch"))
             .transpose()
             .map(|e| e.unwrap_or(0))
     }
 
-    fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
+    pub(super) async fn set_alarm_impl(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        due_at: Millis,
+    ) -> Result<()> {
         check_instance(instance)?;
         let reply = TrayCall::new(instance, "alarm", epoch)
             .arg(keys::alarm_member(due_at, instance))
             .arg(due_at.to_string())
-            .run(self)?;
+            .run(self)
+            .await?;
         outcome(reply, not_tray, epoch).map(|_| ())
     }
 
-    fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
+    pub(super) async fn due_alarms_impl(
+        &self,
+        now: Millis,
+        page: &PageRequest,
+    ) -> Result<Page<Alarm>> {
         check_limit(page.limit)?;
         let mut from = b"-".to_vec();
         if let Some(c) = &page.cursor {
@@ -355,7 +385,7 @@ impl TrayStore for RedisStore {
             }
             None => b"+".to_vec(),
         };
-        let mut conn = self.conn()?;
+        let mut conn = self.conn().await?;
         let members: Vec<Vec<u8>> = ::redis::cmd("ZRANGEBYLEX")
             .arg(keys::due())
             .arg(from)
@@ -363,8 +393,8 @@ impl TrayStore for RedisStore {
             .arg("LIMIT")
             .arg(0)
             .arg(page.limit + 1)
-            .query(&mut *conn)
-            .map_err(map_err)?;
+            .query_on(&mut conn)
+            .await?;
         let mut items = Vec::with_capacity(members.len());
         for m in members {
             if m.len() < 8 {
@@ -393,11 +423,17 @@ impl TrayStore for RedisStore {
         Page::new(items.into_iter().map(|(_, a)| a).collect(), cursor)
     }
 
-    fn ack_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<bool> {
+    pub(super) async fn ack_alarm_impl(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        due_at: Millis,
+    ) -> Result<bool> {
         check_instance(instance)?;
         let reply = TrayCall::new(instance, "ack", epoch)
             .arg(due_at.to_string())
-            .run(self)?;
+            .run(self)
+            .await?;
         let rest = outcome(reply, not_tray, epoch)?;
         Ok(rest.first().map(Vec::as_slice) == Some(b"1"))
     }

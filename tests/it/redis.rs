@@ -1101,3 +1101,300 @@ mod production {
         assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// Async-native (issue 40): the store inside runtimes, dropped futures,
+// and the synchronous API from many threads.
+
+/// A tenant no other test (or earlier run on a named server) uses.
+fn fresh_tenant(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos();
+    format!("{tag}-{}-{nanos}", std::process::id())
+}
+
+fn tray_doc(doc: &str) -> Tray {
+    Tray {
+        marked: false,
+        doc: doc.as_bytes().to_vec(),
+        env: "e".into(),
+        hostname: "h".into(),
+    }
+}
+
+/// Connects, uses and drops stores inside a runtime: one dialed with
+/// `connect_async` and used through `AsyncStore` (natively), one dialed
+/// with the synchronous `connect_with` and used through the synchronous
+/// API on the executor thread. Nothing panics, and each sees the other's
+/// writes.
+#[cfg(feature = "async")]
+async fn used_and_dropped_inside_a_runtime(tag: &str) {
+    use agentstate::{AsyncStore, StateQuery};
+    let url = crate::redis_server::shared_url(12);
+    let tenant = fresh_tenant(tag);
+    let store = RedisStore::connect_async(&url, RedisOptions::new())
+        .await
+        .expect("connect_async");
+    let a = AsyncStore::new(store);
+    let rk = RunKey::new(&tenant, "r");
+    let run = a
+        .put_run(RunRecord::new(rk.clone(), "agent"))
+        .await
+        .expect("put_run");
+    assert_eq!(run.version, 1);
+    let run = a
+        .patch_run(
+            &rk,
+            StateDelta {
+                iterations: 1,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("patch_run");
+    assert_eq!((run.version, run.iterations), (2, 1));
+    let inst = InstanceKey::new(&tenant, "w");
+    a.apply_batch(
+        &inst,
+        1,
+        vec![TrayOp::Put {
+            tray_ns: "n".into(),
+            tray_id: "t".into(),
+            tray: tray_doc("async"),
+        }],
+    )
+    .await
+    .expect("apply_batch");
+    let page = a
+        .list_runs(&StateQuery::new(&tenant), &PageRequest::new(10))
+        .await
+        .expect("list_runs");
+    assert_eq!(page.items().len(), 1);
+    // An admin call (the blocking pool) on the same store.
+    assert!(a.verify().await.expect("verify").is_ok());
+    drop(a);
+
+    // The synchronous API, called on the executor thread: it blocks that
+    // thread for the call, and works.
+    let s = RedisStore::connect_with(&url, RedisOptions::new()).expect("connect_with");
+    let got = s.get_run(&rk).expect("get_run").expect("the run");
+    assert_eq!(got.version, 2);
+    s.patch_run(
+        &rk,
+        StateDelta {
+            iterations: 1,
+            ..Default::default()
+        },
+    )
+    .expect("sync patch_run");
+    let tray = s
+        .read_tray(&inst.tray("n", "t"), 1)
+        .expect("read_tray")
+        .expect("the tray");
+    assert_eq!(tray.doc, b"async");
+    assert!(!s.stats().expect("stats").tenants.is_empty());
+    drop(s);
+
+    // A store dialed synchronously, then used through AsyncStore.
+    let a = AsyncStore::from(RedisStore::connect_with(&url, RedisOptions::new()).expect("connect"));
+    let got = a.get_run(&rk).await.expect("get_run").expect("the run");
+    assert_eq!(got.version, 3);
+    drop(a);
+}
+
+#[cfg(feature = "async")]
+#[tokio::test(flavor = "current_thread")]
+async fn used_and_dropped_inside_a_current_thread_runtime() {
+    used_and_dropped_inside_a_runtime("rt-current").await;
+}
+
+#[cfg(feature = "async")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn used_and_dropped_inside_a_multi_thread_runtime() {
+    used_and_dropped_inside_a_runtime("rt-multi").await;
+}
+
+/// A store dialed inside a runtime that then ends keeps working: its
+/// connections live on the store's own runtime.
+#[test]
+fn a_store_outlives_the_runtime_it_was_dialed_in() {
+    let url = crate::redis_server::shared_url(12);
+    let tenant = fresh_tenant("outlives");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = rt
+        .block_on(RedisStore::connect_async(&url, RedisOptions::new()))
+        .expect("connect_async");
+    let rk = RunKey::new(&tenant, "r");
+    rt.block_on(async { store.put_run(RunRecord::new(rk.clone(), "agent")) })
+        .expect("put_run inside the runtime");
+    drop(rt);
+    let run = store
+        .patch_run(
+            &rk,
+            StateDelta {
+                iterations: 1,
+                ..Default::default()
+            },
+        )
+        .expect("patch_run after the runtime ended");
+    assert_eq!(run.version, 2);
+}
+
+/// W3 on Redis: futures of `AsyncStore` writes dropped at every point of
+/// their flight (`tokio::time::timeout` with tiny durations) never leave
+/// part of a write: each patch adds one iteration, one version and its
+/// amounts together, and each batch writes all its trays or none.
+#[cfg(feature = "async")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_async_writes_never_leave_part_of_a_write() {
+    use agentstate::AsyncStore;
+    let url = crate::redis_server::shared_url(12);
+    let tenant = fresh_tenant("dropped");
+    let store = AsyncStore::new(
+        RedisStore::connect_async(&url, RedisOptions::new().pool_size(4))
+            .await
+            .expect("connect_async"),
+    );
+    let rk = RunKey::new(&tenant, "r");
+    store
+        .put_run(RunRecord::new(rk.clone(), "agent"))
+        .await
+        .expect("create");
+    let inst = InstanceKey::new(&tenant, "w");
+    let delta = StateDelta {
+        iterations: 1,
+        cost_micros: 3,
+        usage: agentstate::Usage {
+            input_tokens: 5,
+            output_tokens: 7,
+        },
+        ..Default::default()
+    };
+    let (mut cut, mut done) = (0u32, 0u32);
+    for i in 0..rounds(400) {
+        // 0 µs to ~1.5 ms: from before anything is sent to after the answer.
+        let limit = Duration::from_micros((i as u64 * 37) % 1_500);
+        match tokio::time::timeout(limit, store.patch_run(&rk, delta)).await {
+            Ok(r) => {
+                r.expect("a patch that answered");
+                done += 1;
+            }
+            Err(_) => cut += 1,
+        }
+        let doc = format!("batch-{i}");
+        let ops = (0..4)
+            .map(|k| TrayOp::Put {
+                tray_ns: "n".into(),
+                tray_id: format!("t{k}"),
+                tray: tray_doc(&doc),
+            })
+            .collect();
+        match tokio::time::timeout(limit, store.apply_batch(&inst, 1, ops)).await {
+            Ok(r) => {
+                r.expect("a batch that answered");
+                done += 1;
+            }
+            Err(_) => cut += 1,
+        }
+        if i % 50 == 0 {
+            check_whole(&store, &rk, &inst).await;
+        }
+    }
+    eprintln!("dropped writes: {cut} cut, {done} answered");
+    assert!(
+        cut > 0,
+        "no future was dropped in flight: the test tested nothing"
+    );
+    assert!(done > 0, "no write answered");
+    // Writes handed over before their future was dropped may still land.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let run = check_whole(&store, &rk, &inst).await;
+    assert!(
+        run.iterations >= u64::from(done) / 2,
+        "fewer patches stored than answered"
+    );
+    assert!(store.verify().await.expect("verify").is_ok());
+}
+
+/// Every patch of the run whole (its version, iterations and amounts
+/// agree), and the instance's trays all from one batch.
+#[cfg(feature = "async")]
+async fn check_whole(store: &agentstate::AsyncStore, rk: &RunKey, inst: &InstanceKey) -> RunRecord {
+    let run = store.get_run(rk).await.expect("get").expect("the run");
+    let n = run.iterations;
+    assert_eq!(
+        run.version,
+        1 + n,
+        "version and iterations disagree: {run:?}"
+    );
+    assert_eq!(run.cost_micros, 3 * n, "{run:?}");
+    assert_eq!(run.usage.input_tokens, 5 * n, "{run:?}");
+    assert_eq!(run.usage.output_tokens, 7 * n, "{run:?}");
+    let trays = store
+        .list_trays(inst, 1, &PageRequest::new(10))
+        .await
+        .expect("list_trays");
+    let docs: std::collections::BTreeSet<Vec<u8>> =
+        trays.items().iter().map(|(_, t)| t.doc.clone()).collect();
+    assert!(
+        trays.items().is_empty() || (trays.items().len() == 4 && docs.len() == 1),
+        "a batch landed in part: {:?}",
+        trays.items()
+    );
+    run
+}
+
+/// The synchronous API from many OS threads at once, on one store: every
+/// patch counted once, every thread's own runs there.
+#[test]
+fn the_sync_api_from_many_threads_at_once() {
+    let url = crate::redis_server::shared_url(12);
+    let tenant = fresh_tenant("threads");
+    let store = RedisStore::connect_with(&url, RedisOptions::new().pool_size(4)).expect("connect");
+    let shared = RunKey::new(&tenant, "shared");
+    store
+        .put_run(RunRecord::new(shared.clone(), "agent"))
+        .expect("create");
+    const THREADS: usize = 24;
+    let per = rounds(40);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (store, shared, tenant) = (&store, &shared, &tenant);
+            s.spawn(move || {
+                for i in 0..per {
+                    store
+                        .patch_run(
+                            shared,
+                            StateDelta {
+                                iterations: 1,
+                                ..Default::default()
+                            },
+                        )
+                        .expect("patch");
+                    if i % 10 == 0 {
+                        let own = RunKey::new(tenant, format!("t{t}-{i}"));
+                        store
+                            .put_run(RunRecord::new(own.clone(), "agent"))
+                            .expect("put");
+                        assert!(store.get_run(&own).expect("get").is_some());
+                    }
+                }
+            });
+        }
+    });
+    let run = store.get_run(&shared).expect("get").expect("the run");
+    assert_eq!(run.iterations, (THREADS * per) as u64);
+    assert_eq!(run.version, 1 + (THREADS * per) as u64);
+    let page = store
+        .list_runs(
+            &agentstate::StateQuery::new(&tenant),
+            &PageRequest::new(1000),
+        )
+        .expect("list");
+    assert_eq!(page.items().len(), 1 + THREADS * per.div_ceil(10));
+}
