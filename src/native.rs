@@ -867,5 +867,10 @@ impl<T: crate::api::Store + DynCore> NativeStore for T {}
 pub(crate) fn downcast(
     store: Box<dyn std::any::Any + Send>,
 ) -> std::result::Result<Arc<dyn NativeStore>, Box<dyn std::any::Any + Send>> {
+    #[cfg(feature = "postgres")]
+    let store = match store.downcast::<crate::PostgresStore>() {
+        Ok(pg) => return Ok(Arc::new(*pg)),
+        Err(s) => s,
+    };
     Err(store)
 }

@@ -919,13 +919,13 @@ mod cut {
 
 /// A TCP proxy to the shared server that cuts a connection where `mode`
 /// says (once, then passes through again); its port.
-fn cutting_proxy(mode: Arc<std::sync::atomic::AtomicU8>) -> (u16, postgres::Config) {
+fn cutting_proxy(mode: Arc<std::sync::atomic::AtomicU8>) -> (u16, tokio_postgres::Config) {
     use std::io::{Read, Write};
     use std::net::{Shutdown, TcpListener, TcpStream};
-    let cfg: postgres::Config = shared_dsn().parse().expect("the shared dsn");
+    let cfg: tokio_postgres::Config = shared_dsn().parse().expect("the shared dsn");
     let port = cfg.get_ports().first().copied().unwrap_or(5432);
     let host = match cfg.get_hosts().first() {
-        Some(postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
         _ => "127.0.0.1".to_string(),
     };
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -1493,9 +1493,9 @@ mod pgbouncer {
     fn bouncer() -> &'static PgBouncer {
         static B: OnceLock<PgBouncer> = OnceLock::new();
         B.get_or_init(|| {
-            let cfg: postgres::Config = shared_dsn().parse().expect("the shared dsn");
+            let cfg: tokio_postgres::Config = shared_dsn().parse().expect("the shared dsn");
             let host = match cfg.get_hosts().first() {
-                Some(postgres::config::Host::Tcp(h)) => h.clone(),
+                Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
                 _ => "127.0.0.1".to_string(),
             };
             let port = cfg.get_ports().first().copied().unwrap_or(5432);
@@ -1548,9 +1548,9 @@ mod pgbouncer {
     /// PgBouncer refuses).
     #[test]
     fn session_mode_works_as_a_direct_connection() {
-        let cfg: postgres::Config = shared_dsn().parse().expect("the shared dsn");
+        let cfg: tokio_postgres::Config = shared_dsn().parse().expect("the shared dsn");
         let host = match cfg.get_hosts().first() {
-            Some(postgres::config::Host::Tcp(h)) => h.clone(),
+            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
             _ => "127.0.0.1".to_string(),
         };
         let port = cfg.get_ports().first().copied().unwrap_or(5432);
