@@ -107,12 +107,22 @@ pub(crate) struct Manager {
 }
 
 impl Manager {
-    /// True when `conn` must not serve another call.
+    /// Closed, or left inside a transaction by a dropped future.
+    fn broken(conn: &Conn) -> bool {
+        conn.in_txn || conn.client.is_closed()
+    }
+
+    /// True when `conn`, given back by a call, must be closed instead of
+    /// pooled: broken, or past its max lifetime (such a connection still
+    /// serves the call that took it).
     pub(crate) fn spent(&self, conn: &Conn) -> bool {
-        conn.in_txn
-            || conn.client.is_closed()
-            || self.max_lifetime.is_some_and(|l| conn.born.elapsed() >= l)
-            || self.idle_timeout.is_some_and(|l| conn.used.elapsed() >= l)
+        Self::broken(conn) || self.max_lifetime.is_some_and(|l| conn.born.elapsed() >= l)
+    }
+
+    /// True when an idle `conn` must be closed (checked at checkout and
+    /// about every 30 s): broken, or unused for the idle timeout.
+    pub(crate) fn stale(&self, conn: &Conn) -> bool {
+        Self::broken(conn) || self.idle_timeout.is_some_and(|l| conn.used.elapsed() >= l)
     }
 }
 
@@ -162,9 +172,9 @@ impl deadpool::managed::Manager for Manager {
         // No round trip: a connection closed since is noticed here, one
         // the server dropped unnoticed fails its BEGIN and is replaced at
         // once (`Verdict::Redial`).
-        if self.spent(conn) {
+        if self.stale(conn) {
             return Err(RecycleError::message(
-                "closed, too old, idle too long, or left inside a transaction",
+                "closed, idle too long, or left inside a transaction",
             ));
         }
         Ok(())

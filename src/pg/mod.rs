@@ -481,7 +481,10 @@ impl PostgresStore {
                 loop {
                     tokio::time::sleep(Duration::from_secs(30)).await;
                     let Some(pool) = weak.upgrade() else { return };
-                    pool.retain(|c, _| !pool.manager().spent(c));
+                    pool.retain(|c, _| {
+                        let m = pool.manager();
+                        !(m.spent(c) || m.stale(c))
+                    });
                 }
             });
         }
