@@ -204,7 +204,11 @@ pub(crate) trait AsyncCore: Send + Sync {
         ops: Vec<TrayOp>,
         key: &IdempotencyKey,
     ) -> impl Future<Output = Result<()>> + Send;
-    fn release(&self, instance: &InstanceKey, epoch: u64) -> impl Future<Output = Result<()>> + Send;
+    fn release(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+    ) -> impl Future<Output = Result<()>> + Send;
     fn list_trays(
         &self,
         instance: &InstanceKey,
@@ -253,8 +257,7 @@ pub(crate) trait AsyncCore: Send + Sync {
         hold_id: &str,
         spent: StateDelta,
     ) -> impl Future<Output = Result<Settled>> + Send;
-    fn release_hold(&self, run: &RunKey, hold_id: &str)
-    -> impl Future<Output = Result<()>> + Send;
+    fn release_hold(&self, run: &RunKey, hold_id: &str) -> impl Future<Output = Result<()>> + Send;
     fn reserve_idempotent(
         &self,
         run: &RunKey,
@@ -305,8 +308,7 @@ pub(crate) trait DynCore: Send + Sync {
     ) -> BoxFut<'a, Page<RunRecord>>;
     fn put_session<'a>(&'a self, record: SessionRecord) -> BoxFut<'a, SessionRecord>;
     fn get_session<'a>(&'a self, key: &'a SessionKey) -> BoxFut<'a, Option<SessionRecord>>;
-    fn delete_session<'a>(&'a self, key: &'a SessionKey, cascade: bool)
-    -> BoxFut<'a, Vec<RunKey>>;
+    fn delete_session<'a>(&'a self, key: &'a SessionKey, cascade: bool) -> BoxFut<'a, Vec<RunKey>>;
     fn list_sessions<'a>(
         &'a self,
         tenant: &'a str,
@@ -434,11 +436,7 @@ impl<T: AsyncCore> DynCore for T {
     fn get_session<'a>(&'a self, key: &'a SessionKey) -> BoxFut<'a, Option<SessionRecord>> {
         Box::pin(AsyncCore::get_session(self, key))
     }
-    fn delete_session<'a>(
-        &'a self,
-        key: &'a SessionKey,
-        cascade: bool,
-    ) -> BoxFut<'a, Vec<RunKey>> {
+    fn delete_session<'a>(&'a self, key: &'a SessionKey, cascade: bool) -> BoxFut<'a, Vec<RunKey>> {
         Box::pin(AsyncCore::delete_session(self, key, cascade))
     }
     fn list_sessions<'a>(
@@ -811,10 +809,7 @@ macro_rules! sync_over_async {
                 use $crate::native::AsyncCore as C;
                 C::bridge(self).block_on(C::release_hold_idempotent(self, run, hold_id, key))
             }
-            fn run_spend(
-                &self,
-                run: &$crate::RunKey,
-            ) -> $crate::Result<Option<$crate::RunSpend>> {
+            fn run_spend(&self, run: &$crate::RunKey) -> $crate::Result<Option<$crate::RunSpend>> {
                 use $crate::native::AsyncCore as C;
                 C::bridge(self).block_on(C::run_spend(self, run))
             }
@@ -822,6 +817,27 @@ macro_rules! sync_over_async {
     };
 }
 pub(crate) use sync_over_async;
+
+/// A whole backend with an async core: what [`AsyncStore`](crate::AsyncStore)
+/// calls natively.
+#[cfg_attr(not(feature = "async"), allow(dead_code))]
+pub(crate) trait NativeStore: crate::api::Store + DynCore {}
+
+impl<T: crate::api::Store + DynCore> NativeStore for T {}
+
+/// `store` as a backend with an async core, when it is one (each server
+/// backend adds its type here); otherwise `store` back.
+#[cfg_attr(not(feature = "async"), allow(dead_code))]
+pub(crate) fn downcast(
+    store: Box<dyn std::any::Any + Send>,
+) -> std::result::Result<Arc<dyn NativeStore>, Box<dyn std::any::Any + Send>> {
+    #[cfg(feature = "postgres")]
+    let store = match store.downcast::<crate::PostgresStore>() {
+        Ok(pg) => return Ok(Arc::new(*pg)),
+        Err(s) => s,
+    };
+    Err(store)
+}
 
 #[cfg(test)]
 mod tests {
@@ -852,25 +868,4 @@ mod tests {
         // Dropped inside a runtime: no panic.
         rt.block_on(async move { drop(bridge) });
     }
-}
-
-/// A whole backend with an async core: what [`AsyncStore`](crate::AsyncStore)
-/// calls natively.
-#[cfg_attr(not(feature = "async"), allow(dead_code))]
-pub(crate) trait NativeStore: crate::api::Store + DynCore {}
-
-impl<T: crate::api::Store + DynCore> NativeStore for T {}
-
-/// `store` as a backend with an async core, when it is one (each server
-/// backend adds its type here); otherwise `store` back.
-#[cfg_attr(not(feature = "async"), allow(dead_code))]
-pub(crate) fn downcast(
-    store: Box<dyn std::any::Any + Send>,
-) -> std::result::Result<Arc<dyn NativeStore>, Box<dyn std::any::Any + Send>> {
-    #[cfg(feature = "postgres")]
-    let store = match store.downcast::<crate::PostgresStore>() {
-        Ok(pg) => return Ok(Arc::new(*pg)),
-        Err(s) => s,
-    };
-    Err(store)
 }

@@ -82,7 +82,13 @@ fn finish<T>(backend: &'static str, op: &'static str, start: Instant, out: &Resu
             tracing::debug!(backend, op, expected, actual, "version conflict");
         }
         StateError::FenceLost { caller, stored } => {
-            tracing::info!(backend, op, caller, stored, "fence lost: a newer epoch holds the instance");
+            tracing::info!(
+                backend,
+                op,
+                caller,
+                stored,
+                "fence lost: a newer epoch holds the instance"
+            );
         }
         StateError::BudgetExceeded { limit, .. } => {
             tracing::debug!(backend, op, limit = %limit, "budget exceeded");
@@ -95,7 +101,13 @@ fn finish<T>(backend: &'static str, op: &'static str, start: Instant, out: &Resu
                 tracing::warn!(backend, op, detail = detail.as_str(), "server unavailable");
             }
             PersistenceReason::OutcomeUnknown { keyed } => {
-                tracing::warn!(backend, op, keyed, detail = detail.as_str(), "outcome unknown");
+                tracing::warn!(
+                    backend,
+                    op,
+                    keyed,
+                    detail = detail.as_str(),
+                    "outcome unknown"
+                );
             }
             _ => tracing::warn!(backend, op, detail = detail.as_str(), "persistence failure"),
         },

@@ -215,10 +215,12 @@ impl PostgresStore {
                             .into());
                         }
                         let seq = seq_col(r.seq)?;
-                        let used = tx.query(
-                            "SELECT 1 FROM {s}agentstate_runs WHERE tenant = $1 AND seq = $2",
-                            &[&id_in(&r.key.tenant), &seq],
-                        ).await?;
+                        let used = tx
+                            .query(
+                                "SELECT 1 FROM {s}agentstate_runs WHERE tenant = $1 AND seq = $2",
+                                &[&id_in(&r.key.tenant), &seq],
+                            )
+                            .await?;
                         if !used.is_empty() {
                             return Err(StateError::invalid(format!(
                                 "run {}: seq {} is already used in tenant {}",
@@ -252,7 +254,9 @@ impl PostgresStore {
                             tx,
                             "SELECT 1 FROM {s}pinned_epoch WHERE ns = $1 AND id = $2 AND epoch > 0",
                             &[&instance.ns, &instance.id],
-                        ).await? {
+                        )
+                        .await?
+                        {
                             return Err(taken().into());
                         }
                         tx.execute(
@@ -293,7 +297,9 @@ impl PostgresStore {
                             tx,
                             "SELECT 1 FROM {s}agentstate_budgets WHERE tenant = $1 AND name = $2",
                             &[&budget.key.tenant, &budget.key.name],
-                        ).await? {
+                        )
+                        .await?
+                        {
                             return Err(taken().into());
                         }
                         insert_budget(tx, budget, spent).await?;
@@ -303,7 +309,9 @@ impl PostgresStore {
                             tx,
                             "SELECT 1 FROM {s}agentstate_alarms WHERE ns = $1 AND id = $2",
                             &[&instance.ns, &instance.id],
-                        ).await? {
+                        )
+                        .await?
+                        {
                             return Err(taken().into());
                         }
                         tx.execute(
@@ -322,20 +330,26 @@ impl PostgresStore {
 /// (their own or their budget's), all read in `tx`.
 async fn budget_stats(tx: &mut Tx<'_>, st: &mut StoreStats, now: Millis) -> TxResult<()> {
     let mut budgets: HashMap<BudgetKey, (Caps, Spend, Vec<HoldRecord>)> = HashMap::new();
-    for r in tx.query(
-        "SELECT tenant, name, record, spent FROM {s}agentstate_budgets",
-        &[],
-    ).await? {
+    for r in tx
+        .query(
+            "SELECT tenant, name, record, spent FROM {s}agentstate_budgets",
+            &[],
+        )
+        .await?
+    {
         let key = BudgetKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
         let (rec, spent) = decode_budget(r.get(2), r.get(3), &key)?;
         st.tenants.entry(key.tenant.clone()).or_default().budgets += 1;
         budgets.insert(key, (rec.caps, spent, Vec::new()));
     }
     let mut runs: HashMap<RunKey, Vec<HoldRecord>> = HashMap::new();
-    for r in tx.query(
-        "SELECT tenant, run_id, hold_id, budget, record FROM {s}agentstate_holds",
-        &[],
-    ).await? {
+    for r in tx
+        .query(
+            "SELECT tenant, run_id, hold_id, budget, record FROM {s}agentstate_holds",
+            &[],
+        )
+        .await?
+    {
         let run = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
         let h = decode_hold(r.get(4), &id_out(r.get(2))?)?;
         if !h.is_live(now) {
@@ -352,10 +366,13 @@ async fn budget_stats(tx: &mut Tx<'_>, st: &mut StoreStats, now: Millis) -> TxRe
     }
     // Only runs with caps or a budget are written at the capped format, so
     // the others are not read.
-    for r in tx.query(
-        "SELECT tenant, run_id, record FROM {s}agentstate_runs WHERE get_byte(record, 0) = $1",
-        &[&i32::from(value::RUN_FORMAT_CAPS)],
-    ).await? {
+    for r in tx
+        .query(
+            "SELECT tenant, run_id, record FROM {s}agentstate_runs WHERE get_byte(record, 0) = $1",
+            &[&i32::from(value::RUN_FORMAT_CAPS)],
+        )
+        .await?
+    {
         let key = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
         let run = decode_run(r.get(2), &key)?;
         let run_held = held(runs.get(&key).into_iter().flatten(), now);
@@ -377,22 +394,28 @@ async fn budget_stats(tx: &mut Tx<'_>, st: &mut StoreStats, now: Millis) -> TxRe
 async fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
     let mut problems = Vec::new();
     let mut entries = 0u64;
-    for r in tx.query(
-        "SELECT tenant, name, record, spent FROM {s}agentstate_budgets",
-        &[],
-    ).await? {
+    for r in tx
+        .query(
+            "SELECT tenant, name, record, spent FROM {s}agentstate_budgets",
+            &[],
+        )
+        .await?
+    {
         entries += 1;
         let key = BudgetKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
         if let Err(e) = decode_budget(r.get(2), r.get(3), &key) {
             problems.push(format!("budget {}/{}: {e}", key.tenant, key.name));
         }
     }
-    for r in tx.query(
-        "SELECT h.tenant, h.run_id, h.hold_id, h.budget, h.record, r.record \
+    for r in tx
+        .query(
+            "SELECT h.tenant, h.run_id, h.hold_id, h.budget, h.record, r.record \
          FROM {s}agentstate_holds h JOIN {s}agentstate_runs r \
          ON r.tenant = h.tenant AND r.run_id = h.run_id",
-        &[],
-    ).await? {
+            &[],
+        )
+        .await?
+    {
         entries += 1;
         let run = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
         let id = id_out(r.get(2))?;
@@ -442,7 +465,11 @@ async fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
 }
 
 impl PostgresStore {
-    pub(super) async fn do_list_sessions(&self, tenant: &str, page: &PageRequest) -> Result<Page<SessionRecord>> {
+    pub(super) async fn do_list_sessions(
+        &self,
+        tenant: &str,
+        page: &PageRequest,
+    ) -> Result<Page<SessionRecord>> {
         check_id("tenant", tenant)?;
         check_limit(page.limit)?;
         let secret = self.secret().await?;
@@ -450,16 +477,20 @@ impl PostgresStore {
         let limit = (page.limit + 1) as i64;
         let t = id_in(tenant);
         let rows = txn!(self, |tx| match &after {
-            None => tx.query(
-                "SELECT session_id, record FROM {s}agentstate_sessions WHERE tenant = $1 \
+            None =>
+                tx.query(
+                    "SELECT session_id, record FROM {s}agentstate_sessions WHERE tenant = $1 \
                  ORDER BY session_id LIMIT $2",
-                &[&t, &limit],
-            ).await,
-            Some(a) => tx.query(
-                "SELECT session_id, record FROM {s}agentstate_sessions WHERE tenant = $1 \
+                    &[&t, &limit],
+                )
+                .await,
+            Some(a) =>
+                tx.query(
+                    "SELECT session_id, record FROM {s}agentstate_sessions WHERE tenant = $1 \
                  AND session_id > $3 ORDER BY session_id LIMIT $2",
-                &[&t, &limit, &id_in(a)],
-            ).await,
+                    &[&t, &limit, &id_in(a)],
+                )
+                .await,
         })?;
         let mut items = Vec::with_capacity(rows.len());
         for r in &rows {
@@ -483,7 +514,11 @@ impl PostgresStore {
     }
 
     pub(super) async fn do_is_empty(&self) -> Result<bool> {
-        Ok(self.do_export_page(&PageRequest::new(1)).await?.items().is_empty())
+        Ok(self
+            .do_export_page(&PageRequest::new(1))
+            .await?
+            .items()
+            .is_empty())
     }
 
     pub(super) async fn do_stats(&self) -> Result<StoreStats> {
@@ -497,10 +532,13 @@ impl PostgresStore {
         };
         txn!(self, |tx| {
             let mut st = StoreStats::default();
-            for r in tx.query(
-                "SELECT tenant, state, count(*) FROM {s}agentstate_runs GROUP BY tenant, state",
-                &[],
-            ).await? {
+            for r in tx
+                .query(
+                    "SELECT tenant, state, count(*) FROM {s}agentstate_runs GROUP BY tenant, state",
+                    &[],
+                )
+                .await?
+            {
                 let tenant = id_out(r.get(0))?;
                 let state: RunState = r.get::<_, String>(1).parse()?;
                 let n: i64 = r.get(2);
@@ -510,20 +548,27 @@ impl PostgresStore {
                     .runs_by_state
                     .insert(state, n as u64);
             }
-            for r in tx.query(
-                "SELECT tenant, count(*) FROM {s}agentstate_sessions GROUP BY tenant",
-                &[],
-            ).await? {
+            for r in tx
+                .query(
+                    "SELECT tenant, count(*) FROM {s}agentstate_sessions GROUP BY tenant",
+                    &[],
+                )
+                .await?
+            {
                 let n: i64 = r.get(1);
                 st.tenants.entry(id_out(r.get(0))?).or_default().sessions = n as u64;
             }
-            let r = &tx.query(
-                "SELECT count(*), count(*) FILTER (WHERE marked) FROM {s}pinned_tray_index",
-                &[],
-            ).await?[0];
+            let r = &tx
+                .query(
+                    "SELECT count(*), count(*) FILTER (WHERE marked) FROM {s}pinned_tray_index",
+                    &[],
+                )
+                .await?[0];
             st.trays = r.get::<_, i64>(0) as u64;
             st.marked_trays = r.get::<_, i64>(1) as u64;
-            let r = &tx.query("SELECT count(*) FROM {s}agentstate_alarms", &[]).await?[0];
+            let r = &tx
+                .query("SELECT count(*) FROM {s}agentstate_alarms", &[])
+                .await?[0];
             st.alarms = r.get::<_, i64>(0) as u64;
             budget_stats(tx, &mut st, now).await?;
             s.tenants = st.tenants;
@@ -543,10 +588,14 @@ impl PostgresStore {
         loop {
             let rows = txn!(self, |tx| {
                 let sql = match after {
-                    None => "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text \
-                             FROM {s}agentstate_runs ORDER BY tenant, run_id LIMIT 1000",
-                    Some(_) => "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text \
-                                FROM {s}agentstate_runs WHERE (tenant, run_id) > ($1, $2) ORDER BY tenant, run_id LIMIT 1000",
+                    None => {
+                        "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text \
+                             FROM {s}agentstate_runs ORDER BY tenant, run_id LIMIT 1000"
+                    }
+                    Some(_) => {
+                        "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text \
+                                FROM {s}agentstate_runs WHERE (tenant, run_id) > ($1, $2) ORDER BY tenant, run_id LIMIT 1000"
+                    }
                 };
                 match &after {
                     None => tx.query(sql, &[]).await,
@@ -633,10 +682,8 @@ impl PostgresStore {
                         let key = SessionKey::new(id_out(r.get(1))?, id_out(r.get(2))?);
                         match decode_session(r.get(0), &key) {
                             Ok(_) => n[0] += 1,
-                            Err(e) => problems.push(format!(
-                                "session {}/{}: {e}",
-                                key.tenant, key.session_id
-                            )),
+                            Err(e) => problems
+                                .push(format!("session {}/{}: {e}", key.tenant, key.session_id)),
                         }
                     }
                 } else {
@@ -675,7 +722,8 @@ impl PostgresStore {
                      AND state = ANY($2) AND updated_at < $3::text::numeric LIMIT 1000 \
                      FOR UPDATE SKIP LOCKED)",
                     &[&t, &finished, &before],
-                ).await
+                )
+                .await
             })?;
             deleted += n;
             if n < 1000 {

@@ -73,7 +73,9 @@ async fn read_budget(
     } else {
         "SELECT record, spent FROM {s}agentstate_budgets WHERE tenant = $1 AND name = $2"
     };
-    let rows = tx.query(sql, &[&id_in(&key.tenant), &id_in(&key.name)]).await?;
+    let rows = tx
+        .query(sql, &[&id_in(&key.tenant), &id_in(&key.name)])
+        .await?;
     Ok(rows
         .first()
         .map(|r| decode_budget(r.get(0), r.get(1), key))
@@ -101,21 +103,25 @@ fn hold_rows(rows: &[Row]) -> Result<Vec<(HoldAt, HoldRecord)>> {
 
 /// A run's holds (expired ones too), in id order.
 async fn run_holds(tx: &mut Tx<'_>, run: &RunKey) -> TxResult<Vec<(HoldAt, HoldRecord)>> {
-    let rows = tx.query(
-        "SELECT run_id, hold_id, record FROM {s}agentstate_holds \
+    let rows = tx
+        .query(
+            "SELECT run_id, hold_id, record FROM {s}agentstate_holds \
          WHERE tenant = $1 AND run_id = $2 ORDER BY hold_id",
-        &[&id_in(&run.tenant), &id_in(&run.run_id)],
-    ).await?;
+            &[&id_in(&run.tenant), &id_in(&run.run_id)],
+        )
+        .await?;
     Ok(hold_rows(&rows)?)
 }
 
 /// A budget's holds (expired ones too), in (run, hold) order.
 async fn budget_holds(tx: &mut Tx<'_>, budget: &BudgetKey) -> TxResult<Vec<(HoldAt, HoldRecord)>> {
-    let rows = tx.query(
-        "SELECT run_id, hold_id, record FROM {s}agentstate_holds \
+    let rows = tx
+        .query(
+            "SELECT run_id, hold_id, record FROM {s}agentstate_holds \
          WHERE tenant = $1 AND budget = $2 ORDER BY run_id, hold_id",
-        &[&id_in(&budget.tenant), &id_in(&budget.name)],
-    ).await?;
+            &[&id_in(&budget.tenant), &id_in(&budget.name)],
+        )
+        .await?;
     Ok(hold_rows(&rows)?)
 }
 
@@ -206,7 +212,11 @@ pub(crate) async fn insert_hold(tx: &mut Tx<'_>, run: &RunRecord, h: &HoldRecord
 }
 
 /// Writes an imported budget.
-pub(crate) async fn insert_budget(tx: &mut Tx<'_>, b: &BudgetRecord, spent: &Spend) -> TxResult<()> {
+pub(crate) async fn insert_budget(
+    tx: &mut Tx<'_>,
+    b: &BudgetRecord,
+    spent: &Spend,
+) -> TxResult<()> {
     tx.defer(
         "INSERT INTO {s}agentstate_budgets (tenant, name, record, spent) VALUES ($1, $2, $3, $4)",
         params![
@@ -222,7 +232,12 @@ pub(crate) async fn insert_budget(tx: &mut Tx<'_>, b: &BudgetRecord, spent: &Spe
 
 /// The run's hold `hold_id` if it still counts at `now`; `NotFound`
 /// otherwise (B4, B5).
-async fn live_hold(tx: &mut Tx<'_>, run: &RunKey, hold_id: &str, now: Millis) -> TxResult<HoldRecord> {
+async fn live_hold(
+    tx: &mut Tx<'_>,
+    run: &RunKey,
+    hold_id: &str,
+    now: Millis,
+) -> TxResult<HoldRecord> {
     let missing = || {
         StateError::NotFound(Missing::Hold {
             run: run.clone(),
@@ -261,7 +276,8 @@ async fn status_in(
 
 /// A run's spend at `now`, its holds read in `tx`.
 pub(crate) async fn spend_in(tx: &mut Tx<'_>, run: &RunRecord, now: Millis) -> TxResult<RunSpend> {
-    let holds: Vec<HoldRecord> = run_holds(tx, &run.key).await?
+    let holds: Vec<HoldRecord> = run_holds(tx, &run.key)
+        .await?
         .into_iter()
         .map(|(_, h)| h)
         .filter(|h| h.is_live(now))
@@ -321,7 +337,11 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_list_budgets(&self, tenant: &str, page: &PageRequest) -> Result<Page<BudgetStatus>> {
+    pub(super) async fn do_list_budgets(
+        &self,
+        tenant: &str,
+        page: &PageRequest,
+    ) -> Result<Page<BudgetStatus>> {
         check_id("tenant", tenant)?;
         check_limit(page.limit)?;
         let now = self.now();
@@ -329,8 +349,9 @@ impl PostgresStore {
         let (binding, after) = super::tenant_cursor(&secret, Listing::Budgets, tenant, page)?;
         let limit = (page.limit + 1) as i64;
         let t = id_in(tenant);
-        let mut items = txn!(self, |tx| {
-            let rows = match &after {
+        let mut items =
+            txn!(self, |tx| {
+                let rows = match &after {
                 None => tx.query(
                     "SELECT name, record, spent FROM {s}agentstate_budgets WHERE tenant = $1 \
                      ORDER BY name LIMIT $2",
@@ -342,14 +363,14 @@ impl PostgresStore {
                     &[&t, &limit, &id_in(a)],
                 ).await?,
             };
-            let mut items = Vec::with_capacity(rows.len());
-            for r in &rows {
-                let key = BudgetKey::new(tenant, id_out(r.get(0))?);
-                let (rec, spent) = decode_budget(r.get(1), r.get(2), &key)?;
-                items.push(status_in(tx, rec, spent, now).await?);
-            }
-            Ok(items)
-        })?;
+                let mut items = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let key = BudgetKey::new(tenant, id_out(r.get(0))?);
+                    let (rec, spent) = decode_budget(r.get(1), r.get(2), &key)?;
+                    items.push(status_in(tx, rec, spent, now).await?);
+                }
+                Ok(items)
+            })?;
         let more = items.len() > page.limit;
         items.truncate(page.limit);
         let cursor = match (more, items.last()) {
@@ -379,7 +400,12 @@ impl PostgresStore {
         self.reserve_with(run, hold, Some(keyed)).await
     }
 
-    pub(super) async fn do_settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled> {
+    pub(super) async fn do_settle(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        spent: StateDelta,
+    ) -> Result<Settled> {
         self.settle_with(run, hold_id, spent, None).await
     }
     pub(super) async fn do_settle_idempotent(

@@ -147,20 +147,24 @@ async fn claim(
     // A key pruned between the insert and the read is claimed again; a
     // few rounds are plenty (pruning takes only keys past the window).
     for _ in 0..4 {
-        let claimed = tx.execute(
-            "INSERT INTO {s}agentstate_idempotency (kind, scope, key, fingerprint, created_at) \
+        let claimed = tx
+            .execute(
+                "INSERT INTO {s}agentstate_idempotency (kind, scope, key, fingerprint, created_at) \
              VALUES ($1, $2, $3, $4, $5::text::numeric) \
              ON CONFLICT (kind, scope, key) DO NOTHING",
-            &[&at.kind, &at.scope, &at.key, &fingerprint, &num(now)],
-        ).await?;
+                &[&at.kind, &at.scope, &at.key, &fingerprint, &num(now)],
+            )
+            .await?;
         if claimed == 1 {
             return Ok(None);
         }
-        let rows = tx.query(
-            "SELECT outcome FROM {s}agentstate_idempotency \
+        let rows = tx
+            .query(
+                "SELECT outcome FROM {s}agentstate_idempotency \
              WHERE kind = $1 AND scope = $2 AND key = $3",
-            &[&at.kind, &at.scope, &at.key],
-        ).await?;
+                &[&at.kind, &at.scope, &at.key],
+            )
+            .await?;
         if let Some(row) = rows.first() {
             let bytes: Option<&[u8]> = row.get(0);
             let bytes = bytes.ok_or_else(|| {
@@ -188,21 +192,25 @@ async fn remember(
 ) -> TxResult<()> {
     // The scope's row, locked until commit: ordinals follow commit order
     // and every prune of the scope is serialized, so `kept` stays exact.
-    let rows = tx.query(
-        "INSERT INTO {s}agentstate_idempotency_scopes AS c (kind, scope, next_ordinal, kept) \
+    let rows = tx
+        .query(
+            "INSERT INTO {s}agentstate_idempotency_scopes AS c (kind, scope, next_ordinal, kept) \
          VALUES ($1, $2, 2, 0) \
          ON CONFLICT (kind, scope) DO UPDATE SET next_ordinal = c.next_ordinal + 1 \
          RETURNING next_ordinal - 1, kept",
-        &[&at.kind, &at.scope],
-    ).await?;
+            &[&at.kind, &at.scope],
+        )
+        .await?;
     let ordinal: i64 = rows[0].get(0);
     let mut kept: i64 = rows[0].get(1);
     // The oldest kept keys (this call's own has no ordinal yet).
-    let oldest = tx.query(
-        "SELECT key, created_at::text FROM {s}agentstate_idempotency \
+    let oldest = tx
+        .query(
+            "SELECT key, created_at::text FROM {s}agentstate_idempotency \
          WHERE kind = $1 AND scope = $2 AND ordinal IS NOT NULL ORDER BY ordinal LIMIT $3",
-        &[&at.kind, &at.scope, &(IDEMPOTENCY_PRUNE_MAX as i64)],
-    ).await?;
+            &[&at.kind, &at.scope, &(IDEMPOTENCY_PRUNE_MAX as i64)],
+        )
+        .await?;
     let mut gone: Vec<String> = Vec::new();
     for row in &oldest {
         let first = num_out(row.get(1), "agentstate_idempotency.created_at")?;

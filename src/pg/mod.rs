@@ -610,10 +610,7 @@ impl PostgresStore {
 }
 
 /// The schema version stored under `prefix`, 0 when none.
-async fn schema_version_in(
-    tx: &mut Tx<'_>,
-    prefix: &str,
-) -> std::result::Result<u8, conn::Fail> {
+async fn schema_version_in(tx: &mut Tx<'_>, prefix: &str) -> std::result::Result<u8, conn::Fail> {
     let table = format!("{prefix}agentstate_meta");
     let exists: bool = tx
         .query_text("SELECT to_regclass($1) IS NOT NULL", &[&table])

@@ -55,13 +55,19 @@ pub(crate) fn seq_col(seq: u64) -> Result<i64> {
     })
 }
 
-pub(crate) async fn read_run(tx: &mut Tx<'_>, key: &RunKey, lock: bool) -> TxResult<Option<RunRecord>> {
+pub(crate) async fn read_run(
+    tx: &mut Tx<'_>,
+    key: &RunKey,
+    lock: bool,
+) -> TxResult<Option<RunRecord>> {
     let sql = if lock {
         "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2 FOR UPDATE"
     } else {
         "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2"
     };
-    let rows = tx.query(sql, &[&id_in(&key.tenant), &id_in(&key.run_id)]).await?;
+    let rows = tx
+        .query(sql, &[&id_in(&key.tenant), &id_in(&key.run_id)])
+        .await?;
     Ok(rows
         .first()
         .map(|r| decode_run(r.get(0), key))
@@ -122,12 +128,14 @@ pub(crate) async fn write_run(
 /// The tenant's next seq, taken in this transaction: the counter row stays
 /// locked until commit, so the tenant's creates commit in seq order.
 async fn next_seq(tx: &mut Tx<'_>, tenant: &str) -> TxResult<u64> {
-    let rows = tx.query(
-        "INSERT INTO {s}agentstate_counters AS c (tenant, next_seq) VALUES ($1, 2) \
+    let rows = tx
+        .query(
+            "INSERT INTO {s}agentstate_counters AS c (tenant, next_seq) VALUES ($1, 2) \
          ON CONFLICT (tenant) DO UPDATE SET next_seq = c.next_seq + 1 \
          RETURNING next_seq - 1",
-        &[&id_in(tenant)],
-    ).await?;
+            &[&id_in(tenant)],
+        )
+        .await?;
     let seq: i64 = rows[0].get(0);
     Ok(u64::try_from(seq).map_err(|_| StateError::corrupt("negative seq counter"))?)
 }
@@ -153,11 +161,13 @@ impl PostgresStore {
                     // R8: the session exists at create, and stays until
                     // this run commits (a cascade waits for the lock).
                     if let Some(s) = &record.session_id {
-                        let found = tx.query(
-                            "SELECT 1 FROM {s}agentstate_sessions \
+                        let found = tx
+                            .query(
+                                "SELECT 1 FROM {s}agentstate_sessions \
                              WHERE tenant = $1 AND session_id = $2 FOR KEY SHARE",
-                            &[&id_in(&record.key.tenant), &id_in(s)],
-                        ).await?;
+                                &[&id_in(&record.key.tenant), &id_in(s)],
+                            )
+                            .await?;
                         if found.is_empty() {
                             return Err(StateError::NotFound(Missing::Session(SessionKey::new(
                                 record.key.tenant.clone(),
@@ -229,7 +239,11 @@ impl PostgresStore {
     pub(super) async fn do_put_run(&self, record: RunRecord) -> Result<RunRecord> {
         self.put_run_with(record, None).await
     }
-    pub(super) async fn do_put_run_idempotent(&self, record: RunRecord, key: &IdempotencyKey) -> Result<RunRecord> {
+    pub(super) async fn do_put_run_idempotent(
+        &self,
+        record: RunRecord,
+        key: &IdempotencyKey,
+    ) -> Result<RunRecord> {
         let tenant = record.key.tenant.clone();
         let keyed = Keyed::put_run(&tenant, &record, key)?;
         self.put_run_with(record, Some(keyed)).await
@@ -253,7 +267,11 @@ impl PostgresStore {
         self.patch_run_with(key, delta, Some(keyed)).await
     }
 
-    pub(super) async fn do_list_runs(&self, q: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
+    pub(super) async fn do_list_runs(
+        &self,
+        q: &StateQuery,
+        page: &PageRequest,
+    ) -> Result<Page<RunRecord>> {
         check_id("tenant", &q.tenant)?;
         if let Some(s) = &q.session {
             check_id("session", s)?;
@@ -333,11 +351,13 @@ impl PostgresStore {
         let max = self.max();
         txn!(self, |tx| {
             let k = &record.key;
-            let rows = tx.query(
-                "SELECT record FROM {s}agentstate_sessions \
+            let rows = tx
+                .query(
+                    "SELECT record FROM {s}agentstate_sessions \
                  WHERE tenant = $1 AND session_id = $2 FOR UPDATE",
-                &[&id_in(&k.tenant), &id_in(&k.session_id)],
-            ).await?;
+                    &[&id_in(&k.tenant), &id_in(&k.session_id)],
+                )
+                .await?;
             let stored = rows
                 .first()
                 .map(|r| decode_session(r.get(0), k))
@@ -352,7 +372,8 @@ impl PostgresStore {
             } else {
                 "UPDATE {s}agentstate_sessions SET record = $3 WHERE tenant = $1 AND session_id = $2"
             };
-            tx.execute(sql, &[&id_in(&k.tenant), &id_in(&k.session_id), &bytes]).await?;
+            tx.execute(sql, &[&id_in(&k.tenant), &id_in(&k.session_id), &bytes])
+                .await?;
             Ok(new)
         })
     }
@@ -371,23 +392,31 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_delete_session(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
+    pub(super) async fn do_delete_session(
+        &self,
+        key: &SessionKey,
+        cascade: bool,
+    ) -> Result<Vec<RunKey>> {
         check_session_key(key)?;
         let (tenant, sid) = (id_in(&key.tenant), id_in(&key.session_id));
         txn!(self, |tx| {
-            let found = tx.query(
-                "SELECT 1 FROM {s}agentstate_sessions \
+            let found = tx
+                .query(
+                    "SELECT 1 FROM {s}agentstate_sessions \
                  WHERE tenant = $1 AND session_id = $2 FOR UPDATE",
-                &[&tenant, &sid],
-            ).await?;
+                    &[&tenant, &sid],
+                )
+                .await?;
             if found.is_empty() {
                 return Err(StateError::NotFound(Missing::Session(key.clone())).into());
             }
-            let rows = tx.query(
-                "SELECT run_id, record FROM {s}agentstate_runs \
+            let rows = tx
+                .query(
+                    "SELECT run_id, record FROM {s}agentstate_runs \
                  WHERE tenant = $1 AND session_id = $2 ORDER BY seq FOR UPDATE",
-                &[&tenant, &sid],
-            ).await?;
+                    &[&tenant, &sid],
+                )
+                .await?;
             let runs = rows
                 .iter()
                 .map(|r| run_of(r, &key.tenant))
@@ -405,12 +434,14 @@ impl PostgresStore {
                 tx.execute(
                     "DELETE FROM {s}agentstate_runs WHERE tenant = $1 AND session_id = $2",
                     &[&tenant, &sid],
-                ).await?;
+                )
+                .await?;
             }
             tx.execute(
                 "DELETE FROM {s}agentstate_sessions WHERE tenant = $1 AND session_id = $2",
                 &[&tenant, &sid],
-            ).await?;
+            )
+            .await?;
             Ok(if cascade {
                 runs.into_iter().map(|r| r.key).collect()
             } else {

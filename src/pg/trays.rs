@@ -31,11 +31,13 @@ async fn locked_epoch(tx: &mut Tx<'_>, i: &InstanceKey, caller: u64) -> TxResult
     if let Some(r) = tx.query(sel, &[&ns, &id]).await?.first() {
         return Ok((num_out(r.get(0), "pinned_epoch.epoch")?, false));
     }
-    let inserted = tx.execute(
-        "INSERT INTO {s}pinned_epoch (ns, id, epoch) VALUES ($1, $2, $3::text::numeric) \
+    let inserted = tx
+        .execute(
+            "INSERT INTO {s}pinned_epoch (ns, id, epoch) VALUES ($1, $2, $3::text::numeric) \
          ON CONFLICT (ns, id) DO NOTHING",
-        &[&ns, &id, &num(caller)],
-    ).await?;
+            &[&ns, &id, &num(caller)],
+        )
+        .await?;
     if inserted == 1 {
         // Stored nothing before; the caller's epoch is stored now.
         return Ok((0, true));
@@ -171,16 +173,18 @@ impl PostgresStore {
         check_tray_key(key)?;
         txn!(self, |tx| {
             fence(tx, &key.instance(), epoch).await?;
-            let rows = tx.query(
-                "SELECT marked, doc, env, hostname FROM {s}pinned_tray_index \
+            let rows = tx
+                .query(
+                    "SELECT marked, doc, env, hostname FROM {s}pinned_tray_index \
                  WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4",
-                &[
-                    &id_in(&key.ns),
-                    &id_in(&key.id),
-                    &id_in(&key.tray_ns),
-                    &id_in(&key.tray_id),
-                ],
-            ).await?;
+                    &[
+                        &id_in(&key.ns),
+                        &id_in(&key.id),
+                        &id_in(&key.tray_ns),
+                        &id_in(&key.tray_id),
+                    ],
+                )
+                .await?;
             Ok(rows.first().map(tray_of).map(unescape_tray).transpose()?)
         })
     }
@@ -202,7 +206,12 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
+    pub(super) async fn do_apply_batch(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+    ) -> Result<()> {
         self.apply_batch_with(instance, epoch, ops, None).await
     }
     pub(super) async fn do_apply_batch_idempotent(
@@ -213,7 +222,8 @@ impl PostgresStore {
         key: &IdempotencyKey,
     ) -> Result<()> {
         let keyed = Keyed::apply_batch(instance, epoch, &ops, key)?;
-        self.apply_batch_with(instance, epoch, ops, Some(keyed)).await
+        self.apply_batch_with(instance, epoch, ops, Some(keyed))
+            .await
     }
 
     pub(super) async fn do_release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
@@ -264,16 +274,22 @@ impl PostgresStore {
         let rows = txn!(self, |tx| {
             fence(tx, instance, epoch).await?;
             match &after {
-                None => tx.query(
-                    "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
+                None => {
+                    tx.query(
+                        "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
                      ORDER BY tray_ns, tray_id LIMIT $3",
-                    &[&ns, &id, &limit],
-                ).await,
-                Some(k) => tx.query(
-                    "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
+                        &[&ns, &id, &limit],
+                    )
+                    .await
+                }
+                Some(k) => {
+                    tx.query(
+                        "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
                      AND (tray_ns, tray_id) > ($4, $5) ORDER BY tray_ns, tray_id LIMIT $3",
-                    &[&ns, &id, &limit, &id_in(&k.tray_ns), &id_in(&k.tray_id)],
-                ).await,
+                        &[&ns, &id, &limit, &id_in(&k.tray_ns), &id_in(&k.tray_id)],
+                    )
+                    .await
+                }
             }
         })?;
         let items = rows
@@ -290,7 +306,11 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_marked_trays(&self, env: Option<&str>, page: &PageRequest) -> Result<Page<MarkedTray>> {
+    pub(super) async fn do_marked_trays(
+        &self,
+        env: Option<&str>,
+        page: &PageRequest,
+    ) -> Result<Page<MarkedTray>> {
         if let Some(e) = env {
             check_id("env", e)?;
         }
@@ -324,7 +344,8 @@ impl PostgresStore {
         let cols =
             "SELECT ns, id, tray_ns, tray_id, env, hostname FROM {s}pinned_tray_index WHERE marked";
         let order = "ORDER BY ns, id, tray_ns, tray_id LIMIT $1";
-        let rows = txn!(self, |tx| match (&env_col, &a) {
+        let rows = txn!(self, |tx| {
+            match (&env_col, &a) {
             (None, None) => tx.query(&format!("{cols} {order}"), &[&limit]).await,
             (Some(e), None) => tx.query(&format!("{cols} AND env = $2 {order}"), &[&limit, e]).await,
             (None, Some(a)) => tx.query(
@@ -337,6 +358,7 @@ impl PostgresStore {
                 ),
                 &[&limit, &a[0], &a[1], &a[2], &a[3], e],
             ).await,
+        }
         })?;
         let items = rows
             .iter()
@@ -361,10 +383,12 @@ impl PostgresStore {
     pub(super) async fn do_epoch(&self, instance: &InstanceKey) -> Result<u64> {
         check_instance(instance)?;
         txn!(self, |tx| {
-            let rows = tx.query(
-                "SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2",
-                &[&id_in(&instance.ns), &id_in(&instance.id)],
-            ).await?;
+            let rows = tx
+                .query(
+                    "SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2",
+                    &[&id_in(&instance.ns), &id_in(&instance.id)],
+                )
+                .await?;
             Ok(match rows.first() {
                 Some(r) => num_out(r.get(0), "pinned_epoch.epoch")?,
                 None => 0,
@@ -372,7 +396,12 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
+    pub(super) async fn do_set_alarm(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        due_at: Millis,
+    ) -> Result<()> {
         check_instance(instance)?;
         txn!(self, |tx| {
             fence(tx, instance, epoch).await?;
@@ -386,7 +415,11 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
+    pub(super) async fn do_due_alarms(
+        &self,
+        now: Millis,
+        page: &PageRequest,
+    ) -> Result<Page<Alarm>> {
         check_limit(page.limit)?;
         let secret = self.secret().await?;
         let binding = KeyBuf::table(Listing::Alarms as u8).done();
@@ -403,7 +436,8 @@ impl PostgresStore {
             .transpose()?;
         let limit = (page.limit + 1) as i64;
         let now_s = num(now);
-        let rows = txn!(self, |tx| match &after {
+        let rows = txn!(self, |tx| {
+            match &after {
             None => tx.query(
                 "SELECT ns, id, due_at::text AS due_text FROM {s}agentstate_alarms \
                  WHERE due_at <= $1::text::numeric ORDER BY due_at, ns, id LIMIT $2",
@@ -415,6 +449,7 @@ impl PostgresStore {
                  ORDER BY due_at, ns, id LIMIT $2",
                 &[&now_s, &limit, &num(*due), &id_in(ns), &id_in(id)],
             ).await,
+        }
         })?;
         let items = rows
             .iter()
@@ -438,16 +473,23 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_ack_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<bool> {
+    pub(super) async fn do_ack_alarm(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        due_at: Millis,
+    ) -> Result<bool> {
         check_instance(instance)?;
         txn!(self, |tx| {
             fence(tx, instance, epoch).await?;
             // A3: an ack for a replaced alarm removes nothing.
-            let n = tx.execute(
-                "DELETE FROM {s}agentstate_alarms \
+            let n = tx
+                .execute(
+                    "DELETE FROM {s}agentstate_alarms \
                  WHERE ns = $1 AND id = $2 AND due_at = $3::text::numeric",
-                &[&id_in(&instance.ns), &id_in(&instance.id), &num(due_at)],
-            ).await?;
+                    &[&id_in(&instance.ns), &id_in(&instance.id), &num(due_at)],
+                )
+                .await?;
             Ok(n == 1)
         })
     }
