@@ -33,11 +33,13 @@
 //! | `COMMIT` was sent and the connection broke (I/O, | `OutcomeUnknown` |
 //! | closed, reset), or the server went down while    |                  |
 //! | answering it (class 08, 57P): it may have landed |                  |
-//! | the call's future is dropped before `COMMIT` is  | nothing applied  |
-//! | sent: its connection is closed, not pooled, and  |                  |
-//! | the server aborts the transaction                |                  |
-//! | the call's future is dropped after `COMMIT` was  | may have landed  |
-//! | sent (as `OutcomeUnknown`, with no one to tell)  |                  |
+//! | the call's future is dropped before `COMMIT` was | nothing applied  |
+//! | handed to the connection: its connection is      |                  |
+//! | closed, not pooled, and the server aborts the    |                  |
+//! | transaction                                      |                  |
+//! | the call's future is dropped after `COMMIT` was  | may land, even   |
+//! | handed to the connection (it goes out: as        | after the drop   |
+//! | `OutcomeUnknown`, with no one to tell)           |                  |
 //!
 //! **Round trips.** Requests polled together are pipelined on one
 //! connection: a transaction's `BEGIN` (and its settings) goes out with
@@ -48,17 +50,17 @@
 //! the rules see every statement in order, as before. With the statement
 //! cache warm, on the happy path (was → now):
 //!
-//! | call                                   | round trips |
-//! |----------------------------------------|-------------|
-//! | `get_run`, `get_session`, `epoch`      | 3 → 2       |
-//! | `put_run` (update), `patch_run`        | 4 → 2       |
-//! | `put_run` (create)                     | 5 → 3       |
-//! | `write_tray`, `apply_batch` (epoch held) | 4 → 2     |
-//! | `reserve` (no budget; with a budget)   | 5 → 3; 6 → 4 |
-//! | `settle` (no budget; with a budget)    | 7 → 3; 8 → 4 |
-//! | a keyed call adds (claim, scope, prune) | 5 → 3      |
+//! | call                                        | round trips   |
+//! |---------------------------------------------|---------------|
+//! | `get_run`, `get_session`, `epoch`           | 3 → 2         |
+//! | `put_run` (update), `patch_run`             | 4 → 2         |
+//! | `put_run` (create)                          | 5 → 3         |
+//! | `write_tray`, `apply_batch` (epoch row held)| 4 → 2         |
+//! | `reserve` (no budget; with a budget)        | 5 → 3; 6 → 4  |
+//! | `settle` (no budget; with a budget)         | 7 → 4; 9 → 5  |
+//! | what an idempotency key adds to a write     | 5 → 3         |
 //!
-//! (`COMMIT` of a read-only call is still its own round trip.)
+//! //! (`COMMIT` of a read-only call is still its own round trip.)
 
 use std::collections::HashMap;
 use std::future::Future;
