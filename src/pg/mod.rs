@@ -8,6 +8,14 @@
 //! counter row updated in the creating transaction, so a tenant's creates
 //! commit in `seq` order. The schema is `schema/v*.sql`, applied by
 //! [`PostgresStore::setup`].
+//!
+//! Async-native: every call is an `async fn` over `tokio-postgres`
+//! (`core.rs`, the `AsyncCore` of `crate::native`), pooled by `deadpool`
+//! (`conn.rs`); the synchronous traits wait on those futures with the
+//! store's bridge. Files: `conn.rs` the pool and the transaction runner
+//! (retries, verdicts, pipelining), `runs.rs`, `trays.rs`, `budgets.rs`
+//! the calls, `idempotency.rs` keyed calls, `admin.rs` the operator
+//! functions, `tls.rs` libpq's `sslmode` on rustls.
 
 mod admin;
 mod budgets;
@@ -267,6 +275,29 @@ impl PgOptions {
 /// applied; only a connection that broke after the call's `COMMIT` was
 /// sent leaves it unknown whether it committed: `OutcomeUnknown` (rule I7),
 /// retryable when the call carried an idempotency key (`*_idempotent`).
+///
+/// **Async-native:** every call is implemented once, as a future over the
+/// `tokio-postgres` client, its connections pooled by `deadpool` and
+/// dialed and driven on a small runtime of the store's own (one worker
+/// thread, started by `connect`), so a pooled connection never belongs to
+/// the runtime of whichever caller dialed it, and the store may be made,
+/// used and dropped inside or outside any runtime.
+/// [`AsyncStore::new`](crate::AsyncStore::new) (or `.into()`) awaits
+/// those futures in the caller's own task: the way to use the store from
+/// async code. The synchronous API ([`StateStore`](crate::StateStore) and
+/// the rest) drives the same future to completion on the calling thread:
+/// an ordinary blocking call on a plain thread; called from inside a
+/// runtime it does not panic, but it blocks that executor thread for the
+/// whole call, so async code should use `AsyncStore`. [`setup_async`](Self::setup_async)
+/// and [`schema_version_async`](Self::schema_version_async) are the async
+/// forms of the two calls of the store's own.
+///
+/// **Cancellation:** a call's future dropped before its `COMMIT` was handed
+/// to the connection applies nothing: the connection, left inside its
+/// transaction, is closed rather than pooled, and the server rolls the
+/// transaction back. Dropped after that, the write may still land (as
+/// after an `OutcomeUnknown`, with no one to tell): drop writes only when
+/// a keyed retry (`*_idempotent`) can settle what happened.
 ///
 /// ```no_run
 /// use agentstate::{PostgresStore, RunKey, RunRecord, StateStore};

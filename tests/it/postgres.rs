@@ -1711,7 +1711,10 @@ mod native {
         )
         .expect("sync patch");
         assert_eq!(sync.schema_version_async().await.expect("version"), Some(3));
-        assert!(sync.list_sessions(&key.tenant, &PageRequest::new(10)).is_ok());
+        assert!(
+            sync.list_sessions(&key.tenant, &PageRequest::new(10))
+                .is_ok()
+        );
         // Its async calls too, in this task.
         let got = sync.setup_async().await;
         assert!(got.is_ok(), "{got:?}");
@@ -1801,7 +1804,10 @@ mod native {
                 // landed after that round read the record.
                 Some(Err(StateError::Conflict { .. })) => {
                     late += 1;
-                    assert!(late <= dropped, "round {round}: a conflict no drop explains");
+                    assert!(
+                        late <= dropped,
+                        "round {round}: a conflict no drop explains"
+                    );
                 }
                 Some(Err(e)) => panic!("round {round}: {e:?}"),
                 None if now.version == stored.version => {
@@ -1852,7 +1858,10 @@ mod native {
             if stuck == 0 {
                 break;
             }
-            assert!(Instant::now() < until, "a connection stuck in a transaction");
+            assert!(
+                Instant::now() < until,
+                "a connection stuck in a transaction"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         eprintln!(
