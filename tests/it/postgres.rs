@@ -1944,19 +1944,4 @@ mod native {
         assert_eq!(store.get_run(&key).expect("get"), Some(put));
         assert!(format!("{store:?}").contains("postgres://"));
     }
-
-    /// A client configuration built in code (`connect_config`).
-    #[test]
-    fn a_store_over_a_config_built_in_code() {
-        let mut config: tokio_postgres::Config = shared_dsn().parse().expect("the shared dsn");
-        config.application_name("agentstate-config-test");
-        let store = PostgresStore::connect_config(config, PgOptions::new().schema(schema()))
-            .expect("connect");
-        let key = RunKey::new(unique("config"), "r");
-        let put = store
-            .put_run(RunRecord::new(key.clone(), "a"))
-            .expect("put");
-        assert_eq!(store.get_run(&key).expect("get"), Some(put));
-        assert!(format!("{store:?}").contains("postgres://"));
-    }
 }
