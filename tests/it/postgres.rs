@@ -1871,9 +1871,9 @@ mod native {
     }
 
     /// Awaits every future, concurrently.
-    async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+    async fn futures_join<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
     where
-        F: Send + 'static,
+        F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
         let handles: Vec<_> = futs.map(tokio::spawn).collect();
