@@ -18,8 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agentstate::{
-    AsyncStore, Durability, FileStore, MemoryStore, Options, RunKey, RunRecord, StateDelta,
-    StateStore, Store,
+    AsyncStore, Durability, FileStore, MemoryStore, Options, RunKey, RunRecord, StateDelta, Store,
 };
 
 const ROUNDS: usize = 7;

@@ -24,15 +24,14 @@ use std::sync::{Arc, Barrier, mpsc};
 use std::time::{Duration, Instant};
 
 use agentstate::{
-    BudgetStore, Hold, InstanceKey, PgOptions, PostgresStore, RedisOptions, RedisStore, RunKey,
-    RunRecord, StateDelta, Store, Tray, TrayOp,
+    Hold, InstanceKey, PgOptions, PostgresStore, RedisOptions, RedisStore, RunKey, RunRecord,
+    StateDelta, Store, Tray, TrayOp,
 };
 
 // The test servers (their TLS variants unused here).
 #[allow(dead_code)]
 #[path = "../tests/it/certs.rs"]
 mod certs;
-#[allow(dead_code)]
 #[path = "../tests/it/pg_server.rs"]
 mod pg_server;
 #[allow(dead_code)]

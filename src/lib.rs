@@ -43,8 +43,8 @@
 //!   a third-party backend runs against itself (one macro line:
 //!   `agentstate::conformance_tests!(factory)`).
 //! - `postgres`: `PostgresStore` and `PgOptions`, the PostgreSQL backend
-//!   (the sync `postgres` client with an `r2d2` pool; TLS on rustls with
-//!   libpq's `sslmode`).
+//!   (async-native: `tokio-postgres` with a `deadpool` pool, the sync API
+//!   a wait on the same futures; TLS on rustls with libpq's `sslmode`).
 //! - `redis`: `RedisStore` and `RedisOptions`, the Redis backend (every
 //!   write one Lua script on the server, over redis-rs' async client, so
 //!   `AsyncStore` awaits it natively; `rediss://` on rustls; an `Ok`

@@ -21,9 +21,6 @@
 //! thread it blocks that thread for the call (use `AsyncStore` there);
 //! called anywhere else it is an ordinary blocking call.
 
-// Until both server backends stand on it (wave 3, issue 40).
-#![allow(unused_macros, unused_imports, dead_code)]
-
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -288,11 +285,13 @@ pub(crate) trait AsyncCore: Send + Sync {
 }
 
 /// A boxed call of [`DynCore`].
+#[cfg_attr(not(feature = "async"), allow(dead_code))]
 pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
 /// [`AsyncCore`] as a trait object, for [`AsyncStore`](crate::AsyncStore):
 /// every backend with an async core is one, through the blanket impl.
 #[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(feature = "async"), allow(dead_code))]
 pub(crate) trait DynCore: Send + Sync {
     fn put_run<'a>(&'a self, record: RunRecord) -> BoxFut<'a, RunRecord>;
     fn get_run<'a>(&'a self, key: &'a RunKey) -> BoxFut<'a, Option<RunRecord>>;
@@ -841,6 +840,11 @@ pub(crate) fn downcast(
     #[cfg(feature = "redis")]
     let store = match store.downcast::<crate::RedisStore>() {
         Ok(r) => return Ok(Arc::new(*r)),
+        Err(s) => s,
+    };
+    #[cfg(feature = "postgres")]
+    let store = match store.downcast::<crate::PostgresStore>() {
+        Ok(pg) => return Ok(Arc::new(*pg)),
         Err(s) => s,
     };
     Err(store)

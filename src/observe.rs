@@ -135,7 +135,7 @@ pub(crate) fn group_commit(size: usize) {
 }
 
 /// A connection pool's state after a checkout.
-#[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn pool(backend: &'static str, in_use: usize, idle: usize) {
     metrics::gauge!("agentstate_pool_connections", "backend" => backend, "state" => "in_use")
         .set(in_use as f64);

@@ -16,7 +16,7 @@ use crate::rules::{at_cap, check_id, check_limit, checked_entry, held};
 use crate::tray::{InstanceKey, Tray, TrayKey};
 
 use super::budgets::{budget_of, decode_budget, decode_hold, insert_budget, insert_hold};
-use super::conn::{Tx, TxResult};
+use super::conn::{Tx, TxResult, txn};
 use super::runs::{decode_run, decode_session, read_run, seq_col, write_run};
 use super::trays::put_tray;
 use super::{PostgresStore, id_in, id_out, num, num_out};
@@ -88,7 +88,7 @@ impl Table {
 }
 
 /// An export entry and its key, as read from a row of `t`.
-fn entry_of(t: Table, r: &postgres::Row) -> Result<(Vec<String>, Entry)> {
+fn entry_of(t: Table, r: &tokio_postgres::Row) -> Result<(Vec<String>, Entry)> {
     let s = |i: usize| id_out(r.get(i));
     Ok(match t {
         Table::Runs => {
@@ -158,43 +158,43 @@ fn entry_of(t: Table, r: &postgres::Row) -> Result<(Vec<String>, Entry)> {
 }
 
 /// Rows of `t` after `after` (its key, unescaped), at most `limit`.
-fn rows_after(
+async fn rows_after(
     tx: &mut Tx<'_>,
     t: Table,
     after: Option<&[String]>,
     limit: i64,
-) -> TxResult<Vec<postgres::Row>> {
+) -> TxResult<Vec<tokio_postgres::Row>> {
     match after {
-        None => tx.query(&t.sql(true), &[&limit]),
+        None => tx.query(&t.sql(true), &[&limit]).await,
         Some(k) => {
             let esc: Vec<String> = k.iter().map(|s| id_in(s).into_owned()).collect();
-            let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![&limit];
+            let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&limit];
             for e in &esc {
                 params.push(e);
             }
-            tx.query(&t.sql(false), &params)
+            tx.query(&t.sql(false), &params).await
         }
     }
 }
 
 impl PostgresStore {
-    fn exists(tx: &mut Tx<'_>, sql: &str, key: &[&str]) -> TxResult<bool> {
+    async fn exists(tx: &mut Tx<'_>, sql: &str, key: &[&str]) -> TxResult<bool> {
         let esc: Vec<String> = key.iter().map(|s| id_in(s).into_owned()).collect();
-        let params: Vec<&(dyn postgres::types::ToSql + Sync)> = esc
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = esc
             .iter()
-            .map(|e| e as &(dyn postgres::types::ToSql + Sync))
+            .map(|e| e as &(dyn tokio_postgres::types::ToSql + Sync))
             .collect();
-        Ok(!tx.query(sql, &params)?.is_empty())
+        Ok(!tx.query(sql, &params).await?.is_empty())
     }
 
     /// The one transaction of an import: every entry, or none.
-    fn import_group(&self, entries: Vec<Entry>) -> Result<()> {
+    async fn import_group(&self, entries: Vec<Entry>) -> Result<()> {
         let max = self.max();
         let entries = entries
             .into_iter()
             .map(|e| checked_entry(e, &self.opts.options.scrubber, max))
             .collect::<Result<Vec<_>>>()?;
-        self.txn(|tx| {
+        txn!(self, |tx| {
             let taken = || StateError::Conflict {
                 expected: 0,
                 actual: 1,
@@ -205,7 +205,7 @@ impl PostgresStore {
                         let rows = tx.query(
                             "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2",
                             &[&id_in(&r.key.tenant), &id_in(&r.key.run_id)],
-                        )?;
+                        ).await?;
                         if let Some(row) = rows.first() {
                             let s = decode_run(row.get(0), &r.key)?;
                             return Err(StateError::Conflict {
@@ -215,10 +215,12 @@ impl PostgresStore {
                             .into());
                         }
                         let seq = seq_col(r.seq)?;
-                        let used = tx.query(
-                            "SELECT 1 FROM {s}agentstate_runs WHERE tenant = $1 AND seq = $2",
-                            &[&id_in(&r.key.tenant), &seq],
-                        )?;
+                        let used = tx
+                            .query(
+                                "SELECT 1 FROM {s}agentstate_runs WHERE tenant = $1 AND seq = $2",
+                                &[&id_in(&r.key.tenant), &seq],
+                            )
+                            .await?;
                         if !used.is_empty() {
                             return Err(StateError::invalid(format!(
                                 "run {}: seq {} is already used in tenant {}",
@@ -231,85 +233,91 @@ impl PostgresStore {
                             "INSERT INTO {s}agentstate_counters AS c (tenant, next_seq) VALUES ($1, $2) \
                              ON CONFLICT (tenant) DO UPDATE SET next_seq = GREATEST(c.next_seq, EXCLUDED.next_seq)",
                             &[&id_in(&r.key.tenant), &next],
-                        )?;
-                        write_run(tx, r, true, max)?;
+                        ).await?;
+                        write_run(tx, r, true, max).await?;
                     }
                     Entry::Session(s) => {
                         if Self::exists(
                             tx,
                             "SELECT 1 FROM {s}agentstate_sessions WHERE tenant = $1 AND session_id = $2",
                             &[&s.key.tenant, &s.key.session_id],
-                        )? {
+                        ).await? {
                             return Err(taken().into());
                         }
                         tx.execute(
                             "INSERT INTO {s}agentstate_sessions (tenant, session_id, record) VALUES ($1, $2, $3)",
                             &[&id_in(&s.key.tenant), &id_in(&s.key.session_id), &value::encode(s)],
-                        )?;
+                        ).await?;
                     }
                     Entry::Epoch { instance, epoch } => {
                         if Self::exists(
                             tx,
                             "SELECT 1 FROM {s}pinned_epoch WHERE ns = $1 AND id = $2 AND epoch > 0",
                             &[&instance.ns, &instance.id],
-                        )? {
+                        )
+                        .await?
+                        {
                             return Err(taken().into());
                         }
                         tx.execute(
                             "INSERT INTO {s}pinned_epoch (ns, id, epoch) VALUES ($1, $2, $3::text::numeric) \
                              ON CONFLICT (ns, id) DO UPDATE SET epoch = EXCLUDED.epoch",
                             &[&id_in(&instance.ns), &id_in(&instance.id), &num(*epoch)],
-                        )?;
+                        ).await?;
                     }
                     Entry::Tray { key, tray } => {
                         if Self::exists(
                             tx,
                             "SELECT 1 FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4",
                             &[&key.ns, &key.id, &key.tray_ns, &key.tray_id],
-                        )? {
+                        ).await? {
                             return Err(taken().into());
                         }
-                        put_tray(tx, key, tray)?;
+                        put_tray(tx, key, tray).await?;
                     }
                     Entry::Hold { run, hold } => {
                         if Self::exists(
                             tx,
                             "SELECT 1 FROM {s}agentstate_holds WHERE tenant = $1 AND run_id = $2 AND hold_id = $3",
                             &[&run.tenant, &run.run_id, &hold.id],
-                        )? {
+                        ).await? {
                             return Err(taken().into());
                         }
-                        let Some(r) = read_run(tx, run, false)? else {
+                        let Some(r) = read_run(tx, run, false).await? else {
                             return Err(StateError::invalid(format!(
                                 "hold {}: its run {}/{} is not in the import before it",
                                 hold.id, run.tenant, run.run_id
                             ))
                             .into());
                         };
-                        insert_hold(tx, &r, hold)?;
+                        insert_hold(tx, &r, hold).await?;
                     }
                     Entry::Budget { budget, spent } => {
                         if Self::exists(
                             tx,
                             "SELECT 1 FROM {s}agentstate_budgets WHERE tenant = $1 AND name = $2",
                             &[&budget.key.tenant, &budget.key.name],
-                        )? {
+                        )
+                        .await?
+                        {
                             return Err(taken().into());
                         }
-                        insert_budget(tx, budget, spent)?;
+                        insert_budget(tx, budget, spent).await?;
                     }
                     Entry::Alarm { instance, due_at } => {
                         if Self::exists(
                             tx,
                             "SELECT 1 FROM {s}agentstate_alarms WHERE ns = $1 AND id = $2",
                             &[&instance.ns, &instance.id],
-                        )? {
+                        )
+                        .await?
+                        {
                             return Err(taken().into());
                         }
                         tx.execute(
                             "INSERT INTO {s}agentstate_alarms (ns, id, due_at) VALUES ($1, $2, $3::text::numeric)",
                             &[&id_in(&instance.ns), &id_in(&instance.id), &num(*due_at)],
-                        )?;
+                        ).await?;
                     }
                 }
             }
@@ -320,22 +328,28 @@ impl PostgresStore {
 
 /// `stats`' budget counts: budgets, live holds, and runs at their cap
 /// (their own or their budget's), all read in `tx`.
-fn budget_stats(tx: &mut Tx<'_>, st: &mut StoreStats, now: Millis) -> TxResult<()> {
+async fn budget_stats(tx: &mut Tx<'_>, st: &mut StoreStats, now: Millis) -> TxResult<()> {
     let mut budgets: HashMap<BudgetKey, (Caps, Spend, Vec<HoldRecord>)> = HashMap::new();
-    for r in tx.query(
-        "SELECT tenant, name, record, spent FROM {s}agentstate_budgets",
-        &[],
-    )? {
+    for r in tx
+        .query(
+            "SELECT tenant, name, record, spent FROM {s}agentstate_budgets",
+            &[],
+        )
+        .await?
+    {
         let key = BudgetKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
         let (rec, spent) = decode_budget(r.get(2), r.get(3), &key)?;
         st.tenants.entry(key.tenant.clone()).or_default().budgets += 1;
         budgets.insert(key, (rec.caps, spent, Vec::new()));
     }
     let mut runs: HashMap<RunKey, Vec<HoldRecord>> = HashMap::new();
-    for r in tx.query(
-        "SELECT tenant, run_id, hold_id, budget, record FROM {s}agentstate_holds",
-        &[],
-    )? {
+    for r in tx
+        .query(
+            "SELECT tenant, run_id, hold_id, budget, record FROM {s}agentstate_holds",
+            &[],
+        )
+        .await?
+    {
         let run = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
         let h = decode_hold(r.get(4), &id_out(r.get(2))?)?;
         if !h.is_live(now) {
@@ -352,10 +366,13 @@ fn budget_stats(tx: &mut Tx<'_>, st: &mut StoreStats, now: Millis) -> TxResult<(
     }
     // Only runs with caps or a budget are written at the capped format, so
     // the others are not read.
-    for r in tx.query(
-        "SELECT tenant, run_id, record FROM {s}agentstate_runs WHERE get_byte(record, 0) = $1",
-        &[&i32::from(value::RUN_FORMAT_CAPS)],
-    )? {
+    for r in tx
+        .query(
+            "SELECT tenant, run_id, record FROM {s}agentstate_runs WHERE get_byte(record, 0) = $1",
+            &[&i32::from(value::RUN_FORMAT_CAPS)],
+        )
+        .await?
+    {
         let key = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
         let run = decode_run(r.get(2), &key)?;
         let run_held = held(runs.get(&key).into_iter().flatten(), now);
@@ -374,25 +391,31 @@ fn budget_stats(tx: &mut Tx<'_>, st: &mut StoreStats, now: Millis) -> TxResult<(
 /// every hold names its run's budget (the run's row is there: a foreign
 /// key), and every run's budget exists. Returns the problems and how many
 /// rows were read.
-fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
+async fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
     let mut problems = Vec::new();
     let mut entries = 0u64;
-    for r in tx.query(
-        "SELECT tenant, name, record, spent FROM {s}agentstate_budgets",
-        &[],
-    )? {
+    for r in tx
+        .query(
+            "SELECT tenant, name, record, spent FROM {s}agentstate_budgets",
+            &[],
+        )
+        .await?
+    {
         entries += 1;
         let key = BudgetKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
         if let Err(e) = decode_budget(r.get(2), r.get(3), &key) {
             problems.push(format!("budget {}/{}: {e}", key.tenant, key.name));
         }
     }
-    for r in tx.query(
-        "SELECT h.tenant, h.run_id, h.hold_id, h.budget, h.record, r.record \
+    for r in tx
+        .query(
+            "SELECT h.tenant, h.run_id, h.hold_id, h.budget, h.record, r.record \
          FROM {s}agentstate_holds h JOIN {s}agentstate_runs r \
          ON r.tenant = h.tenant AND r.run_id = h.run_id",
-        &[],
-    )? {
+            &[],
+        )
+        .await?
+    {
         entries += 1;
         let run = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
         let id = id_out(r.get(2))?;
@@ -418,7 +441,7 @@ fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
     for r in tx.query(
         "SELECT tenant, run_id, record FROM {s}agentstate_runs r WHERE get_byte(record, 0) = $1",
         &[&i32::from(value::RUN_FORMAT_CAPS)],
-    )? {
+    ).await? {
         let key = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
         let Ok(run) = decode_run(r.get(2), &key) else {
             continue; // reported with the runs
@@ -428,7 +451,8 @@ fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
                 .query(
                     "SELECT 1 FROM {s}agentstate_budgets WHERE tenant = $1 AND name = $2",
                     &[&id_in(&b.tenant), &id_in(&b.name)],
-                )?
+                )
+                .await?
                 .is_empty()
         {
             problems.push(format!(
@@ -440,25 +464,33 @@ fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
     Ok((problems, entries))
 }
 
-impl StoreAdmin for PostgresStore {
-    fn list_sessions(&self, tenant: &str, page: &PageRequest) -> Result<Page<SessionRecord>> {
+impl PostgresStore {
+    pub(super) async fn do_list_sessions(
+        &self,
+        tenant: &str,
+        page: &PageRequest,
+    ) -> Result<Page<SessionRecord>> {
         check_id("tenant", tenant)?;
         check_limit(page.limit)?;
-        let secret = self.secret()?;
+        let secret = self.secret().await?;
         let (binding, after) = super::tenant_cursor(&secret, Listing::Sessions, tenant, page)?;
         let limit = (page.limit + 1) as i64;
         let t = id_in(tenant);
-        let rows = self.txn(|tx| match &after {
-            None => tx.query(
-                "SELECT session_id, record FROM {s}agentstate_sessions WHERE tenant = $1 \
+        let rows = txn!(self, |tx| match &after {
+            None =>
+                tx.query(
+                    "SELECT session_id, record FROM {s}agentstate_sessions WHERE tenant = $1 \
                  ORDER BY session_id LIMIT $2",
-                &[&t, &limit],
-            ),
-            Some(a) => tx.query(
-                "SELECT session_id, record FROM {s}agentstate_sessions WHERE tenant = $1 \
+                    &[&t, &limit],
+                )
+                .await,
+            Some(a) =>
+                tx.query(
+                    "SELECT session_id, record FROM {s}agentstate_sessions WHERE tenant = $1 \
                  AND session_id > $3 ORDER BY session_id LIMIT $2",
-                &[&t, &limit, &id_in(a)],
-            ),
+                    &[&t, &limit, &id_in(a)],
+                )
+                .await,
         })?;
         let mut items = Vec::with_capacity(rows.len());
         for r in &rows {
@@ -481,11 +513,15 @@ impl StoreAdmin for PostgresStore {
         Page::new(items, cursor)
     }
 
-    fn is_empty(&self) -> Result<bool> {
-        Ok(self.export_page(&PageRequest::new(1))?.items().is_empty())
+    pub(super) async fn do_is_empty(&self) -> Result<bool> {
+        Ok(self
+            .do_export_page(&PageRequest::new(1))
+            .await?
+            .items()
+            .is_empty())
     }
 
-    fn stats(&self) -> Result<StoreStats> {
+    pub(super) async fn do_stats(&self) -> Result<StoreStats> {
         let now = self.now();
         let mut s = StoreStats {
             backend: format!(
@@ -494,12 +530,15 @@ impl StoreAdmin for PostgresStore {
             ),
             ..Default::default()
         };
-        self.txn(|tx| {
+        txn!(self, |tx| {
             let mut st = StoreStats::default();
-            for r in tx.query(
-                "SELECT tenant, state, count(*) FROM {s}agentstate_runs GROUP BY tenant, state",
-                &[],
-            )? {
+            for r in tx
+                .query(
+                    "SELECT tenant, state, count(*) FROM {s}agentstate_runs GROUP BY tenant, state",
+                    &[],
+                )
+                .await?
+            {
                 let tenant = id_out(r.get(0))?;
                 let state: RunState = r.get::<_, String>(1).parse()?;
                 let n: i64 = r.get(2);
@@ -509,22 +548,29 @@ impl StoreAdmin for PostgresStore {
                     .runs_by_state
                     .insert(state, n as u64);
             }
-            for r in tx.query(
-                "SELECT tenant, count(*) FROM {s}agentstate_sessions GROUP BY tenant",
-                &[],
-            )? {
+            for r in tx
+                .query(
+                    "SELECT tenant, count(*) FROM {s}agentstate_sessions GROUP BY tenant",
+                    &[],
+                )
+                .await?
+            {
                 let n: i64 = r.get(1);
                 st.tenants.entry(id_out(r.get(0))?).or_default().sessions = n as u64;
             }
-            let r = &tx.query(
-                "SELECT count(*), count(*) FILTER (WHERE marked) FROM {s}pinned_tray_index",
-                &[],
-            )?[0];
+            let r = &tx
+                .query(
+                    "SELECT count(*), count(*) FILTER (WHERE marked) FROM {s}pinned_tray_index",
+                    &[],
+                )
+                .await?[0];
             st.trays = r.get::<_, i64>(0) as u64;
             st.marked_trays = r.get::<_, i64>(1) as u64;
-            let r = &tx.query("SELECT count(*) FROM {s}agentstate_alarms", &[])?[0];
+            let r = &tx
+                .query("SELECT count(*) FROM {s}agentstate_alarms", &[])
+                .await?[0];
             st.alarms = r.get::<_, i64>(0) as u64;
-            budget_stats(tx, &mut st, now)?;
+            budget_stats(tx, &mut st, now).await?;
             s.tenants = st.tenants;
             s.trays = st.trays;
             s.marked_trays = st.marked_trays;
@@ -534,22 +580,26 @@ impl StoreAdmin for PostgresStore {
         Ok(s)
     }
 
-    fn verify(&self) -> Result<VerifyReport> {
+    pub(super) async fn do_verify(&self) -> Result<VerifyReport> {
         let mut rep = VerifyReport::default();
         // Runs: each record decodes, names its row's key, and agrees with
         // the columns the listings read.
         let mut after: Option<Vec<String>> = None;
         loop {
-            let rows = self.txn(|tx| {
+            let rows = txn!(self, |tx| {
                 let sql = match after {
-                    None => "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text \
-                             FROM {s}agentstate_runs ORDER BY tenant, run_id LIMIT 1000",
-                    Some(_) => "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text \
-                                FROM {s}agentstate_runs WHERE (tenant, run_id) > ($1, $2) ORDER BY tenant, run_id LIMIT 1000",
+                    None => {
+                        "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text \
+                             FROM {s}agentstate_runs ORDER BY tenant, run_id LIMIT 1000"
+                    }
+                    Some(_) => {
+                        "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text \
+                                FROM {s}agentstate_runs WHERE (tenant, run_id) > ($1, $2) ORDER BY tenant, run_id LIMIT 1000"
+                    }
                 };
                 match &after {
-                    None => tx.query(sql, &[]),
-                    Some(k) => tx.query(sql, &[&id_in(&k[0]), &id_in(&k[1])]),
+                    None => tx.query(sql, &[]).await,
+                    Some(k) => tx.query(sql, &[&id_in(&k[0]), &id_in(&k[1])]).await,
                 }
             })?;
             for r in &rows {
@@ -600,14 +650,14 @@ impl StoreAdmin for PostgresStore {
                 break;
             }
         }
-        let counts = self.txn(|tx| {
+        let counts = txn!(self, |tx| {
             let mut problems = Vec::new();
             // Every tenant's counter is past its largest seq.
             for r in tx.query(
                 "SELECT r.tenant, max(r.seq), c.next_seq FROM {s}agentstate_runs r \
                  LEFT JOIN {s}agentstate_counters c ON c.tenant = r.tenant GROUP BY r.tenant, c.next_seq",
                 &[],
-            )? {
+            ).await? {
                 let max: i64 = r.get(1);
                 let next: Option<i64> = r.get(2);
                 if next.is_none_or(|n| n <= max) {
@@ -626,16 +676,14 @@ impl StoreAdmin for PostgresStore {
             .iter()
             .enumerate()
             {
-                let rows = tx.query(sql, &[])?;
+                let rows = tx.query(sql, &[]).await?;
                 if i == 0 {
                     for r in &rows {
                         let key = SessionKey::new(id_out(r.get(1))?, id_out(r.get(2))?);
                         match decode_session(r.get(0), &key) {
                             Ok(_) => n[0] += 1,
-                            Err(e) => problems.push(format!(
-                                "session {}/{}: {e}",
-                                key.tenant, key.session_id
-                            )),
+                            Err(e) => problems
+                                .push(format!("session {}/{}: {e}", key.tenant, key.session_id)),
                         }
                     }
                 } else {
@@ -649,13 +697,13 @@ impl StoreAdmin for PostgresStore {
         rep.trays = counts.1[1];
         rep.alarms = counts.1[2];
         rep.entries += rep.sessions + rep.trays + rep.alarms;
-        let (problems, entries) = self.txn(verify_budgets)?;
+        let (problems, entries) = txn!(self, |tx| verify_budgets(tx).await)?;
         rep.problems.extend(problems);
         rep.entries += entries;
         Ok(rep)
     }
 
-    fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
+    pub(super) async fn do_prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
         check_id("tenant", tenant)?;
         let finished: Vec<&str> = RunState::ALL
             .into_iter()
@@ -667,7 +715,7 @@ impl StoreAdmin for PostgresStore {
         let mut deleted = 0u64;
         // In bounded transactions, so a prune never holds many locks long.
         loop {
-            let n = self.txn(|tx| {
+            let n = txn!(self, |tx| {
                 tx.execute(
                     "DELETE FROM {s}agentstate_runs WHERE (tenant, run_id) IN ( \
                      SELECT tenant, run_id FROM {s}agentstate_runs WHERE tenant = $1 \
@@ -675,6 +723,7 @@ impl StoreAdmin for PostgresStore {
                      FOR UPDATE SKIP LOCKED)",
                     &[&t, &finished, &before],
                 )
+                .await
             })?;
             deleted += n;
             if n < 1000 {
@@ -683,9 +732,9 @@ impl StoreAdmin for PostgresStore {
         }
     }
 
-    fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
+    pub(super) async fn do_export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
         check_limit(page.limit)?;
-        let secret = self.secret()?;
+        let secret = self.secret().await?;
         let binding = b"export";
         let start = match &page.cursor {
             None => None,
@@ -701,7 +750,7 @@ impl StoreAdmin for PostgresStore {
             }
         };
         let want = page.limit + 1;
-        let items = self.txn(|tx| {
+        let items = txn!(self, |tx| {
             // One snapshot would need REPEATABLE READ; the walk's guarantee
             // is the other listings' (each record that stays is seen once).
             let mut items: Vec<(Table, Vec<String>, Entry)> = Vec::new();
@@ -715,7 +764,7 @@ impl StoreAdmin for PostgresStore {
                     Some((st, k)) if *st == t => Some(k.as_slice()),
                     _ => None,
                 };
-                let rows = rows_after(tx, t, after, (want - items.len()) as i64)?;
+                let rows = rows_after(tx, t, after, (want - items.len()) as i64).await?;
                 for r in &rows {
                     let (k, e) = entry_of(t, r)?;
                     items.push((t, k, e));
@@ -746,6 +795,36 @@ impl StoreAdmin for PostgresStore {
         };
         Page::new(items.into_iter().map(|(_, _, e)| e).collect(), cursor)
     }
+}
+
+/// The operator functions, synchronous: each waits on its async
+/// implementation with the store's bridge (see [`PostgresStore`]).
+impl StoreAdmin for PostgresStore {
+    fn list_sessions(&self, tenant: &str, page: &PageRequest) -> Result<Page<SessionRecord>> {
+        use crate::native::AsyncCore;
+        self.bridge
+            .block_on(AsyncCore::list_sessions(self, tenant, page))
+    }
+
+    fn is_empty(&self) -> Result<bool> {
+        self.bridge.block_on(self.do_is_empty())
+    }
+
+    fn stats(&self) -> Result<StoreStats> {
+        self.bridge.block_on(self.do_stats())
+    }
+
+    fn verify(&self) -> Result<VerifyReport> {
+        self.bridge.block_on(self.do_verify())
+    }
+
+    fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
+        self.bridge.block_on(self.do_prune(tenant, finished_before))
+    }
+
+    fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
+        self.bridge.block_on(self.do_export_page(page))
+    }
 
     fn import(&self, entries: &mut dyn Iterator<Item = Result<Entry>>) -> Result<u64> {
         if !self.is_empty()? {
@@ -758,7 +837,7 @@ impl StoreAdmin for PostgresStore {
         let all = entries.collect::<Result<Vec<Entry>>>()?;
         let n = all.len() as u64;
         if n > 0 {
-            self.import_group(all)?;
+            self.bridge.block_on(self.import_group(all))?;
         }
         Ok(n)
     }

@@ -8,10 +8,10 @@
 //! locked, so once a call holds that lock, the budget's holds it reads are
 //! the ones that count.
 
-use postgres::Row;
+use tokio_postgres::Row;
 
 use crate::budget::{
-    BudgetKey, BudgetRecord, BudgetStatus, BudgetStore, Hold, HoldRecord, RunSpend, Settled, Spend,
+    BudgetKey, BudgetRecord, BudgetStatus, Hold, HoldRecord, RunSpend, Settled, Spend,
 };
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value;
@@ -26,9 +26,10 @@ use crate::rules::{
     patched_run,
 };
 
-use super::conn::{Tx, TxResult};
+use super::conn::{Tx, TxResult, params, txn};
+use super::idempotency::txn_keyed;
 use super::runs::{read_run, write_run};
-use super::{PostgresStore, id_in, id_out, num};
+use super::{PostgresStore, id_in, id_out, num, own};
 
 /// A hold's place: its run's id and its own.
 type HoldAt = (String, String);
@@ -62,7 +63,7 @@ pub(crate) fn decode_hold(bytes: &[u8], hold_id: &str) -> Result<HoldRecord> {
     Ok(h)
 }
 
-fn read_budget(
+async fn read_budget(
     tx: &mut Tx<'_>,
     key: &BudgetKey,
     lock: bool,
@@ -72,7 +73,9 @@ fn read_budget(
     } else {
         "SELECT record, spent FROM {s}agentstate_budgets WHERE tenant = $1 AND name = $2"
     };
-    let rows = tx.query(sql, &[&id_in(&key.tenant), &id_in(&key.name)])?;
+    let rows = tx
+        .query(sql, &[&id_in(&key.tenant), &id_in(&key.name)])
+        .await?;
     Ok(rows
         .first()
         .map(|r| decode_budget(r.get(0), r.get(1), key))
@@ -80,11 +83,11 @@ fn read_budget(
 }
 
 /// Reads a budget and locks its row until commit.
-pub(crate) fn lock_budget(
+pub(crate) async fn lock_budget(
     tx: &mut Tx<'_>,
     key: &BudgetKey,
 ) -> TxResult<Option<(BudgetRecord, Spend)>> {
-    read_budget(tx, key, true)
+    read_budget(tx, key, true).await
 }
 
 fn hold_rows(rows: &[Row]) -> Result<Vec<(HoldAt, HoldRecord)>> {
@@ -99,47 +102,52 @@ fn hold_rows(rows: &[Row]) -> Result<Vec<(HoldAt, HoldRecord)>> {
 }
 
 /// A run's holds (expired ones too), in id order.
-fn run_holds(tx: &mut Tx<'_>, run: &RunKey) -> TxResult<Vec<(HoldAt, HoldRecord)>> {
-    let rows = tx.query(
-        "SELECT run_id, hold_id, record FROM {s}agentstate_holds \
+async fn run_holds(tx: &mut Tx<'_>, run: &RunKey) -> TxResult<Vec<(HoldAt, HoldRecord)>> {
+    let rows = tx
+        .query(
+            "SELECT run_id, hold_id, record FROM {s}agentstate_holds \
          WHERE tenant = $1 AND run_id = $2 ORDER BY hold_id",
-        &[&id_in(&run.tenant), &id_in(&run.run_id)],
-    )?;
+            &[&id_in(&run.tenant), &id_in(&run.run_id)],
+        )
+        .await?;
     Ok(hold_rows(&rows)?)
 }
 
 /// A budget's holds (expired ones too), in (run, hold) order.
-fn budget_holds(tx: &mut Tx<'_>, budget: &BudgetKey) -> TxResult<Vec<(HoldAt, HoldRecord)>> {
-    let rows = tx.query(
-        "SELECT run_id, hold_id, record FROM {s}agentstate_holds \
+async fn budget_holds(tx: &mut Tx<'_>, budget: &BudgetKey) -> TxResult<Vec<(HoldAt, HoldRecord)>> {
+    let rows = tx
+        .query(
+            "SELECT run_id, hold_id, record FROM {s}agentstate_holds \
          WHERE tenant = $1 AND budget = $2 ORDER BY run_id, hold_id",
-        &[&id_in(&budget.tenant), &id_in(&budget.name)],
-    )?;
+            &[&id_in(&budget.tenant), &id_in(&budget.name)],
+        )
+        .await?;
     Ok(hold_rows(&rows)?)
 }
 
 /// The holds a write to `run` looks at: its budget's (which hold the
 /// run's) when it draws from one, else its own. The budget's row must be
 /// locked already.
-fn holds_around(tx: &mut Tx<'_>, run: &RunRecord) -> TxResult<Vec<(HoldAt, HoldRecord)>> {
+async fn holds_around(tx: &mut Tx<'_>, run: &RunRecord) -> TxResult<Vec<(HoldAt, HoldRecord)>> {
     match budget_of(run) {
-        Some(b) => budget_holds(tx, &b),
-        None => run_holds(tx, &run.key),
+        Some(b) => budget_holds(tx, &b).await,
+        None => run_holds(tx, &run.key).await,
     }
 }
 
-fn delete_hold(tx: &mut Tx<'_>, run: &RunKey, hold_id: &str) -> TxResult<()> {
-    tx.execute(
+async fn delete_hold(tx: &mut Tx<'_>, run: &RunKey, hold_id: &str) -> TxResult<()> {
+    tx.defer(
         "DELETE FROM {s}agentstate_holds WHERE tenant = $1 AND run_id = $2 AND hold_id = $3",
-        &[&id_in(&run.tenant), &id_in(&run.run_id), &id_in(hold_id)],
-    )?;
+        params![own(&run.tenant), own(&run.run_id), own(hold_id)],
+    )
+    .await?;
     Ok(())
 }
 
 /// B5: removes the holds among `holds` (of `tenant`) that have expired at
 /// `now`. Called only by writes that go ahead, so a refused call still
 /// changes nothing.
-fn purge_expired(
+async fn purge_expired(
     tx: &mut Tx<'_>,
     tenant: &str,
     holds: &[(HoldAt, HoldRecord)],
@@ -151,72 +159,85 @@ fn purge_expired(
     }
     let runs: Vec<String> = gone.iter().map(|(r, _)| id_in(r).into_owned()).collect();
     let ids: Vec<String> = gone.iter().map(|(_, h)| id_in(h).into_owned()).collect();
-    tx.execute(
+    tx.defer(
         "DELETE FROM {s}agentstate_holds WHERE tenant = $1 AND (run_id, hold_id) IN \
          (SELECT * FROM unnest($2::text[], $3::text[]))",
-        &[&id_in(tenant), &runs, &ids],
-    )?;
+        params![own(tenant), runs, ids],
+    )
+    .await?;
     Ok(())
 }
 
 /// What a patch (or settle) does beyond the run itself: adds `delta` to
 /// the budget the run draws from and removes the expired holds of the run
 /// and its budget (B3, B5, B6). Locks the budget's row (after the run's).
-pub(crate) fn after_patch(
+pub(crate) async fn after_patch(
     tx: &mut Tx<'_>,
     run: &RunRecord,
     delta: &StateDelta,
     now: Millis,
 ) -> TxResult<()> {
     if let Some(b) = budget_of(run) {
-        let Some((_, spent)) = lock_budget(tx, &b)? else {
+        let Some((_, spent)) = lock_budget(tx, &b).await? else {
             return Err(StateError::NotFound(Missing::Budget(b)).into());
         };
         let spent = budget_spent(spent, delta);
-        tx.execute(
+        tx.defer(
             "UPDATE {s}agentstate_budgets SET spent = $3 WHERE tenant = $1 AND name = $2",
-            &[&id_in(&b.tenant), &id_in(&b.name), &value::encode(&spent)],
-        )?;
+            params![own(&b.tenant), own(&b.name), value::encode(&spent)],
+        )
+        .await?;
     }
-    let holds = holds_around(tx, run)?;
-    purge_expired(tx, &run.key.tenant, &holds, now)
+    let holds = holds_around(tx, run).await?;
+    purge_expired(tx, &run.key.tenant, &holds, now).await
 }
 
 /// Writes a hold of `run` (whose budget column follows the run's budget).
-pub(crate) fn insert_hold(tx: &mut Tx<'_>, run: &RunRecord, h: &HoldRecord) -> TxResult<()> {
-    let budget = run.budget.as_deref().map(id_in);
-    tx.execute(
+pub(crate) async fn insert_hold(tx: &mut Tx<'_>, run: &RunRecord, h: &HoldRecord) -> TxResult<()> {
+    let budget = run.budget.as_deref().map(own);
+    tx.defer(
         "INSERT INTO {s}agentstate_holds (tenant, run_id, hold_id, budget, expires_at, record) \
          VALUES ($1, $2, $3, $4, $5::text::numeric, $6)",
-        &[
-            &id_in(&run.key.tenant),
-            &id_in(&run.key.run_id),
-            &id_in(&h.id),
-            &budget,
-            &num(h.expires_at),
-            &value::encode(h),
+        params![
+            own(&run.key.tenant),
+            own(&run.key.run_id),
+            own(&h.id),
+            budget,
+            num(h.expires_at),
+            value::encode(h),
         ],
-    )?;
+    )
+    .await?;
     Ok(())
 }
 
 /// Writes an imported budget.
-pub(crate) fn insert_budget(tx: &mut Tx<'_>, b: &BudgetRecord, spent: &Spend) -> TxResult<()> {
-    tx.execute(
+pub(crate) async fn insert_budget(
+    tx: &mut Tx<'_>,
+    b: &BudgetRecord,
+    spent: &Spend,
+) -> TxResult<()> {
+    tx.defer(
         "INSERT INTO {s}agentstate_budgets (tenant, name, record, spent) VALUES ($1, $2, $3, $4)",
-        &[
-            &id_in(&b.key.tenant),
-            &id_in(&b.key.name),
-            &value::encode(b),
-            &value::encode(spent),
+        params![
+            own(&b.key.tenant),
+            own(&b.key.name),
+            value::encode(b),
+            value::encode(spent),
         ],
-    )?;
+    )
+    .await?;
     Ok(())
 }
 
 /// The run's hold `hold_id` if it still counts at `now`; `NotFound`
 /// otherwise (B4, B5).
-fn live_hold(tx: &mut Tx<'_>, run: &RunKey, hold_id: &str, now: Millis) -> TxResult<HoldRecord> {
+async fn live_hold(
+    tx: &mut Tx<'_>,
+    run: &RunKey,
+    hold_id: &str,
+    now: Millis,
+) -> TxResult<HoldRecord> {
     let missing = || {
         StateError::NotFound(Missing::Hold {
             run: run.clone(),
@@ -226,7 +247,7 @@ fn live_hold(tx: &mut Tx<'_>, run: &RunKey, hold_id: &str, now: Millis) -> TxRes
     let rows = tx.query(
         "SELECT record FROM {s}agentstate_holds WHERE tenant = $1 AND run_id = $2 AND hold_id = $3",
         &[&id_in(&run.tenant), &id_in(&run.run_id), &id_in(hold_id)],
-    )?;
+    ).await?;
     let Some(row) = rows.first() else {
         return Err(missing().into());
     };
@@ -238,13 +259,13 @@ fn live_hold(tx: &mut Tx<'_>, run: &RunKey, hold_id: &str, now: Millis) -> TxRes
 }
 
 /// A budget's status at `now`, its holds read in `tx`.
-fn status_in(
+async fn status_in(
     tx: &mut Tx<'_>,
     record: BudgetRecord,
     spent: Spend,
     now: Millis,
 ) -> TxResult<BudgetStatus> {
-    let holds = budget_holds(tx, &record.key)?;
+    let holds = budget_holds(tx, &record.key).await?;
     Ok(BudgetStatus {
         held: held(holds.iter().map(|(_, h)| h), now),
         holds: holds.iter().filter(|(_, h)| h.is_live(now)).count() as u64,
@@ -254,8 +275,9 @@ fn status_in(
 }
 
 /// A run's spend at `now`, its holds read in `tx`.
-pub(crate) fn spend_in(tx: &mut Tx<'_>, run: &RunRecord, now: Millis) -> TxResult<RunSpend> {
-    let holds: Vec<HoldRecord> = run_holds(tx, &run.key)?
+pub(crate) async fn spend_in(tx: &mut Tx<'_>, run: &RunRecord, now: Millis) -> TxResult<RunSpend> {
+    let holds: Vec<HoldRecord> = run_holds(tx, &run.key)
+        .await?
         .into_iter()
         .map(|(_, h)| h)
         .filter(|h| h.is_live(now))
@@ -270,14 +292,14 @@ pub(crate) fn spend_in(tx: &mut Tx<'_>, run: &RunRecord, now: Millis) -> TxResul
     })
 }
 
-impl BudgetStore for PostgresStore {
-    fn put_budget(&self, record: BudgetRecord) -> Result<BudgetRecord> {
+impl PostgresStore {
+    pub(super) async fn do_put_budget(&self, record: BudgetRecord) -> Result<BudgetRecord> {
         check_budget_key(&record.key)?;
         let now = self.now();
         let max = self.max();
-        self.txn(|tx| {
+        txn!(self, |tx| {
             let k = &record.key;
-            let stored = lock_budget(tx, k)?;
+            let stored = lock_budget(tx, k).await?;
             let new = next_budget(stored.as_ref().map(|(r, _)| r), record.clone(), now)?;
             let bytes = value::encode(&new);
             let spent = stored.map(|(_, s)| s).unwrap_or_default();
@@ -297,52 +319,58 @@ impl BudgetStore for PostgresStore {
                 "UPDATE {s}agentstate_budgets SET record = $3, spent = $4 \
                  WHERE tenant = $1 AND name = $2"
             };
-            tx.execute(
+            tx.defer(
                 sql,
-                &[&id_in(&k.tenant), &id_in(&k.name), &bytes, &spent_bytes],
-            )?;
+                params![own(&k.tenant), own(&k.name), bytes, spent_bytes],
+            )
+            .await?;
             Ok(new)
         })
     }
 
-    fn get_budget(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
+    pub(super) async fn do_get_budget(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
         check_budget_key(key)?;
         let now = self.now();
-        self.txn(|tx| match read_budget(tx, key, false)? {
-            Some((r, s)) => Ok(Some(status_in(tx, r, s, now)?)),
+        txn!(self, |tx| match read_budget(tx, key, false).await? {
+            Some((r, s)) => Ok(Some(status_in(tx, r, s, now).await?)),
             None => Ok(None),
         })
     }
 
-    fn list_budgets(&self, tenant: &str, page: &PageRequest) -> Result<Page<BudgetStatus>> {
+    pub(super) async fn do_list_budgets(
+        &self,
+        tenant: &str,
+        page: &PageRequest,
+    ) -> Result<Page<BudgetStatus>> {
         check_id("tenant", tenant)?;
         check_limit(page.limit)?;
         let now = self.now();
-        let secret = self.secret()?;
+        let secret = self.secret().await?;
         let (binding, after) = super::tenant_cursor(&secret, Listing::Budgets, tenant, page)?;
         let limit = (page.limit + 1) as i64;
         let t = id_in(tenant);
-        let mut items = self.txn(|tx| {
-            let rows = match &after {
+        let mut items =
+            txn!(self, |tx| {
+                let rows = match &after {
                 None => tx.query(
                     "SELECT name, record, spent FROM {s}agentstate_budgets WHERE tenant = $1 \
                      ORDER BY name LIMIT $2",
                     &[&t, &limit],
-                )?,
+                ).await?,
                 Some(a) => tx.query(
                     "SELECT name, record, spent FROM {s}agentstate_budgets WHERE tenant = $1 \
                      AND name > $3 ORDER BY name LIMIT $2",
                     &[&t, &limit, &id_in(a)],
-                )?,
+                ).await?,
             };
-            let mut items = Vec::with_capacity(rows.len());
-            for r in &rows {
-                let key = BudgetKey::new(tenant, id_out(r.get(0))?);
-                let (rec, spent) = decode_budget(r.get(1), r.get(2), &key)?;
-                items.push(status_in(tx, rec, spent, now)?);
-            }
-            Ok(items)
-        })?;
+                let mut items = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let key = BudgetKey::new(tenant, id_out(r.get(0))?);
+                    let (rec, spent) = decode_budget(r.get(1), r.get(2), &key)?;
+                    items.push(status_in(tx, rec, spent, now).await?);
+                }
+                Ok(items)
+            })?;
         let more = items.len() > page.limit;
         items.truncate(page.limit);
         let cursor = match (more, items.last()) {
@@ -359,23 +387,28 @@ impl BudgetStore for PostgresStore {
         Page::new(items, cursor)
     }
 
-    fn reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
-        self.reserve_with(run, hold, None)
+    pub(super) async fn do_reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
+        self.reserve_with(run, hold, None).await
     }
-    fn reserve_idempotent(
+    pub(super) async fn do_reserve_idempotent(
         &self,
         run: &RunKey,
         hold: Hold,
         key: &IdempotencyKey,
     ) -> Result<HoldRecord> {
         let keyed = Keyed::reserve(run, &hold, key)?;
-        self.reserve_with(run, hold, Some(keyed))
+        self.reserve_with(run, hold, Some(keyed)).await
     }
 
-    fn settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled> {
-        self.settle_with(run, hold_id, spent, None)
+    pub(super) async fn do_settle(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        spent: StateDelta,
+    ) -> Result<Settled> {
+        self.settle_with(run, hold_id, spent, None).await
     }
-    fn settle_idempotent(
+    pub(super) async fn do_settle_idempotent(
         &self,
         run: &RunKey,
         hold_id: &str,
@@ -383,27 +416,27 @@ impl BudgetStore for PostgresStore {
         key: &IdempotencyKey,
     ) -> Result<Settled> {
         let keyed = Keyed::settle(run, hold_id, &spent, key)?;
-        self.settle_with(run, hold_id, spent, Some(keyed))
+        self.settle_with(run, hold_id, spent, Some(keyed)).await
     }
 
-    fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
-        self.release_hold_with(run, hold_id, None)
+    pub(super) async fn do_release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
+        self.release_hold_with(run, hold_id, None).await
     }
-    fn release_hold_idempotent(
+    pub(super) async fn do_release_hold_idempotent(
         &self,
         run: &RunKey,
         hold_id: &str,
         key: &IdempotencyKey,
     ) -> Result<()> {
         let keyed = Keyed::release_hold(run, hold_id, key)?;
-        self.release_hold_with(run, hold_id, Some(keyed))
+        self.release_hold_with(run, hold_id, Some(keyed)).await
     }
 
-    fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
+    pub(super) async fn do_run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
         check_run_key(run)?;
         let now = self.now();
-        self.txn(|tx| match read_run(tx, run, false)? {
-            Some(r) => Ok(Some(spend_in(tx, &r, now)?)),
+        txn!(self, |tx| match read_run(tx, run, false).await? {
+            Some(r) => Ok(Some(spend_in(tx, &r, now).await?)),
             None => Ok(None),
         })
     }
@@ -411,7 +444,7 @@ impl BudgetStore for PostgresStore {
 
 impl PostgresStore {
     /// `reserve`, under `keyed`'s idempotency key when there is one.
-    fn reserve_with(
+    async fn reserve_with(
         &self,
         run: &RunKey,
         hold: Hold,
@@ -420,17 +453,17 @@ impl PostgresStore {
         check_run_key(run)?;
         check_hold(&hold)?;
         let now = self.now();
-        self.txn_keyed(keyed, |tx| {
-            let Some(r) = read_run(tx, run, true)? else {
+        txn_keyed!(self, keyed, |tx| {
+            let Some(r) = read_run(tx, run, true).await? else {
                 return Err(StateError::NotFound(Missing::Run(run.clone())).into());
             };
             // The budget's row is locked before its holds are read (and
             // after the run's row: the one lock order).
             let budget = match budget_of(&r) {
-                Some(b) => Some(lock_budget(tx, &b)?.ok_or(b)),
+                Some(b) => Some(lock_budget(tx, &b).await?.ok_or(b)),
                 None => None,
             };
-            let holds = holds_around(tx, &r)?;
+            let holds = holds_around(tx, &r).await?;
             let live: Vec<&HoldRecord> = holds
                 .iter()
                 .filter(|((run_id, _), h)| run_id == &run.run_id && h.is_live(now))
@@ -449,14 +482,14 @@ impl PostgresStore {
             };
             check_reserve(&r, run_held, side.as_ref(), hold.amounts())?;
             let rec = new_hold(&hold, now)?;
-            purge_expired(tx, &run.tenant, &holds, now)?;
-            insert_hold(tx, &r, &rec)?;
+            purge_expired(tx, &run.tenant, &holds, now).await?;
+            insert_hold(tx, &r, &rec).await?;
             Ok(rec)
         })
     }
 
     /// `settle`, under `keyed`'s idempotency key when there is one.
-    fn settle_with(
+    async fn settle_with(
         &self,
         run: &RunKey,
         hold_id: &str,
@@ -467,15 +500,15 @@ impl PostgresStore {
         check_id("hold id", hold_id)?;
         let now = self.now();
         let max = self.max();
-        self.txn_keyed(keyed, |tx| {
-            let Some(old) = read_run(tx, run, true)? else {
+        txn_keyed!(self, keyed, |tx| {
+            let Some(old) = read_run(tx, run, true).await? else {
                 return Err(StateError::NotFound(Missing::Run(run.clone())).into());
             };
-            let h = live_hold(tx, run, hold_id, now)?;
+            let h = live_hold(tx, run, hold_id, now).await?;
             let new = patched_run(&old, &spent, now)?;
-            write_run(tx, &new, false, max)?;
-            delete_hold(tx, run, hold_id)?;
-            after_patch(tx, &new, &spent, now)?;
+            write_run(tx, &new, false, max).await?;
+            delete_hold(tx, run, hold_id).await?;
+            after_patch(tx, &new, &spent, now).await?;
             Ok(Settled {
                 record: new,
                 overshoot: overshoot(&h, &spent),
@@ -484,7 +517,7 @@ impl PostgresStore {
     }
 
     /// `release_hold`, under `keyed`'s idempotency key when there is one.
-    fn release_hold_with(
+    async fn release_hold_with(
         &self,
         run: &RunKey,
         hold_id: &str,
@@ -493,18 +526,18 @@ impl PostgresStore {
         check_run_key(run)?;
         check_id("hold id", hold_id)?;
         let now = self.now();
-        self.txn_keyed(keyed, |tx| {
-            let Some(r) = read_run(tx, run, true)? else {
+        txn_keyed!(self, keyed, |tx| {
+            let Some(r) = read_run(tx, run, true).await? else {
                 return Err(StateError::NotFound(Missing::Run(run.clone())).into());
             };
-            live_hold(tx, run, hold_id, now)?;
+            live_hold(tx, run, hold_id, now).await?;
             // Its budget's holds are purged below: under its row's lock.
             if let Some(b) = budget_of(&r) {
-                lock_budget(tx, &b)?;
+                lock_budget(tx, &b).await?;
             }
-            delete_hold(tx, run, hold_id)?;
-            let holds = holds_around(tx, &r)?;
-            purge_expired(tx, &run.tenant, &holds, now)
+            delete_hold(tx, run, hold_id).await?;
+            let holds = holds_around(tx, &r).await?;
+            purge_expired(tx, &run.tenant, &holds, now).await
         })
     }
 }

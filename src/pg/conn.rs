@@ -4,6 +4,11 @@
 //! other server failure turned into `Unavailable`, except a failure after
 //! `COMMIT` was sent, which is `OutcomeUnknown` (rule I7).
 //!
+//! The client is `tokio-postgres`, pooled by `deadpool` ([`Manager`]).
+//! Every connection is dialed on the store's own runtime (its
+//! [`Bridge`](crate::native::Bridge)) and its I/O task is spawned there,
+//! so a pooled connection never belongs to a caller's runtime.
+//!
 //! Where a call can fail, and what it answers:
 //!
 //! | failure point                                    | answer           |
@@ -20,93 +25,201 @@
 //! | transaction when its connection drops            |                  |
 //! | a rule refuses (`Conflict`, …): rolled back      | the refusal      |
 //! | the connection is seen closed before `COMMIT`    | `Unavailable`    |
+//! | a write sent with `COMMIT` fails with a server   | `Unavailable`    |
+//! | error: the transaction aborted, `COMMIT` rolled  | (or tried again) |
+//! | it back                                          |                  |
 //! | `COMMIT` answers a server error (serialization,  | `Unavailable`    |
 //! | deadlock: the server rolled back)                | (or tried again) |
 //! | `COMMIT` was sent and the connection broke (I/O, | `OutcomeUnknown` |
 //! | closed, reset), or the server went down while    |                  |
 //! | answering it (class 08, 57P): it may have landed |                  |
+//! | the call's future is dropped before `COMMIT` was | nothing applied  |
+//! | handed to the connection: its connection is      |                  |
+//! | closed, not pooled, and the server aborts the    |                  |
+//! | transaction                                      |                  |
+//! | the call's future is dropped after `COMMIT` was  | may land, even   |
+//! | handed to the connection (it goes out: as        | after the drop   |
+//! | `OutcomeUnknown`, with no one to tell)           |                  |
+//!
+//! **Round trips.** Requests polled together are pipelined on one
+//! connection: a transaction's `BEGIN` (and its settings) goes out with
+//! its first statement, and writes whose answer the call does not need
+//! ([`Tx::defer`]) wait and go out with the next statement or with
+//! `COMMIT`. An error of a deferred write is reported before the answer of
+//! whatever followed it (which then failed on the aborted transaction), so
+//! the rules see every statement in order, as before. With the statement
+//! cache warm, on the happy path (was → now):
+//!
+//! | call                                        | round trips   |
+//! |---------------------------------------------|---------------|
+//! | `get_run`, `get_session`, `epoch`           | 3 → 2         |
+//! | `put_run` (update), `patch_run`             | 4 → 2         |
+//! | `put_run` (create)                          | 5 → 3         |
+//! | `write_tray`, `apply_batch` (epoch row held)| 4 → 2         |
+//! | `reserve` (no budget; with a budget)        | 5 → 3; 6 → 4  |
+//! | `settle` (no budget; with a budget)         | 7 → 4; 9 → 5  |
+//! | what an idempotency key adds to a write     | 5 → 3         |
+//!
+//! //! (`COMMIT` of a read-only call is still its own round trip.)
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::future::Future;
+use std::ops::ControlFlow;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use postgres::error::SqlState;
-use postgres::types::ToSql;
-use postgres::{NoTls, Row, Statement};
+use deadpool::managed::{Metrics, Object, PoolError, RecycleError, RecycleResult};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls, Row, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::PostgresStore;
 use crate::error::{Result, StateError};
+use crate::native::Bridge;
+
+/// The driver's error.
+pub(crate) type PgError = tokio_postgres::Error;
 
 /// One pooled connection and the statements prepared on it.
 pub(crate) struct Conn {
-    client: postgres::Client,
+    client: Client,
     statements: HashMap<String, Statement>,
     /// When it was dialed (for the max lifetime).
     born: Instant,
+    /// When a call last gave it back (for the idle timeout).
+    used: Instant,
+    /// `BEGIN` was sent and the transaction is not known to be over: a
+    /// call's future dropped mid-transaction leaves it set, and such a
+    /// connection is closed instead of pooled (see [`Pooled`]) and fails
+    /// `recycle` should it ever get back.
+    in_txn: bool,
 }
 
-/// Dials connections for the pool, and keeps the last dial's failure so a
-/// caller waiting for a connection learns why none comes.
+/// Dials connections for the pool, on the store's runtime.
 pub(crate) struct Manager {
-    pub(crate) config: postgres::Config,
+    pub(crate) config: tokio_postgres::Config,
     /// `None`: no TLS (`sslmode=disable`).
     pub(crate) tls: Option<MakeRustlsConnect>,
-    /// The last dial's failure; cleared by a dial that succeeds. Shared
-    /// with the store (r2d2 does not lend its manager back).
-    pub(crate) failure: Failure,
-    /// A connection older than this is closed when it comes back to the
-    /// pool (r2d2's own check only looks at idle ones, every 30 s).
+    pub(crate) bridge: Arc<Bridge>,
     pub(crate) max_lifetime: Option<Duration>,
+    pub(crate) idle_timeout: Option<Duration>,
 }
 
 impl Manager {
-    /// Dials one connection: plain, or TLS as the store's `sslmode` says.
-    fn dial(&self) -> std::result::Result<postgres::Client, postgres::Error> {
-        match &self.tls {
-            None => self.config.connect(NoTls),
-            Some(tls) => self.config.connect(tls.clone()),
-        }
+    /// Closed, or left inside a transaction by a dropped future.
+    fn broken(conn: &Conn) -> bool {
+        conn.in_txn || conn.client.is_closed()
+    }
+
+    /// True when `conn`, given back by a call, must be closed instead of
+    /// pooled: broken, or past its max lifetime (such a connection still
+    /// serves the call that took it).
+    pub(crate) fn spent(&self, conn: &Conn) -> bool {
+        Self::broken(conn) || self.max_lifetime.is_some_and(|l| conn.born.elapsed() >= l)
+    }
+
+    /// True when an idle `conn` must be closed (checked at checkout and
+    /// about every 30 s): broken, or unused for the idle timeout.
+    pub(crate) fn stale(&self, conn: &Conn) -> bool {
+        Self::broken(conn) || self.idle_timeout.is_some_and(|l| conn.used.elapsed() >= l)
     }
 }
 
-/// The last dial's failure, if it failed.
-#[derive(Clone, Default)]
-pub(crate) struct Failure(Arc<Mutex<Option<Arc<postgres::Error>>>>);
+impl deadpool::managed::Manager for Manager {
+    type Type = Conn;
+    /// Shared (the driver's error is not `Clone`).
+    type Error = Arc<PgError>;
 
-impl Failure {
-    fn get(&self) -> Option<Arc<postgres::Error>> {
-        self.0.lock().map(|f| f.clone()).unwrap_or(None)
-    }
-
-    fn set(&self, e: Option<Arc<postgres::Error>>) {
-        if let Ok(mut f) = self.0.lock() {
-            *f = e;
-        }
-    }
-}
-
-impl r2d2::ManageConnection for Manager {
-    type Connection = Conn;
-    /// Shared with the failure slot (the driver's error is not `Clone`).
-    type Error = Arc<postgres::Error>;
-
-    fn connect(&self) -> std::result::Result<Conn, Arc<postgres::Error>> {
-        let dialed = self.dial().map_err(Arc::new);
-        self.failure.set(dialed.as_ref().err().cloned());
+    async fn create(&self) -> std::result::Result<Conn, Arc<PgError>> {
+        let config = self.config.clone();
+        let tls = self.tls.clone();
+        // Dialed on the store's runtime, and the connection's task spawned
+        // there: it outlives the caller's runtime.
+        let client = self
+            .bridge
+            .on_runtime(async move {
+                match tls {
+                    None => {
+                        let (client, conn) = config.connect(NoTls).await?;
+                        tokio::spawn(async move {
+                            let _ = conn.await;
+                        });
+                        Ok::<_, PgError>(client)
+                    }
+                    Some(tls) => {
+                        let (client, conn) = config.connect(tls).await?;
+                        tokio::spawn(async move {
+                            let _ = conn.await;
+                        });
+                        Ok(client)
+                    }
+                }
+            })
+            .await
+            .map_err(Arc::new)?;
+        let now = Instant::now();
         Ok(Conn {
-            client: dialed?,
+            client,
             statements: HashMap::new(),
-            born: Instant::now(),
+            born: now,
+            used: now,
+            in_txn: false,
         })
     }
 
-    fn is_valid(&self, conn: &mut Conn) -> std::result::Result<(), Arc<postgres::Error>> {
-        conn.client.simple_query("").map(|_| ()).map_err(Arc::new)
+    async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<Arc<PgError>> {
+        // No round trip: a connection closed since is noticed here, one
+        // the server dropped unnoticed fails its BEGIN and is replaced at
+        // once (`Verdict::Redial`).
+        if self.stale(conn) {
+            return Err(RecycleError::message(
+                "closed, idle too long, or left inside a transaction",
+            ));
+        }
+        Ok(())
     }
+}
 
-    fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.client.is_closed() || self.max_lifetime.is_some_and(|l| conn.born.elapsed() >= l)
+/// A connection lent to one call. Given back to the pool when dropped,
+/// unless it must not serve again (closed, past its max lifetime, or left
+/// inside a transaction by a dropped future): then it is closed at once,
+/// so the server aborts that transaction and frees its locks now.
+pub(crate) struct Pooled {
+    obj: Option<Object<Manager>>,
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let Some(mut obj) = self.obj.take() else {
+            return;
+        };
+        let spent = Object::pool(&obj).is_none_or(|p| p.manager().spent(&obj));
+        if spent {
+            // Out of the pool; dropping the client ends its connection.
+            drop(Object::take(obj));
+        } else {
+            obj.used = Instant::now();
+        }
+    }
+}
+
+impl Pooled {
+    /// A transaction on this connection: `BEGIN` (with the store's
+    /// settings) goes out with its first statement.
+    pub(crate) fn tx<'a>(&'a mut self, store: &'a PostgresStore) -> Tx<'a> {
+        let conn: &mut Conn = self.obj.as_mut().expect("lent until dropped");
+        Tx {
+            client: &conn.client,
+            statements: &mut conn.statements,
+            in_txn: &mut conn.in_txn,
+            prefix: &store.prefix,
+            cache: store.opts.statement_cache,
+            pending: vec![Pending::Begin(&store.begin)],
+            began: false,
+        }
     }
 }
 
@@ -116,7 +229,7 @@ impl r2d2::ManageConnection for Manager {
 /// (3D000), no `CONNECT` privilege (42501), the client's own TLS or
 /// authentication settings, a certificate that does not verify, a server
 /// that does not offer TLS when it is required.
-pub(crate) fn is_refusal(e: &postgres::Error) -> bool {
+pub(crate) fn is_refusal(e: &PgError) -> bool {
     if let Some(db) = e.as_db_error() {
         let c = db.code().code();
         return c.starts_with("28")
@@ -140,7 +253,7 @@ pub(crate) fn is_refusal(e: &postgres::Error) -> bool {
 }
 
 /// An I/O error under `e` that is the network's doing, not TLS's.
-fn transient_io(e: &postgres::Error) -> bool {
+fn transient_io(e: &PgError) -> bool {
     use std::error::Error as _;
     use std::io::ErrorKind as K;
     let mut cur: Option<&(dyn std::error::Error + 'static)> = e.source();
@@ -172,7 +285,7 @@ fn transient_io(e: &postgres::Error) -> bool {
 
 /// The driver's error in words: the server's message and SQLSTATE when the
 /// server answered, its chain of causes otherwise.
-pub(crate) fn describe(e: &postgres::Error) -> String {
+pub(crate) fn describe(e: &PgError) -> String {
     use std::error::Error as _;
     if let Some(db) = e.as_db_error() {
         return format!("{} ({})", db.message(), db.code().code());
@@ -196,8 +309,8 @@ pub(crate) fn describe(e: &postgres::Error) -> String {
 /// `COMMIT` was sent (`Unknown`).
 pub(crate) enum Fail {
     Rule(StateError),
-    Pg(postgres::Error),
-    Unknown(postgres::Error),
+    Pg(PgError),
+    Unknown(PgError),
 }
 
 impl From<StateError> for Fail {
@@ -206,76 +319,280 @@ impl From<StateError> for Fail {
     }
 }
 
-impl From<postgres::Error> for Fail {
-    fn from(e: postgres::Error) -> Self {
+impl From<PgError> for Fail {
+    fn from(e: PgError) -> Self {
         Fail::Pg(e)
     }
 }
 
 pub(crate) type TxResult<T> = std::result::Result<T, Fail>;
 
-/// One open transaction, with the store's table prefix and the
-/// connection's prepared statements. `BEGIN` and `COMMIT` are sent by hand
-/// (not `postgres::Transaction`) so the commit can look at the connection
-/// before it is sent; dropped without [`commit`](Self::commit), it rolls
-/// back.
-pub(crate) struct Tx<'a> {
-    tx: &'a mut postgres::Client,
-    statements: &'a mut HashMap<String, Statement>,
-    prefix: &'a str,
-    /// Statements kept for the connection's next transactions.
-    cache: bool,
-    /// `BEGIN` answered and neither `COMMIT` nor `ROLLBACK` sent yet.
-    open: bool,
+/// An owned statement parameter, for a deferred write.
+pub(crate) type Param = Box<dyn ToSql + Send + Sync>;
+
+/// Owned parameters for [`Tx::defer`]: `params![a, b]`.
+macro_rules! params {
+    ($($p:expr),* $(,)?) => {
+        vec![$(Box::new($p) as $crate::pg::conn::Param),*]
+    };
+}
+pub(crate) use params;
+
+/// A request not sent yet: it goes out with the next one.
+enum Pending<'a> {
+    /// The transaction's `BEGIN` and settings.
+    Begin(&'a str),
+    /// Statements without parameters (`SAVEPOINT`).
+    Batch(&'static str),
+    /// A write whose answer the call does not need.
+    Exec(Statement, Vec<Param>),
 }
 
-impl Drop for Tx<'_> {
-    fn drop(&mut self) {
-        // What `postgres::Transaction` does: a connection never goes back
-        // to the pool inside a transaction (a failed rollback leaves it
-        // closed, and the pool drops it).
-        if self.open && !self.tx.is_closed() {
-            let _ = self.tx.batch_execute("ROLLBACK");
+type PgFut<'f> = Pin<Box<dyn Future<Output = std::result::Result<(), PgError>> + Send + 'f>>;
+
+impl Pending<'_> {
+    fn send<'f>(&'f self, client: &'f Client) -> PgFut<'f> {
+        match self {
+            Pending::Begin(sql) => Box::pin(client.batch_execute(sql)),
+            Pending::Batch(sql) => Box::pin(client.batch_execute(sql)),
+            Pending::Exec(s, params) => Box::pin(async move {
+                client
+                    .execute_raw(s, params.iter().map(|p| &**p as &(dyn ToSql + Sync)))
+                    .await
+                    .map(|_| ())
+            }),
         }
     }
 }
 
+/// One open transaction on a pooled connection, with the store's table
+/// prefix and the connection's prepared statements. `BEGIN` and `COMMIT`
+/// are sent by hand (not `tokio_postgres::Transaction`) so `BEGIN` can go
+/// out with the first statement and `COMMIT` with the last writes, and so
+/// the commit can look at the connection before it is sent. Not committed,
+/// it is rolled back by [`finish`](Self::finish); a dropped future leaves
+/// the connection marked inside a transaction, and it is closed.
+pub(crate) struct Tx<'a> {
+    client: &'a Client,
+    statements: &'a mut HashMap<String, Statement>,
+    in_txn: &'a mut bool,
+    prefix: &'a str,
+    /// Statements kept for the connection's next transactions.
+    cache: bool,
+    /// Not sent yet, in order.
+    pending: Vec<Pending<'a>>,
+    /// `BEGIN` answered.
+    began: bool,
+}
+
+/// Pins a transaction body's type: `TxResult<T>`.
+pub(crate) async fn typed<T>(f: impl Future<Output = TxResult<T>>) -> TxResult<T> {
+    f.await
+}
+
 impl<'a> Tx<'a> {
-    /// `BEGIN` (and the store's settings, `begin`) on `client`.
-    fn begin(
-        client: &'a mut postgres::Client,
-        statements: &'a mut HashMap<String, Statement>,
-        store: &'a PostgresStore,
-    ) -> std::result::Result<Self, postgres::Error> {
-        client.batch_execute(&store.begin)?;
-        Ok(Tx {
-            tx: client,
-            statements,
-            prefix: &store.prefix,
-            cache: store.opts.statement_cache,
-            open: true,
-        })
+    /// Sends what is pending and then `main`, all pipelined (polled
+    /// together, so they go out in order without waiting on each other's
+    /// answers); the first failure in that order is the answer.
+    async fn pipelined<T>(
+        &mut self,
+        main: impl Future<Output = std::result::Result<T, PgError>>,
+    ) -> TxResult<T> {
+        self.send_all(main).await.map_err(|(e, _)| Fail::Pg(e))
     }
 
-    /// Sends `COMMIT` (see the module's table for what each failure
-    /// means).
-    fn commit(&mut self) -> TxResult<()> {
-        self.open = false;
+    /// [`pipelined`](Self::pipelined), telling whether the failure was a
+    /// pending request's (`true`) or `main`'s.
+    async fn send_all<T>(
+        &mut self,
+        main: impl Future<Output = std::result::Result<T, PgError>>,
+    ) -> std::result::Result<T, (PgError, bool)> {
+        if self.pending.is_empty() {
+            return main.await.map_err(|e| (e, false));
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let begins = matches!(pending.first(), Some(Pending::Begin(_)));
+        if begins {
+            *self.in_txn = true;
+        }
+        let client = self.client;
+        let (outs, main_out) = {
+            let mut futs: Vec<PgFut<'_>> = pending.iter().map(|p| p.send(client)).collect();
+            let mut outs: Vec<Option<std::result::Result<(), PgError>>> =
+                futs.iter().map(|_| None).collect();
+            let mut main = std::pin::pin!(main);
+            let mut main_out = None;
+            // In order on every poll: each request is queued on its first
+            // poll, so they go out in this order.
+            std::future::poll_fn(|cx| {
+                for (f, o) in futs.iter_mut().zip(outs.iter_mut()) {
+                    if o.is_none()
+                        && let Poll::Ready(r) = f.as_mut().poll(cx)
+                    {
+                        *o = Some(r);
+                    }
+                }
+                if main_out.is_none()
+                    && let Poll::Ready(r) = main.as_mut().poll(cx)
+                {
+                    main_out = Some(r);
+                }
+                if main_out.is_some() && outs.iter().all(Option::is_some) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            (outs, main_out)
+        };
+        for (i, o) in outs.into_iter().enumerate() {
+            match o.expect("polled to the end") {
+                Ok(()) if i == 0 && begins => self.began = true,
+                Ok(()) => {}
+                Err(e) => return Err((e, true)),
+            }
+        }
+        main_out.expect("polled to the end").map_err(|e| (e, false))
+    }
+
+    /// Sends `COMMIT`, with whatever is pending (see the module's table
+    /// for what each failure means).
+    pub(crate) async fn commit(&mut self) -> TxResult<()> {
+        if matches!(self.pending.as_slice(), [Pending::Begin(_)]) {
+            // Nothing was sent: nothing to commit.
+            self.pending.clear();
+            return Ok(());
+        }
         // Seen closed before COMMIT is sent: the server aborted the
         // transaction when the connection dropped. Certainly not applied.
-        if self.tx.is_closed() {
+        if self.client.is_closed() {
             return Err(Fail::Rule(StateError::unavailable(
                 "postgres: the connection was lost before the commit (nothing was applied)",
                 None,
             )));
         }
-        match self.tx.batch_execute("COMMIT") {
-            Ok(()) => Ok(()),
-            Err(e) if commit_outcome_unknown(&e) => Err(Fail::Unknown(e)),
-            // The server answered the COMMIT with an error: it rolled the
-            // transaction back.
-            Err(e) => Err(Fail::Pg(e)),
+        let client = self.client;
+        match self.send_all(client.batch_execute("COMMIT")).await {
+            Ok(()) => {
+                *self.in_txn = false;
+                Ok(())
+            }
+            // A write sent with the COMMIT failed with the server's error:
+            // the transaction aborted, and the COMMIT only rolled it back.
+            // So did a COMMIT answered with a server error (serialization,
+            // deadlock).
+            Err((e, pending)) if (pending && e.code().is_some()) || !commit_outcome_unknown(&e) => {
+                *self.in_txn = false;
+                Err(Fail::Pg(e))
+            }
+            // No answer (or the server going down while answering), to the
+            // COMMIT or to a request sent with it: the COMMIT may have
+            // landed.
+            Err((e, _)) => Err(Fail::Unknown(e)),
         }
+    }
+
+    /// Ends a transaction that did not commit: `ROLLBACK` when anything
+    /// was sent (nothing pending is). Returns whether `BEGIN` answered.
+    pub(crate) async fn finish(&mut self, committed: bool) -> bool {
+        self.pending.clear();
+        if !committed && *self.in_txn && !self.client.is_closed() {
+            // A failed rollback leaves the flag set: the connection is
+            // closed rather than pooled.
+            if self.client.batch_execute("ROLLBACK").await.is_ok() {
+                *self.in_txn = false;
+            }
+        }
+        self.began
+    }
+
+    async fn statement(&mut self, sql: &str) -> TxResult<Statement> {
+        let text = sql.replace("{s}", self.prefix);
+        if let Some(s) = self.statements.get(&text) {
+            return Ok(s.clone());
+        }
+        // Prepared inside the transaction (BEGIN goes out first): behind
+        // a transaction-mode pooler, an uncached statement is on the
+        // server connection that runs it.
+        let client = self.client;
+        let s = self.pipelined(client.prepare(&text)).await?;
+        // Uncached, it is closed when dropped.
+        if self.cache {
+            self.statements.insert(text, s.clone());
+        }
+        Ok(s)
+    }
+
+    /// Runs a statement (`{s}` stands for the schema prefix), prepared once
+    /// per connection.
+    pub(crate) async fn query(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> TxResult<Vec<Row>> {
+        let s = self.statement(sql).await?;
+        let client = self.client;
+        self.pipelined(client.query(&s, params)).await
+    }
+
+    /// Runs a statement and returns the rows it changed.
+    pub(crate) async fn execute(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> TxResult<u64> {
+        let s = self.statement(sql).await?;
+        let client = self.client;
+        self.pipelined(client.execute(&s, params)).await
+    }
+
+    /// A write whose answer the call does not need: sent with the next
+    /// statement or with `COMMIT` (one round trip fewer). Its failure is
+    /// reported there, before anything sent after it.
+    pub(crate) async fn defer(&mut self, sql: &str, params: Vec<Param>) -> TxResult<()> {
+        let s = self.statement(sql).await?;
+        self.pending.push(Pending::Exec(s, params));
+        Ok(())
+    }
+
+    /// Statements without parameters, sent with the next request.
+    pub(crate) fn defer_batch(&mut self, sql: &'static str) {
+        self.pending.push(Pending::Batch(sql));
+    }
+
+    /// Forgets the deferred writes not sent yet (a refusal rolls back
+    /// anyway).
+    pub(crate) fn discard(&mut self) {
+        self.pending.retain(|p| matches!(p, Pending::Begin(_)));
+    }
+
+    /// A statement that is not cached (setup's, the schema's own).
+    pub(crate) async fn query_text(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> TxResult<Vec<Row>> {
+        let client = self.client;
+        let s = self.pipelined(client.prepare(sql)).await?;
+        self.pipelined(client.query(&s, params)).await
+    }
+
+    /// A statement that is not cached, returning the rows it changed.
+    pub(crate) async fn execute_text(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> TxResult<u64> {
+        let client = self.client;
+        let s = self.pipelined(client.prepare(sql)).await?;
+        self.pipelined(client.execute(&s, params)).await
+    }
+
+    /// Several statements without parameters (the schema files).
+    pub(crate) async fn batch(&mut self, sql: &str) -> TxResult<()> {
+        let client = self.client;
+        self.pipelined(client.batch_execute(sql)).await
     }
 }
 
@@ -283,7 +600,7 @@ impl<'a> Tx<'a> {
 /// (the connection closed, reset, or an I/O error), or the server went
 /// down while answering (connection exception 08, operator intervention
 /// 57P: shutdown, crash). Other server errors roll the transaction back.
-fn commit_outcome_unknown(e: &postgres::Error) -> bool {
+fn commit_outcome_unknown(e: &PgError) -> bool {
     match e.code() {
         None => true,
         Some(c) => {
@@ -293,66 +610,11 @@ fn commit_outcome_unknown(e: &postgres::Error) -> bool {
     }
 }
 
-impl Tx<'_> {
-    fn statement(&mut self, sql: &str) -> TxResult<Statement> {
-        let text = sql.replace("{s}", self.prefix);
-        if let Some(s) = self.statements.get(&text) {
-            return Ok(s.clone());
-        }
-        let s = self.tx.prepare(&text)?;
-        // Uncached, it is closed when dropped, inside its transaction.
-        if self.cache {
-            self.statements.insert(text, s.clone());
-        }
-        Ok(s)
-    }
-
-    /// Runs a statement (`{s}` stands for the schema prefix), prepared once
-    /// per connection.
-    pub(crate) fn query(
-        &mut self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> TxResult<Vec<Row>> {
-        let s = self.statement(sql)?;
-        Ok(self.tx.query(&s, params)?)
-    }
-
-    /// Runs a statement and returns the rows it changed.
-    pub(crate) fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> TxResult<u64> {
-        let s = self.statement(sql)?;
-        Ok(self.tx.execute(&s, params)?)
-    }
-
-    /// A statement that is not cached (setup's, the schema's own).
-    pub(crate) fn query_text(
-        &mut self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> TxResult<Vec<Row>> {
-        Ok(self.tx.query(sql, params)?)
-    }
-
-    /// A statement that is not cached, returning the rows it changed.
-    pub(crate) fn execute_text(
-        &mut self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> TxResult<u64> {
-        Ok(self.tx.execute(sql, params)?)
-    }
-
-    /// Several statements without parameters (the schema files).
-    pub(crate) fn batch(&mut self, sql: &str) -> TxResult<()> {
-        Ok(self.tx.batch_execute(sql)?)
-    }
-}
-
 /// What a server failure means for the call.
 enum Verdict {
     /// Try the whole transaction again (serialization failure, deadlock, a
     /// row another transaction created first).
-    Again,
+    Again(&'static str),
     /// The connection was closed before anything was sent on it: take
     /// another one (a pooled connection the server dropped while idle).
     Redial,
@@ -360,15 +622,11 @@ enum Verdict {
     Fail,
 }
 
-fn verdict(e: &postgres::Error, began: bool) -> Verdict {
+fn verdict(e: &PgError, began: bool) -> Verdict {
     match e.code() {
-        Some(c)
-            if *c == SqlState::T_R_SERIALIZATION_FAILURE
-                || *c == SqlState::T_R_DEADLOCK_DETECTED
-                || *c == SqlState::UNIQUE_VIOLATION =>
-        {
-            Verdict::Again
-        }
+        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE => Verdict::Again("serialization"),
+        Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => Verdict::Again("deadlock"),
+        Some(c) if *c == SqlState::UNIQUE_VIOLATION => Verdict::Again("creation race"),
         Some(c) if *c == SqlState::ADMIN_SHUTDOWN && !began => Verdict::Redial,
         Some(_) => Verdict::Fail,
         None if !began => Verdict::Redial,
@@ -378,14 +636,14 @@ fn verdict(e: &postgres::Error, began: bool) -> Verdict {
 
 /// A prepared statement the server connection does not have, or has
 /// already: what a transaction-mode pooler does to a statement cache.
-fn lost_statement(e: &postgres::Error) -> bool {
+fn lost_statement(e: &PgError) -> bool {
     e.code().is_some_and(|c| {
         *c == SqlState::INVALID_SQL_STATEMENT_NAME || *c == SqlState::DUPLICATE_PSTATEMENT
     })
 }
 
 /// A server failure as the crate's error.
-pub(crate) fn unavailable(e: &postgres::Error) -> StateError {
+pub(crate) fn unavailable(e: &PgError) -> StateError {
     let detail = match e.as_db_error() {
         Some(db) if *db.code() == SqlState::UNDEFINED_TABLE => format!(
             "postgres: {} (run PostgresStore::setup() first)",
@@ -400,48 +658,166 @@ pub(crate) fn unavailable(e: &postgres::Error) -> StateError {
     StateError::unavailable(detail, None)
 }
 
+/// The tries of one call: how many times it went again, and why.
+pub(crate) struct Attempts<'s> {
+    store: &'s PostgresStore,
+    again: u32,
+    /// Every pooled connection may have been dropped by a restarted
+    /// server; each is replaced once, then the call fails.
+    redials: u32,
+}
+
+impl<'s> Attempts<'s> {
+    pub(crate) fn new(store: &'s PostgresStore) -> Self {
+        Attempts {
+            store,
+            again: 0,
+            redials: 0,
+        }
+    }
+
+    /// A connection from the pool (see [`PostgresStore::conn`]).
+    pub(crate) async fn checkout(&self) -> Result<Pooled> {
+        self.store.conn().await
+    }
+
+    /// What a try's outcome means: the call's answer, or try again (after
+    /// a short pause when the server asked for it).
+    pub(crate) async fn judge<T>(
+        &mut self,
+        out: TxResult<T>,
+        began: bool,
+    ) -> ControlFlow<Result<T>> {
+        let e = match out {
+            Ok(v) => return ControlFlow::Break(Ok(v)),
+            Err(Fail::Rule(e)) => return ControlFlow::Break(Err(e)),
+            Err(Fail::Unknown(e)) => {
+                return ControlFlow::Break(Err(StateError::outcome_unknown(
+                    format!(
+                        "postgres: the connection failed after the commit was sent, so the \
+                         write may or may not have been applied: {e}"
+                    ),
+                    None,
+                )));
+            }
+            Err(Fail::Pg(e)) => e,
+        };
+        let store = self.store;
+        match verdict(&e, began) {
+            Verdict::Again(why) if self.again < store.opts.retries => {
+                self.again += 1;
+                crate::observe::retry("postgres", why, self.again);
+                backoff(self.again).await;
+                ControlFlow::Continue(())
+            }
+            Verdict::Redial if self.redials <= store.opts.pool_size => {
+                self.redials += 1;
+                crate::observe::retry("postgres", "redial", self.redials);
+                ControlFlow::Continue(())
+            }
+            _ if lost_statement(&e) => ControlFlow::Break(Err(StateError::refused(
+                format!(
+                    "postgres at {}: {}: a pooler in transaction mode (PgBouncer's \
+                     pool_mode = transaction) in front of the server? Connect to the \
+                     server directly, use the pooler's session mode, or turn off \
+                     PgOptions::statement_cache",
+                    store.target,
+                    describe(&e)
+                ),
+                Some(Box::new(e)),
+            ))),
+            _ => ControlFlow::Break(Err(unavailable(&e))),
+        }
+    }
+}
+
+/// Runs a transaction body (`|tx| body`, an expression evaluated in an
+/// async block, `tx: &mut Tx`) and commits it, trying again as
+/// [`Verdict`] says; evaluates to `Result<T>`. The body may run more than
+/// once; only the last run's writes are committed. A macro, not a function
+/// over an async closure, so that the call's future is `Send` (a bound
+/// an `AsyncFnMut` cannot carry yet).
+macro_rules! txn {
+    ($store:expr, |$tx:ident| $body:expr) => {{
+        let store: &$crate::pg::PostgresStore = $store;
+        let mut attempts = $crate::pg::conn::Attempts::new(store);
+        loop {
+            let mut conn = match attempts.checkout().await {
+                Ok(c) => c,
+                Err(e) => break Err(e),
+            };
+            let mut tx = conn.tx(store);
+            let out = $crate::pg::conn::typed(async {
+                let $tx = &mut tx;
+                let v = $crate::pg::conn::typed(async { $body }).await?;
+                $tx.commit().await?;
+                Ok(v)
+            })
+            .await;
+            let began = tx.finish(out.is_ok()).await;
+            drop(conn);
+            match attempts.judge(out, began).await {
+                ::std::ops::ControlFlow::Break(r) => break r,
+                ::std::ops::ControlFlow::Continue(()) => {}
+            }
+        }
+    }};
+}
+pub(crate) use txn;
+
 impl PostgresStore {
     /// A connection from the pool, dialing one if none is free; waits at
     /// most the connect timeout. A dial the server (or TLS) refuses is
     /// `Refused` as soon as it answers; a server not reached in time is
     /// `Unavailable`, with the last dial's failure.
-    pub(crate) fn conn(&self) -> Result<r2d2::PooledConnection<Manager>> {
-        if let Some(c) = self.pool.try_get() {
-            return Ok(c);
-        }
-        // r2d2 dials in the background and retries a failed dial until the
-        // timeout: wait in short slices, and look at the last dial's
-        // failure between them.
-        const SLICE: Duration = Duration::from_millis(10);
-        let until = Instant::now() + self.opts.connect_timeout;
+    pub(crate) async fn conn(&self) -> Result<Pooled> {
+        let until = tokio::time::Instant::now() + self.opts.connect_timeout;
+        let mut last: Option<Arc<PgError>> = None;
         loop {
-            let left = until.saturating_duration_since(Instant::now());
-            if let Ok(c) = self.pool.get_timeout(left.min(SLICE)) {
-                return Ok(c);
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
             }
-            let failure = self.failure.get();
-            if let Some(e) = failure.as_ref().filter(|e| is_refusal(e)) {
-                return Err(self.refused(e.clone()));
-            }
-            if Instant::now() >= until {
-                let why = match failure {
-                    Some(e) => describe(&e),
-                    None => "every connection is in use".to_string(),
-                };
-                return Err(StateError::unavailable(
-                    format!(
-                        "postgres at {}: no connection within {:?}: {why}",
-                        self.target, self.opts.connect_timeout
-                    ),
-                    None,
-                ));
+            match tokio::time::timeout(left, self.pool.get()).await {
+                Ok(Ok(obj)) => {
+                    let st = self.pool.status();
+                    crate::observe::pool("postgres", st.size - st.available, st.available);
+                    return Ok(Pooled { obj: Some(obj) });
+                }
+                Ok(Err(PoolError::Backend(e))) => {
+                    if is_refusal(&e) {
+                        return Err(self.refused(e));
+                    }
+                    last = Some(e);
+                    // Dialed again until the timeout (a server starting up).
+                    let left = until.saturating_duration_since(tokio::time::Instant::now());
+                    tokio::time::sleep(left.min(Duration::from_millis(25))).await;
+                }
+                Ok(Err(e)) => {
+                    return Err(StateError::unavailable(
+                        format!("postgres at {}: the pool: {e}", self.target),
+                        None,
+                    ));
+                }
+                Err(_) => break,
             }
         }
+        let why = match last {
+            Some(e) => describe(&e),
+            None => "every connection is in use".to_string(),
+        };
+        Err(StateError::unavailable(
+            format!(
+                "postgres at {}: no connection within {:?}: {why}",
+                self.target, self.opts.connect_timeout
+            ),
+            None,
+        ))
     }
 
     /// A dial's refusal as the crate's error: the server's own words, and
     /// the driver's error as the source.
-    fn refused(&self, e: Arc<postgres::Error>) -> StateError {
+    fn refused(&self, e: Arc<PgError>) -> StateError {
         let mut detail = format!(
             "postgres at {} refused the connection: {}",
             self.target,
@@ -454,79 +830,19 @@ impl PostgresStore {
         }
         StateError::refused(detail, Some(Box::new(e)))
     }
-
-    /// Runs `f` in one transaction and commits it. `f` may run more than
-    /// once (see [`Verdict`]); only the last run's writes are committed.
-    pub(crate) fn txn<T>(&self, mut f: impl FnMut(&mut Tx<'_>) -> TxResult<T>) -> Result<T> {
-        let mut again = 0u32;
-        // Every pooled connection may have been dropped by a restarted
-        // server; each is replaced once, then the call fails.
-        let mut redials = 0u32;
-        loop {
-            let mut conn = self.conn()?;
-            let mut began = false;
-            let out = (|| {
-                let Conn {
-                    client, statements, ..
-                } = &mut *conn;
-                let mut tx = Tx::begin(client, statements, self)?;
-                began = true;
-                let v = f(&mut tx)?;
-                tx.commit()?;
-                Ok(v)
-            })();
-            let e = match out {
-                Ok(v) => return Ok(v),
-                Err(Fail::Rule(e)) => return Err(e),
-                Err(Fail::Unknown(e)) => {
-                    return Err(StateError::outcome_unknown(
-                        format!(
-                            "postgres: the connection failed after the commit was sent, so the \
-                             write may or may not have been applied: {e}"
-                        ),
-                        None,
-                    ));
-                }
-                Err(Fail::Pg(e)) => e,
-            };
-            match verdict(&e, began) {
-                Verdict::Again if again < self.opts.retries => {
-                    again += 1;
-                    backoff(again);
-                }
-                Verdict::Redial if redials <= self.opts.pool_size => {
-                    redials += 1;
-                }
-                _ if lost_statement(&e) => {
-                    return Err(StateError::refused(
-                        format!(
-                            "postgres at {}: {}: a pooler in transaction mode (PgBouncer's \
-                             pool_mode = transaction) in front of the server? Connect to the \
-                             server directly, use the pooler's session mode, or turn off \
-                             PgOptions::statement_cache",
-                            self.target,
-                            describe(&e)
-                        ),
-                        Some(Box::new(e)),
-                    ));
-                }
-                _ => return Err(unavailable(&e)),
-            }
-        }
-    }
 }
 
 /// A short, growing, jittered pause before trying a transaction again.
-fn backoff(attempt: u32) {
+async fn backoff(attempt: u32) {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u32(attempt);
     let cap_us = 200u64 << attempt.min(6);
-    std::thread::sleep(Duration::from_micros(h.finish() % cap_us));
+    tokio::time::sleep(Duration::from_micros(h.finish() % cap_us)).await;
 }
 
 /// What to change, for the refusals whose fix is not in the server's words.
-fn refusal_hint(e: &postgres::Error) -> Option<&'static str> {
+fn refusal_hint(e: &PgError) -> Option<&'static str> {
     if let Some(db) = e.as_db_error() {
         let m = db.message();
         return if m.contains("no encryption") {

@@ -30,7 +30,7 @@ use crate::limits::IDEMPOTENCY_PRUNE_MAX;
 use crate::options::IdempotencyWindow;
 use crate::record::Millis;
 
-use super::conn::{Fail, Tx, TxResult};
+use super::conn::{Fail, Tx, TxResult, params};
 use super::{PostgresStore, id_in, num, num_out};
 
 /// Where a key's row is, as stored (escaped like every id).
@@ -40,56 +40,104 @@ struct At {
     key: String,
 }
 
-impl PostgresStore {
-    /// Runs `f` in one transaction (like [`txn`](Self::txn)), under
-    /// `keyed`'s idempotency key when there is one (see the module).
-    /// A keyed call's unknown outcome is retryable (`StateError::keyed`).
-    pub(crate) fn txn_keyed<T: Answer>(
+/// A keyed call's key, where its row is, and the store's window.
+pub(crate) struct KeyedTxn<'k> {
+    keyed: Keyed<'k>,
+    at: At,
+    now: Millis,
+    window: IdempotencyWindow,
+}
+
+impl<'k> KeyedTxn<'k> {
+    pub(crate) fn new(store: &PostgresStore, k: Keyed<'k>) -> Self {
+        KeyedTxn {
+            at: At {
+                kind: i16::from(k.scope.kind()),
+                scope: id_in(k.scope.name()).into_owned(),
+                key: id_in(k.key.as_str()).into_owned(),
+            },
+            keyed: k,
+            now: store.now(),
+            window: store.opts.options.idempotency,
+        }
+    }
+
+    /// Step 1: claims the key, or answers what it remembers.
+    pub(crate) async fn claim<T: Answer>(&self, tx: &mut Tx<'_>) -> TxResult<Option<Result<T>>> {
+        Ok(claim(tx, &self.at, &self.keyed.fingerprint, self.now)
+            .await?
+            .map(|kept| kept.replay(self.keyed.fingerprint, self.keyed.key)))
+    }
+
+    /// Step 3 and 4, after the call's own `answer` (step 2).
+    pub(crate) async fn keep<T: Answer>(
         &self,
-        keyed: Option<Keyed<'_>>,
-        mut f: impl FnMut(&mut Tx<'_>) -> TxResult<T>,
-    ) -> Result<T> {
-        let Some(k) = keyed else {
-            return self.txn(f);
+        tx: &mut Tx<'_>,
+        answer: TxResult<T>,
+    ) -> TxResult<Result<T>> {
+        let answer = match answer {
+            Ok(v) => Ok(v),
+            Err(Fail::Rule(e)) => Err(e),
+            // A server failure: the transaction loop decides (tried
+            // again from the claim, or Unavailable).
+            Err(other) => return Err(other),
         };
-        let now = self.now();
-        let window = self.opts.options.idempotency;
-        let at = At {
-            kind: i16::from(k.scope.kind()),
-            scope: id_in(k.scope.name()).into_owned(),
-            key: id_in(k.key.as_str()).into_owned(),
+        let Some(outcome) = outcome_of(&answer) else {
+            // Not remembered: nothing of the call is kept, its claim
+            // neither (the whole transaction rolls back).
+            return answer.map(Ok).map_err(Fail::Rule);
         };
-        self.txn(|tx| {
-            if let Some(kept) = claim(tx, &at, &k.fingerprint, now)? {
-                return Ok(kept.replay(k.fingerprint, k.key));
-            }
-            tx.batch("SAVEPOINT agentstate_keyed")?;
-            let answer = match f(tx) {
-                Ok(v) => Ok(v),
-                Err(Fail::Rule(e)) => Err(e),
-                // A server failure: the transaction loop decides (tried
-                // again from the claim, or Unavailable).
-                Err(other) => return Err(other),
-            };
-            let Some(outcome) = outcome_of(&answer) else {
-                // Not remembered: nothing of the call is kept, its claim
-                // neither (the whole transaction rolls back).
-                return answer.map(Ok).map_err(Fail::Rule);
-            };
-            if answer.is_err() {
-                tx.batch("ROLLBACK TO SAVEPOINT agentstate_keyed")?;
-            }
-            remember(tx, &at, k.fingerprint, outcome, now, window)?;
-            Ok(answer)
-        })
-        .and_then(|a| a)
-        .map_err(StateError::keyed)
+        if answer.is_err() {
+            // The refused call's deferred writes never go out, and what
+            // it sent is undone.
+            tx.discard();
+            tx.batch("ROLLBACK TO SAVEPOINT agentstate_keyed").await?;
+        }
+        remember(
+            tx,
+            &self.at,
+            self.keyed.fingerprint,
+            outcome,
+            self.now,
+            self.window,
+        )
+        .await?;
+        Ok(answer)
     }
 }
 
+/// [`txn!`](super::conn::txn) under a keyed call's idempotency key when
+/// there is one (`Option<Keyed>`; see the module). A keyed call's unknown
+/// outcome is retryable (`StateError::keyed`).
+macro_rules! txn_keyed {
+    ($store:expr, $keyed:expr, |$tx:ident| $body:expr) => {{
+        let store: &$crate::pg::PostgresStore = $store;
+        match $keyed {
+            None => $crate::pg::conn::txn!(store, |$tx| $body),
+            Some(k) => {
+                let ctx = $crate::pg::idempotency::KeyedTxn::new(store, k);
+                $crate::pg::conn::txn!(store, |keyed_tx| {
+                    if let Some(kept) = ctx.claim(keyed_tx).await? {
+                        return Ok(kept);
+                    }
+                    keyed_tx.defer_batch("SAVEPOINT agentstate_keyed");
+                    let answer = {
+                        let $tx = &mut *keyed_tx;
+                        $crate::pg::conn::typed(async { $body }).await
+                    };
+                    ctx.keep(keyed_tx, answer).await
+                })
+                .and_then(|a| a)
+                .map_err($crate::error::StateError::keyed)
+            }
+        }
+    }};
+}
+pub(crate) use txn_keyed;
+
 /// Claims the key for this transaction (`None`), or reads what it
 /// remembers (`Some`), waiting for a racing call that holds it.
-fn claim(
+async fn claim(
     tx: &mut Tx<'_>,
     at: &At,
     fingerprint: &[u8; 16],
@@ -99,20 +147,24 @@ fn claim(
     // A key pruned between the insert and the read is claimed again; a
     // few rounds are plenty (pruning takes only keys past the window).
     for _ in 0..4 {
-        let claimed = tx.execute(
-            "INSERT INTO {s}agentstate_idempotency (kind, scope, key, fingerprint, created_at) \
+        let claimed = tx
+            .execute(
+                "INSERT INTO {s}agentstate_idempotency (kind, scope, key, fingerprint, created_at) \
              VALUES ($1, $2, $3, $4, $5::text::numeric) \
              ON CONFLICT (kind, scope, key) DO NOTHING",
-            &[&at.kind, &at.scope, &at.key, &fingerprint, &num(now)],
-        )?;
+                &[&at.kind, &at.scope, &at.key, &fingerprint, &num(now)],
+            )
+            .await?;
         if claimed == 1 {
             return Ok(None);
         }
-        let rows = tx.query(
-            "SELECT outcome FROM {s}agentstate_idempotency \
+        let rows = tx
+            .query(
+                "SELECT outcome FROM {s}agentstate_idempotency \
              WHERE kind = $1 AND scope = $2 AND key = $3",
-            &[&at.kind, &at.scope, &at.key],
-        )?;
+                &[&at.kind, &at.scope, &at.key],
+            )
+            .await?;
         if let Some(row) = rows.first() {
             let bytes: Option<&[u8]> = row.get(0);
             let bytes = bytes.ok_or_else(|| {
@@ -130,7 +182,7 @@ fn claim(
 
 /// Keeps `outcome` under the claimed key, after forgetting what of the
 /// scope is past the window.
-fn remember(
+async fn remember(
     tx: &mut Tx<'_>,
     at: &At,
     fingerprint: [u8; 16],
@@ -140,21 +192,25 @@ fn remember(
 ) -> TxResult<()> {
     // The scope's row, locked until commit: ordinals follow commit order
     // and every prune of the scope is serialized, so `kept` stays exact.
-    let rows = tx.query(
-        "INSERT INTO {s}agentstate_idempotency_scopes AS c (kind, scope, next_ordinal, kept) \
+    let rows = tx
+        .query(
+            "INSERT INTO {s}agentstate_idempotency_scopes AS c (kind, scope, next_ordinal, kept) \
          VALUES ($1, $2, 2, 0) \
          ON CONFLICT (kind, scope) DO UPDATE SET next_ordinal = c.next_ordinal + 1 \
          RETURNING next_ordinal - 1, kept",
-        &[&at.kind, &at.scope],
-    )?;
+            &[&at.kind, &at.scope],
+        )
+        .await?;
     let ordinal: i64 = rows[0].get(0);
     let mut kept: i64 = rows[0].get(1);
     // The oldest kept keys (this call's own has no ordinal yet).
-    let oldest = tx.query(
-        "SELECT key, created_at::text FROM {s}agentstate_idempotency \
+    let oldest = tx
+        .query(
+            "SELECT key, created_at::text FROM {s}agentstate_idempotency \
          WHERE kind = $1 AND scope = $2 AND ordinal IS NOT NULL ORDER BY ordinal LIMIT $3",
-        &[&at.kind, &at.scope, &(IDEMPOTENCY_PRUNE_MAX as i64)],
-    )?;
+            &[&at.kind, &at.scope, &(IDEMPOTENCY_PRUNE_MAX as i64)],
+        )
+        .await?;
     let mut gone: Vec<String> = Vec::new();
     for row in &oldest {
         let first = num_out(row.get(1), "agentstate_idempotency.created_at")?;
@@ -172,7 +228,8 @@ fn remember(
         outcome,
     };
     let bytes = value::encode(&remembered);
-    tx.execute(
+    // The last write: it goes out with the COMMIT.
+    tx.defer(
         "WITH gone AS ( \
              DELETE FROM {s}agentstate_idempotency \
              WHERE kind = $1 AND scope = $2 AND key = ANY($3::text[])), \
@@ -181,15 +238,16 @@ fn remember(
              WHERE kind = $1 AND scope = $2 AND key = $4) \
          UPDATE {s}agentstate_idempotency_scopes SET kept = $7 \
          WHERE kind = $1 AND scope = $2",
-        &[
-            &at.kind,
-            &at.scope,
-            &gone,
-            &at.key,
-            &ordinal,
-            &bytes,
-            &(kept + 1),
+        params![
+            at.kind,
+            at.scope.clone(),
+            gone,
+            at.key.clone(),
+            ordinal,
+            bytes,
+            kept + 1,
         ],
-    )?;
+    )
+    .await?;
     Ok(())
 }

@@ -8,11 +8,20 @@
 //! counter row updated in the creating transaction, so a tenant's creates
 //! commit in `seq` order. The schema is `schema/v*.sql`, applied by
 //! [`PostgresStore::setup`].
+//!
+//! Async-native: every call is an `async fn` over `tokio-postgres`
+//! (`core.rs`, the `AsyncCore` of `crate::native`), pooled by `deadpool`
+//! (`conn.rs`); the synchronous traits wait on those futures with the
+//! store's bridge. Files: `conn.rs` the pool and the transaction runner
+//! (retries, verdicts, pipelining), `runs.rs`, `trays.rs`, `budgets.rs`
+//! the calls, `idempotency.rs` keyed calls, `admin.rs` the operator
+//! functions, `tls.rs` libpq's `sslmode` on rustls.
 
 mod admin;
 mod budgets;
-mod conn;
-mod idempotency;
+pub(crate) mod conn;
+mod core;
+pub(crate) mod idempotency;
 mod runs;
 mod tls;
 mod trays;
@@ -23,9 +32,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::error::{Result, StateError};
+use crate::native::Bridge;
 use crate::options::Options;
 
-use conn::{Failure, Manager, Tx};
+use conn::{Manager, Tx, txn};
 
 /// The schema files, in order; `SCHEMA[i]` brings a database from version
 /// `i` to `i + 1`.
@@ -266,6 +276,29 @@ impl PgOptions {
 /// sent leaves it unknown whether it committed: `OutcomeUnknown` (rule I7),
 /// retryable when the call carried an idempotency key (`*_idempotent`).
 ///
+/// **Async-native:** every call is implemented once, as a future over the
+/// `tokio-postgres` client, its connections pooled by `deadpool` and
+/// dialed and driven on a small runtime of the store's own (one worker
+/// thread, started by `connect`), so a pooled connection never belongs to
+/// the runtime of whichever caller dialed it, and the store may be made,
+/// used and dropped inside or outside any runtime.
+/// [`AsyncStore::new`](crate::AsyncStore::new) (or `.into()`) awaits
+/// those futures in the caller's own task: the way to use the store from
+/// async code. The synchronous API ([`StateStore`](crate::StateStore) and
+/// the rest) drives the same future to completion on the calling thread:
+/// an ordinary blocking call on a plain thread; called from inside a
+/// runtime it does not panic, but it blocks that executor thread for the
+/// whole call, so async code should use `AsyncStore`. [`setup_async`](Self::setup_async)
+/// and [`schema_version_async`](Self::schema_version_async) are the async
+/// forms of the two calls of the store's own.
+///
+/// **Cancellation:** a call's future dropped before its `COMMIT` was handed
+/// to the connection applies nothing: the connection, left inside its
+/// transaction, is closed rather than pooled, and the server rolls the
+/// transaction back. Dropped after that, the write may still land (as
+/// after an `OutcomeUnknown`, with no one to tell): drop writes only when
+/// a keyed retry (`*_idempotent`) can settle what happened.
+///
 /// ```no_run
 /// use agentstate::{PostgresStore, RunKey, RunRecord, StateStore};
 /// let store = PostgresStore::connect("postgres://agent@db.internal/agents")?;
@@ -274,7 +307,9 @@ impl PgOptions {
 /// # Ok::<(), agentstate::StateError>(())
 /// ```
 pub struct PostgresStore {
-    pool: r2d2::Pool<Manager>,
+    pool: deadpool::managed::Pool<Manager>,
+    /// The store's runtime: its connections are dialed and driven there.
+    bridge: Arc<Bridge>,
     opts: PgOptions,
     /// `"schema".`, prefixed to every table name.
     prefix: String,
@@ -284,8 +319,6 @@ pub struct PostgresStore {
     display: String,
     /// What starts every transaction: `BEGIN` and the settings.
     begin: String,
-    /// The last dial's failure (see `conn`).
-    failure: Failure,
     /// `host:port` (each, when several), for messages.
     target: String,
 }
@@ -301,8 +334,8 @@ impl std::fmt::Debug for PostgresStore {
 }
 
 /// The hosts and ports a configuration names, `host:port,…`.
-fn target(config: &postgres::Config) -> String {
-    use postgres::config::Host;
+fn target(config: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
     let ports = config.get_ports();
     config
         .get_hosts()
@@ -351,18 +384,65 @@ impl PostgresStore {
     /// server's own words; and `Unavailable` when the server is not reached
     /// within the connect timeout (down, unreachable, restarting).
     pub fn connect_with(dsn: &str, opts: PgOptions) -> Result<PostgresStore> {
+        let display = crate::redact_connection_string(dsn);
+        let (rest, dsn_tls) =
+            tls::split_dsn(dsn).map_err(|e| StateError::invalid(format!("dsn {display}: {e}")))?;
+        let config: tokio_postgres::Config = rest
+            .parse()
+            .map_err(|e| StateError::invalid(format!("dsn {display}: {e}")))?;
+        Self::build(config, dsn_tls, display, opts)
+    }
+
+    /// A store over a client configuration built in code (hosts, user,
+    /// password, database, application name, timeouts, keepalives: any
+    /// `tokio_postgres::Config` setting), with options. Its `ssl_mode`
+    /// (disable, prefer, require) is read as the DSN's `sslmode` would be;
+    /// root and client certificates come from the options
+    /// ([`PgOptions::ssl_root_cert`], [`PgOptions::ssl_client_cert`],
+    /// [`PgOptions::tls`]). Like [`connect_with`](Self::connect_with), it
+    /// opens no connection. `tokio-postgres` 0.7.
+    ///
+    /// ```
+    /// use agentstate::{PgOptions, PostgresStore};
+    /// let mut config = tokio_postgres::Config::new();
+    /// config.host("db.internal").user("agent").dbname("agents");
+    /// let store = PostgresStore::connect_config(config, PgOptions::new())?;
+    /// # Ok::<(), agentstate::StateError>(())
+    /// ```
+    pub fn connect_config(
+        config: tokio_postgres::Config,
+        opts: PgOptions,
+    ) -> Result<PostgresStore> {
+        use tokio_postgres::config::SslMode as S;
+        let dsn_tls = tls::DsnTls {
+            mode: Some(match config.get_ssl_mode() {
+                S::Disable => tls::PgSslMode::Disable,
+                S::Require => tls::PgSslMode::Require,
+                _ => tls::PgSslMode::Prefer,
+            }),
+            ..Default::default()
+        };
+        let display = format!(
+            "postgres://{}@{}/{}",
+            config.get_user().unwrap_or(""),
+            target(&config),
+            config.get_dbname().unwrap_or("")
+        );
+        Self::build(config, dsn_tls, display, opts)
+    }
+
+    fn build(
+        mut config: tokio_postgres::Config,
+        dsn_tls: tls::DsnTls,
+        display: String,
+        opts: PgOptions,
+    ) -> Result<PostgresStore> {
         if !valid_schema(&opts.schema) {
             return Err(StateError::invalid(format!(
                 "schema {:?}: must be a lowercase SQL identifier ([a-z_][a-z0-9_]*, at most 63 bytes)",
                 opts.schema
             )));
         }
-        let display = crate::redact_connection_string(dsn);
-        let (rest, dsn_tls) =
-            tls::split_dsn(dsn).map_err(|e| StateError::invalid(format!("dsn {display}: {e}")))?;
-        let mut config: postgres::Config = rest
-            .parse()
-            .map_err(|e| StateError::invalid(format!("dsn {display}: {e}")))?;
         let mode = opts
             .ssl_mode
             .as_deref()
@@ -409,32 +489,40 @@ impl PostgresStore {
             .keepalives_interval(Duration::from_secs(2))
             .keepalives_retries(3)
             .tcp_user_timeout(opts.statement_timeout + Duration::from_secs(5));
-        let failure = Failure::default();
-        let pool = r2d2::Pool::builder()
-            .max_size(opts.pool_size)
-            // Dialed lazily: a store never used opened no connection.
-            .min_idle(Some(0))
-            .connection_timeout(opts.connect_timeout)
-            // A broken connection fails its call (and is dropped); one
-            // that is closed before a transaction starts is replaced at
-            // once (see `conn`), so no round trip is spent testing.
-            .test_on_check_out(false)
-            .idle_timeout(opts.idle_timeout)
-            .max_lifetime(opts.max_lifetime)
-            // The last dial's failure is kept by the manager (see `conn`).
-            .error_handler(Box::new(r2d2::NopErrorHandler))
-            .build_unchecked(Manager {
-                config,
-                tls: tls
-                    .config
-                    .map(|c| tokio_postgres_rustls::MakeRustlsConnect::new((*c).clone())),
-                failure: failure.clone(),
-                max_lifetime: opts.max_lifetime,
+        let bridge = Arc::new(Bridge::new("agentstate-pg")?);
+        let pool = deadpool::managed::Pool::builder(Manager {
+            config,
+            tls: tls
+                .config
+                .map(|c| tokio_postgres_rustls::MakeRustlsConnect::new((*c).clone())),
+            bridge: bridge.clone(),
+            max_lifetime: opts.max_lifetime,
+            idle_timeout: opts.idle_timeout,
+        })
+        // Dialed lazily: a store never used opened no connection. The
+        // waits are the store's own (see `conn`).
+        .max_size(opts.pool_size as usize)
+        .build()
+        .map_err(|e| StateError::invalid(format!("postgres: the pool: {e}")))?;
+        if opts.idle_timeout.is_some() || opts.max_lifetime.is_some() {
+            // Idle connections are looked at about every 30 s (a
+            // connection in use is checked when it comes back).
+            let weak = pool.weak();
+            bridge.handle().spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    let Some(pool) = weak.upgrade() else { return };
+                    pool.retain(|c, _| {
+                        let m = pool.manager();
+                        !(m.spent(c) || m.stale(c))
+                    });
+                }
             });
+        }
         Ok(PostgresStore {
             pool,
+            bridge,
             begin,
-            failure,
             target,
             prefix: format!("\"{}\".", opts.schema),
             opts,
@@ -449,23 +537,31 @@ impl PostgresStore {
     /// database whose schema is newer than this build knows is refused with
     /// `UnsupportedFormat` and not touched.
     pub fn setup(&self) -> Result<()> {
+        self.bridge.block_on(self.setup_async())
+    }
+
+    /// [`setup`](Self::setup), for async code: awaits in the caller's
+    /// task.
+    pub async fn setup_async(&self) -> Result<()> {
         let schema = self.opts.schema.clone();
         let prefix = self.prefix.clone();
-        self.txn(|tx| {
+        txn!(self, |tx| {
             tx.execute_text(
                 "SELECT pg_advisory_xact_lock(hashtext('agentstate setup ' || $1))",
                 &[&schema],
-            )?;
+            )
+            .await?;
             // Not `CREATE SCHEMA IF NOT EXISTS`, which creates nothing but
             // still needs the CREATE privilege on the database.
             let exists = tx
-                .query_text("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&schema])?
+                .query_text("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&schema])
+                .await?
                 .len()
                 == 1;
             if !exists {
-                tx.batch(&format!("CREATE SCHEMA \"{schema}\""))?;
+                tx.batch(&format!("CREATE SCHEMA \"{schema}\"")).await?;
             }
-            let found = schema_version_in(tx, &prefix)?;
+            let found = schema_version_in(tx, &prefix).await?;
             if found > SCHEMA_VERSION {
                 return Err(StateError::UnsupportedFormat {
                     found,
@@ -474,20 +570,22 @@ impl PostgresStore {
                 .into());
             }
             for sql in &SCHEMA[found as usize..] {
-                tx.batch(&sql.replace("{s}", &prefix))?;
+                tx.batch(&sql.replace("{s}", &prefix)).await?;
             }
             tx.execute(
                 "INSERT INTO {s}agentstate_meta (name, value) VALUES ('schema_version', $1) \
                  ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
                 &[&SCHEMA_VERSION.to_string()],
-            )?;
+            )
+            .await?;
             // 16 random bytes (gen_random_uuid is built in since 13).
             tx.execute(
                 "INSERT INTO {s}agentstate_meta (name, value) \
                  VALUES ('cursor_secret', replace(gen_random_uuid()::text, '-', '')) \
                  ON CONFLICT (name) DO NOTHING",
                 &[],
-            )?;
+            )
+            .await?;
             Ok(())
         })
     }
@@ -495,9 +593,14 @@ impl PostgresStore {
     /// The schema version the database holds (`None` before
     /// [`setup`](Self::setup)); reads only.
     pub fn schema_version(&self) -> Result<Option<u8>> {
+        self.bridge.block_on(self.schema_version_async())
+    }
+
+    /// [`schema_version`](Self::schema_version), for async code.
+    pub async fn schema_version_async(&self) -> Result<Option<u8>> {
         let prefix = self.prefix.clone();
-        self.txn(|tx| {
-            let v = schema_version_in(tx, &prefix)?;
+        txn!(self, |tx| {
+            let v = schema_version_in(tx, &prefix).await?;
             Ok((v > 0).then_some(v))
         })
     }
@@ -512,16 +615,17 @@ impl PostgresStore {
 
     /// The cursor secret, stored in the database so that a cursor from one
     /// worker pages on another.
-    fn secret(&self) -> Result<[u8; 16]> {
+    async fn secret(&self) -> Result<[u8; 16]> {
         if let Some(s) = self.secret.get() {
             return Ok(*s);
         }
-        let hex: Option<String> = self.txn(|tx| {
+        let hex: Option<String> = txn!(self, |tx| {
             Ok(tx
                 .query(
                     "SELECT value FROM {s}agentstate_meta WHERE name = 'cursor_secret'",
                     &[],
-                )?
+                )
+                .await?
                 .first()
                 .map(|r| r.get(0)))
         })?;
@@ -537,16 +641,21 @@ impl PostgresStore {
 }
 
 /// The schema version stored under `prefix`, 0 when none.
-fn schema_version_in(tx: &mut Tx<'_>, prefix: &str) -> std::result::Result<u8, conn::Fail> {
+async fn schema_version_in(tx: &mut Tx<'_>, prefix: &str) -> std::result::Result<u8, conn::Fail> {
     let table = format!("{prefix}agentstate_meta");
-    let exists: bool = tx.query_text("SELECT to_regclass($1) IS NOT NULL", &[&table])?[0].get(0);
+    let exists: bool = tx
+        .query_text("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await?[0]
+        .get(0);
     if !exists {
         return Ok(0);
     }
-    let rows = tx.query(
-        "SELECT value FROM {s}agentstate_meta WHERE name = 'schema_version'",
-        &[],
-    )?;
+    let rows = tx
+        .query(
+            "SELECT value FROM {s}agentstate_meta WHERE name = 'schema_version'",
+            &[],
+        )
+        .await?;
     let Some(row) = rows.first() else {
         return Ok(0);
     };
@@ -609,6 +718,11 @@ pub(crate) fn id_out(s: String) -> Result<String> {
     Ok(out)
 }
 
+/// An id as stored, owned (a deferred write's parameter).
+pub(crate) fn own(s: &str) -> String {
+    id_in(s).into_owned()
+}
+
 /// A u64 as a numeric(20,0) parameter (`$n::text::numeric` in SQL).
 pub(crate) fn num(n: u64) -> String {
     n.to_string()
@@ -647,6 +761,15 @@ pub(crate) fn tenant_cursor(
         })
         .transpose()?;
     Ok((binding, after))
+}
+
+/// Native: each call is awaited in the caller's task
+/// ([`AsyncStore::new`](crate::AsyncStore::new)).
+#[cfg(feature = "async")]
+impl From<PostgresStore> for crate::AsyncStore {
+    fn from(store: PostgresStore) -> Self {
+        crate::AsyncStore::new(store)
+    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,9 @@
 //! Runs and sessions (rules R, S, L, X) as server transactions: read the
 //! row `FOR UPDATE`, decide with `crate::rules`, write.
 
-use postgres::Row;
-use postgres::types::ToSql;
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
-use crate::api::StateStore;
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value;
 use crate::error::{Missing, Result, StateError};
@@ -20,8 +19,9 @@ use crate::rules::{
 use crate::budget::BudgetKey;
 
 use super::budgets::{after_patch, lock_budget};
-use super::conn::{Tx, TxResult};
-use super::{PostgresStore, id_in, id_out, num};
+use super::conn::{Tx, TxResult, params, txn};
+use super::idempotency::txn_keyed;
+use super::{PostgresStore, id_in, id_out, num, own};
 
 /// Decodes a stored run and checks it is the one asked for.
 pub(crate) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
@@ -55,13 +55,19 @@ pub(crate) fn seq_col(seq: u64) -> Result<i64> {
     })
 }
 
-pub(crate) fn read_run(tx: &mut Tx<'_>, key: &RunKey, lock: bool) -> TxResult<Option<RunRecord>> {
+pub(crate) async fn read_run(
+    tx: &mut Tx<'_>,
+    key: &RunKey,
+    lock: bool,
+) -> TxResult<Option<RunRecord>> {
     let sql = if lock {
         "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2 FOR UPDATE"
     } else {
         "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2"
     };
-    let rows = tx.query(sql, &[&id_in(&key.tenant), &id_in(&key.run_id)])?;
+    let rows = tx
+        .query(sql, &[&id_in(&key.tenant), &id_in(&key.run_id)])
+        .await?;
     Ok(rows
         .first()
         .map(|r| decode_run(r.get(0), key))
@@ -69,7 +75,7 @@ pub(crate) fn read_run(tx: &mut Tx<'_>, key: &RunKey, lock: bool) -> TxResult<Op
 }
 
 /// Writes a new run (`created`) or the next version of a stored one.
-pub(crate) fn write_run(
+pub(crate) async fn write_run(
     tx: &mut Tx<'_>,
     new: &RunRecord,
     created: bool,
@@ -81,49 +87,55 @@ pub(crate) fn write_run(
     let k = &new.key;
     let state = new.state.as_str();
     let updated = num(new.updated_at);
+    // Deferred: it goes out with the next statement or the COMMIT (its
+    // failure, a racing create's key, is reported there).
     if created {
-        let session = new.session_id.as_deref().map(id_in);
-        tx.execute(
+        let session = new.session_id.as_deref().map(|s| id_in(s).into_owned());
+        tx.defer(
             "INSERT INTO {s}agentstate_runs \
              (tenant, run_id, seq, state, session_id, agent_name, updated_at, record) \
              VALUES ($1, $2, $3, $4, $5, $6, $7::text::numeric, $8)",
-            &[
-                &id_in(&k.tenant),
-                &id_in(&k.run_id),
-                &seq_col(new.seq)?,
-                &state,
-                &session,
-                &id_in(&new.agent_name),
-                &updated,
-                &bytes,
+            params![
+                own(&k.tenant),
+                own(&k.run_id),
+                seq_col(new.seq)?,
+                state,
+                session,
+                own(&new.agent_name),
+                updated,
+                bytes,
             ],
-        )?;
+        )
+        .await?;
     } else {
-        tx.execute(
+        tx.defer(
             "UPDATE {s}agentstate_runs SET state = $3, agent_name = $4, \
              updated_at = $5::text::numeric, record = $6 WHERE tenant = $1 AND run_id = $2",
-            &[
-                &id_in(&k.tenant),
-                &id_in(&k.run_id),
-                &state,
-                &id_in(&new.agent_name),
-                &updated,
-                &bytes,
+            params![
+                own(&k.tenant),
+                own(&k.run_id),
+                state,
+                own(&new.agent_name),
+                updated,
+                bytes,
             ],
-        )?;
+        )
+        .await?;
     }
     Ok(())
 }
 
 /// The tenant's next seq, taken in this transaction: the counter row stays
 /// locked until commit, so the tenant's creates commit in seq order.
-fn next_seq(tx: &mut Tx<'_>, tenant: &str) -> TxResult<u64> {
-    let rows = tx.query(
-        "INSERT INTO {s}agentstate_counters AS c (tenant, next_seq) VALUES ($1, 2) \
+async fn next_seq(tx: &mut Tx<'_>, tenant: &str) -> TxResult<u64> {
+    let rows = tx
+        .query(
+            "INSERT INTO {s}agentstate_counters AS c (tenant, next_seq) VALUES ($1, 2) \
          ON CONFLICT (tenant) DO UPDATE SET next_seq = c.next_seq + 1 \
          RETURNING next_seq - 1",
-        &[&id_in(tenant)],
-    )?;
+            &[&id_in(tenant)],
+        )
+        .await?;
     let seq: i64 = rows[0].get(0);
     Ok(u64::try_from(seq).map_err(|_| StateError::corrupt("negative seq counter"))?)
 }
@@ -135,25 +147,27 @@ fn run_of(row: &Row, tenant: &str) -> Result<RunRecord> {
 
 impl PostgresStore {
     /// `put_run`, under `keyed`'s idempotency key when there is one.
-    fn put_run_with(&self, record: RunRecord, keyed: Option<Keyed<'_>>) -> Result<RunRecord> {
+    async fn put_run_with(&self, record: RunRecord, keyed: Option<Keyed<'_>>) -> Result<RunRecord> {
         check_record(&record)?;
         // X1: scrubbed before anything reaches the server.
         let record = self.opts.options.scrubber.scrub_run_owned(record);
         let now = self.now();
         let max = self.max();
-        self.txn_keyed(keyed, |tx| {
-            let stored = read_run(tx, &record.key, true)?;
+        txn_keyed!(self, keyed, |tx| {
+            let stored = read_run(tx, &record.key, true).await?;
             check_version(record.version, stored.as_ref().map(|s| s.version))?;
             let new = match &stored {
                 None => {
                     // R8: the session exists at create, and stays until
                     // this run commits (a cascade waits for the lock).
                     if let Some(s) = &record.session_id {
-                        let found = tx.query(
-                            "SELECT 1 FROM {s}agentstate_sessions \
+                        let found = tx
+                            .query(
+                                "SELECT 1 FROM {s}agentstate_sessions \
                              WHERE tenant = $1 AND session_id = $2 FOR KEY SHARE",
-                            &[&id_in(&record.key.tenant), &id_in(s)],
-                        )?;
+                                &[&id_in(&record.key.tenant), &id_in(s)],
+                            )
+                            .await?;
                         if found.is_empty() {
                             return Err(StateError::NotFound(Missing::Session(SessionKey::new(
                                 record.key.tenant.clone(),
@@ -167,16 +181,16 @@ impl PostgresStore {
                     // on it.
                     if let Some(b) = &record.budget {
                         let bk = BudgetKey::new(record.key.tenant.clone(), b.clone());
-                        if lock_budget(tx, &bk)?.is_none() {
+                        if lock_budget(tx, &bk).await?.is_none() {
                             return Err(StateError::NotFound(Missing::Budget(bk)).into());
                         }
                     }
-                    let seq = next_seq(tx, &record.key.tenant)?;
+                    let seq = next_seq(tx, &record.key.tenant).await?;
                     created_run(record.clone(), seq, now)
                 }
                 Some(s) => updated_run(s, record.clone(), now)?,
             };
-            write_run(tx, &new, stored.is_none(), max)?;
+            write_run(tx, &new, stored.is_none(), max).await?;
             if stored.is_none() && new.budget.is_some() {
                 // A run created with amounts already spent spends them on
                 // its budget too.
@@ -186,14 +200,14 @@ impl PostgresStore {
                     iterations: new.iterations,
                     messages_read: 0,
                 };
-                after_patch(tx, &new, &delta, now)?;
+                after_patch(tx, &new, &delta, now).await?;
             }
             Ok(new)
         })
     }
 
     /// `patch_run`, under `keyed`'s idempotency key when there is one.
-    fn patch_run_with(
+    async fn patch_run_with(
         &self,
         key: &RunKey,
         delta: StateDelta,
@@ -202,54 +216,62 @@ impl PostgresStore {
         check_run_key(key)?;
         let now = self.now();
         let max = self.max();
-        self.txn_keyed(keyed, |tx| {
-            let Some(old) = read_run(tx, key, true)? else {
+        txn_keyed!(self, keyed, |tx| {
+            let Some(old) = read_run(tx, key, true).await? else {
                 return Err(StateError::NotFound(Missing::Run(key.clone())).into());
             };
             // R4: the amounts are added inside the record (u64, checked),
             // never in a column that could wrap.
             let new = patched_run(&old, &delta, now)?;
-            write_run(tx, &new, false, max)?;
+            write_run(tx, &new, false, max).await?;
             // B6: a patch counts toward the caps' spent (the run's amounts
             // are the run's spent; its budget's is kept in the budget's
             // row) and never refuses.
             if new.budget.is_some() || !new.caps.is_none() {
-                after_patch(tx, &new, &delta, now)?;
+                after_patch(tx, &new, &delta, now).await?;
             }
             Ok(new)
         })
     }
 }
 
-impl StateStore for PostgresStore {
-    fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
-        self.put_run_with(record, None)
+impl PostgresStore {
+    pub(super) async fn do_put_run(&self, record: RunRecord) -> Result<RunRecord> {
+        self.put_run_with(record, None).await
     }
-    fn put_run_idempotent(&self, record: RunRecord, key: &IdempotencyKey) -> Result<RunRecord> {
+    pub(super) async fn do_put_run_idempotent(
+        &self,
+        record: RunRecord,
+        key: &IdempotencyKey,
+    ) -> Result<RunRecord> {
         let tenant = record.key.tenant.clone();
         let keyed = Keyed::put_run(&tenant, &record, key)?;
-        self.put_run_with(record, Some(keyed))
+        self.put_run_with(record, Some(keyed)).await
     }
 
-    fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
+    pub(super) async fn do_get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
         check_run_key(key)?;
-        self.txn(|tx| read_run(tx, key, false))
+        txn!(self, |tx| read_run(tx, key, false).await)
     }
 
-    fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
-        self.patch_run_with(key, delta, None)
+    pub(super) async fn do_patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
+        self.patch_run_with(key, delta, None).await
     }
-    fn patch_run_idempotent(
+    pub(super) async fn do_patch_run_idempotent(
         &self,
         key: &RunKey,
         delta: StateDelta,
         idempotency_key: &IdempotencyKey,
     ) -> Result<RunRecord> {
         let keyed = Keyed::patch_run(key, &delta, idempotency_key)?;
-        self.patch_run_with(key, delta, Some(keyed))
+        self.patch_run_with(key, delta, Some(keyed)).await
     }
 
-    fn list_runs(&self, q: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
+    pub(super) async fn do_list_runs(
+        &self,
+        q: &StateQuery,
+        page: &PageRequest,
+    ) -> Result<Page<RunRecord>> {
         check_id("tenant", &q.tenant)?;
         if let Some(s) = &q.session {
             check_id("session", s)?;
@@ -258,7 +280,7 @@ impl StateStore for PostgresStore {
             check_id("agent", a)?;
         }
         check_limit(page.limit)?;
-        let secret = self.secret()?;
+        let secret = self.secret().await?;
         // A next page may name only the tenant: its cursor's filters (L7).
         let walk = crate::codec::cursor::runs_query(&secret, q, page)?;
         let q = &*walk;
@@ -300,7 +322,7 @@ impl StateStore for PostgresStore {
             }
         }
         sql.push_str(" ORDER BY seq LIMIT $3");
-        let rows = self.txn(|tx| tx.query(&sql, &params))?;
+        let rows = txn!(self, |tx| tx.query(&sql, &params).await)?;
         let more = rows.len() > page.limit;
         let mut items = Vec::with_capacity(page.limit);
         let mut last = 0u64;
@@ -323,17 +345,19 @@ impl StateStore for PostgresStore {
         Page::new(items, cursor)
     }
 
-    fn put_session(&self, record: SessionRecord) -> Result<SessionRecord> {
+    pub(super) async fn do_put_session(&self, record: SessionRecord) -> Result<SessionRecord> {
         check_session_key(&record.key)?;
         let now = self.now();
         let max = self.max();
-        self.txn(|tx| {
+        txn!(self, |tx| {
             let k = &record.key;
-            let rows = tx.query(
-                "SELECT record FROM {s}agentstate_sessions \
+            let rows = tx
+                .query(
+                    "SELECT record FROM {s}agentstate_sessions \
                  WHERE tenant = $1 AND session_id = $2 FOR UPDATE",
-                &[&id_in(&k.tenant), &id_in(&k.session_id)],
-            )?;
+                    &[&id_in(&k.tenant), &id_in(&k.session_id)],
+                )
+                .await?;
             let stored = rows
                 .first()
                 .map(|r| decode_session(r.get(0), k))
@@ -348,18 +372,19 @@ impl StateStore for PostgresStore {
             } else {
                 "UPDATE {s}agentstate_sessions SET record = $3 WHERE tenant = $1 AND session_id = $2"
             };
-            tx.execute(sql, &[&id_in(&k.tenant), &id_in(&k.session_id), &bytes])?;
+            tx.execute(sql, &[&id_in(&k.tenant), &id_in(&k.session_id), &bytes])
+                .await?;
             Ok(new)
         })
     }
 
-    fn get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+    pub(super) async fn do_get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
         check_session_key(key)?;
-        self.txn(|tx| {
+        txn!(self, |tx| {
             let rows = tx.query(
                 "SELECT record FROM {s}agentstate_sessions WHERE tenant = $1 AND session_id = $2",
                 &[&id_in(&key.tenant), &id_in(&key.session_id)],
-            )?;
+            ).await?;
             Ok(rows
                 .first()
                 .map(|r| decode_session(r.get(0), key))
@@ -367,23 +392,31 @@ impl StateStore for PostgresStore {
         })
     }
 
-    fn delete_session(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
+    pub(super) async fn do_delete_session(
+        &self,
+        key: &SessionKey,
+        cascade: bool,
+    ) -> Result<Vec<RunKey>> {
         check_session_key(key)?;
         let (tenant, sid) = (id_in(&key.tenant), id_in(&key.session_id));
-        self.txn(|tx| {
-            let found = tx.query(
-                "SELECT 1 FROM {s}agentstate_sessions \
+        txn!(self, |tx| {
+            let found = tx
+                .query(
+                    "SELECT 1 FROM {s}agentstate_sessions \
                  WHERE tenant = $1 AND session_id = $2 FOR UPDATE",
-                &[&tenant, &sid],
-            )?;
+                    &[&tenant, &sid],
+                )
+                .await?;
             if found.is_empty() {
                 return Err(StateError::NotFound(Missing::Session(key.clone())).into());
             }
-            let rows = tx.query(
-                "SELECT run_id, record FROM {s}agentstate_runs \
+            let rows = tx
+                .query(
+                    "SELECT run_id, record FROM {s}agentstate_runs \
                  WHERE tenant = $1 AND session_id = $2 ORDER BY seq FOR UPDATE",
-                &[&tenant, &sid],
-            )?;
+                    &[&tenant, &sid],
+                )
+                .await?;
             let runs = rows
                 .iter()
                 .map(|r| run_of(r, &key.tenant))
@@ -401,12 +434,14 @@ impl StateStore for PostgresStore {
                 tx.execute(
                     "DELETE FROM {s}agentstate_runs WHERE tenant = $1 AND session_id = $2",
                     &[&tenant, &sid],
-                )?;
+                )
+                .await?;
             }
             tx.execute(
                 "DELETE FROM {s}agentstate_sessions WHERE tenant = $1 AND session_id = $2",
                 &[&tenant, &sid],
-            )?;
+            )
+            .await?;
             Ok(if cascade {
                 runs.into_iter().map(|r| r.key).collect()
             } else {

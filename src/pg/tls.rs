@@ -59,8 +59,8 @@ impl PgSslMode {
     }
 
     /// What `tokio_postgres` is told: TLS never, if offered, or always.
-    pub(crate) fn driver(self) -> postgres::config::SslMode {
-        use postgres::config::SslMode as S;
+    pub(crate) fn driver(self) -> tokio_postgres::config::SslMode {
+        use tokio_postgres::config::SslMode as S;
         match self {
             PgSslMode::Disable => S::Disable,
             PgSslMode::Prefer => S::Prefer,
@@ -525,7 +525,7 @@ mod tests {
         assert_eq!(tls.root_cert.as_deref(), Some("/x y/ca.pem"));
         assert_eq!(tls.cert.as_deref(), Some("/c"));
         assert_eq!(tls.key.as_deref(), Some("/k"));
-        let parsed: postgres::Config = rest.parse().unwrap();
+        let parsed: tokio_postgres::Config = rest.parse().unwrap();
         assert_eq!(parsed.get_password(), Some(&b"a b'c"[..]));
     }
 

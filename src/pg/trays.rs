@@ -5,9 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use postgres::Row;
+use tokio_postgres::Row;
 
-use crate::api::TrayStore;
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::error::{Result, StateError};
 use crate::idempotency::{IdempotencyKey, Keyed};
@@ -19,29 +18,32 @@ use crate::rules::{
 };
 use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 
-use super::conn::{Tx, TxResult};
-use super::{PostgresStore, id_in, id_out, num, num_out};
+use super::conn::{Tx, TxResult, params, txn};
+use super::idempotency::txn_keyed;
+use super::{PostgresStore, id_in, id_out, num, num_out, own};
 
 /// The stored epoch, locked for this transaction. An instance without a
 /// row gets one holding the caller's epoch, so that a racing holder waits
 /// on it too; a row at epoch 0 reads like no row (T2).
-fn locked_epoch(tx: &mut Tx<'_>, i: &InstanceKey, caller: u64) -> TxResult<(u64, bool)> {
+async fn locked_epoch(tx: &mut Tx<'_>, i: &InstanceKey, caller: u64) -> TxResult<(u64, bool)> {
     let (ns, id) = (id_in(&i.ns), id_in(&i.id));
     let sel = "SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2 FOR UPDATE";
-    if let Some(r) = tx.query(sel, &[&ns, &id])?.first() {
+    if let Some(r) = tx.query(sel, &[&ns, &id]).await?.first() {
         return Ok((num_out(r.get(0), "pinned_epoch.epoch")?, false));
     }
-    let inserted = tx.execute(
-        "INSERT INTO {s}pinned_epoch (ns, id, epoch) VALUES ($1, $2, $3::text::numeric) \
+    let inserted = tx
+        .execute(
+            "INSERT INTO {s}pinned_epoch (ns, id, epoch) VALUES ($1, $2, $3::text::numeric) \
          ON CONFLICT (ns, id) DO NOTHING",
-        &[&ns, &id, &num(caller)],
-    )?;
+            &[&ns, &id, &num(caller)],
+        )
+        .await?;
     if inserted == 1 {
         // Stored nothing before; the caller's epoch is stored now.
         return Ok((0, true));
     }
     // Another transaction created the row first (we waited for it).
-    let rows = tx.query(sel, &[&ns, &id])?;
+    let rows = tx.query(sel, &[&ns, &id]).await?;
     let r = rows
         .first()
         .ok_or_else(|| StateError::corrupt("pinned_epoch row vanished under its lock"))?;
@@ -49,8 +51,8 @@ fn locked_epoch(tx: &mut Tx<'_>, i: &InstanceKey, caller: u64) -> TxResult<(u64,
 }
 
 /// T2: below the stored epoch is `FenceLost`; above it advances it.
-fn fence(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<()> {
-    let (stored, written) = locked_epoch(tx, i, epoch)?;
+async fn fence(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<()> {
+    let (stored, written) = locked_epoch(tx, i, epoch).await?;
     if epoch < stored {
         return Err(StateError::FenceLost {
             caller: epoch,
@@ -59,10 +61,11 @@ fn fence(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<()> {
         .into());
     }
     if epoch > stored && !written {
-        tx.execute(
+        tx.defer(
             "UPDATE {s}pinned_epoch SET epoch = $3::text::numeric WHERE ns = $1 AND id = $2",
-            &[&id_in(&i.ns), &id_in(&i.id), &num(epoch)],
-        )?;
+            params![own(&i.ns), own(&i.id), num(epoch)],
+        )
+        .await?;
     }
     Ok(())
 }
@@ -87,24 +90,25 @@ const UPSERT_TRAY: &str = "INSERT INTO {s}pinned_tray_index \
      ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
      doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname";
 
-pub(crate) fn put_tray(tx: &mut Tx<'_>, k: &TrayKey, t: &Tray) -> TxResult<()> {
-    tx.execute(
+pub(crate) async fn put_tray(tx: &mut Tx<'_>, k: &TrayKey, t: &Tray) -> TxResult<()> {
+    tx.defer(
         UPSERT_TRAY,
-        &[
-            &id_in(&k.ns),
-            &id_in(&k.id),
-            &id_in(&k.tray_ns),
-            &id_in(&k.tray_id),
-            &t.marked,
-            &t.doc,
-            &id_in(&t.env),
-            &id_in(&t.hostname),
+        params![
+            own(&k.ns),
+            own(&k.id),
+            own(&k.tray_ns),
+            own(&k.tray_id),
+            t.marked,
+            t.doc.clone(),
+            own(&t.env),
+            own(&t.hostname),
         ],
-    )?;
+    )
+    .await?;
     Ok(())
 }
 
-fn del_tray(tx: &mut Tx<'_>, k: &TrayKey) -> TxResult<bool> {
+async fn del_tray(tx: &mut Tx<'_>, k: &TrayKey) -> TxResult<bool> {
     let n = tx.execute(
         "DELETE FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4",
         &[
@@ -113,7 +117,7 @@ fn del_tray(tx: &mut Tx<'_>, k: &TrayKey) -> TxResult<bool> {
             &id_in(&k.tray_ns),
             &id_in(&k.tray_id),
         ],
-    )?;
+    ).await?;
     Ok(n == 1)
 }
 
@@ -164,46 +168,53 @@ fn finish<T>(
     Page::new(items, c)
 }
 
-impl TrayStore for PostgresStore {
-    fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
+impl PostgresStore {
+    pub(super) async fn do_read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
         check_tray_key(key)?;
-        self.txn(|tx| {
-            fence(tx, &key.instance(), epoch)?;
-            let rows = tx.query(
-                "SELECT marked, doc, env, hostname FROM {s}pinned_tray_index \
+        txn!(self, |tx| {
+            fence(tx, &key.instance(), epoch).await?;
+            let rows = tx
+                .query(
+                    "SELECT marked, doc, env, hostname FROM {s}pinned_tray_index \
                  WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4",
-                &[
-                    &id_in(&key.ns),
-                    &id_in(&key.id),
-                    &id_in(&key.tray_ns),
-                    &id_in(&key.tray_id),
-                ],
-            )?;
+                    &[
+                        &id_in(&key.ns),
+                        &id_in(&key.id),
+                        &id_in(&key.tray_ns),
+                        &id_in(&key.tray_id),
+                    ],
+                )
+                .await?;
             Ok(rows.first().map(tray_of).map(unescape_tray).transpose()?)
         })
     }
 
-    fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
+    pub(super) async fn do_write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
         check_tray_key(key)?;
         check_tray(&tray, self.max())?;
-        self.txn(|tx| {
-            fence(tx, &key.instance(), epoch)?;
-            put_tray(tx, key, &tray)
+        txn!(self, |tx| {
+            fence(tx, &key.instance(), epoch).await?;
+            put_tray(tx, key, &tray).await
         })
     }
 
-    fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
+    pub(super) async fn do_delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
         check_tray_key(key)?;
-        self.txn(|tx| {
-            fence(tx, &key.instance(), epoch)?;
-            del_tray(tx, key)
+        txn!(self, |tx| {
+            fence(tx, &key.instance(), epoch).await?;
+            del_tray(tx, key).await
         })
     }
 
-    fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
-        self.apply_batch_with(instance, epoch, ops, None)
+    pub(super) async fn do_apply_batch(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+    ) -> Result<()> {
+        self.apply_batch_with(instance, epoch, ops, None).await
     }
-    fn apply_batch_idempotent(
+    pub(super) async fn do_apply_batch_idempotent(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -212,26 +223,28 @@ impl TrayStore for PostgresStore {
     ) -> Result<()> {
         let keyed = Keyed::apply_batch(instance, epoch, &ops, key)?;
         self.apply_batch_with(instance, epoch, ops, Some(keyed))
+            .await
     }
 
-    fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
+    pub(super) async fn do_release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
         check_instance(instance)?;
-        self.txn(|tx| {
-            let (stored, _) = locked_epoch(tx, instance, epoch)?;
+        txn!(self, |tx| {
+            let (stored, _) = locked_epoch(tx, instance, epoch).await?;
             // T4: an older placement's release is a no-op, not an error.
             if epoch < stored {
                 return Ok(());
             }
-            fence(tx, instance, epoch)?;
-            tx.execute(
+            fence(tx, instance, epoch).await?;
+            tx.defer(
                 "UPDATE {s}pinned_tray_index SET marked = false WHERE ns = $1 AND id = $2 AND marked",
-                &[&id_in(&instance.ns), &id_in(&instance.id)],
-            )?;
+                params![own(&instance.ns), own(&instance.id)],
+            )
+            .await?;
             Ok(())
         })
     }
 
-    fn list_trays(
+    pub(super) async fn do_list_trays(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -239,7 +252,7 @@ impl TrayStore for PostgresStore {
     ) -> Result<Page<(TrayKey, Tray)>> {
         check_instance(instance)?;
         check_limit(page.limit)?;
-        let secret = self.secret()?;
+        let secret = self.secret().await?;
         let binding = KeyBuf::table(Listing::Trays as u8)
             .str(&instance.ns)
             .str(&instance.id)
@@ -258,19 +271,25 @@ impl TrayStore for PostgresStore {
         };
         let limit = (page.limit + 1) as i64;
         let (ns, id) = (id_in(&instance.ns), id_in(&instance.id));
-        let rows = self.txn(|tx| {
-            fence(tx, instance, epoch)?;
+        let rows = txn!(self, |tx| {
+            fence(tx, instance, epoch).await?;
             match &after {
-                None => tx.query(
-                    "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
+                None => {
+                    tx.query(
+                        "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
                      ORDER BY tray_ns, tray_id LIMIT $3",
-                    &[&ns, &id, &limit],
-                ),
-                Some(k) => tx.query(
-                    "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
+                        &[&ns, &id, &limit],
+                    )
+                    .await
+                }
+                Some(k) => {
+                    tx.query(
+                        "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
                      AND (tray_ns, tray_id) > ($4, $5) ORDER BY tray_ns, tray_id LIMIT $3",
-                    &[&ns, &id, &limit, &id_in(&k.tray_ns), &id_in(&k.tray_id)],
-                ),
+                        &[&ns, &id, &limit, &id_in(&k.tray_ns), &id_in(&k.tray_id)],
+                    )
+                    .await
+                }
             }
         })?;
         let items = rows
@@ -287,12 +306,16 @@ impl TrayStore for PostgresStore {
         })
     }
 
-    fn marked_trays(&self, env: Option<&str>, page: &PageRequest) -> Result<Page<MarkedTray>> {
+    pub(super) async fn do_marked_trays(
+        &self,
+        env: Option<&str>,
+        page: &PageRequest,
+    ) -> Result<Page<MarkedTray>> {
         if let Some(e) = env {
             check_id("env", e)?;
         }
         check_limit(page.limit)?;
-        let secret = self.secret()?;
+        let secret = self.secret().await?;
         let mut binding = KeyBuf::table(Listing::Marked as u8);
         binding = match env {
             Some(e) => binding.u8(1).str(e),
@@ -321,19 +344,21 @@ impl TrayStore for PostgresStore {
         let cols =
             "SELECT ns, id, tray_ns, tray_id, env, hostname FROM {s}pinned_tray_index WHERE marked";
         let order = "ORDER BY ns, id, tray_ns, tray_id LIMIT $1";
-        let rows = self.txn(|tx| match (&env_col, &a) {
-            (None, None) => tx.query(&format!("{cols} {order}"), &[&limit]),
-            (Some(e), None) => tx.query(&format!("{cols} AND env = $2 {order}"), &[&limit, e]),
+        let rows = txn!(self, |tx| {
+            match (&env_col, &a) {
+            (None, None) => tx.query(&format!("{cols} {order}"), &[&limit]).await,
+            (Some(e), None) => tx.query(&format!("{cols} AND env = $2 {order}"), &[&limit, e]).await,
             (None, Some(a)) => tx.query(
                 &format!("{cols} AND (ns, id, tray_ns, tray_id) > ($2, $3, $4, $5) {order}"),
                 &[&limit, &a[0], &a[1], &a[2], &a[3]],
-            ),
+            ).await,
             (Some(e), Some(a)) => tx.query(
                 &format!(
                     "{cols} AND env = $6 AND (ns, id, tray_ns, tray_id) > ($2, $3, $4, $5) {order}"
                 ),
                 &[&limit, &a[0], &a[1], &a[2], &a[3], e],
-            ),
+            ).await,
+        }
         })?;
         let items = rows
             .iter()
@@ -355,13 +380,15 @@ impl TrayStore for PostgresStore {
         })
     }
 
-    fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
+    pub(super) async fn do_epoch(&self, instance: &InstanceKey) -> Result<u64> {
         check_instance(instance)?;
-        self.txn(|tx| {
-            let rows = tx.query(
-                "SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2",
-                &[&id_in(&instance.ns), &id_in(&instance.id)],
-            )?;
+        txn!(self, |tx| {
+            let rows = tx
+                .query(
+                    "SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2",
+                    &[&id_in(&instance.ns), &id_in(&instance.id)],
+                )
+                .await?;
             Ok(match rows.first() {
                 Some(r) => num_out(r.get(0), "pinned_epoch.epoch")?,
                 None => 0,
@@ -369,22 +396,32 @@ impl TrayStore for PostgresStore {
         })
     }
 
-    fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
+    pub(super) async fn do_set_alarm(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        due_at: Millis,
+    ) -> Result<()> {
         check_instance(instance)?;
-        self.txn(|tx| {
-            fence(tx, instance, epoch)?;
-            tx.execute(
+        txn!(self, |tx| {
+            fence(tx, instance, epoch).await?;
+            tx.defer(
                 "INSERT INTO {s}agentstate_alarms (ns, id, due_at) VALUES ($1, $2, $3::text::numeric) \
                  ON CONFLICT (ns, id) DO UPDATE SET due_at = EXCLUDED.due_at",
-                &[&id_in(&instance.ns), &id_in(&instance.id), &num(due_at)],
-            )?;
+                params![own(&instance.ns), own(&instance.id), num(due_at)],
+            )
+            .await?;
             Ok(())
         })
     }
 
-    fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
+    pub(super) async fn do_due_alarms(
+        &self,
+        now: Millis,
+        page: &PageRequest,
+    ) -> Result<Page<Alarm>> {
         check_limit(page.limit)?;
-        let secret = self.secret()?;
+        let secret = self.secret().await?;
         let binding = KeyBuf::table(Listing::Alarms as u8).done();
         let after = page
             .cursor
@@ -399,18 +436,20 @@ impl TrayStore for PostgresStore {
             .transpose()?;
         let limit = (page.limit + 1) as i64;
         let now_s = num(now);
-        let rows = self.txn(|tx| match &after {
+        let rows = txn!(self, |tx| {
+            match &after {
             None => tx.query(
                 "SELECT ns, id, due_at::text AS due_text FROM {s}agentstate_alarms \
                  WHERE due_at <= $1::text::numeric ORDER BY due_at, ns, id LIMIT $2",
                 &[&now_s, &limit],
-            ),
+            ).await,
             Some((due, ns, id)) => tx.query(
                 "SELECT ns, id, due_at::text AS due_text FROM {s}agentstate_alarms \
                  WHERE due_at <= $1::text::numeric AND (due_at, ns, id) > ($3::text::numeric, $4, $5) \
                  ORDER BY due_at, ns, id LIMIT $2",
                 &[&now_s, &limit, &num(*due), &id_in(ns), &id_in(id)],
-            ),
+            ).await,
+        }
         })?;
         let items = rows
             .iter()
@@ -434,16 +473,23 @@ impl TrayStore for PostgresStore {
         })
     }
 
-    fn ack_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<bool> {
+    pub(super) async fn do_ack_alarm(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        due_at: Millis,
+    ) -> Result<bool> {
         check_instance(instance)?;
-        self.txn(|tx| {
-            fence(tx, instance, epoch)?;
+        txn!(self, |tx| {
+            fence(tx, instance, epoch).await?;
             // A3: an ack for a replaced alarm removes nothing.
-            let n = tx.execute(
-                "DELETE FROM {s}agentstate_alarms \
+            let n = tx
+                .execute(
+                    "DELETE FROM {s}agentstate_alarms \
                  WHERE ns = $1 AND id = $2 AND due_at = $3::text::numeric",
-                &[&id_in(&instance.ns), &id_in(&instance.id), &num(due_at)],
-            )?;
+                    &[&id_in(&instance.ns), &id_in(&instance.id), &num(due_at)],
+                )
+                .await?;
             Ok(n == 1)
         })
     }
@@ -451,7 +497,7 @@ impl TrayStore for PostgresStore {
 
 impl PostgresStore {
     /// `apply_batch`, under `keyed`'s idempotency key when there is one.
-    fn apply_batch_with(
+    async fn apply_batch_with(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -488,7 +534,7 @@ impl PostgresStore {
                     put.0.push(id_in(tns).into_owned());
                     put.1.push(id_in(tid).into_owned());
                     put.2.push(t.marked);
-                    put.3.push(t.doc.as_slice());
+                    put.3.push(t.doc.clone());
                     put.4.push(id_in(&t.env).into_owned());
                     put.5.push(id_in(&t.hostname).into_owned());
                 }
@@ -498,24 +544,36 @@ impl PostgresStore {
                 }
             }
         }
-        self.txn_keyed(keyed, |tx| {
-            fence(tx, instance, epoch)?;
+        txn_keyed!(self, keyed, |tx| {
+            fence(tx, instance, epoch).await?;
+            // Both deferred: they go out with the COMMIT.
             if !del.0.is_empty() {
-                tx.execute(
+                tx.defer(
                     "DELETE FROM {s}pinned_tray_index t USING unnest($3::text[], $4::text[]) AS d(tray_ns, tray_id) \
                      WHERE t.ns = $1 AND t.id = $2 AND t.tray_ns = d.tray_ns AND t.tray_id = d.tray_id",
-                    &[&ns, &id, &del.0, &del.1],
-                )?;
+                    params![ns.to_string(), id.to_string(), del.0.clone(), del.1.clone()],
+                )
+                .await?;
             }
             if !put.0.is_empty() {
-                tx.execute(
+                tx.defer(
                     "INSERT INTO {s}pinned_tray_index (ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
                      SELECT $1, $2, u.* FROM unnest($3::text[], $4::text[], $5::bool[], $6::bytea[], $7::text[], $8::text[]) \
                      AS u(tray_ns, tray_id, marked, doc, env, hostname) \
                      ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
                      doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname",
-                    &[&ns, &id, &put.0, &put.1, &put.2, &put.3, &put.4, &put.5],
-                )?;
+                    params![
+                        ns.to_string(),
+                        id.to_string(),
+                        put.0.clone(),
+                        put.1.clone(),
+                        put.2.clone(),
+                        put.3.clone(),
+                        put.4.clone(),
+                        put.5.clone(),
+                    ],
+                )
+                .await?;
             }
             Ok(())
         })

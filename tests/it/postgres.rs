@@ -919,13 +919,13 @@ mod cut {
 
 /// A TCP proxy to the shared server that cuts a connection where `mode`
 /// says (once, then passes through again); its port.
-fn cutting_proxy(mode: Arc<std::sync::atomic::AtomicU8>) -> (u16, postgres::Config) {
+fn cutting_proxy(mode: Arc<std::sync::atomic::AtomicU8>) -> (u16, tokio_postgres::Config) {
     use std::io::{Read, Write};
     use std::net::{Shutdown, TcpListener, TcpStream};
-    let cfg: postgres::Config = shared_dsn().parse().expect("the shared dsn");
+    let cfg: tokio_postgres::Config = shared_dsn().parse().expect("the shared dsn");
     let port = cfg.get_ports().first().copied().unwrap_or(5432);
     let host = match cfg.get_hosts().first() {
-        Some(postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
         _ => "127.0.0.1".to_string(),
     };
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -1493,9 +1493,9 @@ mod pgbouncer {
     fn bouncer() -> &'static PgBouncer {
         static B: OnceLock<PgBouncer> = OnceLock::new();
         B.get_or_init(|| {
-            let cfg: postgres::Config = shared_dsn().parse().expect("the shared dsn");
+            let cfg: tokio_postgres::Config = shared_dsn().parse().expect("the shared dsn");
             let host = match cfg.get_hosts().first() {
-                Some(postgres::config::Host::Tcp(h)) => h.clone(),
+                Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
                 _ => "127.0.0.1".to_string(),
             };
             let port = cfg.get_ports().first().copied().unwrap_or(5432);
@@ -1548,9 +1548,9 @@ mod pgbouncer {
     /// PgBouncer refuses).
     #[test]
     fn session_mode_works_as_a_direct_connection() {
-        let cfg: postgres::Config = shared_dsn().parse().expect("the shared dsn");
+        let cfg: tokio_postgres::Config = shared_dsn().parse().expect("the shared dsn");
         let host = match cfg.get_hosts().first() {
-            Some(postgres::config::Host::Tcp(h)) => h.clone(),
+            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
             _ => "127.0.0.1".to_string(),
         };
         let port = cfg.get_ports().first().copied().unwrap_or(5432);
@@ -1642,4 +1642,306 @@ fn a_connection_past_its_max_lifetime_is_replaced() {
     let second = pids();
     assert_eq!(second.len(), 1, "{second:?}");
     assert_ne!(second, first);
+}
+
+/// Async-native (issue 40): the store's own runtime, and the sync API
+/// over it, from inside and outside callers' runtimes.
+mod native {
+    use super::*;
+    use agentstate::AsyncStore;
+
+    /// The shared DSN under an application name of this test's own (to
+    /// find its server connections in `pg_stat_activity`), and that name.
+    /// (The test harness's servers and schema are made with a sync
+    /// client: in an async test, through `spawn_blocking`.)
+    fn tagged_dsn(tag: &str) -> (String, String) {
+        schema();
+        let app = unique(tag).replace('-', "_");
+        let sep = if shared_dsn().contains('?') { '&' } else { '?' };
+        (format!("{}{sep}application_name={app}", shared_dsn()), app)
+    }
+
+    fn connect(dsn: &str, pool: u32) -> PostgresStore {
+        PostgresStore::connect_with(dsn, PgOptions::new().schema(schema()).pool_size(pool))
+            .expect("connect")
+    }
+
+    /// Made, used (natively through `AsyncStore` and through the sync API
+    /// from an executor thread) and dropped inside a runtime.
+    async fn inside_a_runtime(flavor: &str) {
+        let key = RunKey::new(unique("native"), flavor);
+        let (dsn, _) = tokio::task::spawn_blocking(|| tagged_dsn("native"))
+            .await
+            .expect("the harness");
+        // Native.
+        let store = AsyncStore::new(connect(&dsn, 2));
+        let put = store
+            .put_run(RunRecord::new(key.clone(), "a"))
+            .await
+            .expect("put");
+        assert_eq!(put.version, 1);
+        let patched = store
+            .patch_run(
+                &key,
+                StateDelta {
+                    iterations: 2,
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("patch");
+        assert_eq!(patched.iterations, 2);
+        let from: AsyncStore = connect(&dsn, 1).into();
+        assert_eq!(
+            from.get_run(&key).await.expect("get"),
+            Some(patched.clone())
+        );
+        drop(from);
+        drop(store);
+        // The sync API, on this executor thread: it blocks the thread for
+        // the call, and works on either flavor.
+        let sync = connect(&dsn, 2);
+        assert_eq!(sync.get_run(&key).expect("sync get"), Some(patched));
+        sync.patch_run(
+            &key,
+            StateDelta {
+                iterations: 1,
+                ..Default::default()
+            },
+        )
+        .expect("sync patch");
+        assert_eq!(sync.schema_version_async().await.expect("version"), Some(3));
+        assert!(
+            sync.list_sessions(&key.tenant, &PageRequest::new(10))
+                .is_ok()
+        );
+        // Its async calls too, in this task.
+        let got = sync.setup_async().await;
+        assert!(got.is_ok(), "{got:?}");
+        drop(sync);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_store_lives_and_dies_inside_a_current_thread_runtime() {
+        inside_a_runtime("current").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_lives_and_dies_inside_a_multi_thread_runtime() {
+        inside_a_runtime("multi").await;
+    }
+
+    /// Server connections of `app` still inside a transaction.
+    fn idle_in_transaction(app: &str) -> i64 {
+        let mut admin = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("admin");
+        admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+                 AND state LIKE 'idle in transaction%'",
+                &[&app],
+            )
+            .expect("pg_stat_activity")
+            .get(0)
+    }
+
+    /// W3: a `put_run` future dropped at any point (a timeout of a few
+    /// microseconds to a few milliseconds, many times) leaves the record
+    /// at its old version or its new one, never half-written, and no
+    /// connection inside a transaction: afterwards every pooled connection
+    /// works.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropped_put_run_futures_leave_no_partial_write_and_no_open_transaction() {
+        const POOL: u32 = 3;
+        let (dsn, app) = tokio::task::spawn_blocking(|| tagged_dsn("dropped"))
+            .await
+            .expect("the harness");
+        let store = AsyncStore::new(connect(&dsn, POOL));
+        let key = RunKey::new(unique("dropped"), "r");
+        let mut stored = store
+            .put_run(RunRecord::new(key.clone(), "agent0"))
+            .await
+            .expect("create");
+        let (mut finished, mut landed, mut cut, mut late) = (0u32, 0u32, 0u32, 0u32);
+        // The rounds that tried to write each version: the one stored
+        // must be one of them, whole.
+        let mut tried: std::collections::HashMap<u64, Vec<String>> = Default::default();
+        tried.insert(1, vec!["agent0".to_string()]);
+        let mut dropped = 0u32;
+        for round in 1..=rounds(300) {
+            let mut next = stored.clone();
+            next.agent_name = format!("agent{round}");
+            tried
+                .entry(stored.version + 1)
+                .or_default()
+                .push(next.agent_name.clone());
+            // Dropped after 0 to ~600 turns of the scheduler (tokio's
+            // timers tick in milliseconds, longer than a call here):
+            // before the checkout, mid-pipeline, after the COMMIT was
+            // sent, or not at all.
+            let turns = (round * 7919) % 600;
+            let done = tokio::select! {
+                biased;
+                r = store.put_run(next) => Some(r),
+                _ = async {
+                    for _ in 0..turns {
+                        tokio::task::yield_now().await;
+                    }
+                } => None,
+            };
+            let now = store.get_run(&key).await.expect("get").expect("run");
+            assert!(
+                tried[&now.version].contains(&now.agent_name),
+                "round {round}: version {} holds {:?}, which no round wrote as it",
+                now.version,
+                now.agent_name
+            );
+            match done {
+                Some(Ok(r)) => {
+                    assert_eq!(now, r, "round {round}: the answer is what is stored");
+                    finished += 1;
+                }
+                // An earlier dropped call whose COMMIT had been sent
+                // landed after that round read the record.
+                Some(Err(StateError::Conflict { .. })) => {
+                    late += 1;
+                    assert!(
+                        late <= dropped,
+                        "round {round}: a conflict no drop explains"
+                    );
+                }
+                Some(Err(e)) => panic!("round {round}: {e:?}"),
+                None if now.version == stored.version => {
+                    dropped += 1;
+                    cut += 1;
+                }
+                // Landed: this round's write, or an earlier dropped one's
+                // (checked whole above).
+                None => {
+                    dropped += 1;
+                    landed += 1;
+                }
+            }
+            stored = now;
+        }
+        assert!(cut > 0 && finished > 0, "{cut} cut, {finished} finished");
+        // Every connection of the pool works: POOL calls at once, each
+        // holding its connection (a write under the same row lock waits
+        // on the others).
+        let calls = (0..POOL).map(|_| {
+            let (store, key) = (store.clone(), key.clone());
+            async move {
+                store
+                    .patch_run(
+                        &key,
+                        StateDelta {
+                            iterations: 1,
+                            ..Default::default()
+                        },
+                    )
+                    .await
+            }
+        });
+        for r in futures_join(calls).await {
+            r.expect("every pooled connection works");
+        }
+        let r = store.get_run(&key).await.expect("get").expect("run");
+        assert_eq!(r.iterations, u64::from(POOL));
+        // None of this store's server connections is left inside a
+        // transaction (a dropped call's connection is closed, and the
+        // server aborts its transaction).
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let app = app.clone();
+            let stuck = tokio::task::spawn_blocking(move || idle_in_transaction(&app))
+                .await
+                .expect("the harness");
+            if stuck == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "a connection stuck in a transaction"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!(
+            "dropped put_run: {cut} cut (not applied when read), {landed} dropped after \
+             landing, {late} conflicts with a late landing, {finished} finished"
+        );
+    }
+
+    /// Awaits every future, concurrently.
+    async fn futures_join<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let handles: Vec<_> = futs.map(tokio::spawn).collect();
+        let mut out = Vec::new();
+        for h in handles {
+            out.push(h.await.expect("no task panicked"));
+        }
+        out
+    }
+
+    /// The sync API from many OS threads at once, over a small pool: every
+    /// call lands once.
+    #[test]
+    fn the_sync_api_from_many_threads_at_once() {
+        const THREADS: usize = 32;
+        const CALLS: u64 = 10;
+        let (dsn, _) = tagged_dsn("threads");
+        let store = Arc::new(connect(&dsn, 4));
+        let key = RunKey::new(unique("threads"), "r");
+        store
+            .put_run(RunRecord::new(key.clone(), "a"))
+            .expect("create");
+        let start = Arc::new(Barrier::new(THREADS));
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (store, key, start) = (store.clone(), key.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    for _ in 0..CALLS {
+                        store
+                            .patch_run(
+                                &key,
+                                StateDelta {
+                                    iterations: 1,
+                                    ..Default::default()
+                                },
+                            )
+                            .expect("patch");
+                        let mine = RunKey::new(key.tenant.clone(), format!("t{t}"));
+                        match store.get_run(&mine).expect("get") {
+                            None => store.put_run(RunRecord::new(mine, "b")).map(|_| ()),
+                            Some(r) => store.put_run(r).map(|_| ()),
+                        }
+                        .expect("put");
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("no thread panicked");
+        }
+        let r = store.get_run(&key).expect("get").expect("run");
+        assert_eq!(r.iterations, THREADS as u64 * CALLS);
+        assert_eq!(r.version, THREADS as u64 * CALLS + 1);
+    }
+
+    /// A client configuration built in code (`connect_config`).
+    #[test]
+    fn a_store_over_a_config_built_in_code() {
+        let mut config: tokio_postgres::Config = shared_dsn().parse().expect("the shared dsn");
+        config.application_name("agentstate-config-test");
+        let store = PostgresStore::connect_config(config, PgOptions::new().schema(schema()))
+            .expect("connect");
+        let key = RunKey::new(unique("config"), "r");
+        let put = store
+            .put_run(RunRecord::new(key.clone(), "a"))
+            .expect("put");
+        assert_eq!(store.get_run(&key).expect("get"), Some(put));
+        assert!(format!("{store:?}").contains("postgres://"));
+    }
 }
