@@ -34,6 +34,13 @@ pub trait StateStore: Send + Sync {
         delta: StateDelta,
         idempotency_key: &IdempotencyKey,
     ) -> Result<RunRecord>;
+    /// Deletes a run (rule R10): at `Some(version)` when that is its stored
+    /// version (`Conflict` otherwise), at `None` only when it is finished
+    /// (`InUse` naming it otherwise: an unfinished run is deleted only by
+    /// stating the version its owner last saw). Its index entries and live
+    /// holds go with it; what it spent stays spent against its budget.
+    /// Returns the record as it was; `NotFound` when there is none.
+    fn delete_run(&self, key: &RunKey, expected_version: Option<u64>) -> Result<RunRecord>;
     /// One page of a tenant's runs in `seq` order (rules L1–L6).
     fn list_runs(&self, query: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>>;
     /// Creates or updates a session, versioned like a run (rule S1).

@@ -318,6 +318,18 @@ impl AsyncStore {
             .await
     }
 
+    /// [`StateStore::delete_run`].
+    pub async fn delete_run(
+        &self,
+        key: &RunKey,
+        expected_version: Option<u64>,
+    ) -> Result<RunRecord> {
+        native!(self.delete_run(key, expected_version));
+        let key = key.clone();
+        self.run(move |s| s.delete_run(&key, expected_version))
+            .await
+    }
+
     /// [`StateStore::list_runs`].
     pub async fn list_runs(
         &self,

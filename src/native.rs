@@ -159,6 +159,11 @@ pub(crate) trait AsyncCore: Send + Sync {
         delta: StateDelta,
         idempotency_key: &IdempotencyKey,
     ) -> impl Future<Output = Result<RunRecord>> + Send;
+    fn delete_run(
+        &self,
+        key: &RunKey,
+        expected_version: Option<u64>,
+    ) -> impl Future<Output = Result<RunRecord>> + Send;
     fn list_runs(
         &self,
         query: &StateQuery,
@@ -307,6 +312,11 @@ pub(crate) trait DynCore: Send + Sync {
         delta: StateDelta,
         idempotency_key: &'a IdempotencyKey,
     ) -> BoxFut<'a, RunRecord>;
+    fn delete_run<'a>(
+        &'a self,
+        key: &'a RunKey,
+        expected_version: Option<u64>,
+    ) -> BoxFut<'a, RunRecord>;
     fn list_runs<'a>(
         &'a self,
         query: &'a StateQuery,
@@ -428,6 +438,13 @@ impl<T: AsyncCore> DynCore for T {
             delta,
             idempotency_key,
         ))
+    }
+    fn delete_run<'a>(
+        &'a self,
+        key: &'a RunKey,
+        expected_version: Option<u64>,
+    ) -> BoxFut<'a, RunRecord> {
+        Box::pin(AsyncCore::delete_run(self, key, expected_version))
     }
     fn list_runs<'a>(
         &'a self,
@@ -616,6 +633,14 @@ macro_rules! sync_over_async {
             ) -> $crate::Result<$crate::RunRecord> {
                 use $crate::native::AsyncCore as C;
                 C::bridge(self).block_on(C::patch_run_idempotent(self, key, delta, idempotency_key))
+            }
+            fn delete_run(
+                &self,
+                key: &$crate::RunKey,
+                expected_version: Option<u64>,
+            ) -> $crate::Result<$crate::RunRecord> {
+                use $crate::native::AsyncCore as C;
+                C::bridge(self).block_on(C::delete_run(self, key, expected_version))
             }
             fn list_runs(
                 &self,

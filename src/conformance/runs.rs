@@ -1,5 +1,6 @@
 //! R — runs: keys, versions and conflicts, racing writers, commuting
-//! patches, what a record holds, sessions at create, finished runs (R1–R9).
+//! patches, what a record holds, sessions at create, finished runs, deletes
+//! (R1–R10).
 
 use super::Factory;
 use super::helpers::*;
@@ -788,4 +789,158 @@ pub fn r9_finished_run_stays_finished(make: Factory<'_>) {
             "R9: a patch adds to a {done:?} run and leaves it {done:?}"
         );
     }
+}
+
+/// R10: `delete_run` deletes at the stated version, or, with none stated,
+/// only a finished run; the record, every listing of it and its live holds
+/// go (what it spent stays spent on its budget), and the id is free again.
+pub fn r10_delete_run_versioned_and_whole(make: Factory<'_>) {
+    use crate::{BudgetKey, BudgetRecord, Caps, Hold, PageRequest};
+    let c = open(make);
+    let s = &*c.store;
+    let t = unique("r10");
+
+    // An unfinished run: only its version deletes it.
+    let key = RunKey::new(&t, "live");
+    create(s, RunRecord::new(key.clone(), "planner"));
+    let live = update(s, &key, |r| r.state = RunState::Running);
+    let e = expect_err!(
+        s.delete_run(&key, None),
+        StateError::InUse { ref runs } if runs == &vec![key.clone()],
+        "R10: deleting an unfinished run without its version"
+    );
+    assert!(!e.is_retryable(), "R10: InUse is not retryable");
+    expect_err!(
+        s.delete_run(&key, Some(live.version - 1)),
+        StateError::Conflict { expected, actual } if expected == live.version - 1 && actual == live.version,
+        "R10: deleting at a stale version"
+    );
+    assert_eq!(
+        get(s, &key).as_ref(),
+        Some(&live),
+        "R10/E6: a refused delete changed the run"
+    );
+    let gone = ok(
+        s.delete_run(&key, Some(live.version)),
+        "R10: delete at the stored version",
+    );
+    assert_eq!(gone, live, "R10: delete_run returns the record as it was");
+    assert!(get(s, &key).is_none(), "R10: a deleted run reads as None");
+    expect_err!(
+        s.delete_run(&key, Some(live.version)),
+        StateError::NotFound(Missing::Run(ref k)) if *k == key,
+        "R10: deleting a missing run"
+    );
+    expect_err!(
+        s.patch_run(&key, StateDelta::default()),
+        StateError::NotFound(Missing::Run(_)),
+        "R10: patching a deleted run"
+    );
+
+    // A finished run without a version; in a session, so its session
+    // listing drops it and the session deletes without a cascade.
+    let sk = SessionKey::new(&t, "s1");
+    ok(
+        s.put_session(crate::SessionRecord::new(sk.clone())),
+        "R10: create a session",
+    );
+    let done_key = RunKey::new(&t, "done");
+    create(
+        s,
+        RunRecord::new(done_key.clone(), "planner").with_session("s1"),
+    );
+    update(s, &done_key, |r| r.state = RunState::Running);
+    update(s, &done_key, |r| r.state = RunState::Completed);
+    ok(
+        s.delete_run(&done_key, None),
+        "R10: deleting a finished run",
+    );
+
+    // Other runs stay, and every listing forgets the deleted ones.
+    let kept = create(s, RunRecord::new(RunKey::new(&t, "kept"), "planner"));
+    for q in [
+        StateQuery::new(&t),
+        StateQuery::new(&t).state(RunState::Running),
+        StateQuery::new(&t).state(RunState::Completed),
+        StateQuery::new(&t).session("s1"),
+        StateQuery::new(&t)
+            .state(RunState::Running)
+            .updated_before(u64::MAX / 2),
+    ] {
+        let ids: Vec<String> = walk_runs(s, &q).into_iter().map(|r| r.key.run_id).collect();
+        assert!(
+            !ids.iter().any(|i| i == "live" || i == "done"),
+            "R10: a listing ({q:?}) still shows a deleted run: {ids:?}"
+        );
+    }
+    assert_eq!(
+        keys(&walk_runs(s, &StateQuery::new(&t))),
+        vec![kept.key.clone()],
+        "R10: the other runs stay"
+    );
+    ok(
+        s.delete_session(&sk, false),
+        "R10: a session whose runs were deleted deletes without a cascade",
+    );
+
+    // Its holds go with it; what it spent stays spent on its budget.
+    let bk = BudgetKey::new(&t, "b");
+    ok(
+        s.put_budget(BudgetRecord::new(
+            bk.clone(),
+            Caps::new().cost_micros(1_000),
+        )),
+        "R10: create a budget",
+    );
+    let spender = RunKey::new(&t, "spender");
+    let r = create(
+        s,
+        RunRecord::new(spender.clone(), "planner").with_budget("b"),
+    );
+    ok(
+        s.patch_run(
+            &spender,
+            StateDelta {
+                cost_micros: 100,
+                ..Default::default()
+            },
+        ),
+        "R10: spend",
+    );
+    ok(
+        s.reserve(&spender, Hold::new("h1", 60_000).cost_micros(300)),
+        "R10: hold",
+    );
+    let before = ok(s.get_budget(&bk), "R10: get_budget").expect("the budget");
+    assert_eq!(
+        (before.spent.cost_micros, before.held.cost_micros),
+        (100, 300)
+    );
+    ok(
+        s.delete_run(&spender, Some(r.version + 1)),
+        "R10: delete a run with a hold",
+    );
+    let after = ok(s.get_budget(&bk), "R10: get_budget").expect("the budget");
+    assert_eq!(
+        (after.spent.cost_micros, after.held.cost_micros, after.holds),
+        (100, 0, 0),
+        "R10: the run's hold is gone and its spend stays"
+    );
+    assert!(
+        ok(s.run_spend(&spender), "R10: run_spend").is_none(),
+        "R10: a deleted run has no spend"
+    );
+    let page = ok(
+        s.list_budgets(&t, &PageRequest::default()),
+        "R10: list_budgets",
+    );
+    assert_eq!(page.items().len(), 1, "R10: the budget itself stays");
+
+    // The id is free again: a new run at version 0, created afresh.
+    let again = create(s, RunRecord::new(key.clone(), "reporter"));
+    assert_eq!(
+        (again.version, again.agent_name.as_str(), again.iterations),
+        (1, "reporter", 0),
+        "R10: a deleted run's id creates a new run"
+    );
 }

@@ -170,6 +170,12 @@ macro_rules! forward_to_kv {
                     self.0.patch_run_idempotent(key, delta, idempotency_key)
                 })
             }
+            fn delete_run(&self, key: &RunKey, expected_version: Option<u64>) -> Result<RunRecord> {
+                let span = crate::observe::span($backend, "delete_run", Some(&key.tenant));
+                crate::observe::call_sync(span, $backend, "delete_run", || {
+                    self.0.delete_run(key, expected_version)
+                })
+            }
             fn list_runs(&self, query: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
                 let span = crate::observe::span($backend, "list_runs", None);
                 crate::observe::call_sync(span, $backend, "list_runs", || {

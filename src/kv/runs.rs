@@ -534,6 +534,19 @@ impl StateStore for KvStore {
         self.patch_run_with(key, delta, Some(keyed))
     }
 
+    fn delete_run(&self, key: &RunKey, expected_version: Option<u64>) -> Result<RunRecord> {
+        check_run_key(key)?;
+        let key = key.clone();
+        self.submit(move |txn| {
+            let Some(old) = read_run(txn, &key)? else {
+                return Err(StateError::NotFound(Missing::Run(key)));
+            };
+            crate::rules::check_delete(&old, expected_version)?;
+            delete_run(txn, &old)?;
+            Ok(old)
+        })
+    }
+
     fn list_runs(&self, q: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
         check_id("tenant", &q.tenant)?;
         if let Some(s) = &q.session {

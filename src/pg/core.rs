@@ -70,6 +70,16 @@ impl AsyncCore for PostgresStore {
         .await
     }
 
+    async fn delete_run(&self, key: &RunKey, expected_version: Option<u64>) -> Result<RunRecord> {
+        call(
+            PG,
+            "delete_run",
+            Some(&key.tenant),
+            self.do_delete_run(key, expected_version),
+        )
+        .await
+    }
+
     async fn list_runs(&self, query: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
         call(
             PG,

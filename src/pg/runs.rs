@@ -392,6 +392,28 @@ impl PostgresStore {
         })
     }
 
+    /// R10: the run read `FOR UPDATE`, the rule decided in Rust, the row
+    /// deleted (its holds go with it: `ON DELETE CASCADE`).
+    pub(super) async fn do_delete_run(
+        &self,
+        key: &RunKey,
+        expected_version: Option<u64>,
+    ) -> Result<RunRecord> {
+        check_run_key(key)?;
+        txn!(self, |tx| {
+            let Some(old) = read_run(tx, key, true).await? else {
+                return Err(StateError::NotFound(Missing::Run(key.clone())).into());
+            };
+            crate::rules::check_delete(&old, expected_version)?;
+            tx.execute(
+                "DELETE FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2",
+                &[&id_in(&key.tenant), &id_in(&key.run_id)],
+            )
+            .await?;
+            Ok(old)
+        })
+    }
+
     pub(super) async fn do_delete_session(
         &self,
         key: &SessionKey,

@@ -65,6 +65,15 @@ impl AsyncCore for RedisStore {
         )
         .await
     }
+    async fn delete_run(&self, key: &RunKey, expected_version: Option<u64>) -> Result<RunRecord> {
+        call(
+            B,
+            "delete_run",
+            Some(&key.tenant),
+            self.delete_run_impl(key, expected_version),
+        )
+        .await
+    }
     async fn list_runs(&self, query: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
         call(
             B,

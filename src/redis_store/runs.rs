@@ -21,7 +21,9 @@ use crate::rules::{
 use crate::idempotency::{IdempotencyKey, Keyed};
 
 use super::connect::QueryOn;
-use super::scripts::{DELETE_SESSION, Idem, LIST_RUNS, PATCH_RUN, PUT_RUN, PUT_SESSION};
+use super::scripts::{
+    DELETE_RUN, DELETE_SESSION, Idem, LIST_RUNS, PATCH_RUN, PUT_RUN, PUT_SESSION,
+};
 use super::{RedisStore, keys};
 
 /// The fields of a run the caller gives, encoded by the client.
@@ -581,6 +583,39 @@ impl RedisStore {
             .query_on(&mut conn)
             .await?;
         v.map(|v| decode_session(&v, key)).transpose()
+    }
+
+    /// R10 in one script (`lua/delete_run.lua`).
+    pub(super) async fn delete_run_impl(
+        &self,
+        key: &RunKey,
+        expected_version: Option<u64>,
+    ) -> Result<RunRecord> {
+        check_run_key(key)?;
+        let p = keys::tenant(&key.tenant);
+        let mut conn = self.conn().await?;
+        let reply: Reply = DELETE_RUN
+            .key(keys::run(&p, &key.run_id))
+            .key(keys::runs(&p))
+            .arg(&p)
+            .arg(&key.run_id)
+            .arg(expected_version.map(|v| v.to_string()).unwrap_or_default())
+            .invoke(&mut conn)
+            .await?;
+        if reply.first().map(Vec::as_slice) == Some(b"inuse") {
+            return Err(StateError::InUse {
+                runs: vec![key.clone()],
+            });
+        }
+        let rest = outcome(
+            reply,
+            || Missing::Run(key.clone()),
+            expected_version.unwrap_or(0),
+        )?;
+        let v = rest
+            .first()
+            .ok_or_else(|| StateError::corrupt("redis: delete_run answered no record"))?;
+        decode_run(v, key)
     }
 
     pub(super) async fn delete_session_impl(

@@ -84,6 +84,7 @@ script!(PUT_RUN, "put_run.lua", keyed);
 script!(PATCH_RUN, "patch_run.lua", keyed);
 script!(PUT_SESSION, "put_session.lua");
 script!(DELETE_SESSION, "delete_session.lua");
+script!(DELETE_RUN, "delete_run.lua");
 script!(TRAYS, "trays.lua", keyed);
 script!(IMPORT, "import.lua");
 script!(PRUNE, "prune.lua");

@@ -28,6 +28,23 @@ pub(crate) fn check_version(expected: u64, stored: Option<u64>) -> Result<()> {
     }
 }
 
+/// Whether `old` may be deleted (R10): at the version the caller states,
+/// or, when it states none, only once the run is finished (`InUse` naming
+/// it otherwise).
+pub(crate) fn check_delete(old: &RunRecord, expected_version: Option<u64>) -> Result<()> {
+    match expected_version {
+        Some(v) if v == old.version => Ok(()),
+        Some(v) => Err(StateError::Conflict {
+            expected: v,
+            actual: old.version,
+        }),
+        None if old.state.is_finished() => Ok(()),
+        None => Err(StateError::InUse {
+            runs: vec![old.key.clone()],
+        }),
+    }
+}
+
 /// A run as created: version 1, its `seq`, both times `now`.
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn created_run(mut record: RunRecord, seq: u64, now: Millis) -> RunRecord {

@@ -94,6 +94,10 @@ impl StateStore for ViaAsync {
         let (key, idem) = (key.clone(), idempotency_key.clone());
         fwd!(self, |s| s.patch_run_idempotent(&key, delta, &idem).await)
     }
+    fn delete_run(&self, key: &RunKey, expected_version: Option<u64>) -> Result<RunRecord> {
+        let key = key.clone();
+        fwd!(self, |s| s.delete_run(&key, expected_version).await)
+    }
     fn list_runs(&self, query: &StateQuery, page: &PageRequest) -> Result<Page<RunRecord>> {
         let (query, page) = (query.clone(), page.clone());
         fwd!(self, |s| s.list_runs(&query, &page).await)
