@@ -28,6 +28,15 @@ pub trait StoreAdmin: Send + Sync {
     /// cancelled) last written before `finished_before` and returns how
     /// many. Never touches an unfinished run; safe while workers run.
     fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64>;
+    /// Erasure (rule P1): deletes every record of `tenant` — runs (finished
+    /// or not), sessions, budgets, holds, its counters and its idempotency
+    /// keys — and returns how many runs, sessions, budgets and holds went.
+    /// Trays are the instances' (their namespaces are not tenants) and stay.
+    /// On the embedded stores one atomic step; on a server in bounded
+    /// batches, each its own transaction or script: a purge cut short
+    /// leaves part of the tenant, and calling it again finishes it. Writes
+    /// to the tenant while it runs may survive it: stop its workers first.
+    fn purge_tenant(&self, tenant: &str) -> Result<u64>;
     /// One page of every record of the store, for export: runs, sessions,
     /// epochs, trays, alarms, each in key order. Walk it with the cursor.
     fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>>;

@@ -726,6 +726,12 @@ impl AsyncStore {
         self.run(move |s| s.prune(&tenant, finished_before)).await
     }
 
+    /// [`StoreAdmin::purge_tenant`].
+    pub async fn purge_tenant(&self, tenant: &str) -> Result<u64> {
+        let tenant = tenant.to_owned();
+        self.run(move |s| s.purge_tenant(&tenant)).await
+    }
+
     /// [`StoreAdmin::export_page`].
     pub async fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
         let page = page.clone();

@@ -99,6 +99,7 @@ mod errors;
 mod idempotency;
 mod limits;
 mod listings;
+mod purge;
 mod runs;
 mod scrubbing;
 mod sessions;
@@ -112,6 +113,7 @@ pub use errors::*;
 pub use idempotency::*;
 pub use limits::*;
 pub use listings::*;
+pub use purge::*;
 pub use runs::*;
 pub use scrubbing::*;
 pub use sessions::*;
@@ -214,6 +216,7 @@ macro_rules! __conformance_rules {
             i4 i4_keys_are_scoped_by_tenant_and_namespace,
             i5 i5_keys_are_kept_for_the_window_then_forgotten,
             i6 i6_racing_calls_with_one_key_apply_once,
+            p1 p1_purge_tenant_erases_every_record,
         }
     };
 }

@@ -395,6 +395,12 @@ macro_rules! forward_to_kv {
             fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
                 self.0.export_page(page)
             }
+            fn purge_tenant(&self, tenant: &str) -> Result<u64> {
+                let span = crate::observe::span($backend, "purge_tenant", Some(tenant));
+                crate::observe::call_sync(span, $backend, "purge_tenant", || {
+                    self.0.purge_tenant(tenant)
+                })
+            }
             fn import(&self, entries: &mut dyn Iterator<Item = Result<Entry>>) -> Result<u64> {
                 self.0.import(entries)
             }

@@ -281,6 +281,48 @@ impl KvStore {
     }
 }
 
+impl KvStore {
+    /// P1 in one group: every table whose keys start with the tenant, and
+    /// the tenant's idempotency scope.
+    pub(crate) fn purge_tenant(&self, tenant: &str) -> Result<u64> {
+        check_id("tenant", tenant)?;
+        let tenant = tenant.to_owned();
+        self.submit(move |txn| {
+            let mut counted = 0u64;
+            for (tb, counts) in [
+                (table::RUN, true),
+                (table::RUN_ID, false),
+                (table::RUN_BY_STATE, false),
+                (table::RUN_BY_SESSION, false),
+                (table::RUN_BY_TOUCH, false),
+                (table::HOLD, true),
+                (table::SESSION, true),
+                (table::BUDGET, true),
+                (table::BUDGET_HOLD, false),
+            ] {
+                let lo = KeyBuf::table(tb).str(&tenant).done();
+                counted += purge_range(txn, &lo, counts)?;
+            }
+            let scope = crate::idempotency::Scope::Tenant(&tenant).kind();
+            for tb in [table::IDEM, table::IDEM_ORDER, table::IDEM_SCOPE] {
+                let lo = KeyBuf::table(tb).u8(scope).str(&tenant).done();
+                purge_range(txn, &lo, false)?;
+            }
+            Ok(counted)
+        })
+    }
+}
+
+/// Deletes every key under `lo`; how many when `counts`.
+fn purge_range(txn: &mut super::commit::Txn<'_>, lo: &[u8], counts: bool) -> Result<u64> {
+    let keys = txn.scan(lo, &prefix_end(lo), usize::MAX)?;
+    let n = keys.len() as u64;
+    for (k, _) in keys {
+        txn.delete(k);
+    }
+    Ok(if counts { n } else { 0 })
+}
+
 /// Which run index a key belongs to, for `verify_runs`' messages.
 fn index_name(tb: u8) -> &'static str {
     match tb {

@@ -732,6 +732,66 @@ impl PostgresStore {
         }
     }
 
+    /// P1 in bounded batches, each its own transaction: holds, runs (the
+    /// holds of any run written meanwhile go with it by the foreign key),
+    /// sessions, budgets, the seq counter, the idempotency scope. A purge
+    /// cut short is finished by running it again.
+    pub(super) async fn do_purge_tenant(&self, tenant: &str) -> Result<u64> {
+        check_id("tenant", tenant)?;
+        let t = id_in(tenant);
+        const BATCH: u64 = 1000;
+        let mut counted = 0u64;
+        for (sql, counts) in [
+            (
+                "DELETE FROM {s}agentstate_holds WHERE (tenant, run_id, hold_id) IN ( \
+                 SELECT tenant, run_id, hold_id FROM {s}agentstate_holds WHERE tenant = $1 \
+                 LIMIT 1000)",
+                true,
+            ),
+            (
+                "DELETE FROM {s}agentstate_runs WHERE (tenant, run_id) IN ( \
+                 SELECT tenant, run_id FROM {s}agentstate_runs WHERE tenant = $1 LIMIT 1000)",
+                true,
+            ),
+            (
+                "DELETE FROM {s}agentstate_sessions WHERE (tenant, session_id) IN ( \
+                 SELECT tenant, session_id FROM {s}agentstate_sessions WHERE tenant = $1 \
+                 LIMIT 1000)",
+                true,
+            ),
+            (
+                "DELETE FROM {s}agentstate_budgets WHERE (tenant, name) IN ( \
+                 SELECT tenant, name FROM {s}agentstate_budgets WHERE tenant = $1 LIMIT 1000)",
+                true,
+            ),
+            (
+                "DELETE FROM {s}agentstate_counters WHERE tenant = $1",
+                false,
+            ),
+            (
+                "DELETE FROM {s}agentstate_idempotency WHERE (kind, scope, key) IN ( \
+                 SELECT kind, scope, key FROM {s}agentstate_idempotency \
+                 WHERE kind = 1 AND scope = $1 LIMIT 1000)",
+                false,
+            ),
+            (
+                "DELETE FROM {s}agentstate_idempotency_scopes WHERE kind = 1 AND scope = $1",
+                false,
+            ),
+        ] {
+            loop {
+                let n = txn!(self, |tx| tx.execute(sql, &[&t]).await)?;
+                if counts {
+                    counted += n;
+                }
+                if n < BATCH {
+                    break;
+                }
+            }
+        }
+        Ok(counted)
+    }
+
     pub(super) async fn do_export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
         check_limit(page.limit)?;
         let secret = self.secret().await?;
@@ -820,6 +880,15 @@ impl StoreAdmin for PostgresStore {
 
     fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
         self.bridge.block_on(self.do_prune(tenant, finished_before))
+    }
+
+    fn purge_tenant(&self, tenant: &str) -> Result<u64> {
+        self.bridge.block_on(crate::observe::call(
+            "postgres",
+            "purge_tenant",
+            Some(tenant),
+            self.do_purge_tenant(tenant),
+        ))
     }
 
     fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {

@@ -18,7 +18,7 @@ use super::runs::{
     Reply, decode_run, decode_session, num, outcome, run_head, run_tail, seal, session_head,
     session_tail, text,
 };
-use super::scripts::{BUDGETS, IMPORT, PRUNE, READ_PAGES};
+use super::scripts::{BUDGETS, IMPORT, PRUNE, PURGE, READ_PAGES};
 use super::trays::{TrayCall, decode_tray};
 use super::{Conn, RedisStore, keys};
 
@@ -292,6 +292,15 @@ impl StoreAdmin for RedisStore {
         ))
     }
 
+    fn purge_tenant(&self, tenant: &str) -> Result<u64> {
+        self.bridge.block_on(crate::observe::call(
+            "redis",
+            "purge_tenant",
+            Some(tenant),
+            self.purge_tenant_impl(tenant),
+        ))
+    }
+
     fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
         self.bridge.block_on(crate::observe::call(
             "redis",
@@ -435,6 +444,63 @@ impl RedisStore {
             }
         }
         Ok(deleted)
+    }
+
+    /// P1: `SCAN` for the tenant's keys (one prefix, one hash tag), each
+    /// batch deleted by one script; the tenant's entry in the tenants
+    /// index last. Running it again finishes a purge cut short.
+    async fn purge_tenant_impl(&self, tenant: &str) -> Result<u64> {
+        check_id("tenant", tenant)?;
+        let p = keys::tenant(tenant);
+        let mut pattern = Vec::with_capacity(p.len() + 8);
+        for &b in &p {
+            if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {
+                pattern.push(b'\\');
+            }
+            pattern.push(b);
+        }
+        pattern.push(b'*');
+        let mut conn = self.conn().await?;
+        let mut counted = 0u64;
+        // Until a whole SCAN finds nothing: keys written while it ran are
+        // found by the next pass.
+        loop {
+            let mut cursor = 0u64;
+            let mut found = 0usize;
+            loop {
+                let (next, batch): (u64, Vec<Vec<u8>>) = cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_on(&mut conn)
+                    .await?;
+                if !batch.is_empty() {
+                    found += batch.len();
+                    let mut inv = PURGE.prepare_invoke();
+                    for k in &batch {
+                        inv.key(k);
+                    }
+                    inv.arg(&p);
+                    let n: String = inv.invoke(&mut conn).await?;
+                    counted += num(n.as_bytes(), "purged count")?;
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+            if found == 0 {
+                break;
+            }
+        }
+        let _: i64 = cmd("ZREM")
+            .arg(keys::TENANTS)
+            .arg(tenant)
+            .query_on(&mut conn)
+            .await?;
+        Ok(counted)
     }
 
     async fn export_page_impl(&self, page: &PageRequest) -> Result<Page<Entry>> {

@@ -88,6 +88,7 @@ script!(DELETE_RUN, "delete_run.lua");
 script!(TRAYS, "trays.lua", keyed);
 script!(IMPORT, "import.lua");
 script!(PRUNE, "prune.lua");
+script!(PURGE, "purge.lua");
 script!(LIST_RUNS, "list_runs.lua", read_only);
 script!(READ_PAGES, "read_pages.lua", read_only);
 script!(BUDGETS, "budgets.lua", keyed);

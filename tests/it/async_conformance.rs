@@ -259,6 +259,10 @@ impl StoreAdmin for ViaAsync {
         let tenant = tenant.to_owned();
         fwd!(self, |s| s.prune(&tenant, finished_before).await)
     }
+    fn purge_tenant(&self, tenant: &str) -> Result<u64> {
+        let tenant = tenant.to_owned();
+        fwd!(self, |s| s.purge_tenant(&tenant).await)
+    }
     fn export_page(&self, page: &PageRequest) -> Result<Page<Entry>> {
         let page = page.clone();
         fwd!(self, |s| s.export_page(&page).await)

@@ -40,6 +40,7 @@ mod memory {
             ("b", 6),
             ("k", 6),
             ("i", 6),
+            ("p", 1),
         ];
         let want: Vec<String> = FAMILIES
             .iter()

@@ -358,3 +358,55 @@ fn import_checks_everything_before_writing_on_redis() {
     let s = agentstate::RedisStore::connect(&url).unwrap();
     failed_imports_change_nothing(&s, "redis");
 }
+
+/// P1 on a quiet embedded store: after a purge `verify` is clean and the
+/// export holds no entry of the tenant (another tenant's all there).
+#[test]
+fn purge_leaves_verify_clean_and_nothing_to_export() {
+    use agentstate::{
+        BudgetKey, BudgetRecord, Caps, Entry, FileStore, Hold, MemoryStore, RunKey, RunRecord,
+        SessionKey, SessionRecord, Store,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let stores: Vec<Box<dyn Store>> = vec![
+        Box::new(MemoryStore::new()),
+        Box::new(FileStore::open(dir.path().join("f")).unwrap()),
+    ];
+    for s in stores {
+        for t in ["gone", "kept"] {
+            s.put_session(SessionRecord::new(SessionKey::new(t, "s")))
+                .unwrap();
+            s.put_budget(BudgetRecord::new(
+                BudgetKey::new(t, "b"),
+                Caps::new().cost_micros(100),
+            ))
+            .unwrap();
+            for i in 0..20 {
+                s.put_run(
+                    RunRecord::new(RunKey::new(t, format!("r{i}")), "a")
+                        .with_session("s")
+                        .with_budget("b"),
+                )
+                .unwrap();
+            }
+            s.reserve(&RunKey::new(t, "r3"), Hold::new("h", 60_000).cost_micros(5))
+                .unwrap();
+        }
+        assert_eq!(s.purge_tenant("gone").unwrap(), 23);
+        let report = s.verify().unwrap();
+        assert!(report.is_ok(), "{:?}", report.problems);
+        let tenant_of = |e: &Entry| match e {
+            Entry::Run(r) => Some(r.key.tenant.clone()),
+            Entry::Session(s) => Some(s.key.tenant.clone()),
+            Entry::Budget { budget, .. } => Some(budget.key.tenant.clone()),
+            Entry::Hold { run, .. } => Some(run.tenant.clone()),
+            _ => None,
+        };
+        let tenants: Vec<String> = s
+            .iter_export()
+            .filter_map(|e| tenant_of(&e.unwrap()))
+            .collect();
+        assert!(!tenants.iter().any(|t| t == "gone"));
+        assert_eq!(tenants.len(), 23, "the other tenant's 23 records stay");
+    }
+}
