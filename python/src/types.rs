@@ -1011,15 +1011,30 @@ pub struct Tray {
 
 #[pymethods]
 impl Tray {
+    /// `env` defaults to `"default"`, `hostname` to this machine's name
+    /// (`socket.gethostname()`): the store refuses empty ones.
     #[new]
-    #[pyo3(signature = (doc, *, marked=false, env=String::new(), hostname=String::new()))]
-    fn new(doc: Vec<u8>, marked: bool, env: String, hostname: String) -> Self {
-        Tray {
+    #[pyo3(signature = (doc, *, marked=false, env="default".to_string(), hostname=None))]
+    fn new(
+        py: Python<'_>,
+        doc: Vec<u8>,
+        marked: bool,
+        env: String,
+        hostname: Option<String>,
+    ) -> PyResult<Self> {
+        let hostname = match hostname {
+            Some(h) => h,
+            None => py
+                .import("socket")?
+                .call_method0("gethostname")?
+                .extract()?,
+        };
+        Ok(Tray {
             doc,
             marked,
             env,
             hostname,
-        }
+        })
     }
     #[getter(doc)]
     fn doc_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, pyo3::types::PyBytes> {
