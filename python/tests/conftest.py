@@ -37,3 +37,5 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url(0)
+
+pytest_plugins = ["pytester"]
