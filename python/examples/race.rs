@@ -25,7 +25,10 @@ fn main() {
     out.flush().expect("stdout");
     for line in std::io::stdin().lock().lines() {
         let line = line.expect("stdin");
-        let Some(version) = line.strip_prefix("put ").and_then(|v| v.parse::<u64>().ok()) else {
+        let Some(version) = line
+            .strip_prefix("put ")
+            .and_then(|v| v.parse::<u64>().ok())
+        else {
             writeln!(out, "error bad line {line:?}").expect("stdout");
             continue;
         };

@@ -48,13 +48,15 @@ struct CallableClock(Py<PyAny>);
 
 impl Clock for CallableClock {
     fn now_millis(&self) -> u64 {
-        Python::attach(|py| match self.0.call0(py).and_then(|v| v.extract::<u64>(py)) {
-            Ok(v) => v,
-            Err(e) => {
-                e.write_unraisable(py, Some(self.0.bind(py)));
-                0
-            }
-        })
+        Python::attach(
+            |py| match self.0.call0(py).and_then(|v| v.extract::<u64>(py)) {
+                Ok(v) => v,
+                Err(e) => {
+                    e.write_unraisable(py, Some(self.0.bind(py)));
+                    0
+                }
+            },
+        )
     }
 }
 

@@ -77,10 +77,7 @@ fn build(py: Python<'_>, e: StateError) -> PyResult<PyErr> {
                     Some(Py::new(py, SessionKey::from(k))?.into_any()),
                 ),
                 Missing::Tray(_) => ("tray", None),
-                Missing::Budget(k) => (
-                    "budget",
-                    Some(Py::new(py, BudgetKey::from(k))?.into_any()),
-                ),
+                Missing::Budget(k) => ("budget", Some(Py::new(py, BudgetKey::from(k))?.into_any())),
                 Missing::Hold { run, .. } => {
                     ("hold", Some(Py::new(py, RunKey::from(run))?.into_any()))
                 }

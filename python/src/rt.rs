@@ -24,10 +24,10 @@ static RUNTIME: Mutex<Option<(u32, &'static Runtime)>> = Mutex::new(None);
 pub fn runtime() -> &'static Runtime {
     let pid = std::process::id();
     let mut slot = RUNTIME.lock();
-    if let Some((owner, rt)) = *slot {
-        if owner == pid {
-            return rt;
-        }
+    if let Some((owner, rt)) = *slot
+        && owner == pid
+    {
+        return rt;
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -51,9 +51,7 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
 /// Runs `f` on a new plain thread (outside the runtime) and awaits its
 /// answer: for a call that must not run inside a runtime, such as
 /// closing a blocking PostgreSQL client.
-pub async fn off_runtime<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Option<T> {
+pub async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("agentstate-rs-blocking".into())

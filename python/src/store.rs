@@ -2,14 +2,12 @@
 //! awaitables, a subclass per backend, and the blocking facade
 //! (`store.sync()`).
 
-
 use std::time::Duration;
 
 use agentstate as a;
 use agentstate::AsyncStore;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-
 
 use crate::clock::clock_of;
 use crate::errors;
@@ -107,7 +105,10 @@ impl MemoryStateStore {
             clock,
             record_bytes_max,
         )?));
-        Ok(PyClassInitializer::from(StateStore::new(store, "MemoryStateStore()".into(), None)).add_subclass(MemoryStateStore))
+        Ok(
+            PyClassInitializer::from(StateStore::new(store, "MemoryStateStore()".into(), None))
+                .add_subclass(MemoryStateStore),
+        )
     }
 }
 
@@ -131,7 +132,10 @@ impl FileStateStore {
         let store = py
             .detach(|| a::FileStore::open_with(&path, opts))
             .map_err(errors::to_py)?;
-        Ok(PyClassInitializer::from(StateStore::new(AsyncStore::from(store), label, None)).add_subclass(FileStateStore))
+        Ok(
+            PyClassInitializer::from(StateStore::new(AsyncStore::from(store), label, None))
+                .add_subclass(FileStateStore),
+        )
     }
 }
 
@@ -178,7 +182,10 @@ impl PostgresStateStore {
             })
             .map_err(errors::to_py)?;
         let setup = pg.pool_size(1);
-        Ok(PyClassInitializer::from(StateStore::new(store, label, Some((dsn, setup)))).add_subclass(PostgresStateStore))
+        Ok(
+            PyClassInitializer::from(StateStore::new(store, label, Some((dsn, setup))))
+                .add_subclass(PostgresStateStore),
+        )
     }
 }
 
@@ -223,7 +230,10 @@ impl RedisStateStore {
                 a::RedisStore::connect_with(&url, opts).map(AsyncStore::new)
             })
             .map_err(errors::to_py)?;
-        Ok(PyClassInitializer::from(StateStore::new(store, label, None)).add_subclass(RedisStateStore))
+        Ok(
+            PyClassInitializer::from(StateStore::new(store, label, None))
+                .add_subclass(RedisStateStore),
+        )
     }
 }
 
@@ -567,4 +577,3 @@ impl SyncStateStore {
         format!("SyncStateStore({})", self.0.get().__repr__())
     }
 }
-

@@ -747,7 +747,11 @@ impl StateDelta {
         let d = &self.inner;
         format!(
             "StateDelta(usage=Usage(input_tokens={}, output_tokens={}), cost_micros={}, iterations={}, messages_read={})",
-            d.usage.input_tokens, d.usage.output_tokens, d.cost_micros, d.iterations, d.messages_read
+            d.usage.input_tokens,
+            d.usage.output_tokens,
+            d.cost_micros,
+            d.iterations,
+            d.messages_read
         )
     }
 }
@@ -816,12 +820,19 @@ impl StateQuery {
         format!(
             "StateQuery(tenant={:?}, state={}, session={}, agent={}, updated_before={}, limit={}, cursor={})",
             q.tenant,
-            q.state.map(|s| s.as_str()).map(|s| format!("{s:?}")).unwrap_or("None".into()),
+            q.state
+                .map(|s| s.as_str())
+                .map(|s| format!("{s:?}"))
+                .unwrap_or("None".into()),
             opt_repr(&q.session),
             opt_repr(&q.agent),
             opt_repr(&q.updated_before),
             self.limit,
-            if self.cursor.is_some() { "<cursor>" } else { "None" }
+            if self.cursor.is_some() {
+                "<cursor>"
+            } else {
+                "None"
+            }
         )
     }
 }
@@ -858,7 +869,11 @@ impl Page {
         format!(
             "Page(items=<{} items>, cursor={})",
             self.items.bind(py).len(),
-            if self.cursor.is_some() { "<cursor>" } else { "None" }
+            if self.cursor.is_some() {
+                "<cursor>"
+            } else {
+                "None"
+            }
         )
     }
 }

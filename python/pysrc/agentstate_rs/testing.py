@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Set
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Type
 
 from ._native import (
     Caps,
@@ -72,7 +72,7 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-async def _expect(exc: type, aw: Awaitable[Any], why: str) -> Any:
+async def _expect(exc: Type[BaseException], aw: Awaitable[Any], why: str) -> Any:
     try:
         got = await aw
     except exc as e:
@@ -253,12 +253,18 @@ class StateStoreConformance:
         self._run(body)
 
     def test_r4_negative_amounts_are_refused(self) -> None:
-        for kw in ({"cost_micros": -1}, {"iterations": -2}, {"messages_read": -3}):
+        makers: List[Callable[[], Any]] = [
+            lambda: StateDelta(cost_micros=-1),
+            lambda: StateDelta(iterations=-2),
+            lambda: StateDelta(messages_read=-3),
+            lambda: Usage(input_tokens=-1),
+        ]
+        for i, make in enumerate(makers):
             try:
-                StateDelta(**kw)
+                make()
             except (StateInvalidError, ValueError, OverflowError):
                 continue
-            raise AssertionError(f"StateDelta({kw}) was accepted")
+            raise AssertionError(f"negative amount {i} was accepted")
 
     def test_r4_patches_commute_across_tasks(self) -> None:
         async def body(store: Any) -> None:
@@ -566,7 +572,9 @@ class StateStoreConformance:
             inst = InstanceKey(unique("a"), "i")
             await store.set_alarm(inst, 1, 5_000)
             await store.set_alarm(inst, 1, 6_000)  # replaces
-            mine = lambda page: [a for a in page.items if a.instance == inst]  # noqa: E731
+            def mine(page: Any) -> List[Any]:
+                return [a for a in page.items if a.instance == inst]
+
             assert mine(await store.due_alarms(5_999, limit=1000)) == [], "a replaced alarm fired"
             due = mine(await store.due_alarms(6_000, limit=1000))
             assert [a.due_at for a in due] == [6_000]
