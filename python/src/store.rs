@@ -242,6 +242,20 @@ impl RedisStateStore {
 #[pyclass(frozen, module = "agentstate_rs")]
 pub struct SyncStateStore(Py<StateStore>);
 
+/// `agentstate_rs._defer.defer(store, name, kwargs)`: a coroutine that
+/// calls `store.name(**kwargs)` when it is awaited.
+fn defer<'py>(
+    store: &Bound<'py, StateStore>,
+    name: &str,
+    kw: Bound<'py, pyo3::types::PyDict>,
+) -> PyResult<Bound<'py, PyAny>> {
+    store
+        .py()
+        .import("agentstate_rs._defer")?
+        .getattr("defer")?
+        .call1((store, name, kw))
+}
+
 fn key_of(k: String) -> a::Result<a::IdempotencyKey> {
     a::IdempotencyKey::new(k)
 }
@@ -257,8 +271,16 @@ macro_rules! store_api {
             $(
                 $(#[doc = $doc])*
                 #[pyo3(signature = $sig)]
-                fn $name<'py>(&self, py: Python<'py> $(, $arg: $ty)*) -> PyResult<Bound<'py, PyAny>> {
-                    let $s = self.handle(py)?;
+                fn $name<'py>(slf: &Bound<'py, Self> $(, $arg: $ty)*) -> PyResult<Bound<'py, PyAny>> {
+                    let py = slf.py();
+                    if pyo3_async_runtimes::get_running_loop(py).is_err() {
+                        // Called outside a running loop (`asyncio.run(store.get_run(k))`):
+                        // a coroutine that makes the call once a loop awaits it.
+                        let kw = pyo3::types::PyDict::new(py);
+                        $( kw.set_item(stringify!($arg), $arg)?; )*
+                        return defer(slf, stringify!($name), kw);
+                    }
+                    let $s = slf.get().handle(py)?;
                     rt::future_into_py(py, async move {
                         let r: a::Result<$ret> = async move $body.await;
                         r.map_err(errors::to_py)
@@ -462,9 +484,14 @@ store_api! {
 impl StateStore {
     /// Creates the PostgreSQL tables once (idempotent, safe from many
     /// workers at once); a no-op on the other backends.
-    fn setup<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.handle(py)?;
-        let pg = self.pg_setup();
+    fn setup<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        if pyo3_async_runtimes::get_running_loop(py).is_err() {
+            return defer(slf, "setup", pyo3::types::PyDict::new(py));
+        }
+        let me = slf.get();
+        me.handle(py)?;
+        let pg = me.pg_setup();
         rt::future_into_py(py, async move {
             if let Some((dsn, opts)) = pg {
                 // The blocking client is made and closed on a thread
@@ -486,9 +513,14 @@ impl StateStore {
 
     /// Closes the store (its files, its connections); later calls raise
     /// StateClosedError.
-    fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let store = self.handle(py)?;
-        self.inner.lock().take();
+    fn close<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        if pyo3_async_runtimes::get_running_loop(py).is_err() {
+            return defer(slf, "close", pyo3::types::PyDict::new(py));
+        }
+        let me = slf.get();
+        let store = me.handle(py)?;
+        me.inner.lock().take();
         rt::future_into_py(py, async move {
             store.close().await.map_err(errors::to_py)?;
             Ok(())

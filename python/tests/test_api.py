@@ -258,3 +258,15 @@ def test_budgets_and_idempotent_calls_sync() -> None:
     store.apply_batch_idempotent(inst, 1, ops, "b1")
     store.apply_batch_idempotent(inst, 1, ops, "b1")
     assert [m.key.tray_id for m in store.marked_trays().items] == ["a"]
+
+
+def test_calls_made_outside_a_running_loop_are_awaitable_later(tmp_path) -> None:
+    store = MemoryStateStore()
+    run = asyncio.run(store.put_run(RunRecord(run_id="r", tenant="t", agent_name="p")))
+    assert run.version == 1
+    page = asyncio.run(store.list_runs(StateQuery("t", limit=1)))
+    assert [r.run_id for r in page.items] == ["r"]
+    asyncio.run(store.setup())
+    asyncio.run(store.close())
+    with pytest.raises(A.StateClosedError):
+        asyncio.run(store.get_run(run.key))
