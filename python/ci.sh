@@ -37,7 +37,7 @@ python -c 'import agentstate_rs, sys; assert "site-packages" in agentstate_rs.__
 
 say "the two-language test's Rust side (examples/race.rs)"
 cargo build --profile "$profile" -p agentstate-py --example race
-export AGENTSTATE_RACE_BIN="$PWD/../target/$outdir/examples/race"
+export AGENTSTATE_RACE_BIN="${CARGO_TARGET_DIR:-$PWD/../target}/$outdir/examples/race"
 
 say "mypy --strict on the stubs and a usage file"
 mypy --strict typing/usage.py
