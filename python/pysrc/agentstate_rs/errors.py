@@ -1,0 +1,150 @@
+"""The exceptions every store of the package raises (and a store written in
+Python should raise): one base class, ``StateError``, and one class per
+failure the seeds name. Each carries the store's message as ``str(e)``."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+__all__ = [
+    "StateError",
+    "StateConflictError",
+    "StateNotFoundError",
+    "StatePersistenceError",
+    "StateInUseError",
+    "FenceLostError",
+    "BudgetExceededError",
+    "StateInvalidError",
+    "StateCorruptError",
+    "StateUnsupportedFormatError",
+    "StateLockedError",
+    "StateClosedError",
+    "StoreForkedError",
+]
+
+
+class StateError(Exception):
+    """Every failure of a store."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class StateConflictError(StateError):
+    """The version moved: re-read and decide again (not retryable as is)."""
+
+    def __init__(self, message: str = "", *, expected_version: int, actual_version: int) -> None:
+        super().__init__(message or f"version conflict: expected {expected_version}, stored {actual_version}")
+        self.expected_version = expected_version
+        self.actual_version = actual_version
+
+
+class StateNotFoundError(StateError):
+    """The named record is not there (``what``: run, session, tray, budget, hold)."""
+
+    def __init__(self, message: str = "", *, what: str = "run", key: Any = None) -> None:
+        super().__init__(message or f"not found: {what} {key}")
+        self.what = what
+        self.key = key
+
+
+class StatePersistenceError(StateError):
+    """The store refused the write or could not be reached.
+
+    ``reason``: ``"unavailable"`` (retryable), ``"outcome_unknown"`` (may
+    have applied; retryable only when the call carried an idempotency key,
+    ``keyed``), ``"too_large"``, ``"read_only"``, ``"refused"``,
+    ``"invalid_path"`` (not retryable).
+    """
+
+    def __init__(self, message: str = "", *, reason: str = "unavailable", keyed: bool = False) -> None:
+        super().__init__(message or f"persistence failed ({reason})")
+        self.reason = reason
+        self.keyed = keyed
+
+    @property
+    def retryable(self) -> bool:
+        return self.reason == "unavailable" or (self.reason == "outcome_unknown" and self.keyed)
+
+
+class StateInUseError(StateError):
+    """Deleting the session would orphan its unfinished ``runs``."""
+
+    def __init__(self, message: str = "", *, runs: Optional[List[Any]] = None) -> None:
+        runs = list(runs or [])
+        super().__init__(message or f"session has {len(runs)} unfinished run(s)")
+        self.runs = runs
+
+
+class FenceLostError(StateError):
+    """The caller's epoch is older than the stored one; nothing changed."""
+
+    def __init__(self, message: str = "", *, caller_epoch: int, stored_epoch: int) -> None:
+        super().__init__(message or f"fence lost: caller epoch {caller_epoch} < stored epoch {stored_epoch}")
+        self.caller_epoch = caller_epoch
+        self.stored_epoch = stored_epoch
+
+
+class BudgetExceededError(StateError):
+    """A reserve would take spend past a cap; nothing changed."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        scope: str,
+        amount: str,
+        max: int,
+        spent: int,
+        held: int,
+        asked: int,
+        run: Any = None,
+        budget: Any = None,
+    ) -> None:
+        super().__init__(message or f"{scope} {amount} cap {max} exceeded")
+        self.scope = scope
+        self.amount = amount
+        self.max = max
+        self.spent = spent
+        self.held = held
+        self.asked = asked
+        self.run = run
+        self.budget = budget
+
+
+class StateInvalidError(StateError, ValueError):
+    """Bad input: which input, and why."""
+
+
+class StateCorruptError(StateError):
+    """The store's files are damaged; nothing was changed."""
+
+
+class StateUnsupportedFormatError(StateError):
+    """The store was written by a newer release."""
+
+    def __init__(self, message: str = "", *, found: int = 0, supported: int = 0) -> None:
+        super().__init__(message)
+        self.found = found
+        self.supported = supported
+
+
+class StateLockedError(StateError):
+    """The file store at ``path`` is open elsewhere."""
+
+    def __init__(self, message: str = "", *, path: str = "", this_process: bool = False) -> None:
+        super().__init__(message)
+        self.path = path
+        self.this_process = this_process
+
+
+class StateClosedError(StateError):
+    """The store was closed."""
+
+
+class StoreForkedError(StateError):
+    """A store opened before ``os.fork()`` was used in the child: open a new one there."""
