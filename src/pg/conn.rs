@@ -219,6 +219,7 @@ impl Pooled {
             cache: store.opts.statement_cache,
             pending: vec![Pending::Begin(&store.begin)],
             began: false,
+            committed: false,
         }
     }
 }
@@ -311,6 +312,9 @@ pub(crate) enum Fail {
     Rule(StateError),
     Pg(PgError),
     Unknown(PgError),
+    /// The connection was seen closed before anything was sent on it:
+    /// another one is taken (a pooled connection the server dropped).
+    Closed,
 }
 
 impl From<StateError> for Fail {
@@ -383,6 +387,8 @@ pub(crate) struct Tx<'a> {
     pending: Vec<Pending<'a>>,
     /// `BEGIN` answered.
     began: bool,
+    /// `COMMIT` went out with the last statement ([`Tx::query_commit`]).
+    committed: bool,
 }
 
 /// Pins a transaction body's type: `TxResult<T>`.
@@ -459,6 +465,9 @@ impl<'a> Tx<'a> {
     /// Sends `COMMIT`, with whatever is pending (see the module's table
     /// for what each failure means).
     pub(crate) async fn commit(&mut self) -> TxResult<()> {
+        if self.committed {
+            return Ok(());
+        }
         if matches!(self.pending.as_slice(), [Pending::Begin(_)]) {
             // Nothing was sent: nothing to commit.
             self.pending.clear();
@@ -490,6 +499,66 @@ impl<'a> Tx<'a> {
             // COMMIT or to a request sent with it: the COMMIT may have
             // landed.
             Err((e, _)) => Err(Fail::Unknown(e)),
+        }
+    }
+
+    /// Sends what is pending, then `sql`, then `COMMIT`, all pipelined (so
+    /// a call whose writes are all deferred or guarded in SQL, or a read,
+    /// takes one round trip), and returns `sql`'s rows. The transaction is
+    /// over: the call's later [`commit`](Self::commit) does nothing, and
+    /// whatever it decides from the rows must not need a rollback (its
+    /// writes were guarded, or it only read). A failure is judged as
+    /// `commit`'s, except that a read (`read_only`) is never
+    /// `OutcomeUnknown`.
+    pub(crate) async fn query_commit(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        read_only: bool,
+    ) -> TxResult<Vec<Row>> {
+        let s = self.statement(sql).await?;
+        let client = self.client;
+        if client.is_closed() {
+            // Nothing of this transaction went out (then another
+            // connection is taken), or what did was aborted with it.
+            return Err(if self.began {
+                Fail::Rule(StateError::unavailable(
+                    "postgres: the connection was lost before the commit (nothing was applied)",
+                    None,
+                ))
+            } else {
+                Fail::Closed
+            });
+        }
+        let both = Box::pin(ordered(
+            client.query(&s, params),
+            client.batch_execute("COMMIT"),
+        ));
+        let out = self
+            .send_all(async { Ok::<_, PgError>(both.await) })
+            .await;
+        let (rows, commit) = match out {
+            Ok(v) => v,
+            Err((e, _)) => (Err(e), Ok(())),
+        };
+        let failed = match (rows, commit) {
+            (Ok(rows), Ok(())) => {
+                *self.in_txn = false;
+                self.committed = true;
+                return Ok(rows);
+            }
+            // A statement before the COMMIT failed.
+            (Err(e), _) => (e, true),
+            (Ok(_), Err(e)) => (e, false),
+        };
+        let (e, before) = failed;
+        if read_only || (before && e.code().is_some()) || !commit_outcome_unknown(&e) {
+            if e.code().is_some() {
+                *self.in_txn = false;
+            }
+            Err(Fail::Pg(e))
+        } else {
+            Err(Fail::Unknown(e))
         }
     }
 
@@ -596,6 +665,35 @@ impl<'a> Tx<'a> {
     }
 }
 
+/// Two requests polled in order on every poll (so the first is queued
+/// first), answering both outcomes.
+async fn ordered<A, B>(
+    a: impl Future<Output = A>,
+    b: impl Future<Output = B>,
+) -> (A, B) {
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    let (mut ra, mut rb) = (None, None);
+    std::future::poll_fn(|cx| {
+        if ra.is_none()
+            && let Poll::Ready(r) = a.as_mut().poll(cx)
+        {
+            ra = Some(r);
+        }
+        if rb.is_none()
+            && let Poll::Ready(r) = b.as_mut().poll(cx)
+        {
+            rb = Some(r);
+        }
+        if ra.is_some() && rb.is_some() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    (ra.expect("ready"), rb.expect("ready"))
+}
+
 /// True when a failed `COMMIT` may still have committed: no answer came
 /// (the connection closed, reset, or an I/O error), or the server went
 /// down while answering (connection exception 08, operator intervention
@@ -700,6 +798,17 @@ impl<'s> Attempts<'s> {
                     None,
                 )));
             }
+            Err(Fail::Closed) => {
+                if self.redials <= self.store.opts.pool_size {
+                    self.redials += 1;
+                    crate::observe::retry("postgres", "redial", self.redials);
+                    return ControlFlow::Continue(());
+                }
+                return ControlFlow::Break(Err(StateError::unavailable(
+                    format!("postgres at {}: the connection closed", self.store.target),
+                    None,
+                )));
+            }
             Err(Fail::Pg(e)) => e,
         };
         let store = self.store;
@@ -747,12 +856,15 @@ macro_rules! txn {
                 Err(e) => break Err(e),
             };
             let mut tx = conn.tx(store);
-            let out = $crate::pg::conn::typed(async {
+            // On the heap: a body's future can be large (a debug build
+            // keeps every statement's future in it), and a synchronous
+            // call polls it on the caller's stack.
+            let out = ::std::boxed::Box::pin($crate::pg::conn::typed(async {
                 let $tx = &mut tx;
                 let v = $crate::pg::conn::typed(async { $body }).await?;
                 $tx.commit().await?;
                 Ok(v)
-            })
+            }))
             .await;
             let began = tx.finish(out.is_ok()).await;
             drop(conn);
