@@ -67,7 +67,8 @@ use std::future::Future;
 use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use deadpool::managed::{Metrics, Object, PoolError, RecycleError, RecycleResult};
@@ -86,6 +87,8 @@ pub(crate) type PgError = tokio_postgres::Error;
 /// One pooled connection and the statements prepared on it.
 pub(crate) struct Conn {
     client: Client,
+    /// Holds the connection's task while a pipeline is queued.
+    gate: Arc<Gate>,
     statements: HashMap<String, Statement>,
     /// When it was dialed (for the max lifetime).
     born: Instant,
@@ -96,6 +99,66 @@ pub(crate) struct Conn {
     /// connection is closed instead of pooled (see [`Pooled`]) and fails
     /// `recycle` should it ever get back.
     in_txn: bool,
+}
+
+/// Holds a connection's I/O task back while a call queues a pipeline, so
+/// the task finds every request of it queued and writes them as one
+/// (otherwise a task woken on another thread by the first request sends
+/// it alone: `BEGIN` would go out, and be answered, before the rest).
+#[derive(Default)]
+pub(crate) struct Gate {
+    corked: AtomicBool,
+    waker: parking_lot::Mutex<Option<Waker>>,
+}
+
+impl Gate {
+    /// Holds the task until the guard is dropped (never across an await).
+    fn cork(&self) -> Corked<'_> {
+        self.corked.store(true, Ordering::SeqCst);
+        Corked(self)
+    }
+
+    /// True when the task may run; else it is woken when it may.
+    fn open(&self, cx: &mut Context<'_>) -> bool {
+        if !self.corked.load(Ordering::SeqCst) {
+            return true;
+        }
+        *self.waker.lock() = Some(cx.waker().clone());
+        !self.corked.load(Ordering::SeqCst)
+    }
+}
+
+struct Corked<'g>(&'g Gate);
+
+impl Drop for Corked<'_> {
+    fn drop(&mut self) {
+        self.0.corked.store(false, Ordering::SeqCst);
+        if let Some(w) = self.0.waker.lock().take() {
+            w.wake();
+        }
+    }
+}
+
+/// Spawns a connection's I/O task (on the current runtime) behind a
+/// [`Gate`].
+fn drive<C>(conn: C) -> Arc<Gate>
+where
+    C: Future + Send + 'static,
+{
+    let gate = Arc::new(Gate::default());
+    let g = gate.clone();
+    tokio::spawn(async move {
+        let mut conn = std::pin::pin!(conn);
+        std::future::poll_fn(|cx| {
+            if g.open(cx) {
+                conn.as_mut().poll(cx).map(|_| ())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    });
+    gate
 }
 
 /// Dials connections for the pool, on the store's runtime.
@@ -138,23 +201,17 @@ impl deadpool::managed::Manager for Manager {
         let tls = self.tls.clone();
         // Dialed on the store's runtime, and the connection's task spawned
         // there: it outlives the caller's runtime.
-        let client = self
+        let (client, gate) = self
             .bridge
             .on_runtime(async move {
                 match tls {
                     None => {
                         let (client, conn) = config.connect(NoTls).await?;
-                        tokio::spawn(async move {
-                            let _ = conn.await;
-                        });
-                        Ok::<_, PgError>(client)
+                        Ok::<_, PgError>((client, drive(conn)))
                     }
                     Some(tls) => {
                         let (client, conn) = config.connect(tls).await?;
-                        tokio::spawn(async move {
-                            let _ = conn.await;
-                        });
-                        Ok(client)
+                        Ok((client, drive(conn)))
                     }
                 }
             })
@@ -164,6 +221,7 @@ impl deadpool::managed::Manager for Manager {
         Ok(Conn {
             client,
             statements: HashMap::new(),
+            gate,
             born: now,
             used: now,
             in_txn: false,
@@ -213,6 +271,7 @@ impl Pooled {
         let conn: &mut Conn = self.obj.as_mut().expect("lent until dropped");
         Tx {
             client: &conn.client,
+            gate: &conn.gate,
             statements: &mut conn.statements,
             in_txn: &mut conn.in_txn,
             prefix: &store.prefix,
@@ -378,6 +437,7 @@ impl Pending<'_> {
 /// the connection marked inside a transaction, and it is closed.
 pub(crate) struct Tx<'a> {
     client: &'a Client,
+    gate: &'a Gate,
     statements: &'a mut HashMap<String, Statement>,
     in_txn: &'a mut bool,
     prefix: &'a str,
@@ -413,9 +473,6 @@ impl<'a> Tx<'a> {
         &mut self,
         main: impl Future<Output = std::result::Result<T, PgError>>,
     ) -> std::result::Result<T, (PgError, bool)> {
-        if self.pending.is_empty() {
-            return main.await.map_err(|e| (e, false));
-        }
         let pending = std::mem::take(&mut self.pending);
         let begins = matches!(pending.first(), Some(Pending::Begin(_)));
         if begins {
@@ -430,7 +487,10 @@ impl<'a> Tx<'a> {
             let mut main_out = None;
             // In order on every poll: each request is queued on its first
             // poll, so they go out in this order.
+            let gate = self.gate;
             std::future::poll_fn(|cx| {
+                // All queued before the connection's task may write any.
+                let _corked = gate.cork();
                 for (f, o) in futs.iter_mut().zip(outs.iter_mut()) {
                     if o.is_none()
                         && let Poll::Ready(r) = f.as_mut().poll(cx)
