@@ -43,24 +43,31 @@
 //!
 //! **Round trips.** Requests polled together are pipelined on one
 //! connection: a transaction's `BEGIN` (and its settings) goes out with
-//! its first statement, and writes whose answer the call does not need
+//! its first statement, writes whose answer the call does not need
 //! ([`Tx::defer`]) wait and go out with the next statement or with
-//! `COMMIT`. An error of a deferred write is reported before the answer of
-//! whatever followed it (which then failed on the aborted transaction), so
-//! the rules see every statement in order, as before. With the statement
-//! cache warm, on the happy path (was → now):
+//! `COMMIT`, and [`Tx::query_commit`] sends its statement and `COMMIT`
+//! together. The connection's task is held back while a pipeline is
+//! queued ([`Gate`]), so a pipeline leaves as one write. An error of a
+//! deferred write is reported before the answer of whatever followed it
+//! (which then failed on the aborted transaction), so the rules see every
+//! statement in order, as before. With the statement cache warm, on the
+//! happy path (the issue-40 count → now):
 //!
-//! | call                                        | round trips   |
-//! |---------------------------------------------|---------------|
-//! | `get_run`, `get_session`, `epoch`           | 3 → 2         |
-//! | `put_run` (update), `patch_run`             | 4 → 2         |
-//! | `put_run` (create)                          | 5 → 3         |
-//! | `write_tray`, `apply_batch` (epoch row held)| 4 → 2         |
-//! | `reserve` (no budget; with a budget)        | 5 → 3; 6 → 4  |
-//! | `settle` (no budget; with a budget)         | 7 → 4; 9 → 5  |
-//! | what an idempotency key adds to a write     | 5 → 3         |
+//! | call                                                | round trips |
+//! |-----------------------------------------------------|-------------|
+//! | `get_run`, `get_session`, `epoch`                   | 2 → 1       |
+//! | `put_run` (update), `patch_run`: a run this store   | 2 → 1       |
+//! | has seen, without budget or caps (`runs.rs`)        |             |
+//! | the same, when another writer came first            | 2 → 3       |
+//! | `put_run` (create)                                  | 3           |
+//! | `read_tray`, `write_tray`, `delete_tray`,           | 2 → 1       |
+//! | `apply_batch`, `release`, `set_alarm`, `ack_alarm`  |             |
+//! | `reserve` (no budget; with a budget)                | 3; 4        |
+//! | `settle` (no budget; with a budget)                 | 4; 5        |
+//! | a keyed call (`*_idempotent`)                       | as before   |
 //!
-//! //! (`COMMIT` of a read-only call is still its own round trip.)
+//! (`tests/it/postgres.rs` `round_trips_per_call` counts them through a
+//! proxy.)
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -594,9 +601,7 @@ impl<'a> Tx<'a> {
             client.query(&s, params),
             client.batch_execute("COMMIT"),
         ));
-        let out = self
-            .send_all(async { Ok::<_, PgError>(both.await) })
-            .await;
+        let out = self.send_all(async { Ok::<_, PgError>(both.await) }).await;
         let (rows, commit) = match out {
             Ok(v) => v,
             Err((e, _)) => (Err(e), Ok(())),
@@ -727,10 +732,7 @@ impl<'a> Tx<'a> {
 
 /// Two requests polled in order on every poll (so the first is queued
 /// first), answering both outcomes.
-async fn ordered<A, B>(
-    a: impl Future<Output = A>,
-    b: impl Future<Output = B>,
-) -> (A, B) {
+async fn ordered<A, B>(a: impl Future<Output = A>, b: impl Future<Output = B>) -> (A, B) {
     let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
     let (mut ra, mut rb) = (None, None);
     std::future::poll_fn(|cx| {

@@ -323,7 +323,11 @@ impl PostgresStore {
         // One round trip: BEGIN, the SELECT and COMMIT together.
         let got = txn!(self, |tx| {
             let rows = tx
-                .query_commit(SELECT_RUN, &[&id_in(&key.tenant), &id_in(&key.run_id)], true)
+                .query_commit(
+                    SELECT_RUN,
+                    &[&id_in(&key.tenant), &id_in(&key.run_id)],
+                    true,
+                )
                 .await?;
             Ok(rows
                 .first()
@@ -378,12 +382,18 @@ impl PostgresStore {
             return Ok(None);
         };
         let bytes = value::encode_run(&new);
-        if !alone(&new) || new.key != *key || check_size("run record", bytes.len(), self.max()).is_err()
+        if !alone(&new)
+            || new.key != *key
+            || check_size("run record", bytes.len(), self.max()).is_err()
         {
             return Ok(None);
         }
         let (tenant, run_id) = (id_in(&key.tenant), id_in(&key.run_id));
-        let (state, agent, updated) = (new.state.as_str(), id_in(&new.agent_name), num(new.updated_at));
+        let (state, agent, updated) = (
+            new.state.as_str(),
+            id_in(&new.agent_name),
+            num(new.updated_at),
+        );
         let was: &[u8] = &seen;
         let swapped = txn!(self, |tx| {
             let rows = tx

@@ -520,7 +520,12 @@ impl PostgresStore {
                      ON CONFLICT (ns, id) DO UPDATE SET due_at = EXCLUDED.due_at",
                     4,
                 ),
-                params![own(&instance.ns), own(&instance.id), num(due_at), num(epoch)],
+                params![
+                    own(&instance.ns),
+                    own(&instance.id),
+                    num(due_at),
+                    num(epoch)
+                ],
             )
             .await?;
             fence_commit(tx, instance, epoch).await

@@ -2166,7 +2166,7 @@ fn round_trips_per_call() {
     let mut n = 0u64;
     // The round trips of each of `times` calls of `f` (after one to warm
     // the statements), their median.
-    let mut count = |what: &str, times: usize, f: &mut dyn FnMut(usize)| -> u64 {
+    let count = |what: &str, times: usize, f: &mut dyn FnMut(usize)| -> u64 {
         f(usize::MAX);
         let mut seen: Vec<u64> = (0..times)
             .map(|i| {
@@ -2192,7 +2192,7 @@ fn round_trips_per_call() {
     got.push((
         "patch_run",
         count("patch_run", times, &mut |_| {
-            s.patch_run(&run, delta.clone()).expect("patch");
+            s.patch_run(&run, delta).expect("patch");
         }),
         1,
     ));
@@ -2266,8 +2266,11 @@ fn round_trips_per_call() {
     // Not yet one round trip: counted, so a change shows.
     let c = count("put_run (create)", times, &mut |_| {
         n += 1;
-        s.put_run(RunRecord::new(RunKey::new(tenant.clone(), format!("c{n}")), "a"))
-            .expect("create");
+        s.put_run(RunRecord::new(
+            RunKey::new(tenant.clone(), format!("c{n}")),
+            "a",
+        ))
+        .expect("create");
     });
     got.push(("put_run (create)", c, 3));
     let mut h = 0u64;
@@ -2276,10 +2279,13 @@ fn round_trips_per_call() {
         let id = format!("h{h}");
         s.reserve(&brun, Hold::new(id.clone(), 60_000).cost_micros(2))
             .expect("reserve");
-        s.settle(&brun, &id, delta.clone()).expect("settle");
+        s.settle(&brun, &id, delta).expect("settle");
     });
     got.push(("reserve + settle (budget)", c, 9));
     for (what, median, most) in got {
-        assert!(median <= most, "{what}: {median} round trips, at most {most} expected");
+        assert!(
+            median <= most,
+            "{what}: {median} round trips, at most {most} expected"
+        );
     }
 }
