@@ -325,7 +325,7 @@ pub struct PostgresStore {
     /// `put_run` or `patch_run` decides against and compares-and-swaps in
     /// one round trip (see `runs.rs`). Only a hint: a stale entry costs a
     /// failed swap and the locked path.
-    runs_seen: runs::Seen,
+    pub(crate) runs_seen: runs::Seen,
 }
 
 impl std::fmt::Debug for PostgresStore {

@@ -64,10 +64,25 @@ impl Seen {
         m.insert(k.clone(), bytes);
     }
 
+    /// The budget the run draws from, as last seen (fixed at create): a
+    /// guess, checked against the run's locked row.
+    pub(crate) fn budget_of(&self, k: &RunKey) -> Option<Option<String>> {
+        let bytes = self.get(k)?;
+        decode_run(&bytes, k).ok().map(|r| r.budget)
+    }
+
+    /// Remembers `r` as stored.
+    pub(crate) fn put_run(&self, r: &RunRecord) {
+        self.put(&r.key, value::encode_run(r).into());
+    }
+
     fn forget(&self, k: &RunKey) {
         self.0.lock().remove(k);
     }
 }
+
+pub(crate) const LOCK_RUN: &str =
+    "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2 FOR UPDATE";
 
 const SELECT_RUN: &str = "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2";
 
@@ -108,11 +123,7 @@ pub(crate) async fn read_run(
     key: &RunKey,
     lock: bool,
 ) -> TxResult<Option<RunRecord>> {
-    let sql = if lock {
-        "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2 FOR UPDATE"
-    } else {
-        SELECT_RUN
-    };
+    let sql = if lock { LOCK_RUN } else { SELECT_RUN };
     let rows = tx
         .query(sql, &[&id_in(&key.tenant), &id_in(&key.run_id)])
         .await?;
