@@ -7,8 +7,18 @@
 //! Every write of a hold of a budget's run happens with the budget's row
 //! locked, so once a call holds that lock, the budget's holds it reads are
 //! the ones that count.
+//!
+//! **Round trips.** `reserve` and `settle` send their reads at once
+//! ([`around`]): the run's row locked, the hold (settle), the budget's row
+//! locked and the holds around. The server runs them in that order, each
+//! on a snapshot taken after the locks before it, so they read what the
+//! sequential reads did. The budget is named by the run, so it is guessed
+//! from the run as this store last saw it (a run's budget is fixed at
+//! create); a wrong guess (or none) reads the budget in the old order.
+//! The writes go out with `COMMIT`: 2 round trips each, budget or not.
 
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 use crate::budget::{
     BudgetKey, BudgetRecord, BudgetStatus, Hold, HoldRecord, RunSpend, Settled, Spend,
@@ -28,7 +38,7 @@ use crate::rules::{
 
 use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
-use super::runs::{read_run, write_run};
+use super::runs::{LOCK_RUN, decode_run, read_run, write_run};
 use super::{PostgresStore, id_in, id_out, num, own};
 
 /// A hold's place: its run's id and its own.
@@ -99,6 +109,87 @@ fn hold_rows(rows: &[Row]) -> Result<Vec<(HoldAt, HoldRecord)>> {
             Ok(((run_id, hold_id), h))
         })
         .collect()
+}
+
+const LOCK_BUDGET: &str =
+    "SELECT record, spent FROM {s}agentstate_budgets WHERE tenant = $1 AND name = $2 FOR UPDATE";
+const RUN_HOLDS: &str = "SELECT run_id, hold_id, record FROM {s}agentstate_holds \
+     WHERE tenant = $1 AND run_id = $2 ORDER BY hold_id";
+const BUDGET_HOLDS: &str = "SELECT run_id, hold_id, record FROM {s}agentstate_holds \
+     WHERE tenant = $1 AND budget = $2 ORDER BY run_id, hold_id";
+const HOLD: &str =
+    "SELECT record FROM {s}agentstate_holds WHERE tenant = $1 AND run_id = $2 AND hold_id = $3";
+
+/// What a reserve or settle reads before deciding.
+struct Around {
+    /// The run, its row locked.
+    run: RunRecord,
+    /// The run's budget, its row locked, when the run has one (`None`
+    /// inside: the budget does not exist).
+    budget: Option<Option<(BudgetRecord, Spend)>>,
+    /// [`holds_around`] the run.
+    holds: Vec<(HoldAt, HoldRecord)>,
+    /// The hold asked for's row, when one was.
+    hold: Option<Vec<Row>>,
+}
+
+/// The reads of a reserve (`hold_id` `None`) or settle, pipelined (see
+/// the module's notes): `guess` names the run's budget (`None`: no
+/// budget). `None`: the run does not exist.
+async fn around(
+    tx: &mut Tx<'_>,
+    run: &RunKey,
+    guess: Option<&str>,
+    hold_id: Option<&str>,
+) -> TxResult<Option<Around>> {
+    let (t, r) = (id_in(&run.tenant), id_in(&run.run_id));
+    let hid = id_in(hold_id.unwrap_or_default());
+    let bname = id_in(guess.unwrap_or_default());
+    let run_p: [&(dyn ToSql + Sync); 2] = [&t, &r];
+    let hold_p: [&(dyn ToSql + Sync); 3] = [&t, &r, &hid];
+    let budget_p: [&(dyn ToSql + Sync); 2] = [&t, &bname];
+    let mut list: Vec<(&str, &[&(dyn ToSql + Sync)])> = vec![(LOCK_RUN, &run_p)];
+    if hold_id.is_some() {
+        list.push((HOLD, &hold_p));
+    }
+    if guess.is_some() {
+        list.push((LOCK_BUDGET, &budget_p));
+        list.push((BUDGET_HOLDS, &budget_p));
+    } else {
+        list.push((RUN_HOLDS, &run_p));
+    }
+    let mut rows = tx.queries(&list).await?.into_iter();
+    let mut next = || rows.next().expect("one answer per statement");
+    let Some(row) = next().into_iter().next() else {
+        return Ok(None);
+    };
+    let rec = decode_run(row.get(0), run)?;
+    let hold = hold_id.map(|_| next());
+    let (budget, holds) = match guess {
+        Some(name) if rec.budget.as_deref() == Some(name) => {
+            let bk = BudgetKey::new(run.tenant.clone(), name);
+            let b = next()
+                .first()
+                .map(|r| decode_budget(r.get(0), r.get(1), &bk))
+                .transpose()?;
+            (Some(b), hold_rows(&next())?)
+        }
+        None if rec.budget.is_none() => (None, hold_rows(&next())?),
+        // A wrong guess: the budget's row locked, then its holds read.
+        _ => {
+            let budget = match budget_of(&rec) {
+                Some(b) => Some(lock_budget(tx, &b).await?),
+                None => None,
+            };
+            (budget, holds_around(tx, &rec).await?)
+        }
+    };
+    Ok(Some(Around {
+        run: rec,
+        budget,
+        holds,
+        hold,
+    }))
 }
 
 /// A run's holds (expired ones too), in id order.
@@ -238,22 +329,30 @@ async fn live_hold(
     hold_id: &str,
     now: Millis,
 ) -> TxResult<HoldRecord> {
+    let rows = tx
+        .query(
+            HOLD,
+            &[&id_in(&run.tenant), &id_in(&run.run_id), &id_in(hold_id)],
+        )
+        .await?;
+    Ok(hold_in(&rows, run, hold_id, now)?)
+}
+
+/// The hold read in `rows` if it still counts at `now`; `NotFound`
+/// otherwise (B4, B5).
+fn hold_in(rows: &[Row], run: &RunKey, hold_id: &str, now: Millis) -> Result<HoldRecord> {
     let missing = || {
         StateError::NotFound(Missing::Hold {
             run: run.clone(),
             hold_id: hold_id.to_string(),
         })
     };
-    let rows = tx.query(
-        "SELECT record FROM {s}agentstate_holds WHERE tenant = $1 AND run_id = $2 AND hold_id = $3",
-        &[&id_in(&run.tenant), &id_in(&run.run_id), &id_in(hold_id)],
-    ).await?;
     let Some(row) = rows.first() else {
-        return Err(missing().into());
+        return Err(missing());
     };
     let h = decode_hold(row.get(0), hold_id)?;
     if !h.is_live(now) {
-        return Err(missing().into());
+        return Err(missing());
     }
     Ok(h)
 }
@@ -453,17 +552,18 @@ impl PostgresStore {
         check_run_key(run)?;
         check_hold(&hold)?;
         let now = self.now();
+        let guess = self.runs_seen.budget_of(run).flatten();
         txn_keyed!(self, keyed, |tx| {
-            let Some(r) = read_run(tx, run, true).await? else {
-                return Err(StateError::NotFound(Missing::Run(run.clone())).into());
-            };
             // The budget's row is locked before its holds are read (and
             // after the run's row: the one lock order).
-            let budget = match budget_of(&r) {
-                Some(b) => Some(lock_budget(tx, &b).await?.ok_or(b)),
-                None => None,
+            let Some(a) = around(tx, run, guess.as_deref(), None).await? else {
+                return Err(StateError::NotFound(Missing::Run(run.clone())).into());
             };
-            let holds = holds_around(tx, &r).await?;
+            let (r, holds) = (a.run, a.holds);
+            let budget = match (budget_of(&r), a.budget) {
+                (Some(b), Some(found)) => Some(found.ok_or(b)),
+                _ => None,
+            };
             let live: Vec<&HoldRecord> = holds
                 .iter()
                 .filter(|((run_id, _), h)| run_id == &run.run_id && h.is_live(now))
@@ -500,20 +600,40 @@ impl PostgresStore {
         check_id("hold id", hold_id)?;
         let now = self.now();
         let max = self.max();
-        txn_keyed!(self, keyed, |tx| {
-            let Some(old) = read_run(tx, run, true).await? else {
+        let guess = self.runs_seen.budget_of(run).flatten();
+        let out = txn_keyed!(self, keyed, |tx| {
+            let Some(a) = around(tx, run, guess.as_deref(), Some(hold_id)).await? else {
                 return Err(StateError::NotFound(Missing::Run(run.clone())).into());
             };
-            let h = live_hold(tx, run, hold_id, now).await?;
+            let old = a.run;
+            let h = hold_in(a.hold.as_deref().unwrap_or_default(), run, hold_id, now)?;
             let new = patched_run(&old, &spent, now)?;
             write_run(tx, &new, false, max).await?;
             delete_hold(tx, run, hold_id).await?;
-            after_patch(tx, &new, &spent, now).await?;
+            // B3, B5, B6 as `after_patch`, on what was read: the holds
+            // read before the settled one's delete count it, but it was
+            // live, so it is not purged twice.
+            if let Some(b) = budget_of(&new) {
+                let Some(Some((_, was))) = a.budget else {
+                    return Err(StateError::NotFound(Missing::Budget(b)).into());
+                };
+                let total = budget_spent(was, &spent);
+                tx.defer(
+                    "UPDATE {s}agentstate_budgets SET spent = $3 WHERE tenant = $1 AND name = $2",
+                    params![own(&b.tenant), own(&b.name), value::encode(&total)],
+                )
+                .await?;
+            }
+            purge_expired(tx, &run.tenant, &a.holds, now).await?;
             Ok(Settled {
                 record: new,
                 overshoot: overshoot(&h, &spent),
             })
-        })
+        });
+        if let Ok(s) = &out {
+            self.runs_seen.put_run(&s.record);
+        }
+        out
     }
 
     /// `release_hold`, under `keyed`'s idempotency key when there is one.

@@ -43,31 +43,41 @@
 //!
 //! **Round trips.** Requests polled together are pipelined on one
 //! connection: a transaction's `BEGIN` (and its settings) goes out with
-//! its first statement, and writes whose answer the call does not need
+//! its first statement, writes whose answer the call does not need
 //! ([`Tx::defer`]) wait and go out with the next statement or with
-//! `COMMIT`. An error of a deferred write is reported before the answer of
-//! whatever followed it (which then failed on the aborted transaction), so
-//! the rules see every statement in order, as before. With the statement
-//! cache warm, on the happy path (was → now):
+//! `COMMIT`, and [`Tx::query_commit`] sends its statement and `COMMIT`
+//! together. The connection's task is held back while a pipeline is
+//! queued ([`Gate`]), so a pipeline leaves as one write. An error of a
+//! deferred write is reported before the answer of whatever followed it
+//! (which then failed on the aborted transaction), so the rules see every
+//! statement in order, as before. With the statement cache warm, on the
+//! happy path (the issue-40 count → now):
 //!
-//! | call                                        | round trips   |
-//! |---------------------------------------------|---------------|
-//! | `get_run`, `get_session`, `epoch`           | 3 → 2         |
-//! | `put_run` (update), `patch_run`             | 4 → 2         |
-//! | `put_run` (create)                          | 5 → 3         |
-//! | `write_tray`, `apply_batch` (epoch row held)| 4 → 2         |
-//! | `reserve` (no budget; with a budget)        | 5 → 3; 6 → 4  |
-//! | `settle` (no budget; with a budget)         | 7 → 4; 9 → 5  |
-//! | what an idempotency key adds to a write     | 5 → 3         |
+//! | call                                                | round trips |
+//! |-----------------------------------------------------|-------------|
+//! | `get_run`, `get_session`, `epoch`                   | 2 → 1       |
+//! | `put_run` (update), `patch_run`: a run this store   | 2 → 1       |
+//! | has seen, without budget or caps (`runs.rs`)        |             |
+//! | the same, when another writer came first            | 2 → 3       |
+//! | `put_run` (create)                                  | 3           |
+//! | `read_tray`, `write_tray`, `delete_tray`,           | 2 → 1       |
+//! | `apply_batch`, `release`, `set_alarm`, `ack_alarm`  |             |
+//! | `reserve` (no budget; with a budget): its reads     | 3 → 2;      |
+//! | pipelined, the budget guessed (`budgets.rs`)        | 4 → 2       |
+//! | `settle` (no budget; with a budget), the same       | 4 → 2;      |
+//! |                                                     | 5 → 2       |
+//! | a keyed call (`*_idempotent`)                       | as before   |
 //!
-//! //! (`COMMIT` of a read-only call is still its own round trip.)
+//! (`tests/it/postgres.rs` `round_trips_per_call` counts them through a
+//! proxy.)
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use deadpool::managed::{Metrics, Object, PoolError, RecycleError, RecycleResult};
@@ -86,6 +96,8 @@ pub(crate) type PgError = tokio_postgres::Error;
 /// One pooled connection and the statements prepared on it.
 pub(crate) struct Conn {
     client: Client,
+    /// Holds the connection's task while a pipeline is queued.
+    gate: Arc<Gate>,
     statements: HashMap<String, Statement>,
     /// When it was dialed (for the max lifetime).
     born: Instant,
@@ -96,6 +108,66 @@ pub(crate) struct Conn {
     /// connection is closed instead of pooled (see [`Pooled`]) and fails
     /// `recycle` should it ever get back.
     in_txn: bool,
+}
+
+/// Holds a connection's I/O task back while a call queues a pipeline, so
+/// the task finds every request of it queued and writes them as one
+/// (otherwise a task woken on another thread by the first request sends
+/// it alone: `BEGIN` would go out, and be answered, before the rest).
+#[derive(Default)]
+pub(crate) struct Gate {
+    corked: AtomicBool,
+    waker: parking_lot::Mutex<Option<Waker>>,
+}
+
+impl Gate {
+    /// Holds the task until the guard is dropped (never across an await).
+    fn cork(&self) -> Corked<'_> {
+        self.corked.store(true, Ordering::SeqCst);
+        Corked(self)
+    }
+
+    /// True when the task may run; else it is woken when it may.
+    fn open(&self, cx: &mut Context<'_>) -> bool {
+        if !self.corked.load(Ordering::SeqCst) {
+            return true;
+        }
+        *self.waker.lock() = Some(cx.waker().clone());
+        !self.corked.load(Ordering::SeqCst)
+    }
+}
+
+struct Corked<'g>(&'g Gate);
+
+impl Drop for Corked<'_> {
+    fn drop(&mut self) {
+        self.0.corked.store(false, Ordering::SeqCst);
+        if let Some(w) = self.0.waker.lock().take() {
+            w.wake();
+        }
+    }
+}
+
+/// Spawns a connection's I/O task (on the current runtime) behind a
+/// [`Gate`].
+fn drive<C>(conn: C) -> Arc<Gate>
+where
+    C: Future + Send + 'static,
+{
+    let gate = Arc::new(Gate::default());
+    let g = gate.clone();
+    tokio::spawn(async move {
+        let mut conn = std::pin::pin!(conn);
+        std::future::poll_fn(|cx| {
+            if g.open(cx) {
+                conn.as_mut().poll(cx).map(|_| ())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    });
+    gate
 }
 
 /// Dials connections for the pool, on the store's runtime.
@@ -138,23 +210,17 @@ impl deadpool::managed::Manager for Manager {
         let tls = self.tls.clone();
         // Dialed on the store's runtime, and the connection's task spawned
         // there: it outlives the caller's runtime.
-        let client = self
+        let (client, gate) = self
             .bridge
             .on_runtime(async move {
                 match tls {
                     None => {
                         let (client, conn) = config.connect(NoTls).await?;
-                        tokio::spawn(async move {
-                            let _ = conn.await;
-                        });
-                        Ok::<_, PgError>(client)
+                        Ok::<_, PgError>((client, drive(conn)))
                     }
                     Some(tls) => {
                         let (client, conn) = config.connect(tls).await?;
-                        tokio::spawn(async move {
-                            let _ = conn.await;
-                        });
-                        Ok(client)
+                        Ok((client, drive(conn)))
                     }
                 }
             })
@@ -164,6 +230,7 @@ impl deadpool::managed::Manager for Manager {
         Ok(Conn {
             client,
             statements: HashMap::new(),
+            gate,
             born: now,
             used: now,
             in_txn: false,
@@ -213,12 +280,14 @@ impl Pooled {
         let conn: &mut Conn = self.obj.as_mut().expect("lent until dropped");
         Tx {
             client: &conn.client,
+            gate: &conn.gate,
             statements: &mut conn.statements,
             in_txn: &mut conn.in_txn,
             prefix: &store.prefix,
             cache: store.opts.statement_cache,
             pending: vec![Pending::Begin(&store.begin)],
             began: false,
+            committed: false,
         }
     }
 }
@@ -311,6 +380,9 @@ pub(crate) enum Fail {
     Rule(StateError),
     Pg(PgError),
     Unknown(PgError),
+    /// The connection was seen closed before anything was sent on it:
+    /// another one is taken (a pooled connection the server dropped).
+    Closed,
 }
 
 impl From<StateError> for Fail {
@@ -374,6 +446,7 @@ impl Pending<'_> {
 /// the connection marked inside a transaction, and it is closed.
 pub(crate) struct Tx<'a> {
     client: &'a Client,
+    gate: &'a Gate,
     statements: &'a mut HashMap<String, Statement>,
     in_txn: &'a mut bool,
     prefix: &'a str,
@@ -383,6 +456,8 @@ pub(crate) struct Tx<'a> {
     pending: Vec<Pending<'a>>,
     /// `BEGIN` answered.
     began: bool,
+    /// `COMMIT` went out with the last statement ([`Tx::query_commit`]).
+    committed: bool,
 }
 
 /// Pins a transaction body's type: `TxResult<T>`.
@@ -407,9 +482,6 @@ impl<'a> Tx<'a> {
         &mut self,
         main: impl Future<Output = std::result::Result<T, PgError>>,
     ) -> std::result::Result<T, (PgError, bool)> {
-        if self.pending.is_empty() {
-            return main.await.map_err(|e| (e, false));
-        }
         let pending = std::mem::take(&mut self.pending);
         let begins = matches!(pending.first(), Some(Pending::Begin(_)));
         if begins {
@@ -424,7 +496,10 @@ impl<'a> Tx<'a> {
             let mut main_out = None;
             // In order on every poll: each request is queued on its first
             // poll, so they go out in this order.
+            let gate = self.gate;
             std::future::poll_fn(|cx| {
+                // All queued before the connection's task may write any.
+                let _corked = gate.cork();
                 for (f, o) in futs.iter_mut().zip(outs.iter_mut()) {
                     if o.is_none()
                         && let Poll::Ready(r) = f.as_mut().poll(cx)
@@ -459,6 +534,9 @@ impl<'a> Tx<'a> {
     /// Sends `COMMIT`, with whatever is pending (see the module's table
     /// for what each failure means).
     pub(crate) async fn commit(&mut self) -> TxResult<()> {
+        if self.committed {
+            return Ok(());
+        }
         if matches!(self.pending.as_slice(), [Pending::Begin(_)]) {
             // Nothing was sent: nothing to commit.
             self.pending.clear();
@@ -490,6 +568,64 @@ impl<'a> Tx<'a> {
             // COMMIT or to a request sent with it: the COMMIT may have
             // landed.
             Err((e, _)) => Err(Fail::Unknown(e)),
+        }
+    }
+
+    /// Sends what is pending, then `sql`, then `COMMIT`, all pipelined (so
+    /// a call whose writes are all deferred or guarded in SQL, or a read,
+    /// takes one round trip), and returns `sql`'s rows. The transaction is
+    /// over: the call's later [`commit`](Self::commit) does nothing, and
+    /// whatever it decides from the rows must not need a rollback (its
+    /// writes were guarded, or it only read). A failure is judged as
+    /// `commit`'s, except that a read (`read_only`) is never
+    /// `OutcomeUnknown`.
+    pub(crate) async fn query_commit(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        read_only: bool,
+    ) -> TxResult<Vec<Row>> {
+        let s = self.statement(sql).await?;
+        let client = self.client;
+        if client.is_closed() {
+            // Nothing of this transaction went out (then another
+            // connection is taken), or what did was aborted with it.
+            return Err(if self.began {
+                Fail::Rule(StateError::unavailable(
+                    "postgres: the connection was lost before the commit (nothing was applied)",
+                    None,
+                ))
+            } else {
+                Fail::Closed
+            });
+        }
+        let both = Box::pin(ordered(
+            client.query(&s, params),
+            client.batch_execute("COMMIT"),
+        ));
+        let out = self.send_all(async { Ok::<_, PgError>(both.await) }).await;
+        let (rows, commit) = match out {
+            Ok(v) => v,
+            Err((e, _)) => (Err(e), Ok(())),
+        };
+        let failed = match (rows, commit) {
+            (Ok(rows), Ok(())) => {
+                *self.in_txn = false;
+                self.committed = true;
+                return Ok(rows);
+            }
+            // A statement before the COMMIT failed.
+            (Err(e), _) => (e, true),
+            (Ok(_), Err(e)) => (e, false),
+        };
+        let (e, before) = failed;
+        if read_only || (before && e.code().is_some()) || !commit_outcome_unknown(&e) {
+            if e.code().is_some() {
+                *self.in_txn = false;
+            }
+            Err(Fail::Pg(e))
+        } else {
+            Err(Fail::Unknown(e))
         }
     }
 
@@ -534,6 +670,50 @@ impl<'a> Tx<'a> {
         let s = self.statement(sql).await?;
         let client = self.client;
         self.pipelined(client.query(&s, params)).await
+    }
+
+    /// Runs statements pipelined (sent together with what is pending, run
+    /// by the server in order, each on its own snapshot), and returns each
+    /// one's rows; the first failure in order is the answer.
+    pub(crate) async fn queries(
+        &mut self,
+        list: &[(&str, &[&(dyn ToSql + Sync)])],
+    ) -> TxResult<Vec<Vec<Row>>> {
+        let mut statements = Vec::with_capacity(list.len());
+        for (sql, _) in list {
+            statements.push(self.statement(sql).await?);
+        }
+        let client = self.client;
+        type RowsFut<'f> =
+            Pin<Box<dyn Future<Output = std::result::Result<Vec<Row>, PgError>> + Send + 'f>>;
+        let mut futs: Vec<RowsFut<'_>> = statements
+            .iter()
+            .zip(list)
+            .map(|(s, (_, p))| Box::pin(client.query(s, p)) as RowsFut<'_>)
+            .collect();
+        let all = async move {
+            let mut outs: Vec<Option<std::result::Result<Vec<Row>, PgError>>> =
+                futs.iter().map(|_| None).collect();
+            std::future::poll_fn(|cx| {
+                for (f, o) in futs.iter_mut().zip(outs.iter_mut()) {
+                    if o.is_none()
+                        && let Poll::Ready(r) = f.as_mut().poll(cx)
+                    {
+                        *o = Some(r);
+                    }
+                }
+                if outs.iter().all(Option::is_some) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            outs.into_iter()
+                .map(|o| o.expect("polled to the end"))
+                .collect::<std::result::Result<Vec<_>, PgError>>()
+        };
+        self.pipelined(all).await
     }
 
     /// Runs a statement and returns the rows it changed.
@@ -594,6 +774,32 @@ impl<'a> Tx<'a> {
         let client = self.client;
         self.pipelined(client.batch_execute(sql)).await
     }
+}
+
+/// Two requests polled in order on every poll (so the first is queued
+/// first), answering both outcomes.
+async fn ordered<A, B>(a: impl Future<Output = A>, b: impl Future<Output = B>) -> (A, B) {
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    let (mut ra, mut rb) = (None, None);
+    std::future::poll_fn(|cx| {
+        if ra.is_none()
+            && let Poll::Ready(r) = a.as_mut().poll(cx)
+        {
+            ra = Some(r);
+        }
+        if rb.is_none()
+            && let Poll::Ready(r) = b.as_mut().poll(cx)
+        {
+            rb = Some(r);
+        }
+        if ra.is_some() && rb.is_some() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    (ra.expect("ready"), rb.expect("ready"))
 }
 
 /// True when a failed `COMMIT` may still have committed: no answer came
@@ -700,6 +906,17 @@ impl<'s> Attempts<'s> {
                     None,
                 )));
             }
+            Err(Fail::Closed) => {
+                if self.redials <= self.store.opts.pool_size {
+                    self.redials += 1;
+                    crate::observe::retry("postgres", "redial", self.redials);
+                    return ControlFlow::Continue(());
+                }
+                return ControlFlow::Break(Err(StateError::unavailable(
+                    format!("postgres at {}: the connection closed", self.store.target),
+                    None,
+                )));
+            }
             Err(Fail::Pg(e)) => e,
         };
         let store = self.store;
@@ -747,12 +964,15 @@ macro_rules! txn {
                 Err(e) => break Err(e),
             };
             let mut tx = conn.tx(store);
-            let out = $crate::pg::conn::typed(async {
+            // On the heap: a body's future can be large (a debug build
+            // keeps every statement's future in it), and a synchronous
+            // call polls it on the caller's stack.
+            let out = ::std::boxed::Box::pin($crate::pg::conn::typed(async {
                 let $tx = &mut tx;
                 let v = $crate::pg::conn::typed(async { $body }).await?;
                 $tx.commit().await?;
                 Ok(v)
-            })
+            }))
             .await;
             let began = tx.finish(out.is_ok()).await;
             drop(conn);

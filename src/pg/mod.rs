@@ -321,6 +321,11 @@ pub struct PostgresStore {
     begin: String,
     /// `host:port` (each, when several), for messages.
     target: String,
+    /// The last stored bytes of runs this store read or wrote: what a
+    /// `put_run` or `patch_run` decides against and compares-and-swaps in
+    /// one round trip (see `runs.rs`). Only a hint: a stale entry costs a
+    /// failed swap and the locked path.
+    pub(crate) runs_seen: runs::Seen,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -528,6 +533,7 @@ impl PostgresStore {
             opts,
             secret: OnceLock::new(),
             display,
+            runs_seen: runs::Seen::default(),
         })
     }
 

@@ -1,5 +1,21 @@
 //! Runs and sessions (rules R, S, L, X) as server transactions: read the
 //! row `FOR UPDATE`, decide with `crate::rules`, write.
+//!
+//! **One round trip.** A read sends `BEGIN`, its `SELECT` and `COMMIT`
+//! together. A `put_run` update or a `patch_run` on a run this store has
+//! seen ([`Seen`]: the bytes it last read or wrote) decides against that
+//! record, exactly as the locked path would, and sends `BEGIN`, an
+//! `UPDATE … WHERE record = <the bytes it decided on>` and `COMMIT`
+//! together: a compare-and-swap, so the write lands only on the record
+//! it was decided against. No row changed (another writer came first, or
+//! the run is gone): the entry is dropped and the call takes the locked
+//! path. A refusal decided on a seen record is never answered from it
+//! (the record may be stale): the locked path decides it again. Only calls
+//! that write the run's row alone take the swap: a run with a budget or
+//! caps, a create, and a keyed call take the locked path.
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
@@ -22,6 +38,53 @@ use super::budgets::{after_patch, lock_budget};
 use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
 use super::{PostgresStore, id_in, id_out, num, own};
+
+/// Most runs a store remembers the bytes of; past it, an arbitrary one is
+/// forgotten for each new one.
+const SEEN_MAX: usize = 4096;
+
+/// The last stored bytes of each run a store read or wrote (a hint, see
+/// the module's notes).
+#[derive(Default)]
+pub(crate) struct Seen(parking_lot::Mutex<HashMap<RunKey, Arc<[u8]>>>);
+
+impl Seen {
+    fn get(&self, k: &RunKey) -> Option<Arc<[u8]>> {
+        self.0.lock().get(k).cloned()
+    }
+
+    fn put(&self, k: &RunKey, bytes: Arc<[u8]>) {
+        let mut m = self.0.lock();
+        if m.len() >= SEEN_MAX
+            && !m.contains_key(k)
+            && let Some(old) = m.keys().next().cloned()
+        {
+            m.remove(&old);
+        }
+        m.insert(k.clone(), bytes);
+    }
+
+    /// The budget the run draws from, as last seen (fixed at create): a
+    /// guess, checked against the run's locked row.
+    pub(crate) fn budget_of(&self, k: &RunKey) -> Option<Option<String>> {
+        let bytes = self.get(k)?;
+        decode_run(&bytes, k).ok().map(|r| r.budget)
+    }
+
+    /// Remembers `r` as stored.
+    pub(crate) fn put_run(&self, r: &RunRecord) {
+        self.put(&r.key, value::encode_run(r).into());
+    }
+
+    fn forget(&self, k: &RunKey) {
+        self.0.lock().remove(k);
+    }
+}
+
+pub(crate) const LOCK_RUN: &str =
+    "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2 FOR UPDATE";
+
+const SELECT_RUN: &str = "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2";
 
 /// Decodes a stored run and checks it is the one asked for.
 pub(crate) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
@@ -60,11 +123,7 @@ pub(crate) async fn read_run(
     key: &RunKey,
     lock: bool,
 ) -> TxResult<Option<RunRecord>> {
-    let sql = if lock {
-        "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2 FOR UPDATE"
-    } else {
-        "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2"
-    };
+    let sql = if lock { LOCK_RUN } else { SELECT_RUN };
     let rows = tx
         .query(sql, &[&id_in(&key.tenant), &id_in(&key.run_id)])
         .await?;
@@ -153,7 +212,17 @@ impl PostgresStore {
         let record = self.opts.options.scrubber.scrub_run_owned(record);
         let now = self.now();
         let max = self.max();
-        txn_keyed!(self, keyed, |tx| {
+        if keyed.is_none()
+            && let Some(new) = self
+                .swap_run(&record.key, |s| {
+                    check_version(record.version, Some(s.version))?;
+                    updated_run(s, record.clone(), now)
+                })
+                .await?
+        {
+            return Ok(new);
+        }
+        let out = txn_keyed!(self, keyed, |tx| {
             let stored = read_run(tx, &record.key, true).await?;
             check_version(record.version, stored.as_ref().map(|s| s.version))?;
             let new = match &stored {
@@ -203,7 +272,9 @@ impl PostgresStore {
                 after_patch(tx, &new, &delta, now).await?;
             }
             Ok(new)
-        })
+        });
+        self.saw(&record.key, &out);
+        out
     }
 
     /// `patch_run`, under `keyed`'s idempotency key when there is one.
@@ -216,7 +287,14 @@ impl PostgresStore {
         check_run_key(key)?;
         let now = self.now();
         let max = self.max();
-        txn_keyed!(self, keyed, |tx| {
+        if keyed.is_none()
+            && let Some(new) = self
+                .swap_run(key, |old| patched_run(old, &delta, now))
+                .await?
+        {
+            return Ok(new);
+        }
+        let out = txn_keyed!(self, keyed, |tx| {
             let Some(old) = read_run(tx, key, true).await? else {
                 return Err(StateError::NotFound(Missing::Run(key.clone())).into());
             };
@@ -231,7 +309,9 @@ impl PostgresStore {
                 after_patch(tx, &new, &delta, now).await?;
             }
             Ok(new)
-        })
+        });
+        self.saw(key, &out);
+        out
     }
 }
 
@@ -251,7 +331,100 @@ impl PostgresStore {
 
     pub(super) async fn do_get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
         check_run_key(key)?;
-        txn!(self, |tx| read_run(tx, key, false).await)
+        // One round trip: BEGIN, the SELECT and COMMIT together.
+        let got = txn!(self, |tx| {
+            let rows = tx
+                .query_commit(
+                    SELECT_RUN,
+                    &[&id_in(&key.tenant), &id_in(&key.run_id)],
+                    true,
+                )
+                .await?;
+            Ok(rows
+                .first()
+                .map(|r| {
+                    let b: &[u8] = r.get(0);
+                    decode_run(b, key).map(|run| (run, Arc::<[u8]>::from(b)))
+                })
+                .transpose()?)
+        })?;
+        Ok(match got {
+            Some((run, bytes)) => {
+                self.runs_seen.put(key, bytes);
+                Some(run)
+            }
+            None => {
+                self.runs_seen.forget(key);
+                None
+            }
+        })
+    }
+
+    /// Remembers what a write stored (or forgets the run, on a failure).
+    fn saw(&self, key: &RunKey, out: &Result<RunRecord>) {
+        match out {
+            Ok(r) => self.runs_seen.put(key, value::encode_run(r).into()),
+            Err(_) => self.runs_seen.forget(key),
+        }
+    }
+
+    /// The one-round-trip write (see the module's notes): `next` decides
+    /// against the run as this store last saw it, and the new record is
+    /// swapped in only if the stored one is still that. `None`: not taken
+    /// (nothing seen, a refusal, a budget or caps) or the swap missed;
+    /// the caller takes the locked path.
+    async fn swap_run(
+        &self,
+        key: &RunKey,
+        next: impl FnOnce(&RunRecord) -> Result<RunRecord>,
+    ) -> Result<Option<RunRecord>> {
+        let Some(seen) = self.runs_seen.get(key) else {
+            return Ok(None);
+        };
+        let Ok(old) = decode_run(&seen, key) else {
+            self.runs_seen.forget(key);
+            return Ok(None);
+        };
+        let alone = |r: &RunRecord| r.budget.is_none() && r.caps.is_none();
+        if !alone(&old) {
+            return Ok(None);
+        }
+        let Ok(new) = next(&old) else {
+            return Ok(None);
+        };
+        let bytes = value::encode_run(&new);
+        if !alone(&new)
+            || new.key != *key
+            || check_size("run record", bytes.len(), self.max()).is_err()
+        {
+            return Ok(None);
+        }
+        let (tenant, run_id) = (id_in(&key.tenant), id_in(&key.run_id));
+        let (state, agent, updated) = (
+            new.state.as_str(),
+            id_in(&new.agent_name),
+            num(new.updated_at),
+        );
+        let was: &[u8] = &seen;
+        let swapped = txn!(self, |tx| {
+            let rows = tx
+                .query_commit(
+                    "UPDATE {s}agentstate_runs SET state = $3, agent_name = $4, \
+                     updated_at = $5::text::numeric, record = $6 \
+                     WHERE tenant = $1 AND run_id = $2 AND record = $7 RETURNING 1",
+                    &[&tenant, &run_id, &state, &agent, &updated, &bytes, &was],
+                    false,
+                )
+                .await?;
+            Ok(rows.len() == 1)
+        })?;
+        if swapped {
+            self.runs_seen.put(key, bytes.into());
+            Ok(Some(new))
+        } else {
+            self.runs_seen.forget(key);
+            Ok(None)
+        }
     }
 
     pub(super) async fn do_patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
@@ -381,10 +554,14 @@ impl PostgresStore {
     pub(super) async fn do_get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
         check_session_key(key)?;
         txn!(self, |tx| {
-            let rows = tx.query(
-                "SELECT record FROM {s}agentstate_sessions WHERE tenant = $1 AND session_id = $2",
-                &[&id_in(&key.tenant), &id_in(&key.session_id)],
-            ).await?;
+            let rows = tx
+                .query_commit(
+                    "SELECT record FROM {s}agentstate_sessions \
+                     WHERE tenant = $1 AND session_id = $2",
+                    &[&id_in(&key.tenant), &id_in(&key.session_id)],
+                    true,
+                )
+                .await?;
             Ok(rows
                 .first()
                 .map(|r| decode_session(r.get(0), key))

@@ -1,7 +1,20 @@
 //! Trays, epochs and alarms (rules T, A) on the seed's tables
-//! `pinned_epoch` and `pinned_tray_index`. Every call's fence check reads
-//! the instance's epoch row `FOR UPDATE` in the call's transaction, so the
-//! check and the write are one atomic step across processes (T6).
+//! `pinned_epoch` and `pinned_tray_index`. Every call's fence check locks
+//! the instance's epoch row in the call's transaction, so the check and
+//! the write are one atomic step across processes (T6).
+//!
+//! **One round trip.** The fence needs no decision in Rust, so the writing
+//! calls (`read_tray`, `write_tray`, `delete_tray`, `apply_batch`,
+//! `release`, `set_alarm`, `ack_alarm`) decide it in SQL and send
+//! everything at once: `BEGIN`; a guarded upsert of the epoch row
+//! ([`fence_sql`]: it stores the caller's epoch only when that is not
+//! below the stored one, and locks the row either way); the call's writes,
+//! each guarded by the row holding the caller's epoch ([`HELD`]); a last
+//! statement that reads the stored epoch (and what the call answers);
+//! `COMMIT`. A fence lost changed nothing, and the call answers
+//! `FenceLost` with the epoch that last statement read. The keyed
+//! `apply_batch`, `list_trays` lock the row and decide in Rust
+//! ([`fence`]).
 
 use std::collections::BTreeMap;
 
@@ -70,6 +83,54 @@ async fn fence(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<()> {
     Ok(())
 }
 
+/// T2 decided in SQL, deferred (see the module's notes): the row is
+/// created at the caller's epoch, advanced to it when below, and locked
+/// either way (`ON CONFLICT DO UPDATE` locks the row it does not update).
+async fn fence_sql(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<()> {
+    tx.defer(
+        "INSERT INTO {s}pinned_epoch AS e (ns, id, epoch) VALUES ($1, $2, $3::text::numeric) \
+         ON CONFLICT (ns, id) DO UPDATE SET epoch = EXCLUDED.epoch WHERE e.epoch < EXCLUDED.epoch",
+        params![own(&i.ns), own(&i.id), num(epoch)],
+    )
+    .await
+}
+
+/// The guard of a write after [`fence_sql`]: the epoch row holds the
+/// caller's epoch (`$1`, `$2` the instance, `$E` the caller's epoch).
+const HELD: &str = "EXISTS (SELECT 1 FROM {s}pinned_epoch \
+     WHERE ns = $1 AND id = $2 AND epoch = $E::text::numeric)";
+
+/// A statement with [`HELD`] in place of `{held}`, `$E` as `$n`.
+fn held(sql: &str, n: usize) -> String {
+    sql.replace("{held}", &HELD.replace("$E", &format!("${n}")))
+}
+
+/// The stored epoch as [`fence_sql`] left it, against the caller's: equal
+/// is the fence held, above is `FenceLost` (and nothing was written).
+fn verdict(stored: Option<&str>, caller: u64) -> TxResult<()> {
+    let stored = match stored {
+        Some(t) => num_out(t, "pinned_epoch.epoch")?,
+        None => return Err(StateError::corrupt("pinned_epoch row vanished under its lock").into()),
+    };
+    if stored != caller {
+        return Err(StateError::FenceLost { caller, stored }.into());
+    }
+    Ok(())
+}
+
+/// The last statement of a fenced write, sent with `COMMIT`: the stored
+/// epoch, judged by [`verdict`].
+async fn fence_commit(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<()> {
+    let rows = tx
+        .query_commit(
+            "SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2",
+            &[&id_in(&i.ns), &id_in(&i.id)],
+            false,
+        )
+        .await?;
+    verdict(rows.first().map(|r| r.get::<_, &str>(0)), epoch)
+}
+
 fn tray_of(row: &Row) -> Tray {
     Tray {
         marked: row.get("marked"),
@@ -106,19 +167,6 @@ pub(crate) async fn put_tray(tx: &mut Tx<'_>, k: &TrayKey, t: &Tray) -> TxResult
     )
     .await?;
     Ok(())
-}
-
-async fn del_tray(tx: &mut Tx<'_>, k: &TrayKey) -> TxResult<bool> {
-    let n = tx.execute(
-        "DELETE FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4",
-        &[
-            &id_in(&k.ns),
-            &id_in(&k.id),
-            &id_in(&k.tray_ns),
-            &id_in(&k.tray_id),
-        ],
-    ).await?;
-    Ok(n == 1)
 }
 
 /// The position of a tray listing's page end.
@@ -172,37 +220,94 @@ impl PostgresStore {
     pub(super) async fn do_read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
         check_tray_key(key)?;
         txn!(self, |tx| {
-            fence(tx, &key.instance(), epoch).await?;
+            fence_sql(tx, &key.instance(), epoch).await?;
             let rows = tx
-                .query(
-                    "SELECT marked, doc, env, hostname FROM {s}pinned_tray_index \
-                 WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4",
+                .query_commit(
+                    "SELECT e.epoch::text AS stored, t.marked, t.doc, t.env, t.hostname \
+                     FROM {s}pinned_epoch e LEFT JOIN {s}pinned_tray_index t \
+                     ON t.ns = e.ns AND t.id = e.id AND t.tray_ns = $3 AND t.tray_id = $4 \
+                     WHERE e.ns = $1 AND e.id = $2",
                     &[
                         &id_in(&key.ns),
                         &id_in(&key.id),
                         &id_in(&key.tray_ns),
                         &id_in(&key.tray_id),
                     ],
+                    false,
                 )
                 .await?;
-            Ok(rows.first().map(tray_of).map(unescape_tray).transpose()?)
+            let row = rows.first();
+            verdict(row.map(|r| r.get::<_, &str>("stored")), epoch)?;
+            Ok(match row {
+                Some(r) if r.get::<_, Option<bool>>("marked").is_some() => {
+                    Some(unescape_tray(tray_of(r))?)
+                }
+                _ => None,
+            })
         })
     }
 
     pub(super) async fn do_write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
         check_tray_key(key)?;
         check_tray(&tray, self.max())?;
+        let i = key.instance();
         txn!(self, |tx| {
-            fence(tx, &key.instance(), epoch).await?;
-            put_tray(tx, key, &tray).await
+            fence_sql(tx, &i, epoch).await?;
+            tx.defer(
+                &held(
+                    "INSERT INTO {s}pinned_tray_index \
+                     (ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
+                     SELECT $1, $2, $3, $4, $5::boolean, $6::bytea, $7::text, $8::text WHERE {held} \
+                     ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
+                     doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname",
+                    9,
+                ),
+                params![
+                    own(&key.ns),
+                    own(&key.id),
+                    own(&key.tray_ns),
+                    own(&key.tray_id),
+                    tray.marked,
+                    tray.doc.clone(),
+                    own(&tray.env),
+                    own(&tray.hostname),
+                    num(epoch),
+                ],
+            )
+            .await?;
+            fence_commit(tx, &i, epoch).await
         })
     }
 
     pub(super) async fn do_delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
         check_tray_key(key)?;
         txn!(self, |tx| {
-            fence(tx, &key.instance(), epoch).await?;
-            del_tray(tx, key).await
+            fence_sql(tx, &key.instance(), epoch).await?;
+            let rows = tx
+                .query_commit(
+                    &held(
+                        "WITH d AS (DELETE FROM {s}pinned_tray_index \
+                         WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4 AND {held} \
+                         RETURNING 1) \
+                         SELECT (SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2), \
+                         (SELECT count(*) FROM d)",
+                        5,
+                    ),
+                    &[
+                        &id_in(&key.ns),
+                        &id_in(&key.id),
+                        &id_in(&key.tray_ns),
+                        &id_in(&key.tray_id),
+                        &num(epoch),
+                    ],
+                    false,
+                )
+                .await?;
+            let row = rows
+                .first()
+                .ok_or_else(|| StateError::corrupt("delete_tray: no answer row"))?;
+            verdict(row.get::<_, Option<&str>>(0), epoch)?;
+            Ok(row.get::<_, i64>(1) == 1)
         })
     }
 
@@ -228,16 +333,18 @@ impl PostgresStore {
 
     pub(super) async fn do_release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
         check_instance(instance)?;
+        // T4: an older placement's release is a no-op, not an error: the
+        // guard leaves its trays marked, and nothing is read back (all
+        // sent with the COMMIT).
         txn!(self, |tx| {
-            let (stored, _) = locked_epoch(tx, instance, epoch).await?;
-            // T4: an older placement's release is a no-op, not an error.
-            if epoch < stored {
-                return Ok(());
-            }
-            fence(tx, instance, epoch).await?;
+            fence_sql(tx, instance, epoch).await?;
             tx.defer(
-                "UPDATE {s}pinned_tray_index SET marked = false WHERE ns = $1 AND id = $2 AND marked",
-                params![own(&instance.ns), own(&instance.id)],
+                &held(
+                    "UPDATE {s}pinned_tray_index SET marked = false \
+                     WHERE ns = $1 AND id = $2 AND marked AND {held}",
+                    3,
+                ),
+                params![own(&instance.ns), own(&instance.id), num(epoch)],
             )
             .await?;
             Ok(())
@@ -384,9 +491,10 @@ impl PostgresStore {
         check_instance(instance)?;
         txn!(self, |tx| {
             let rows = tx
-                .query(
+                .query_commit(
                     "SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2",
                     &[&id_in(&instance.ns), &id_in(&instance.id)],
+                    true,
                 )
                 .await?;
             Ok(match rows.first() {
@@ -404,14 +512,23 @@ impl PostgresStore {
     ) -> Result<()> {
         check_instance(instance)?;
         txn!(self, |tx| {
-            fence(tx, instance, epoch).await?;
+            fence_sql(tx, instance, epoch).await?;
             tx.defer(
-                "INSERT INTO {s}agentstate_alarms (ns, id, due_at) VALUES ($1, $2, $3::text::numeric) \
-                 ON CONFLICT (ns, id) DO UPDATE SET due_at = EXCLUDED.due_at",
-                params![own(&instance.ns), own(&instance.id), num(due_at)],
+                &held(
+                    "INSERT INTO {s}agentstate_alarms (ns, id, due_at) \
+                     SELECT $1, $2, $3::text::numeric WHERE {held} \
+                     ON CONFLICT (ns, id) DO UPDATE SET due_at = EXCLUDED.due_at",
+                    4,
+                ),
+                params![
+                    own(&instance.ns),
+                    own(&instance.id),
+                    num(due_at),
+                    num(epoch)
+                ],
             )
             .await?;
-            Ok(())
+            fence_commit(tx, instance, epoch).await
         })
     }
 
@@ -481,16 +598,32 @@ impl PostgresStore {
     ) -> Result<bool> {
         check_instance(instance)?;
         txn!(self, |tx| {
-            fence(tx, instance, epoch).await?;
+            fence_sql(tx, instance, epoch).await?;
             // A3: an ack for a replaced alarm removes nothing.
-            let n = tx
-                .execute(
-                    "DELETE FROM {s}agentstate_alarms \
-                 WHERE ns = $1 AND id = $2 AND due_at = $3::text::numeric",
-                    &[&id_in(&instance.ns), &id_in(&instance.id), &num(due_at)],
+            let rows = tx
+                .query_commit(
+                    &held(
+                        "WITH d AS (DELETE FROM {s}agentstate_alarms \
+                         WHERE ns = $1 AND id = $2 AND due_at = $3::text::numeric AND {held} \
+                         RETURNING 1) \
+                         SELECT (SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2), \
+                         (SELECT count(*) FROM d)",
+                        4,
+                    ),
+                    &[
+                        &id_in(&instance.ns),
+                        &id_in(&instance.id),
+                        &num(due_at),
+                        &num(epoch),
+                    ],
+                    false,
                 )
                 .await?;
-            Ok(n == 1)
+            let row = rows
+                .first()
+                .ok_or_else(|| StateError::corrupt("ack_alarm: no answer row"))?;
+            verdict(row.get::<_, Option<&str>>(0), epoch)?;
+            Ok(row.get::<_, i64>(1) == 1)
         })
     }
 }
@@ -544,24 +677,49 @@ impl PostgresStore {
                 }
             }
         }
+        // Unkeyed: one round trip (see the module's notes). Keyed: the
+        // fence decided in Rust, inside the key's savepoint. The writes
+        // are guarded either way (after `fence` the row holds the
+        // caller's epoch).
+        let one_trip = keyed.is_none();
         txn_keyed!(self, keyed, |tx| {
-            fence(tx, instance, epoch).await?;
-            // Both deferred: they go out with the COMMIT.
+            if one_trip {
+                fence_sql(tx, instance, epoch).await?;
+            } else {
+                fence(tx, instance, epoch).await?;
+            }
+            // Deferred: they go out with the COMMIT.
             if !del.0.is_empty() {
                 tx.defer(
-                    "DELETE FROM {s}pinned_tray_index t USING unnest($3::text[], $4::text[]) AS d(tray_ns, tray_id) \
-                     WHERE t.ns = $1 AND t.id = $2 AND t.tray_ns = d.tray_ns AND t.tray_id = d.tray_id",
-                    params![ns.to_string(), id.to_string(), del.0.clone(), del.1.clone()],
+                    &held(
+                        "DELETE FROM {s}pinned_tray_index t \
+                         USING unnest($3::text[], $4::text[]) AS d(tray_ns, tray_id) \
+                         WHERE t.ns = $1 AND t.id = $2 AND t.tray_ns = d.tray_ns \
+                         AND t.tray_id = d.tray_id AND {held}",
+                        5,
+                    ),
+                    params![
+                        ns.to_string(),
+                        id.to_string(),
+                        del.0.clone(),
+                        del.1.clone(),
+                        num(epoch)
+                    ],
                 )
                 .await?;
             }
             if !put.0.is_empty() {
                 tx.defer(
-                    "INSERT INTO {s}pinned_tray_index (ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
-                     SELECT $1, $2, u.* FROM unnest($3::text[], $4::text[], $5::bool[], $6::bytea[], $7::text[], $8::text[]) \
-                     AS u(tray_ns, tray_id, marked, doc, env, hostname) \
-                     ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
-                     doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname",
+                    &held(
+                        "INSERT INTO {s}pinned_tray_index \
+                         (ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
+                         SELECT $1, $2, u.* FROM unnest($3::text[], $4::text[], $5::bool[], \
+                         $6::bytea[], $7::text[], $8::text[]) \
+                         AS u(tray_ns, tray_id, marked, doc, env, hostname) WHERE {held} \
+                         ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
+                         doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname",
+                        9,
+                    ),
                     params![
                         ns.to_string(),
                         id.to_string(),
@@ -571,11 +729,16 @@ impl PostgresStore {
                         put.3.clone(),
                         put.4.clone(),
                         put.5.clone(),
+                        num(epoch),
                     ],
                 )
                 .await?;
             }
-            Ok(())
+            if one_trip {
+                fence_commit(tx, instance, epoch).await
+            } else {
+                Ok(())
+            }
         })
     }
 }
