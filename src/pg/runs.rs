@@ -46,22 +46,43 @@ const SEEN_MAX: usize = 4096;
 /// The last stored bytes of each run a store read or wrote (a hint, see
 /// the module's notes).
 #[derive(Default)]
-pub(crate) struct Seen(parking_lot::Mutex<HashMap<RunKey, Arc<[u8]>>>);
+pub(crate) struct Seen(parking_lot::Mutex<SeenMap>);
+
+/// The entries and the bytes they hold.
+#[derive(Default)]
+pub(crate) struct SeenMap {
+    runs: HashMap<RunKey, Arc<[u8]>>,
+    bytes: usize,
+}
+
+/// The most bytes the hint holds in all, and the largest record it keeps
+/// (a larger one always takes the locked path): the hint's memory stays
+/// small whatever the records' limit.
+const SEEN_BYTES_MAX: usize = 16 << 20;
+const SEEN_RECORD_MAX: usize = 64 << 10;
 
 impl Seen {
     fn get(&self, k: &RunKey) -> Option<Arc<[u8]>> {
-        self.0.lock().get(k).cloned()
+        self.0.lock().runs.get(k).cloned()
     }
 
     fn put(&self, k: &RunKey, bytes: Arc<[u8]>) {
         let mut m = self.0.lock();
-        if m.len() >= SEEN_MAX
-            && !m.contains_key(k)
-            && let Some(old) = m.keys().next().cloned()
-        {
-            m.remove(&old);
+        if let Some(old) = m.runs.remove(k) {
+            m.bytes -= old.len();
         }
-        m.insert(k.clone(), bytes);
+        if bytes.len() > SEEN_RECORD_MAX {
+            return;
+        }
+        while (m.runs.len() >= SEEN_MAX || m.bytes + bytes.len() > SEEN_BYTES_MAX)
+            && let Some(old) = m.runs.keys().next().cloned()
+        {
+            if let Some(v) = m.runs.remove(&old) {
+                m.bytes -= v.len();
+            }
+        }
+        m.bytes += bytes.len();
+        m.runs.insert(k.clone(), bytes);
     }
 
     /// The budget the run draws from, as last seen (fixed at create): a
@@ -77,7 +98,24 @@ impl Seen {
     }
 
     fn forget(&self, k: &RunKey) {
-        self.0.lock().remove(k);
+        let mut m = self.0.lock();
+        if let Some(old) = m.runs.remove(k) {
+            m.bytes -= old.len();
+        }
+    }
+
+    /// Forgets every run of `tenant` (a purge).
+    pub(crate) fn forget_tenant(&self, tenant: &str) {
+        let m = &mut *self.0.lock();
+        let mut freed = 0;
+        m.runs.retain(|k, v| {
+            let keep = k.tenant != tenant;
+            if !keep {
+                freed += v.len();
+            }
+            keep
+        });
+        m.bytes -= freed;
     }
 }
 
@@ -582,6 +620,7 @@ impl PostgresStore {
                 return Err(StateError::NotFound(Missing::Run(key.clone())).into());
             };
             crate::rules::check_delete(&old, expected_version)?;
+            self.runs_seen.forget(key);
             tx.execute(
                 "DELETE FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2",
                 &[&id_in(&key.tenant), &id_in(&key.run_id)],
