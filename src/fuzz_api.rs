@@ -22,12 +22,12 @@ pub fn encode_run(run: &RunRecord) -> Vec<u8> {
 
 /// Decodes a stored session value.
 pub fn decode_session(bytes: &[u8]) -> Result<SessionRecord> {
-    value::decode(bytes, "session")
+    value::decode_session(bytes)
 }
 
 /// Encodes a session as the store writes it.
 pub fn encode_session(session: &SessionRecord) -> Vec<u8> {
-    value::encode(session)
+    value::encode_session(session)
 }
 
 /// Decodes a stored tray value.

@@ -87,6 +87,7 @@ mod error;
 pub mod fuzz_api;
 mod idempotency;
 mod kv;
+mod labels;
 pub mod limits;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub(crate) mod native;
@@ -127,6 +128,7 @@ pub use entry::Entry;
 pub use error::{Missing, PersistenceReason, Result, StateError};
 pub use idempotency::IdempotencyKey;
 pub use kv::{FileStore, MemoryStore};
+pub use labels::{Label, Labels};
 pub use options::{Durability, FileEngine, IdempotencyWindow, Options, UpgradeProgress};
 pub use page::{Page, PageRequest, Pages};
 #[cfg(feature = "postgres")]

@@ -39,3 +39,10 @@ pub const IDEMPOTENCY_PRUNE_MAX: usize = 4;
 
 const _: () = assert!(IDEMPOTENCY_KEY_BYTES_MAX <= ID_BYTES_MAX);
 const _: () = assert!(IDEMPOTENCY_PRUNE_MAX >= 2);
+
+/// The most labels one run or session carries (rule R11).
+pub const LABELS_MAX: usize = 32;
+/// Label keys are 1..=128 bytes of UTF-8, no NUL (rule R11).
+pub const LABEL_KEY_BYTES_MAX: usize = 128;
+/// A label's value is at most 1024 bytes of canonical JSON (rule R11).
+pub const LABEL_VALUE_BYTES_MAX: usize = 1024;

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::budget::Caps;
 use crate::error::{Result, StateError};
+use crate::labels::{Label, Labels};
 
 /// Milliseconds since the Unix epoch, as read from the store's [`Clock`](crate::Clock).
 pub type Millis = u64;
@@ -169,6 +170,12 @@ pub struct RunRecord {
     /// create; it must exist then.
     #[serde(default)]
     pub budget: Option<String>,
+    /// The application's own fields (rule R11): keys to JSON values,
+    /// scrubbed on every write, within [`LABELS_MAX`](crate::limits::LABELS_MAX)
+    /// and the key and value limits. Replaced whole by a put, untouched by
+    /// a patch. Absent in exports of earlier releases: none.
+    #[serde(default)]
+    pub labels: Labels,
 }
 
 impl RunRecord {
@@ -191,7 +198,18 @@ impl RunRecord {
             seq: 0,
             caps: Caps::default(),
             budget: None,
+            labels: Labels::new(),
         }
+    }
+
+    /// Sets label `key` to `value` (rule R11).
+    pub fn with_label(
+        mut self,
+        key: impl Into<String>,
+        value: impl Into<serde_json::Value>,
+    ) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
     }
 
     /// Sets the run's caps (only honoured at create; rule B1).
@@ -271,6 +289,10 @@ pub struct SessionRecord {
     pub created_at: Millis,
     /// Set by the store on every write.
     pub updated_at: Millis,
+    /// The application's own fields, as on a run (rule R11). Absent in
+    /// exports of earlier releases: none.
+    #[serde(default)]
+    pub labels: Labels,
 }
 
 impl SessionRecord {
@@ -282,13 +304,27 @@ impl SessionRecord {
             metadata: BTreeMap::new(),
             created_at: 0,
             updated_at: 0,
+            labels: Labels::new(),
         }
+    }
+
+    /// Sets label `key` to `value` (rule R11).
+    pub fn with_label(
+        mut self,
+        key: impl Into<String>,
+        value: impl Into<serde_json::Value>,
+    ) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
     }
 }
 
 /// The filters of a listing of runs (rule L1); the page is a
-/// [`PageRequest`](crate::PageRequest).
+/// [`PageRequest`](crate::PageRequest). Built with [`StateQuery::new`] and
+/// its filter methods; more filters may come, so it cannot be built as a
+/// struct literal outside this crate.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StateQuery {
     /// Whose runs.
     pub tenant: String,
@@ -300,6 +336,9 @@ pub struct StateQuery {
     pub agent: Option<String>,
     /// Only runs last written before this moment (a filter, never an order).
     pub updated_before: Option<Millis>,
+    /// Only runs carrying this exact label (rule R11), through an index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<Label>,
 }
 
 impl StateQuery {
@@ -311,7 +350,13 @@ impl StateQuery {
             session: None,
             agent: None,
             updated_before: None,
+            label: None,
         }
+    }
+    /// Only runs whose label `key` holds `value` (rule R11).
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<serde_json::Value>) -> Self {
+        self.label = Some(Label::new(key, value));
+        self
     }
     /// Only runs in `state`.
     pub fn state(mut self, state: RunState) -> Self {

@@ -465,6 +465,16 @@ impl Scrubber {
                 call.arguments = clean;
             }
         }
+        if let Some(clean) = crate::labels::scrubbed(self, &record.labels) {
+            record.labels = clean;
+        }
+    }
+
+    /// A session's labels scrubbed, in place (rule R11).
+    pub(crate) fn scrub_session_in_place(&self, record: &mut crate::record::SessionRecord) {
+        if let Some(clean) = crate::labels::scrubbed(self, &record.labels) {
+            record.labels = clean;
+        }
     }
 
     /// True when [`scrub_arguments`](Self::scrub_arguments) would return

@@ -282,6 +282,7 @@ fn run_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
         seq: seq as u64,
         caps: rest.caps,
         budget: rest.budget,
+        labels: Default::default(),
     })
 }
 

@@ -112,13 +112,12 @@ impl Query {
         }
     }
     fn to_store(&self) -> StateQuery {
-        StateQuery {
-            tenant: self.tenant.to_string(),
-            state: self.state,
-            session: self.session.map(str::to_string),
-            agent: self.agent.map(str::to_string),
-            updated_before: self.updated_before,
-        }
+        let mut q = StateQuery::new(self.tenant);
+        q.state = self.state;
+        q.session = self.session.map(str::to_string);
+        q.agent = self.agent.map(str::to_string);
+        q.updated_before = self.updated_before;
+        q
     }
     fn page(&self, cursor: Option<&Cursor>) -> PageRequest {
         PageRequest::new(self.limit).after(cursor)

@@ -242,6 +242,11 @@ pub(crate) fn runs_binding(q: &StateQuery) -> Vec<u8> {
         Some(t) => b.u8(1).u64(t),
         None => b.u8(0),
     };
+    // Last and only when set, so a cursor of a walk without a label reads
+    // as it did before labels (R11).
+    if let Some(l) = &q.label {
+        b = b.str(&l.key).str(&crate::labels::canonical(&l.value));
+    }
     b.done()
 }
 
@@ -255,11 +260,17 @@ pub(crate) fn runs_query<'q>(
     q: &'q StateQuery,
     page: &PageRequest,
 ) -> Result<Cow<'q, StateQuery>> {
+    if let Some(l) = &q.label {
+        crate::labels::check_label(l)?;
+    }
     let Some(cursor) = &page.cursor else {
         return Ok(Cow::Borrowed(q));
     };
-    let named =
-        q.state.is_some() || q.session.is_some() || q.agent.is_some() || q.updated_before.is_some();
+    let named = q.state.is_some()
+        || q.session.is_some()
+        || q.agent.is_some()
+        || q.updated_before.is_some()
+        || q.label.is_some();
     if named {
         return Ok(Cow::Borrowed(q));
     }
@@ -293,6 +304,11 @@ pub(crate) fn runs_query<'q>(
     }
     if flag(&mut r)? {
         walk.updated_before = Some(r.u64()?);
+    }
+    if !r.at_end() {
+        let key = r.str()?;
+        let value = serde_json::from_str(&r.str()?).map_err(|_| invalid())?;
+        walk.label = Some(crate::Label { key, value });
     }
     r.end().map_err(|_| invalid())?;
     debug_assert_eq!(runs_binding(&walk), full);

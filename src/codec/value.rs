@@ -1,16 +1,17 @@
 //! The value codec (rules D4, D9): a format-version byte, the postcard
 //! encoding, then a CRC-32 of both.
 
-#[cfg(test)]
-use serde::Deserialize;
-use serde::{Serialize, de::DeserializeOwned};
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use super::crc;
 use crate::budget::Caps;
 use crate::error::{Result, StateError};
-#[cfg(test)]
-use crate::record::Millis;
-use crate::record::{Approval, RunKey, RunRecord, RunState, ToolCall, Usage};
+use crate::labels::Labels;
+use crate::record::{
+    Approval, Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, ToolCall, Usage,
+};
 
 /// The format this build writes. A value with a higher version was written
 /// by a newer release and is refused.
@@ -45,6 +46,12 @@ fn with_checksum(mut out: Vec<u8>) -> Vec<u8> {
 /// readable by them; a release that predates caps refuses a capped run
 /// with `UnsupportedFormat` instead of misreading it.
 pub(crate) const RUN_FORMAT_CAPS: u8 = 2;
+/// The format of run records that carry labels (rule R11): format 2's
+/// fields, then the labels. Written only for a run with labels, so a store
+/// that never uses them stays readable by releases before them.
+pub(crate) const RUN_FORMAT_LABELS: u8 = 3;
+/// The format of sessions with labels: format 1's fields, then the labels.
+pub(crate) const SESSION_FORMAT_LABELS: u8 = 2;
 
 /// Checks the checksum and the version byte; returns the version and the
 /// postcard body.
@@ -130,6 +137,25 @@ struct RunRecordV1Ref<'a> {
     seq: u64,
 }
 
+/// A run record as format 2 lays it out: format 1's fields, then caps
+/// and budget (postcard writes a nested struct's fields in line).
+#[cfg(test)]
+#[derive(Deserialize)]
+struct RunRecordV2 {
+    v1: RunRecordV1,
+    caps: Caps,
+    budget: Option<String>,
+}
+
+/// [`RunRecordV2`] borrowed from a record, for writing.
+#[cfg(test)]
+#[derive(Serialize)]
+struct RunRecordV2Ref<'a> {
+    v1: RunRecordV1Ref<'a>,
+    caps: &'a Caps,
+    budget: &'a Option<String>,
+}
+
 /// At least the encoded size of a run record, counted from its strings
 /// (a length prefix of at most 10 bytes each) and its fixed fields, so the
 /// buffer is allocated once without encoding the record twice.
@@ -146,6 +172,12 @@ fn run_size_bound(r: &RunRecord) -> usize {
         .as_ref()
         .map_or(0, |a| text(&a.id) + text(&a.prompt));
     let budget = opt(&r.budget);
+    let labels: usize = r
+        .labels
+        .iter()
+        .map(|(k, v)| text(k) + text(&crate::labels::canonical(v)))
+        .sum::<usize>()
+        + 10;
     // Every other field is a number, an enum tag or an option of numbers:
     // 40 of them at 10 bytes each covers the record and its caps.
     OVERHEAD_BYTES
@@ -157,6 +189,7 @@ fn run_size_bound(r: &RunRecord) -> usize {
         + calls
         + approval
         + budget
+        + labels
         + 400
 }
 
@@ -171,14 +204,21 @@ pub(crate) fn encode_run(r: &RunRecord) -> Vec<u8> {
     let mut w = RunWriter {
         out: Vec::with_capacity(run_size_bound(r)),
     };
-    let capped = !(r.caps.is_none() && r.budget.is_none());
-    w.out.push(if capped {
+    let format = run_format(r);
+    w.out.push(format);
+    w.run(r, format);
+    with_checksum(w.out)
+}
+
+/// The oldest format that holds all of `r`.
+fn run_format(r: &RunRecord) -> u8 {
+    if !r.labels.is_empty() {
+        RUN_FORMAT_LABELS
+    } else if !(r.caps.is_none() && r.budget.is_none()) {
         RUN_FORMAT_CAPS
     } else {
         FORMAT_VERSION
-    });
-    w.run(r, capped);
-    with_checksum(w.out)
+    }
 }
 
 /// The serde encoding of a run record: the reference [`encode_run`] is
@@ -186,7 +226,8 @@ pub(crate) fn encode_run(r: &RunRecord) -> Vec<u8> {
 #[cfg(test)]
 fn encode_run_serde(r: &RunRecord) -> Vec<u8> {
     let mut buf = Vec::new();
-    let mut out = if r.caps.is_none() && r.budget.is_none() {
+    let format = run_format(r);
+    let mut out = if format == FORMAT_VERSION {
         buf.push(FORMAT_VERSION);
         let v1 = RunRecordV1Ref {
             key: &r.key,
@@ -205,8 +246,31 @@ fn encode_run_serde(r: &RunRecord) -> Vec<u8> {
             seq: r.seq,
         };
         postcard::to_extend(&v1, buf)
-    } else {
+    } else if format == RUN_FORMAT_CAPS {
         buf.push(RUN_FORMAT_CAPS);
+        let v2 = RunRecordV2Ref {
+            v1: RunRecordV1Ref {
+                key: &r.key,
+                version: r.version,
+                state: r.state,
+                agent_name: &r.agent_name,
+                session_id: &r.session_id,
+                messages_read: r.messages_read,
+                pending_tool_calls: &r.pending_tool_calls,
+                usage: r.usage,
+                cost_micros: r.cost_micros,
+                iterations: r.iterations,
+                approval: &r.approval,
+                created_at: r.created_at,
+                updated_at: r.updated_at,
+                seq: r.seq,
+            },
+            caps: &r.caps,
+            budget: &r.budget,
+        };
+        postcard::to_extend(&v2, buf)
+    } else {
+        buf.push(RUN_FORMAT_LABELS);
         postcard::to_extend(r, buf)
     }
     .expect("stored types always serialize");
@@ -263,8 +327,9 @@ impl RunWriter {
         }
     }
 
-    /// The record: format 1's fields, then with `caps` its caps and budget.
-    fn run(&mut self, r: &RunRecord, caps: bool) {
+    /// The record: format 1's fields, then from format 2 its caps and
+    /// budget, and at format 3 its labels.
+    fn run(&mut self, r: &RunRecord, format: u8) {
         self.string(&r.key.tenant);
         self.string(&r.key.run_id);
         self.u64(r.version);
@@ -289,11 +354,20 @@ impl RunWriter {
         self.u64(r.created_at);
         self.u64(r.updated_at);
         self.u64(r.seq);
-        if caps {
+        if format >= RUN_FORMAT_CAPS {
             self.option(r.caps.cost_micros_max, Self::u64);
             self.option(r.caps.tokens_max, Self::u64);
             self.option(r.caps.iterations_max, Self::u64);
             self.option(r.budget.as_deref(), Self::string);
+        }
+        if format >= RUN_FORMAT_LABELS {
+            // As serde writes a map of strings: its length, then each key
+            // and the value's canonical JSON text.
+            self.u64(r.labels.len() as u64);
+            for (k, v) in r.labels.iter() {
+                self.string(k);
+                self.string(&crate::labels::canonical(v));
+            }
         }
     }
 }
@@ -307,9 +381,9 @@ impl RunWriter {
 /// serde decoder stays the reference, and the tests hold the two to the
 /// same answer for every input.
 pub(crate) fn decode_run(bytes: &[u8]) -> Result<RunRecord> {
-    let (version, b) = checked(bytes, "run", RUN_FORMAT_CAPS)?;
+    let (version, b) = checked(bytes, "run", RUN_FORMAT_LABELS)?;
     RunReader { b }
-        .run(version == RUN_FORMAT_CAPS)
+        .run(version)
         .map_err(|why| StateError::corrupt(format!("run: undecodable ({why})")))
 }
 
@@ -413,9 +487,9 @@ impl<'a> RunReader<'a> {
         Ok(calls)
     }
 
-    /// The record: format 1's fields, then at format 2 (`caps`) its caps
-    /// and budget; nothing may follow.
-    fn run(mut self, caps: bool) -> std::result::Result<RunRecord, Undecodable> {
+    /// The record: format 1's fields, then from format 2 its caps and
+    /// budget, at format 3 its labels; nothing may follow.
+    fn run(mut self, format: u8) -> std::result::Result<RunRecord, Undecodable> {
         let key = RunKey {
             tenant: self.string()?,
             run_id: self.string()?,
@@ -445,14 +519,24 @@ impl<'a> RunReader<'a> {
             seq: self.u64()?,
             caps: Caps::default(),
             budget: None,
+            labels: Labels::new(),
         };
-        if caps {
+        if format >= RUN_FORMAT_CAPS {
             r.caps = Caps {
                 cost_micros_max: self.option(Self::u64)?,
                 tokens_max: self.option(Self::u64)?,
                 iterations_max: self.option(Self::u64)?,
             };
             r.budget = self.option(Self::string)?;
+        }
+        if format >= RUN_FORMAT_LABELS {
+            let n = self.len()?;
+            for _ in 0..n {
+                let k = self.string()?;
+                let text = self.string()?;
+                let v = serde_json::from_str(&text).map_err(|_| "bad label value")?;
+                r.labels.insert(k, v);
+            }
         }
         if !self.b.is_empty() {
             return Err("trailing bytes");
@@ -465,11 +549,16 @@ impl<'a> RunReader<'a> {
 /// [`decode_run`] is held to.
 #[cfg(test)]
 fn decode_run_serde(bytes: &[u8]) -> Result<RunRecord> {
-    let (version, b) = checked(bytes, "run", RUN_FORMAT_CAPS)?;
-    if version == RUN_FORMAT_CAPS {
+    let (version, b) = checked(bytes, "run", RUN_FORMAT_LABELS)?;
+    if version == RUN_FORMAT_LABELS {
         return body(b, "run");
     }
-    let v1: RunRecordV1 = body(b, "run")?;
+    let (v1, caps, budget) = if version == RUN_FORMAT_CAPS {
+        let v2: RunRecordV2 = body(b, "run")?;
+        (v2.v1, v2.caps, v2.budget)
+    } else {
+        (body::<RunRecordV1>(b, "run")?, Caps::default(), None)
+    };
     Ok(RunRecord {
         key: v1.key,
         version: v1.version,
@@ -485,8 +574,63 @@ fn decode_run_serde(bytes: &[u8]) -> Result<RunRecord> {
         created_at: v1.created_at,
         updated_at: v1.updated_at,
         seq: v1.seq,
-        caps: Caps::default(),
-        budget: None,
+        caps,
+        budget,
+        labels: Labels::new(),
+    })
+}
+
+/// A session as format 1 lays it out: every field before labels.
+#[derive(Serialize)]
+struct SessionV1Ref<'a> {
+    key: &'a SessionKey,
+    version: u64,
+    metadata: &'a BTreeMap<String, String>,
+    created_at: Millis,
+    updated_at: Millis,
+}
+
+/// [`SessionV1Ref`], owned, for reading.
+#[derive(Deserialize)]
+struct SessionV1 {
+    key: SessionKey,
+    version: u64,
+    metadata: BTreeMap<String, String>,
+    created_at: Millis,
+    updated_at: Millis,
+}
+
+/// Encodes a session: at format 1 when it has no labels (the layout
+/// earlier releases read), else at [`SESSION_FORMAT_LABELS`].
+pub(crate) fn encode_session(s: &SessionRecord) -> Vec<u8> {
+    if !s.labels.is_empty() {
+        let out = postcard::to_extend(s, vec![SESSION_FORMAT_LABELS])
+            .expect("stored types always serialize");
+        return with_checksum(out);
+    }
+    encode(&SessionV1Ref {
+        key: &s.key,
+        version: s.version,
+        metadata: &s.metadata,
+        created_at: s.created_at,
+        updated_at: s.updated_at,
+    })
+}
+
+/// Decodes a session of either format.
+pub(crate) fn decode_session(bytes: &[u8]) -> Result<SessionRecord> {
+    let (version, b) = checked(bytes, "session", SESSION_FORMAT_LABELS)?;
+    if version == SESSION_FORMAT_LABELS {
+        return body(b, "session");
+    }
+    let v1: SessionV1 = body(b, "session")?;
+    Ok(SessionRecord {
+        key: v1.key,
+        version: v1.version,
+        metadata: v1.metadata,
+        created_at: v1.created_at,
+        updated_at: v1.updated_at,
+        labels: Labels::new(),
     })
 }
 
@@ -615,6 +759,13 @@ mod tests {
                     iterations_max: Some(0),
                 })
                 .with_budget(text('b'));
+            // Odd sizes also carry labels: format 3.
+            if n % 2 == 1 {
+                r = r
+                    .with_label(text('k'), text('l'))
+                    .with_label("n", n)
+                    .with_label("o", serde_json::json!({"z": [n], "a": null}));
+            }
         }
         r
     }
@@ -696,7 +847,7 @@ mod tests {
                 // Every truncation, every byte changed to a few telling
                 // values, and a trailing byte, all behind a good checksum,
                 // in both formats.
-                for version in [FORMAT_VERSION, RUN_FORMAT_CAPS] {
+                for version in [FORMAT_VERSION, RUN_FORMAT_CAPS, RUN_FORMAT_LABELS] {
                     for cut in 0..body.len() {
                         agree(&sealed(version, &body[..cut]));
                     }
@@ -755,8 +906,8 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn any_body_decodes_alike(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..96),
-                                  capped in proptest::prelude::any::<bool>()) {
-            agree(&sealed(if capped { RUN_FORMAT_CAPS } else { FORMAT_VERSION }, &body));
+                                  format in 1u8..=3) {
+            agree(&sealed(format, &body));
         }
 
         #[test]
@@ -793,6 +944,49 @@ mod tests {
                 found: 2,
                 supported: 1
             })
+        ));
+    }
+}
+
+#[cfg(test)]
+mod label_format_tests {
+    use super::*;
+
+    #[test]
+    fn runs_and_sessions_without_labels_keep_their_old_formats() {
+        let plain = RunRecord::new(RunKey::new("t", "r"), "a");
+        assert_eq!(encode_run(&plain)[0], FORMAT_VERSION);
+        let capped = plain.clone().with_budget("b");
+        assert_eq!(encode_run(&capped)[0], RUN_FORMAT_CAPS);
+        let labelled = plain.with_label("user", "u-1");
+        let v = encode_run(&labelled);
+        assert_eq!(v[0], RUN_FORMAT_LABELS);
+        assert_eq!(decode_run(&v).unwrap(), labelled);
+
+        let s = SessionRecord::new(SessionKey::new("t", "s"));
+        let v = encode_session(&s);
+        assert_eq!(v[0], FORMAT_VERSION);
+        // Format 1 is the layout earlier releases wrote: serde's encoding
+        // of the session without its labels.
+        assert_eq!(
+            v,
+            encode(&SessionV1Ref {
+                key: &s.key,
+                version: 0,
+                metadata: &s.metadata,
+                created_at: 0,
+                updated_at: 0,
+            })
+        );
+        assert_eq!(decode_session(&v).unwrap(), s);
+        let s = s.with_label("title", "hi");
+        let v = encode_session(&s);
+        assert_eq!(v[0], SESSION_FORMAT_LABELS);
+        assert_eq!(decode_session(&v).unwrap(), s);
+        // A release before labels refuses the new format by name.
+        assert!(matches!(
+            decode::<SessionV1>(&v, "session"),
+            Err(StateError::UnsupportedFormat { found: 2, .. })
         ));
     }
 }

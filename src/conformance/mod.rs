@@ -168,6 +168,7 @@ macro_rules! __conformance_rules {
             r8 r8_run_session_must_exist,
             r9 r9_finished_run_stays_finished,
             r10 r10_delete_run_versioned_and_whole,
+            r11 r11_labels_stored_scrubbed_limited_and_filterable,
             s1 s1_sessions_versioned_like_runs,
             s2 s2_delete_refuses_unfinished_runs,
             s3 s3_cascade_deletes_session_and_runs_atomically,

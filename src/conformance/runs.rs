@@ -944,3 +944,249 @@ pub fn r10_delete_run_versioned_and_whole(make: Factory<'_>) {
         "R10: a deleted run's id creates a new run"
     );
 }
+
+/// R11: labels are the application's own fields on runs and sessions:
+/// stored and read back as given (JSON values, object keys in any order),
+/// scrubbed like tool-call arguments, held to their limits, replaced whole
+/// by a put and untouched by a patch; and a listing filters on one exact
+/// label, alone or with the other filters, through pages whose cursor
+/// carries the label (L7).
+pub fn r11_labels_stored_scrubbed_limited_and_filterable(make: Factory<'_>) {
+    use crate::limits::{LABEL_KEY_BYTES_MAX, LABEL_VALUE_BYTES_MAX, LABELS_MAX};
+    use crate::{Labels, PageRequest, SessionRecord};
+    use serde_json::json;
+    let c = open(make);
+    let s = &*c.store;
+    let t = unique("r11");
+
+    // Stored as given, read back equal.
+    let key = RunKey::new(&t, "labelled");
+    let labels = Labels::new()
+        .with("user", "u-1")
+        .with("n", 3)
+        .with("flag", true)
+        .with("nested", json!({"b": [1, {"y": null}], "a": "é\n\"q\""}));
+    let mut rec = RunRecord::new(key.clone(), "planner");
+    rec.labels = labels.clone();
+    let created = create(s, rec);
+    assert_eq!(created.labels, labels, "R11: put_run returns the labels");
+    assert_eq!(must_get(s, &key).labels, labels, "R11: labels read back");
+
+    // A patch leaves them; a put replaces them whole.
+    let patched = ok(
+        s.patch_run(
+            &key,
+            StateDelta {
+                iterations: 1,
+                ..Default::default()
+            },
+        ),
+        "R11: patch",
+    );
+    assert_eq!(patched.labels, labels, "R11: a patch changed the labels");
+    let replaced = update(s, &key, |r| {
+        r.labels = Labels::new().with("user", "u-2");
+    });
+    assert_eq!(
+        replaced.labels,
+        Labels::new().with("user", "u-2"),
+        "R11: a put replaces the labels whole"
+    );
+
+    // Scrubbed on every write, like tool-call arguments (X1).
+    let secret_key = RunKey::new(&t, "secret");
+    let rec = RunRecord::new(secret_key.clone(), "planner")
+        .with_label("api_key", "k-one-value")
+        .with_label("note", "sk-abcdefghijklmnopqrstuvwxyz123456")
+        .with_label("city", "Paris");
+    let stored = create(s, rec);
+    let text = serde_json::to_string(&stored.labels).expect("labels serialize");
+    assert!(
+        !text.contains("k-one-value") && !text.contains("sk-abcdefghijklmnopqrstuvwxyz123456"),
+        "R11/X1: labels stored unscrubbed: {text}"
+    );
+    assert_eq!(stored.labels.get("city"), Some(&json!("Paris")));
+    assert_eq!(must_get(s, &secret_key).labels, stored.labels);
+
+    // Limits: refused whole, nothing written.
+    let before = must_get(s, &key);
+    let too_many: Labels = (0..=LABELS_MAX)
+        .map(|i| (format!("k{i}"), json!(i)))
+        .collect();
+    let bad: [(Labels, &str); 5] = [
+        (too_many, "more than LABELS_MAX labels"),
+        (Labels::new().with("", 1), "an empty label key"),
+        (
+            Labels::new().with("k".repeat(LABEL_KEY_BYTES_MAX + 1), 1),
+            "a label key past its limit",
+        ),
+        (
+            Labels::new().with("big", "v".repeat(LABEL_VALUE_BYTES_MAX)),
+            "a label value past its limit",
+        ),
+        (Labels::new().with("nul", "a\0b"), "a NUL in a label value"),
+    ];
+    for (labels, what) in bad {
+        let mut r = before.clone();
+        r.labels = labels;
+        expect_err!(s.put_run(r), StateError::Invalid { .. }, "R11: {what}");
+    }
+    assert_eq!(
+        must_get(s, &key),
+        before,
+        "R11/E6: a refused put changed the run"
+    );
+    let most: Labels = (0..LABELS_MAX)
+        .map(|i| (format!("k{i}"), json!(i)))
+        .collect();
+    let mut r = RunRecord::new(RunKey::new(&t, "most"), "planner");
+    r.labels = most.clone();
+    assert_eq!(
+        create(s, r).labels,
+        most,
+        "R11: LABELS_MAX labels are allowed"
+    );
+
+    // Sessions carry labels too.
+    let sk = SessionKey::new(&t, "sess");
+    let sess = ok(
+        s.put_session(SessionRecord::new(sk.clone()).with_label("title", "Trip to Lyon")),
+        "R11: session create",
+    );
+    assert_eq!(
+        get_session(s, &sk).map(|x| x.labels),
+        Some(sess.labels.clone()),
+        "R11: session labels read back"
+    );
+    let mut next = sess.clone();
+    next.labels = Labels::new()
+        .with("title", "Trip to Paris")
+        .with("token", "t-one");
+    let next = ok(s.put_session(next), "R11: session update");
+    assert_eq!(next.labels.get("title"), Some(&json!("Trip to Paris")));
+    assert_ne!(
+        next.labels.get("token"),
+        Some(&json!("t-one")),
+        "R11/X1: session labels stored unscrubbed"
+    );
+    let mut bad = next.clone();
+    bad.labels = Labels::new().with("", 1);
+    expect_err!(
+        s.put_session(bad),
+        StateError::Invalid { .. },
+        "R11: session label key"
+    );
+
+    // Filtering on one exact label.
+    let t = unique("r11f");
+    let sk = SessionKey::new(&t, "s");
+    create_session(s, &sk);
+    let mut made = Vec::new();
+    for i in 0..24 {
+        let mut r = RunRecord::new(RunKey::new(&t, format!("run{i:02}")), "planner")
+            .with_label("team", if i % 3 == 0 { "a" } else { "b" })
+            .with_label("obj", json!({"x": i % 2, "y": "z"}));
+        if i % 4 == 0 {
+            r = r.with_session("s");
+        }
+        made.push(create(s, r));
+    }
+    for i in [3, 6] {
+        update(s, &made[i].key, |r| r.state = RunState::Running);
+    }
+    let want = |f: &dyn Fn(&RunRecord) -> bool| -> Vec<RunKey> {
+        made.iter()
+            .filter(|r| get(s, &r.key).is_some_and(|r| f(&r)))
+            .map(|r| r.key.clone())
+            .collect()
+    };
+    let team_a = want(&|r| r.labels.get("team") == Some(&json!("a")));
+    assert_eq!(team_a.len(), 8);
+    for limit in [1, 3, 100] {
+        let got = keys(&walk_runs_by(
+            s,
+            &StateQuery::new(&t).label("team", "a"),
+            limit,
+        ));
+        assert_eq!(got, team_a, "R11: the label filter at limit {limit}");
+    }
+    // Object values match whatever order their keys were written in.
+    let q = StateQuery::new(&t).label("obj", json!({"y": "z", "x": 1}));
+    assert_eq!(
+        keys(&walk_runs(s, &q)),
+        want(&|r| r.labels.get("obj") == Some(&json!({"x": 1, "y": "z"}))),
+        "R11: an object label value in another key order"
+    );
+    assert!(
+        walk_runs(s, &StateQuery::new(&t).label("team", "c")).is_empty(),
+        "R11: a value no run holds"
+    );
+    assert!(
+        walk_runs(s, &StateQuery::new(&t).label("team", json!(["a"]))).is_empty(),
+        "R11: a value of another JSON type"
+    );
+    // With the other filters.
+    let q = StateQuery::new(&t)
+        .label("team", "a")
+        .state(RunState::Running);
+    assert_eq!(
+        keys(&walk_runs(s, &q)),
+        vec![made[3].key.clone(), made[6].key.clone()],
+        "R11: label and state"
+    );
+    let q = StateQuery::new(&t).label("team", "a").session("s");
+    assert_eq!(
+        keys(&walk_runs(s, &q)),
+        want(&|r| r.labels.get("team") == Some(&json!("a")) && r.session_id.is_some()),
+        "R11: label and session"
+    );
+    // L7: a next page naming only the tenant continues the label's walk;
+    // a cursor with another label is refused (L6).
+    let q = StateQuery::new(&t).label("team", "a");
+    let first = ok(s.list_runs(&q, &PageRequest::new(3)), "R11: first page");
+    let cursor = first.cursor().cloned().expect("R11: more pages");
+    let rest = ok(
+        s.list_runs(
+            &StateQuery::new(&t),
+            &PageRequest::new(100).after(Some(&cursor)),
+        ),
+        "R11: next page by the cursor alone",
+    );
+    let mut walked = keys(first.items());
+    walked.extend(keys(rest.items()));
+    assert_eq!(walked, team_a, "R11/L7: the cursor carries the label");
+    expect_err!(
+        s.list_runs(
+            &StateQuery::new(&t).label("team", "b"),
+            &PageRequest::new(3).after(Some(&cursor))
+        ),
+        StateError::Invalid { .. },
+        "R11/L6: a cursor used with another label"
+    );
+    // A label changed by a put moves the run between listings; a deleted
+    // run leaves them.
+    update(s, &made[0].key, |r| {
+        r.labels.insert("team".into(), json!("b"));
+    });
+    let done = update(s, &made[9].key, |r| r.state = RunState::Completed);
+    ok(
+        s.delete_run(&made[9].key, Some(done.version)),
+        "R11: delete",
+    );
+    let team_a = want(&|r| r.labels.get("team") == Some(&json!("a")));
+    assert_eq!(
+        keys(&walk_runs_by(s, &StateQuery::new(&t).label("team", "a"), 2)),
+        team_a,
+        "R11: after a label changed and a run was deleted"
+    );
+    assert!(
+        keys(&walk_runs(s, &StateQuery::new(&t).label("team", "b"))).contains(&made[0].key),
+        "R11: the run whose label changed is listed under its new value"
+    );
+    // A filter is held to the label limits.
+    expect_err!(
+        s.list_runs(&StateQuery::new(&t).label("", "a"), &PageRequest::default()),
+        StateError::Invalid { .. },
+        "R11: an empty label key in a filter"
+    );
+}

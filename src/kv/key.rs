@@ -28,6 +28,10 @@ pub(crate) mod table {
     /// runs of a state were last written before a moment, without reading
     /// the others.
     pub const RUN_BY_TOUCH: u8 = 0x0C;
+    /// (tenant, label key, label value's canonical JSON, seq) → (): the
+    /// runs carrying a label (rule R11), so a label's listing is one range
+    /// scan.
+    pub const RUN_BY_LABEL: u8 = 0x0D;
     /// (tenant, run_id, hold_id) → HoldRecord (rule B2).
     pub const HOLD: u8 = 0x14;
     /// (tenant, session_id) → SessionRecord.

@@ -99,6 +99,29 @@ pub(crate) fn by_touch_key(tenant: &str, state: RunState, updated_at: Millis, se
         .u64(seq)
         .done()
 }
+/// The label index's key of a run's label `key` = `value` (its canonical
+/// text).
+pub(crate) fn by_label_key(tenant: &str, key: &str, value: &str, seq: u64) -> Vec<u8> {
+    by_label_prefix(tenant, key, value).u64(seq).done()
+}
+fn by_label_prefix(tenant: &str, key: &str, value: &str) -> KeyBuf {
+    KeyBuf::sized(
+        table::RUN_BY_LABEL,
+        tenant.len() + key.len() + value.len() + 6 + 8,
+    )
+    .str(tenant)
+    .str(key)
+    .str(value)
+}
+
+/// A run's label index keys.
+pub(crate) fn label_keys(r: &RunRecord) -> Vec<Vec<u8>> {
+    r.labels
+        .iter()
+        .map(|(k, v)| by_label_key(&r.key.tenant, k, &crate::labels::canonical(v), r.seq))
+        .collect()
+}
+
 pub(crate) fn session_key(k: &SessionKey) -> Vec<u8> {
     KeyBuf::table(table::SESSION)
         .str(&k.tenant)
@@ -161,7 +184,10 @@ fn run_matches(q: &StateQuery, r: &RunRecord) -> bool {
         r.session_id.as_deref(),
         &r.agent_name,
         r.updated_at,
-    )
+    ) && q
+        .label
+        .as_ref()
+        .is_none_or(|l| r.labels.get(&l.key) == Some(&l.value))
 }
 
 /// A run's id-map key: all of a write that does not depend on what the
@@ -326,6 +352,18 @@ pub(crate) fn write_run(
             txn.put(k, value::encode(&()));
         }
     }
+    // The label index: touched only when the labels change (a patch never
+    // changes them).
+    if old.is_none_or(|o| o.labels != new.labels) {
+        let was = old.map(label_keys).unwrap_or_default();
+        let now = label_keys(new);
+        for k in was.iter().filter(|k| !now.contains(k)) {
+            txn.delete(k.clone());
+        }
+        for k in now.into_iter().filter(|k| !was.contains(k)) {
+            txn.put(k, value::encode(&()));
+        }
+    }
     txn.put(run_key(t, seq), bytes);
     Ok(())
 }
@@ -343,6 +381,9 @@ pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) -> Result<()> {
     }
     if !old.state.is_finished() {
         txn.delete(by_touch_key(t, old.state, old.updated_at, old.seq));
+    }
+    for k in label_keys(old) {
+        txn.delete(k);
     }
     Ok(())
 }
@@ -445,6 +486,8 @@ enum Holds {
     /// Summaries (the session index, a finished state's index): the record
     /// is read only for an entry whose summary matches.
     Summaries,
+    /// Nothing (the label index): every entry's record is read.
+    Nothing,
 }
 
 impl KvStore {
@@ -474,6 +517,7 @@ impl KvStore {
                     }
                     self.run_at_if(q, seq)
                 }
+                Holds::Nothing => self.run_at_if(q, seq),
             }
         })
     }
@@ -562,6 +606,11 @@ impl StateStore for KvStore {
         // state query never walks finished runs (L5).
         let binding = crate::codec::cursor::runs_binding(q);
         let t = &q.tenant;
+        if let (None, Some(l)) = (&q.session, &q.label) {
+            // A label is usually narrower than a state: its index answers.
+            let prefix = by_label_prefix(t, &l.key, &crate::labels::canonical(&l.value)).done();
+            return self.index_page(q, &prefix, Holds::Nothing, &binding, page);
+        }
         match (&q.session, q.state) {
             (Some(s), _) => {
                 let prefix = KeyBuf::table(table::RUN_BY_SESSION).str(t).str(s).done();

@@ -8,10 +8,10 @@ use crate::record::{RunKey, SessionKey, SessionRecord};
 
 use super::runs::{delete_run, read_run_by_seq, session_key};
 use super::{KvStore, check_size};
-use crate::rules::{check_session_key, next_session};
+use crate::rules::{check_session, check_session_key, next_session};
 
 pub(crate) fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRecord> {
-    let s: SessionRecord = value::decode(bytes, "session")?;
+    let s = value::decode_session(bytes)?;
     if &s.key != key {
         return Err(StateError::corrupt("session stored under another key"));
     }
@@ -19,8 +19,9 @@ pub(crate) fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRe
 }
 
 impl KvStore {
-    pub(super) fn put_session_impl(&self, record: SessionRecord) -> Result<SessionRecord> {
-        check_session_key(&record.key)?;
+    pub(super) fn put_session_impl(&self, mut record: SessionRecord) -> Result<SessionRecord> {
+        check_session(&record)?;
+        self.opts.scrubber.scrub_session_in_place(&mut record);
         let now = self.now();
         let max = self.opts.record_bytes_max;
         self.submit(move |txn| {
@@ -30,7 +31,7 @@ impl KvStore {
                 .map(|v| decode_session(&v, &record.key))
                 .transpose()?;
             let new = next_session(stored.as_ref(), record, now)?;
-            let bytes = value::encode(&new);
+            let bytes = value::encode_session(&new);
             check_size("session record", bytes.len(), max)?;
             txn.put(k, bytes);
             Ok(new)

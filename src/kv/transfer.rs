@@ -38,7 +38,7 @@ fn entry_of(k: &[u8], v: &[u8]) -> Result<Entry> {
     let mut r = KeyReader::new(k, t)?;
     Ok(match t {
         table::RUN => Entry::Run(value::decode_run(v)?),
-        table::SESSION => Entry::Session(value::decode(v, "session")?),
+        table::SESSION => Entry::Session(value::decode_session(v)?),
         table::HOLD => {
             let (run, hold) = super::budgets::hold_entry(k, v)?;
             Entry::Hold { run, hold }
@@ -269,7 +269,7 @@ impl KvStore {
                     Entry::Session(s) => {
                         let k = session_key(&s.key);
                         exists(txn, &k)?;
-                        txn.put(k, value::encode(&s));
+                        txn.put(k, value::encode_session(&s));
                     }
                     Entry::Epoch { instance, epoch } => {
                         let k = epoch_key(&instance);

@@ -4,12 +4,12 @@
 use crate::codec::value;
 use crate::error::{Result, StateError};
 use crate::kv::key::{KeyBuf, KeyReader, meta, prefix_end, successor, table};
-use crate::record::{Millis, RunRecord, RunState, SessionRecord};
+use crate::record::{Millis, RunRecord, RunState};
 use crate::tray::{InstanceKey, Tray};
 
 use super::runs::{
     RunSummary, by_session_key, by_state_key, by_touch_key, decode_run_at, decode_seq, delete_run,
-    read_run_by_seq, run_id_key, run_key, state_entry,
+    label_keys, read_run_by_seq, run_id_key, run_key, state_entry,
 };
 use super::trays::{alarm_due_key, alarm_key, marked_env_key, marked_key, read_tray_key, tray_key};
 use super::{KvStore, check_id};
@@ -61,7 +61,7 @@ impl KvStore {
         self.walk(table::SESSION, |_, v| {
             entries += 1;
             rep.sessions += 1;
-            if let Err(e) = value::decode::<SessionRecord>(v, "session") {
+            if let Err(e) = value::decode_session(v) {
                 p(e.to_string());
             }
             Ok(())
@@ -295,6 +295,7 @@ impl KvStore {
                 (table::RUN_BY_STATE, false),
                 (table::RUN_BY_SESSION, false),
                 (table::RUN_BY_TOUCH, false),
+                (table::RUN_BY_LABEL, false),
                 (table::HOLD, true),
                 (table::SESSION, true),
                 (table::BUDGET, true),
@@ -329,6 +330,7 @@ fn index_name(tb: u8) -> &'static str {
         table::RUN_ID => "run id map",
         table::RUN_BY_STATE => "state index",
         table::RUN_BY_SESSION => "session index",
+        table::RUN_BY_LABEL => "label index",
         _ => "touch index",
     }
 }
@@ -391,6 +393,9 @@ impl KvStore {
                     value::encode(&()),
                 ));
             }
+            for k in label_keys(&r) {
+                want.push(("label index", k, value::encode(&())));
+            }
             for (what, ik, iv) in want {
                 match self.engine.get(&ik)? {
                     None => p(format!("{name}: {what} entry missing")),
@@ -406,6 +411,7 @@ impl KvStore {
             table::RUN_BY_STATE,
             table::RUN_BY_SESSION,
             table::RUN_BY_TOUCH,
+            table::RUN_BY_LABEL,
         ] {
             self.walk(tb, |k, v| {
                 *entries += 1;
@@ -414,6 +420,7 @@ impl KvStore {
                     let tenant = r.str()?;
                     let (mut state, mut session, mut touched, mut run_id) =
                         (None, None, None, None);
+                    let mut label = None;
                     let seq = match tb {
                         table::RUN_ID => {
                             run_id = Some(r.str()?);
@@ -425,6 +432,10 @@ impl KvStore {
                         }
                         table::RUN_BY_SESSION => {
                             session = Some(r.str()?);
+                            r.u64()?
+                        }
+                        table::RUN_BY_LABEL => {
+                            label = Some((r.str()?, r.str()?));
                             r.u64()?
                         }
                         _ => {
@@ -441,7 +452,12 @@ impl KvStore {
                     Ok(run_id.is_none_or(|id| id == run.key.run_id)
                         && state.is_none_or(|s| s == run.state.tag())
                         && session.is_none_or(|s| run.session_id.as_deref() == Some(s.as_str()))
-                        && touched.is_none_or(|t| t == run.updated_at && !run.state.is_finished()))
+                        && touched.is_none_or(|t| t == run.updated_at && !run.state.is_finished())
+                        && label.is_none_or(|(k, v)| {
+                            run.labels
+                                .get(&k)
+                                .is_some_and(|x| crate::labels::canonical(x) == v)
+                        }))
                 };
                 if tb == table::RUN_ID {
                     ids += 1;

@@ -246,7 +246,7 @@ impl PostgresStore {
                         }
                         tx.execute(
                             "INSERT INTO {s}agentstate_sessions (tenant, session_id, record) VALUES ($1, $2, $3)",
-                            &[&id_in(&s.key.tenant), &id_in(&s.key.session_id), &value::encode(s)],
+                            &[&id_in(&s.key.tenant), &id_in(&s.key.session_id), &value::encode_session(s)],
                         ).await?;
                     }
                     Entry::Epoch { instance, epoch } => {

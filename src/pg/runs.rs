@@ -138,7 +138,7 @@ pub(crate) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
 }
 
 pub(crate) fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRecord> {
-    let s: SessionRecord = value::decode(bytes, "session")?;
+    let s = value::decode_session(bytes)?;
     if &s.key != key {
         return Err(StateError::corrupt("session stored under another key"));
     }
@@ -556,8 +556,12 @@ impl PostgresStore {
         Page::new(items, cursor)
     }
 
-    pub(super) async fn do_put_session(&self, record: SessionRecord) -> Result<SessionRecord> {
-        check_session_key(&record.key)?;
+    pub(super) async fn do_put_session(&self, mut record: SessionRecord) -> Result<SessionRecord> {
+        crate::rules::check_session(&record)?;
+        self.opts
+            .options
+            .scrubber
+            .scrub_session_in_place(&mut record);
         let now = self.now();
         let max = self.max();
         txn!(self, |tx| {
@@ -574,7 +578,7 @@ impl PostgresStore {
                 .map(|r| decode_session(r.get(0), k))
                 .transpose()?;
             let new = next_session(stored.as_ref(), record.clone(), now)?;
-            let bytes = value::encode(&new);
+            let bytes = value::encode_session(&new);
             check_size("session record", bytes.len(), max)?;
             // A create racing another create fails its insert on the key
             // and is tried again, when it sees the winner (S1).

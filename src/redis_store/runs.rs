@@ -182,6 +182,7 @@ pub(super) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
         created_at: t.created_at,
         updated_at: t.updated_at,
         seq: t.seq,
+        labels: crate::Labels::new(),
     })
 }
 
@@ -196,6 +197,7 @@ pub(super) fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRe
         metadata: s.metadata,
         created_at: s.tail.created_at,
         updated_at: s.tail.updated_at,
+        labels: crate::Labels::new(),
     })
 }
 
@@ -542,8 +544,15 @@ impl RedisStore {
         Page::new(items.into_iter().map(|(_, r)| r).collect(), cursor)
     }
 
-    pub(super) async fn put_session_impl(&self, record: SessionRecord) -> Result<SessionRecord> {
-        check_session_key(&record.key)?;
+    pub(super) async fn put_session_impl(
+        &self,
+        mut record: SessionRecord,
+    ) -> Result<SessionRecord> {
+        crate::rules::check_session(&record)?;
+        self.opts
+            .options
+            .scrubber
+            .scrub_session_in_place(&mut record);
         let max = self.max();
         let (h, crc) = session_head(&record);
         check_size("session record", h.len() + value::OVERHEAD_BYTES - 1, max)?;

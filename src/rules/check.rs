@@ -2,8 +2,9 @@
 //! and the ids of every key).
 
 use crate::error::{Result, StateError};
+use crate::labels::check_labels;
 use crate::limits::{BATCH_OPS_MAX, ID_BYTES_MAX, PAGE_ITEMS_MAX, PENDING_TOOL_CALLS_MAX};
-use crate::record::{RunKey, RunRecord, SessionKey};
+use crate::record::{RunKey, RunRecord, SessionKey, SessionRecord};
 use crate::tray::{InstanceKey, Tray, TrayKey, TrayOp};
 
 /// K1: ids are 1..=256 bytes of UTF-8 (UTF-8 is given by `&str`).
@@ -63,7 +64,13 @@ pub(crate) fn check_record(r: &RunRecord) -> Result<()> {
             r.pending_tool_calls.len()
         )));
     }
-    Ok(())
+    check_labels(&r.labels)
+}
+
+/// A session record's key and labels (K1, R11).
+pub(crate) fn check_session(s: &SessionRecord) -> Result<()> {
+    check_session_key(&s.key)?;
+    check_labels(&s.labels)
 }
 
 pub(crate) fn check_instance(i: &InstanceKey) -> Result<()> {

@@ -11,7 +11,7 @@ use crate::scrub::Scrubber;
 
 use super::budget::check_budget_key;
 use super::check::{
-    check_id, check_instance, check_record, check_run_key, check_session_key, check_tray,
+    check_id, check_instance, check_record, check_run_key, check_session, check_tray,
     check_tray_key,
 };
 
@@ -168,6 +168,10 @@ pub(crate) fn checked_entry(e: Entry, scrubber: &Scrubber, max: usize) -> Result
     check_entry(&e, Some(max))?;
     Ok(match e {
         Entry::Run(r) => Entry::Run(scrubber.scrub_run_owned(r)),
+        Entry::Session(mut s) => {
+            scrubber.scrub_session_in_place(&mut s);
+            Entry::Session(s)
+        }
         other => other,
     })
 }
@@ -186,7 +190,7 @@ pub(crate) fn check_entry(e: &Entry, max: Option<usize>) -> Result<()> {
                 )));
             }
         }
-        Entry::Session(s) => check_session_key(&s.key)?,
+        Entry::Session(s) => check_session(s)?,
         Entry::Epoch { instance, .. } | Entry::Alarm { instance, .. } => check_instance(instance)?,
         Entry::Tray { key, tray } => {
             check_tray_key(key)?;
