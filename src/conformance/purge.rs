@@ -23,7 +23,8 @@ fn populate(s: &dyn super::ConformanceStore, t: &str) {
         "P1: create a budget",
     );
     for i in 0..5 {
-        let mut r = RunRecord::new(RunKey::new(t, format!("run-{i}")), "planner");
+        let mut r =
+            RunRecord::new(RunKey::new(t, format!("run-{i}")), "planner").with_label("team", "a");
         if i % 2 == 0 {
             r = r.with_session("chat");
         }
@@ -147,6 +148,10 @@ pub fn p1_purge_tenant_erases_every_record(make: Factory<'_>) {
     // The tenant starts afresh: ids free, seqs and keys forgotten.
     let again = create(s, RunRecord::new(RunKey::new(&t, "run-0"), "planner"));
     assert_eq!(again.version, 1, "P1: a purged id creates a new run");
+    assert!(
+        walk_runs(s, &StateQuery::new(&t).label("team", "a")).is_empty(),
+        "P1: a purged run's label still lists it (R11's index outlived the purge)"
+    );
     // One write more than before the purge, so a remembered answer
     // (version 2) would differ from a new application (version 3).
     update(s, &again.key, |r| r.agent_name = "reporter".into());

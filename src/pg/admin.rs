@@ -234,7 +234,7 @@ impl PostgresStore {
                              ON CONFLICT (tenant) DO UPDATE SET next_seq = GREATEST(c.next_seq, EXCLUDED.next_seq)",
                             &[&id_in(&r.key.tenant), &next],
                         ).await?;
-                        write_run(tx, r, true, max).await?;
+                        write_run(tx, r, None, max).await?;
                     }
                     Entry::Session(s) => {
                         if Self::exists(

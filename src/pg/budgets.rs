@@ -608,7 +608,7 @@ impl PostgresStore {
             let old = a.run;
             let h = hold_in(a.hold.as_deref().unwrap_or_default(), run, hold_id, now)?;
             let new = patched_run(&old, &spent, now)?;
-            write_run(tx, &new, false, max).await?;
+            write_run(tx, &new, Some(&old), max).await?;
             delete_hold(tx, run, hold_id).await?;
             // B3, B5, B6 as `after_patch`, on what was read: the holds
             // read before the settled one's delete count it, but it was

@@ -171,13 +171,15 @@ pub(crate) async fn read_run(
         .transpose()?)
 }
 
-/// Writes a new run (`created`) or the next version of a stored one.
+/// Writes a new run (`old` is `None`) or the next version of `old`, and
+/// its label rows when its labels changed (R11).
 pub(crate) async fn write_run(
     tx: &mut Tx<'_>,
     new: &RunRecord,
-    created: bool,
+    old: Option<&RunRecord>,
     max: usize,
 ) -> TxResult<()> {
+    let created = old.is_none();
     let bytes = value::encode_run(new);
     check_size("run record", bytes.len(), max)?;
     debug_assert!(decode_run(&bytes, &new.key).is_ok_and(|r| &r == new));
@@ -219,6 +221,43 @@ pub(crate) async fn write_run(
         )
         .await?;
     }
+    let was = old.map(|o| &o.labels);
+    if was != Some(&new.labels) {
+        write_labels(tx, new, created).await?;
+    }
+    Ok(())
+}
+
+/// Replaces a run's label rows (deferred, after its own row's write).
+async fn write_labels(tx: &mut Tx<'_>, new: &RunRecord, created: bool) -> TxResult<()> {
+    let k = &new.key;
+    if !created {
+        tx.defer(
+            "DELETE FROM {s}agentstate_run_labels WHERE tenant = $1 AND run_id = $2",
+            params![own(&k.tenant), own(&k.run_id)],
+        )
+        .await?;
+    }
+    if new.labels.is_empty() {
+        return Ok(());
+    }
+    let (names, values): (Vec<String>, Vec<String>) = new
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), crate::labels::canonical(v)))
+        .unzip();
+    tx.defer(
+        "INSERT INTO {s}agentstate_run_labels (tenant, label, value, seq, run_id) \
+         SELECT $1, l, v, $3, $2 FROM unnest($4::text[], $5::text[]) AS u(l, v)",
+        params![
+            own(&k.tenant),
+            own(&k.run_id),
+            seq_col(new.seq)?,
+            names,
+            values
+        ],
+    )
+    .await?;
     Ok(())
 }
 
@@ -297,7 +336,7 @@ impl PostgresStore {
                 }
                 Some(s) => updated_run(s, record.clone(), now)?,
             };
-            write_run(tx, &new, stored.is_none(), max).await?;
+            write_run(tx, &new, stored.as_ref(), max).await?;
             if stored.is_none() && new.budget.is_some() {
                 // A run created with amounts already spent spends them on
                 // its budget too.
@@ -339,7 +378,7 @@ impl PostgresStore {
             // R4: the amounts are added inside the record (u64, checked),
             // never in a column that could wrap.
             let new = patched_run(&old, &delta, now)?;
-            write_run(tx, &new, false, max).await?;
+            write_run(tx, &new, Some(&old), max).await?;
             // B6: a patch counts toward the caps' spent (the run's amounts
             // are the run's spent; its budget's is kept in the budget's
             // row) and never refuses.
@@ -431,7 +470,9 @@ impl PostgresStore {
             return Ok(None);
         };
         let bytes = value::encode_run(&new);
+        // A change of labels rewrites the run's label rows too (R11).
         if !alone(&new)
+            || new.labels != old.labels
             || new.key != *key
             || check_size("run record", bytes.len(), self.max()).is_err()
         {
@@ -514,16 +555,34 @@ impl PostgresStore {
         let state = q.state.map(|s| s.as_str());
         let agent = q.agent.as_deref().map(id_in);
         let before = q.updated_before.map(num);
+        let label = q
+            .label
+            .as_ref()
+            .map(|l| (l.key.as_str(), crate::labels::canonical(&l.value)));
         let limit = (page.limit + 1) as i64;
-        let mut sql = String::from(
-            "SELECT run_id, record, seq FROM {s}agentstate_runs WHERE tenant = $1 AND seq > $2",
-        );
+        // A label filter walks the label's rows, (tenant, label, value,
+        // seq), joined to their runs (R11).
+        let mut sql = String::from(match label {
+            None => {
+                "SELECT r.run_id, r.record, r.seq FROM {s}agentstate_runs r \
+                 WHERE r.tenant = $1 AND r.seq > $2"
+            }
+            Some(_) => {
+                "SELECT r.run_id, r.record, r.seq FROM {s}agentstate_run_labels l \
+                 JOIN {s}agentstate_runs r ON r.tenant = l.tenant AND r.run_id = l.run_id \
+                 WHERE l.tenant = $1 AND l.seq > $2 AND l.label = $4 AND l.value = $5"
+            }
+        });
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&tenant, &after, &limit];
+        if let Some((k, v)) = &label {
+            params.push(k);
+            params.push(v);
+        }
         let filters: [(&str, Option<&(dyn ToSql + Sync)>); 4] = [
-            ("session_id = $", session.as_ref().map(|s| s as _)),
-            ("state = $", state.as_ref().map(|s| s as _)),
-            ("agent_name = $", agent.as_ref().map(|s| s as _)),
-            ("updated_at < $", before.as_ref().map(|s| s as _)),
+            ("r.session_id = $", session.as_ref().map(|s| s as _)),
+            ("r.state = $", state.as_ref().map(|s| s as _)),
+            ("r.agent_name = $", agent.as_ref().map(|s| s as _)),
+            ("r.updated_at < $", before.as_ref().map(|s| s as _)),
         ];
         for (i, (cond, p)) in filters.into_iter().enumerate() {
             if let Some(p) = p {
@@ -532,7 +591,10 @@ impl PostgresStore {
                 sql.push_str(&format!(" AND {cond}{}{cast}", params.len()));
             }
         }
-        sql.push_str(" ORDER BY seq LIMIT $3");
+        sql.push_str(match label {
+            None => " ORDER BY r.seq LIMIT $3",
+            Some(_) => " ORDER BY l.seq LIMIT $3",
+        });
         let rows = txn!(self, |tx| tx.query(&sql, &params).await)?;
         let more = rows.len() > page.limit;
         let mut items = Vec::with_capacity(page.limit);

@@ -146,7 +146,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
     );
     s.setup().expect("setup");
     s.setup().expect("setup again");
-    assert_eq!(s.schema_version().expect("version"), Some(3));
+    assert_eq!(s.schema_version().expect("version"), Some(4));
     s.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
         .expect("put");
     // A newer release wrote version 9: refused, and nothing is changed.
@@ -165,7 +165,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
             e,
             StateError::UnsupportedFormat {
                 found: 9,
-                supported: 3
+                supported: 4
             }
         ),
         "{e:?}"
@@ -183,7 +183,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
 
 /// A database a version-1 build set up (no budget tables) and wrote runs
 /// to is upgraded by `setup()` in place, from 4 workers at once: its runs
-/// are kept, and spend caps then work on it.
+/// are kept, and spend caps and labels then work on it.
 #[test]
 fn setup_upgrades_a_version_1_database() {
     let dsn = fresh_db("upgrade");
@@ -212,7 +212,7 @@ fn setup_upgrades_a_version_1_database() {
             });
         }
     });
-    assert_eq!(s.schema_version().expect("version"), Some(3));
+    assert_eq!(s.schema_version().expect("version"), Some(4));
     assert_eq!(s.get_run(&old.key).expect("get"), Some(old.clone()));
     use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
     s.put_budget(BudgetRecord::new(
@@ -231,6 +231,20 @@ fn setup_upgrades_a_version_1_database() {
         s.reserve(&run.key, Hold::new("h2", 60_000).cost_micros(1)),
         Err(StateError::BudgetExceeded { .. })
     ));
+    // Labels (schema 4) on a run from v1 and a new one.
+    let mut labelled = s.get_run(&old.key).expect("get").expect("old run");
+    labelled.labels = agentstate::Labels::new().with("team", "a");
+    s.put_run(labelled).expect("label a v1 run");
+    s.put_run(RunRecord::new(RunKey::new("t", "newer"), "a").with_label("team", "a"))
+        .expect("a labelled run after upgrade");
+    let page = s
+        .list_runs(
+            &StateQuery::new("t").label("team", "a"),
+            &agentstate::PageRequest::new(10),
+        )
+        .expect("list by label");
+    let ids: Vec<&str> = page.items().iter().map(|r| r.key.run_id.as_str()).collect();
+    assert_eq!(ids, ["old", "newer"], "the label filter after an upgrade");
     assert!(s.verify().expect("verify").is_ok());
 }
 
@@ -358,7 +372,7 @@ fn setup_from_8_processes_at_once() {
             assert_eq!(child_lines(c, &format!("setup child {i}")), ["ok"]);
         }
         let s = PostgresStore::connect(&dsn).expect("connect");
-        assert_eq!(s.schema_version().expect("version"), Some(3));
+        assert_eq!(s.schema_version().expect("version"), Some(4));
         let r = s
             .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
             .expect("put after setup");
@@ -1718,7 +1732,7 @@ mod native {
             },
         )
         .expect("sync patch");
-        assert_eq!(sync.schema_version_async().await.expect("version"), Some(3));
+        assert_eq!(sync.schema_version_async().await.expect("version"), Some(4));
         assert!(
             sync.list_sessions(&key.tenant, &PageRequest::new(10))
                 .is_ok()
