@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use agentstate as a;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyDict, PyList};
 
 use crate::errors;
 
@@ -23,6 +23,45 @@ fn opt_repr<T: std::fmt::Debug>(v: &Option<T>) -> String {
     match v {
         Some(v) => format!("{v:?}"),
         None => "None".into(),
+    }
+}
+
+/// A Python value as JSON: what `json.dumps` takes (NaN refused), as the
+/// crate's JSON value.
+fn json_in(py: Python<'_>, v: &Bound<'_, PyAny>, what: &str) -> PyResult<serde_json::Value> {
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("allow_nan", false)?;
+    let text: String = py
+        .import("json")?
+        .call_method("dumps", (v,), Some(&kwargs))
+        .map_err(|e| errors::invalid(py, format!("{what}: not a JSON value ({e})")))?
+        .extract()?;
+    serde_json::from_str(&text).map_err(|e| errors::invalid(py, format!("{what}: {e}")))
+}
+
+/// JSON text as Python objects (`json.loads`).
+fn json_out(py: Python<'_>, text: serde_json::Result<String>) -> PyResult<Py<PyAny>> {
+    let text = text.expect("JSON values always serialize");
+    Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
+}
+
+/// Labels from a dict of string keys to JSON values (`None`: none).
+fn labels_in(py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> PyResult<a::Labels> {
+    let Some(v) = v.filter(|v| !v.is_none()) else {
+        return Ok(a::Labels::new());
+    };
+    if !v.is_instance_of::<PyDict>() {
+        return Err(errors::invalid(
+            py,
+            "labels: must be a dict of str to JSON values",
+        ));
+    }
+    match json_in(py, v, "labels")? {
+        serde_json::Value::Object(m) => Ok(m.into_iter().collect()),
+        _ => Err(errors::invalid(
+            py,
+            "labels: must be a dict of str to JSON values",
+        )),
     }
 }
 
@@ -521,7 +560,7 @@ impl RunRecord {
     #[pyo3(signature = (
         run_id, tenant, agent_name, *, state=RunState::PENDING, session_id=None,
         messages_read=0, pending_tool_calls=None, usage=None, cost_micros=0,
-        iterations=0, approval=None, caps=None, budget=None, version=0,
+        iterations=0, approval=None, caps=None, budget=None, version=0, labels=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -540,6 +579,7 @@ impl RunRecord {
         caps: Option<Caps>,
         budget: Option<String>,
         version: i128,
+        labels: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut r = a::RunRecord::new(a::RunKey::new(tenant, run_id), agent_name);
         r.state = state.into();
@@ -560,7 +600,21 @@ impl RunRecord {
         r.caps = caps.unwrap_or_default().into();
         r.budget = budget;
         r.version = amount(py, version, "version")?;
+        r.labels = labels_in(py, labels.as_ref())?;
         Ok(RunRecord { inner: r })
+    }
+
+    /// The application's labels: a dict of str to JSON values (a copy:
+    /// assign a new dict to change them). Scrubbed like tool-call
+    /// arguments when stored.
+    #[getter]
+    fn labels(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        json_out(py, serde_json::to_string(&self.inner.labels))
+    }
+    #[setter]
+    fn set_labels(&mut self, py: Python<'_>, v: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+        self.inner.labels = labels_in(py, v.as_ref())?;
+        Ok(())
     }
 
     /// The run's key (tenant and run id).
@@ -682,7 +736,7 @@ impl RunRecord {
         format!(
             "RunRecord(run_id={:?}, tenant={:?}, agent_name={:?}, version={}, state={}, \
              session_id={}, messages_read={}, pending_tool_calls={}, cost_micros={}, \
-             iterations={}, usage=({}, {}), seq={})",
+             iterations={}, usage=({}, {}), seq={}, labels=<{} keys>)",
             r.key.run_id,
             r.key.tenant,
             r.agent_name,
@@ -695,7 +749,8 @@ impl RunRecord {
             r.iterations,
             r.usage.input_tokens,
             r.usage.output_tokens,
-            r.seq
+            r.seq,
+            r.labels.len()
         )
     }
 }
@@ -773,9 +828,10 @@ pub struct StateQuery {
 #[pymethods]
 impl StateQuery {
     #[new]
-    #[pyo3(signature = (tenant, *, state=None, session=None, agent=None, updated_before=None, limit=100, cursor=None))]
+    #[pyo3(signature = (tenant, *, state=None, session=None, agent=None, updated_before=None, limit=100, cursor=None, label=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         tenant: String,
         state: Option<RunState>,
         session: Option<String>,
@@ -783,17 +839,35 @@ impl StateQuery {
         updated_before: Option<u64>,
         limit: usize,
         cursor: Option<String>,
-    ) -> Self {
+        label: Option<(String, Bound<'_, PyAny>)>,
+    ) -> PyResult<Self> {
         let mut q = a::StateQuery::new(tenant);
         q.state = state.map(Into::into);
         q.session = session;
         q.agent = agent;
         q.updated_before = updated_before;
-        StateQuery {
+        if let Some((k, v)) = label {
+            q = q.label(k, json_in(py, &v, "label")?);
+        }
+        Ok(StateQuery {
             inner: q,
             limit,
             cursor,
-        }
+        })
+    }
+    /// The one exact label the runs must carry: `(key, value)`.
+    #[getter]
+    fn label(&self, py: Python<'_>) -> PyResult<Option<(String, Py<PyAny>)>> {
+        self.inner
+            .label
+            .as_ref()
+            .map(|l| {
+                Ok((
+                    l.key.clone(),
+                    json_out(py, serde_json::to_string(&l.value))?,
+                ))
+            })
+            .transpose()
     }
     #[getter]
     fn tenant(&self) -> String {
@@ -818,7 +892,7 @@ impl StateQuery {
     fn __repr__(&self) -> String {
         let q = &self.inner;
         format!(
-            "StateQuery(tenant={:?}, state={}, session={}, agent={}, updated_before={}, limit={}, cursor={})",
+            "StateQuery(tenant={:?}, state={}, session={}, agent={}, updated_before={}, label={}, limit={}, cursor={})",
             q.tenant,
             q.state
                 .map(|s| s.as_str())
@@ -827,6 +901,10 @@ impl StateQuery {
             opt_repr(&q.session),
             opt_repr(&q.agent),
             opt_repr(&q.updated_before),
+            match &q.label {
+                Some(l) => format!("({:?}, {})", l.key, l.value),
+                None => "None".into(),
+            },
             self.limit,
             if self.cursor.is_some() {
                 "<cursor>"
@@ -938,17 +1016,30 @@ pub struct SessionRecord {
 #[pymethods]
 impl SessionRecord {
     #[new]
-    #[pyo3(signature = (session_id, tenant, *, metadata=None, version=0))]
+    #[pyo3(signature = (session_id, tenant, *, metadata=None, version=0, labels=None))]
     fn new(
+        py: Python<'_>,
         session_id: String,
         tenant: String,
         metadata: Option<BTreeMap<String, String>>,
         version: u64,
-    ) -> Self {
+        labels: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let mut r = a::SessionRecord::new(a::SessionKey::new(tenant, session_id));
         r.metadata = metadata.unwrap_or_default();
         r.version = version;
-        SessionRecord { inner: r }
+        r.labels = labels_in(py, labels.as_ref())?;
+        Ok(SessionRecord { inner: r })
+    }
+    /// The application's labels (a copy: assign a new dict to change them).
+    #[getter]
+    fn labels(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        json_out(py, serde_json::to_string(&self.inner.labels))
+    }
+    #[setter]
+    fn set_labels(&mut self, py: Python<'_>, v: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+        self.inner.labels = labels_in(py, v.as_ref())?;
+        Ok(())
     }
     #[getter]
     fn key(&self) -> SessionKey {
@@ -989,11 +1080,13 @@ impl SessionRecord {
     }
     fn __repr__(&self) -> String {
         format!(
-            "SessionRecord(session_id={:?}, tenant={:?}, version={}, metadata=<{} keys>)",
+            "SessionRecord(session_id={:?}, tenant={:?}, version={}, metadata=<{} keys>, \
+             labels=<{} keys>)",
             self.inner.key.session_id,
             self.inner.key.tenant,
             self.inner.version,
-            self.inner.metadata.len()
+            self.inner.metadata.len(),
+            self.inner.labels.len()
         )
     }
 }

@@ -93,7 +93,13 @@ class PyStateStore:
 
     async def list_runs(self, q: StateQuery) -> _Page:
         await asyncio.sleep(0)
-        filters = {"state": q.state.value if q.state else None, "session": q.session, "agent": q.agent, "updated_before": q.updated_before}
+        filters = {
+            "state": q.state.value if q.state else None,
+            "session": q.session,
+            "agent": q.agent,
+            "updated_before": q.updated_before,
+            "label": list(q.label) if q.label else None,
+        }
         after = None
         if q.cursor is not None:
             try:
@@ -117,6 +123,9 @@ class PyStateStore:
             if filters["state"] and r.state.value != filters["state"]:
                 continue
             if filters["updated_before"] is not None and META[id(r)][2] >= filters["updated_before"]:
+                continue
+            label = filters.get("label")
+            if label and (label[0] not in r.labels or r.labels[label[0]] != label[1]):
                 continue
             out.append(r)
         page, more = out[: q.limit], len(out) > q.limit

@@ -47,6 +47,11 @@ async def main(store: StateStore) -> int:
     keys: List[str] = [m.key.tray_id for m in marked.items]
     async for r in iter_runs(store, StateQuery("acme")):
         keys.append(r.run_id)
+    tagged = RunRecord(run_id="run_2", tenant="acme", agent_name="planner", labels={"user": "u-1", "n": 3})
+    tagged.labels = {**tagged.labels, "trace": "t-9"}
+    await store.put_run(tagged)
+    by_user = await store.list_runs(StateQuery("acme", label=("user", "u-1")))
+    keys.extend(r.run_id for r in by_user.items)
     return version + len(keys)
 
 

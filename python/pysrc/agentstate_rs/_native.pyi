@@ -135,7 +135,12 @@ class RunRecord:
         caps: Optional[Caps] = None,
         budget: Optional[str] = None,
         version: int = 0,
+        labels: Optional[Dict[str, Any]] = None,
     ) -> None: ...
+    @property
+    def labels(self) -> Dict[str, Any]: ...
+    @labels.setter
+    def labels(self, v: Optional[Dict[str, Any]]) -> None: ...
     @property
     def key(self) -> RunKey: ...
     @property
@@ -183,7 +188,10 @@ class StateQuery:
         updated_before: Optional[int] = None,
         limit: int = 100,
         cursor: Optional[str] = None,
+        label: Optional[Tuple[str, Any]] = None,
     ) -> None: ...
+    @property
+    def label(self) -> Optional[Tuple[str, Any]]: ...
     @property
     def tenant(self) -> str: ...
     @property
@@ -209,8 +217,18 @@ class SessionRecord:
     version: int
     metadata: Dict[str, str]
     def __init__(
-        self, session_id: str, tenant: str, *, metadata: Optional[Dict[str, str]] = None, version: int = 0
+        self,
+        session_id: str,
+        tenant: str,
+        *,
+        metadata: Optional[Dict[str, str]] = None,
+        version: int = 0,
+        labels: Optional[Dict[str, Any]] = None,
     ) -> None: ...
+    @property
+    def labels(self) -> Dict[str, Any]: ...
+    @labels.setter
+    def labels(self, v: Optional[Dict[str, Any]]) -> None: ...
     @property
     def key(self) -> SessionKey: ...
     @property

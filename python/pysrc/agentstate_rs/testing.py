@@ -345,6 +345,29 @@ class StateStoreConformance:
 
         self._run(body)
 
+    def test_r11_labels_are_stored_scrubbed_and_filterable(self) -> None:
+        async def body(store: Any) -> None:
+            t = unique("r11")
+            labels = {"user": "u-1", "n": 3, "nested": {"b": [1, None], "a": "é"}, "api_key": SECRETS["api_key"]}
+            stored = await store.put_run(RunRecord(run_id="run_1", tenant=t, agent_name="p", labels=labels))
+            for what, r in (("the returned record", stored), ("the stored record", await store.get_run(stored.key))):
+                assert r is not None
+                got = r.labels
+                assert got["user"] == "u-1" and got["n"] == 3 and got["nested"] == labels["nested"], f"{what}: {got!r}"
+                assert SECRETS["api_key"] not in repr(got), f"{what} holds a label unscrubbed"
+            patched = await store.patch_run(stored.key, StateDelta(iterations=1))
+            assert patched.labels == stored.labels, "a patch changed the labels"
+            for i in range(10):
+                await store.put_run(
+                    RunRecord(run_id=f"r{i:02}", tenant=t, agent_name="p", labels={"team": "a" if i % 3 == 0 else "b"})
+                )
+            seen = await self._walk(store, StateQuery(t, label=("team", "a"), limit=2))
+            assert [r.run_id for r in seen] == [f"r{i:02}" for i in range(0, 10, 3)], [r.run_id for r in seen]
+            none = await store.list_runs(StateQuery(t, label=("team", "c")))
+            assert len(none.items) == 0 and none.cursor is None, "a label value no run holds"
+
+        self._run(body)
+
     # --- listings (L) ------------------------------------------------------
 
     def test_l1_walk_visits_every_record_once_in_insertion_order(self) -> None:
