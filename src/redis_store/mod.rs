@@ -30,9 +30,10 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `as:{t…}:r:<run_id>` | hash | `v` record, its mirrors (`ver`, `seq`, `st`, `ss`, `ag`, `ca`, `ua`, amounts), `hl`/`hc` head length and CRC |
+//! | `as:{t…}:r:<run_id>` | hash | `v` record, its mirrors (`ver`, `seq`, `st`, `ss`, `ag`, `ca`, `ua`, amounts), `hl`/`hc` head length and CRC, `lb` its label suffixes (absent with no labels) |
 //! | `as:{t…}:seq` | string | the tenant's `seq` counter (`INCR`) |
 //! | `as:{t…}:runs`, `:st:<tag>`, `:ss:<session>` | sorted set | run ids by `seq`: all, by state, by session |
+//! | `as:{t…}:lb:<#key>:<key><value>` | sorted set | run ids by `seq` carrying one label (R11; the value's canonical JSON) |
 //! | `as:{t…}:s:<session_id>`, `:sessions` | hash, sorted set | sessions; their ids (by id) |
 //! | `as:{t…}:ik`, `:io` | hash, sorted set | idempotency keys (key → fingerprint, time, reply); the keys by ordinal |
 //! | `as:{trays}:i:<inst>` | hash | `ep` epoch, `al` due_at, `am` its due-index member |
