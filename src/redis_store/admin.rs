@@ -900,7 +900,11 @@ impl RedisStore {
                         if score != Some(r.seq as f64) {
                             p_.push(format!(
                                 "{name}: {} index entry missing or wrong",
-                                if i < labelled { "state or session" } else { "label" }
+                                if i < labelled {
+                                    "state or session"
+                                } else {
+                                    "label"
+                                }
                             ));
                         }
                     }

@@ -55,6 +55,11 @@
 //! the script appends the tail (amounts, version, timestamps, `seq`, a
 //! tray's marked flag) and finishes the CRC over it. u64 arithmetic in the
 //! scripts is exact (decimal strings, two 32-bit limbs), never Lua doubles.
+//!
+//! A run's or session's head is format 1 without labels (the layout before
+//! them, byte for byte) and format 2 with them: format 1's head fields,
+//! then the labels (R11). The scripts never read the format byte; they
+//! keep a run's label indexes in step from its `lb` field.
 
 mod admin;
 mod budgets;

@@ -557,9 +557,10 @@ impl RedisStore {
         };
         let p = keys::tenant(&q.tenant);
         // The label as its index suffix (runs_query checked it, R11).
-        let label = q.label.as_ref().map(|l| {
-            keys::label_suffix(&l.key, &crate::labels::canonical(&l.value))
-        });
+        let label = q
+            .label
+            .as_ref()
+            .map(|l| keys::label_suffix(&l.key, &crate::labels::canonical(&l.value)));
         // The narrowest index that answers the query (L5); a label is
         // usually narrower than a state.
         let index = match (&q.session, &label, q.state) {
