@@ -54,8 +54,9 @@ pub(crate) const RUN_FORMAT_LABELS: u8 = 3;
 pub(crate) const SESSION_FORMAT_LABELS: u8 = 2;
 
 /// Checks the checksum and the version byte; returns the version and the
-/// postcard body.
-fn checked<'a>(bytes: &'a [u8], what: &str, newest: u8) -> Result<(u8, &'a [u8])> {
+/// postcard body. Also for stores with their own layouts of a value (the
+/// Redis backend's heads and tails), which number their formats apart.
+pub(crate) fn checked<'a>(bytes: &'a [u8], what: &str, newest: u8) -> Result<(u8, &'a [u8])> {
     if bytes.len() < OVERHEAD_BYTES {
         return Err(StateError::corrupt(format!("{what}: value truncated")));
     }
@@ -77,7 +78,8 @@ fn checked<'a>(bytes: &'a [u8], what: &str, newest: u8) -> Result<(u8, &'a [u8])
     Ok((version, &body[1..]))
 }
 
-fn body<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T> {
+/// Decodes a postcard body (after [`checked`]); nothing may follow.
+pub(crate) fn body<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T> {
     let (v, rest) = postcard::take_from_bytes(body)
         .map_err(|e| StateError::corrupt(format!("{what}: undecodable ({e})")))?;
     if !rest.is_empty() {

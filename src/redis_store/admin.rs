@@ -452,14 +452,7 @@ impl RedisStore {
     async fn purge_tenant_impl(&self, tenant: &str) -> Result<u64> {
         check_id("tenant", tenant)?;
         let p = keys::tenant(tenant);
-        let mut pattern = Vec::with_capacity(p.len() + 8);
-        for &b in &p {
-            if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {
-                pattern.push(b'\\');
-            }
-            pattern.push(b);
-        }
-        pattern.push(b'*');
+        let pattern = scan_pattern(&p);
         let mut conn = self.conn().await?;
         let mut counted = 0u64;
         // Until a whole SCAN finds nothing: keys written while it ran are
@@ -724,6 +717,7 @@ impl RedisStore {
                     .arg(r.iterations.to_string())
                     .arg(super::runs::caps_arg(&r.caps))
                     .arg(r.budget.clone().unwrap_or_default())
+                    .arg(keys::label_field(&r.labels))
                     .invoke(&mut conn)
                     .await?;
                 if reply.first().map(Vec::as_slice) == Some(b"seqused") {
@@ -832,6 +826,7 @@ impl RedisStore {
                 .map(|c| num(&c, "seq counter"))
                 .transpose()?
                 .unwrap_or(0);
+            let mut label_entries = 0u64;
             let mut after = None;
             loop {
                 let ids = self
@@ -879,6 +874,10 @@ impl RedisStore {
                     if h.get("ss").map(|v| text(v)) != r.session_id {
                         p_.push(format!("{name}: field ss disagrees with the record"));
                     }
+                    let lb = keys::label_field(&r.labels);
+                    if h.get("lb").map_or(&b""[..], |v| v.as_slice()) != lb.as_slice() {
+                        p_.push(format!("{name}: field lb disagrees with the record"));
+                    }
                     if r.seq != *seq || r.seq == 0 || r.seq > counter {
                         p_.push(format!(
                             "{name}: seq {} outside 1..={counter} or not its index score",
@@ -889,12 +888,23 @@ impl RedisStore {
                     if let Some(s) = &r.session_id {
                         want_in.push(keys::by_session(&p, s));
                     }
-                    for idx in want_in {
+                    let labelled = want_in.len();
+                    for (k, v) in r.labels.iter() {
+                        let suffix = keys::label_suffix(k, &crate::labels::canonical(v));
+                        want_in.push(keys::by_label(&p, &suffix));
+                    }
+                    label_entries += r.labels.len() as u64;
+                    for (i, idx) in want_in.into_iter().enumerate() {
                         let score: Option<f64> =
                             cmd("ZSCORE").arg(&idx).arg(id).query_on(&mut conn).await?;
                         if score != Some(r.seq as f64) {
                             p_.push(format!(
-                                "{name}: state or session index entry missing or wrong"
+                                "{name}: {} index entry missing or wrong",
+                                if i < labelled {
+                                    "state or session"
+                                } else {
+                                    "label"
+                                }
                             ));
                         }
                     }
@@ -911,6 +921,13 @@ impl RedisStore {
             if by_state != runs {
                 p_.push(format!(
                     "tenant {t}: {by_state} state index entries for {runs} runs"
+                ));
+            }
+            // Every label index entry is one of the labels counted above.
+            let in_labels = self.label_index_entries(&mut conn, &p).await?;
+            if in_labels != label_entries {
+                p_.push(format!(
+                    "tenant {t}: {in_labels} label index entries for {label_entries} labels of runs"
                 ));
             }
             let mut after: Option<Vec<u8>> = None;
@@ -1019,6 +1036,49 @@ impl RedisStore {
         }
         rep.problems = p_;
         Ok(rep)
+    }
+}
+
+/// A `SCAN` pattern for every key starting with `prefix`.
+fn scan_pattern(prefix: &[u8]) -> Vec<u8> {
+    let mut pattern = Vec::with_capacity(prefix.len() + 8);
+    for &b in prefix {
+        if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {
+            pattern.push(b'\\');
+        }
+        pattern.push(b);
+    }
+    pattern.push(b'*');
+    pattern
+}
+
+impl RedisStore {
+    /// The entries of a tenant's label indexes (R11), in all: its `lb:`
+    /// keys found by `SCAN`, each counted once.
+    async fn label_index_entries(&self, conn: &mut Conn, p: &[u8]) -> Result<u64> {
+        let pattern = scan_pattern(&keys::by_label(p, b""));
+        let mut seen = std::collections::HashSet::new();
+        let mut n = 0u64;
+        let mut cursor = 0u64;
+        loop {
+            let (next, batch): (u64, Vec<Vec<u8>>) = cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_on(conn)
+                .await?;
+            for k in batch {
+                if seen.insert(k.clone()) {
+                    n += self.zcard(conn, &k).await?;
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                return Ok(n);
+            }
+        }
     }
 }
 

@@ -45,6 +45,31 @@ pub(crate) fn by_state(p: &[u8], s: RunState) -> Vec<u8> {
 pub(crate) fn by_session(p: &[u8], session: &str) -> Vec<u8> {
     join(p, &[b"ss:", session.as_bytes()])
 }
+/// A label as a key suffix and `lb` entry: `<bytes of key>:<key><value>`,
+/// the value its canonical JSON text (R11). The length says where the key
+/// ends, so no two labels share a suffix.
+pub(crate) fn label_suffix(key: &str, canonical: &str) -> Vec<u8> {
+    let mut s = format!("{}:", key.len()).into_bytes();
+    s.extend_from_slice(key.as_bytes());
+    s.extend_from_slice(canonical.as_bytes());
+    s
+}
+/// The runs carrying one label (its `label_suffix`), by `seq`.
+pub(crate) fn by_label(p: &[u8], suffix: &[u8]) -> Vec<u8> {
+    join(p, &[b"lb:", suffix])
+}
+/// A run's `lb` field: its label suffixes in key order, each as
+/// `<bytes>:<suffix>`; empty when it has no labels. The scripts keep the
+/// label indexes in step from it without decoding the record.
+pub(crate) fn label_field(labels: &crate::Labels) -> Vec<u8> {
+    let mut f = Vec::new();
+    for (k, v) in labels.iter() {
+        let s = label_suffix(k, &crate::labels::canonical(v));
+        f.extend_from_slice(format!("{}:", s.len()).as_bytes());
+        f.extend_from_slice(&s);
+    }
+    f
+}
 pub(crate) fn session(p: &[u8], session_id: &str) -> Vec<u8> {
     join(p, &[b"s:", session_id.as_bytes()])
 }

@@ -30,9 +30,10 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `as:{t…}:r:<run_id>` | hash | `v` record, its mirrors (`ver`, `seq`, `st`, `ss`, `ag`, `ca`, `ua`, amounts), `hl`/`hc` head length and CRC |
+//! | `as:{t…}:r:<run_id>` | hash | `v` record, its mirrors (`ver`, `seq`, `st`, `ss`, `ag`, `ca`, `ua`, amounts), `hl`/`hc` head length and CRC, `lb` its label suffixes (absent with no labels) |
 //! | `as:{t…}:seq` | string | the tenant's `seq` counter (`INCR`) |
 //! | `as:{t…}:runs`, `:st:<tag>`, `:ss:<session>` | sorted set | run ids by `seq`: all, by state, by session |
+//! | `as:{t…}:lb:<#key>:<key><value>` | sorted set | run ids by `seq` carrying one label (R11; the value's canonical JSON) |
 //! | `as:{t…}:s:<session_id>`, `:sessions` | hash, sorted set | sessions; their ids (by id) |
 //! | `as:{t…}:ik`, `:io` | hash, sorted set | idempotency keys (key → fingerprint, time, reply); the keys by ordinal |
 //! | `as:{trays}:i:<inst>` | hash | `ep` epoch, `al` due_at, `am` its due-index member |
@@ -54,6 +55,11 @@
 //! the script appends the tail (amounts, version, timestamps, `seq`, a
 //! tray's marked flag) and finishes the CRC over it. u64 arithmetic in the
 //! scripts is exact (decimal strings, two 32-bit limbs), never Lua doubles.
+//!
+//! A run's or session's head is format 1 without labels (the layout before
+//! them, byte for byte) and format 2 with them: format 1's head fields,
+//! then the labels (R11). The scripts never read the format byte; they
+//! keep a run's label indexes in step from its `lb` field.
 
 mod admin;
 mod budgets;

@@ -19,6 +19,7 @@ use crate::rules::{
 };
 
 use crate::idempotency::{IdempotencyKey, Keyed};
+use crate::labels::Labels;
 
 use super::connect::QueryOn;
 use super::scripts::{
@@ -71,6 +72,15 @@ struct StoredRun {
     tail: RunTail,
 }
 
+/// A run with labels (format [`FORMAT_LABELS`]): the head's fields, then
+/// the labels, then the tail.
+#[derive(Deserialize)]
+struct StoredRunLabelled {
+    head: RunHead,
+    labels: Labels,
+    tail: RunTail,
+}
+
 #[derive(Serialize)]
 struct SessionHeadRef<'a> {
     key: &'a SessionKey,
@@ -91,10 +101,32 @@ struct StoredSession {
     tail: SessionTail,
 }
 
+/// A session with labels (format [`FORMAT_LABELS`]).
+#[derive(Deserialize)]
+struct StoredSessionLabelled {
+    key: SessionKey,
+    metadata: BTreeMap<String, String>,
+    labels: Labels,
+    tail: SessionTail,
+}
+
+/// The format of a run or session head that carries labels (rule R11):
+/// the format-1 head's fields, then the labels (postcard: each key and the
+/// value's canonical JSON text). Written only for a record with labels, so
+/// a store that never uses them keeps format 1, byte for byte, and stays
+/// readable by releases before them. This numbering is the Redis layout's
+/// own (head and tail), apart from the engine stores' record formats.
+pub(super) const FORMAT_LABELS: u8 = 2;
+
 /// A head: the format byte and the postcard encoding of `v`, and its CRC.
 pub(super) fn head<T: Serialize>(v: &T) -> (Vec<u8>, u32) {
+    head_at(FORMAT_VERSION, v)
+}
+
+/// A head at `format`.
+fn head_at<T: Serialize>(format: u8, v: &T) -> (Vec<u8>, u32) {
     // postcard's std serializer only fails on types serde cannot express.
-    let h = postcard::to_extend(v, vec![FORMAT_VERSION]).expect("stored types always serialize");
+    let h = postcard::to_extend(v, vec![format]).expect("stored types always serialize");
     let crc = crate::codec::crc::crc32(&h);
     (h, crc)
 }
@@ -109,7 +141,7 @@ pub(super) fn seal(head: &[u8], tail: &[u8]) -> Vec<u8> {
 }
 
 pub(super) fn run_head(r: &RunRecord) -> (Vec<u8>, u32) {
-    head(&RunHeadRef {
+    let h = RunHeadRef {
         key: &r.key,
         state: r.state,
         agent_name: &r.agent_name,
@@ -118,7 +150,14 @@ pub(super) fn run_head(r: &RunRecord) -> (Vec<u8>, u32) {
         approval: &r.approval,
         caps: &r.caps,
         budget: &r.budget,
-    })
+    };
+    if r.labels.is_empty() {
+        head(&h)
+    } else {
+        // postcard writes a tuple's fields in line: the head's, then the
+        // labels.
+        head_at(FORMAT_LABELS, &(h, &r.labels))
+    }
 }
 
 pub(super) fn run_tail(r: &RunRecord) -> Vec<u8> {
@@ -137,10 +176,15 @@ pub(super) fn run_tail(r: &RunRecord) -> Vec<u8> {
 }
 
 pub(super) fn session_head(s: &SessionRecord) -> (Vec<u8>, u32) {
-    head(&SessionHeadRef {
+    let h = SessionHeadRef {
         key: &s.key,
         metadata: &s.metadata,
-    })
+    };
+    if s.labels.is_empty() {
+        head(&h)
+    } else {
+        head_at(FORMAT_LABELS, &(h, &s.labels))
+    }
 }
 
 pub(super) fn session_tail(s: &SessionRecord) -> Vec<u8> {
@@ -154,14 +198,27 @@ pub(super) fn session_tail(s: &SessionRecord) -> Vec<u8> {
 
 /// Decodes and checks a stored run (format byte, CRC, its key).
 pub(super) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
-    let s: StoredRun = value::decode(bytes, "run")?;
-    if &s.head.key != key {
+    let r = decode_any_run(bytes)?;
+    if &r.key != key {
         return Err(StateError::corrupt(format!(
             "run stored under {}/{} names another key",
             key.tenant, key.run_id
         )));
     }
-    let (h, t) = (s.head, s.tail);
+    Ok(r)
+}
+
+/// Decodes a stored run of either format (format byte, CRC), whatever its
+/// key.
+fn decode_any_run(bytes: &[u8]) -> Result<RunRecord> {
+    let (version, b) = value::checked(bytes, "run", FORMAT_LABELS)?;
+    let (h, labels, t) = if version == FORMAT_LABELS {
+        let s: StoredRunLabelled = value::body(b, "run")?;
+        (s.head, s.labels, s.tail)
+    } else {
+        let s: StoredRun = value::body(b, "run")?;
+        (s.head, Labels::new(), s.tail)
+    };
     Ok(RunRecord {
         key: h.key,
         version: t.version,
@@ -182,12 +239,23 @@ pub(super) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
         created_at: t.created_at,
         updated_at: t.updated_at,
         seq: t.seq,
-        labels: crate::Labels::new(),
+        labels,
     })
 }
 
 pub(super) fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRecord> {
-    let s: StoredSession = value::decode(bytes, "session")?;
+    let (version, b) = value::checked(bytes, "session", FORMAT_LABELS)?;
+    let s = if version == FORMAT_LABELS {
+        value::body::<StoredSessionLabelled>(b, "session")?
+    } else {
+        let s: StoredSession = value::body(b, "session")?;
+        StoredSessionLabelled {
+            key: s.key,
+            metadata: s.metadata,
+            labels: Labels::new(),
+            tail: s.tail,
+        }
+    };
     if &s.key != key {
         return Err(StateError::corrupt("session stored under another key"));
     }
@@ -197,7 +265,7 @@ pub(super) fn decode_session(bytes: &[u8], key: &SessionKey) -> Result<SessionRe
         metadata: s.metadata,
         created_at: s.tail.created_at,
         updated_at: s.tail.updated_at,
-        labels: crate::Labels::new(),
+        labels: s.labels,
     })
 }
 
@@ -386,6 +454,7 @@ impl RedisStore {
             .arg(record.budget.clone().unwrap_or_default())
             .arg(finished_tags())
             .arg(record.state.as_str())
+            .arg(keys::label_field(&record.labels))
             .idem(idem.as_ref())
             .invoke(&mut conn)
             .await?;
@@ -487,11 +556,18 @@ impl RedisStore {
             }
         };
         let p = keys::tenant(&q.tenant);
-        // The narrowest index that answers the query (L5).
-        let index = match (&q.session, q.state) {
-            (Some(s), _) => keys::by_session(&p, s),
-            (None, Some(st)) => keys::by_state(&p, st),
-            (None, None) => keys::runs(&p),
+        // The label as its index suffix (runs_query checked it, R11).
+        let label = q
+            .label
+            .as_ref()
+            .map(|l| keys::label_suffix(&l.key, &crate::labels::canonical(&l.value)));
+        // The narrowest index that answers the query (L5); a label is
+        // usually narrower than a state.
+        let index = match (&q.session, &label, q.state) {
+            (Some(s), _, _) => keys::by_session(&p, s),
+            (None, Some(l), _) => keys::by_label(&p, l),
+            (None, None, Some(st)) => keys::by_state(&p, st),
+            (None, None, None) => keys::runs(&p),
         };
         let mut conn = self.conn().await?;
         let mut items: Vec<(u64, RunRecord)> = Vec::with_capacity(page.limit + 1);
@@ -506,6 +582,7 @@ impl RedisStore {
                 .arg(q.agent.clone().unwrap_or_default())
                 .arg(q.updated_before.map(|t| t.to_string()).unwrap_or_default())
                 .arg(LIST_SCAN_CAP.to_string())
+                .arg(label.as_deref().unwrap_or_default())
                 .invoke(&mut conn)
                 .await?;
             if reply.len() < 2 || !reply.len().is_multiple_of(2) {
@@ -515,14 +592,12 @@ impl RedisStore {
             let last = text(&reply[0]);
             for pair in reply[2..].chunks_exact(2) {
                 let seq = num(&pair[0], "run seq")?;
-                let r: StoredRun = value::decode(&pair[1], "run")?;
-                let key = r.head.key.clone();
-                if key.tenant != q.tenant {
+                let run = decode_any_run(&pair[1])?;
+                if run.key.tenant != q.tenant {
                     return Err(StateError::corrupt(
                         "redis: a run index names another tenant's run",
                     ));
                 }
-                let run = decode_run(&pair[1], &key)?;
                 items.push((seq, run));
             }
             if items.len() > page.limit || exhausted || last.is_empty() {

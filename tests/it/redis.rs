@@ -1398,3 +1398,266 @@ fn the_sync_api_from_many_threads_at_once() {
         .expect("list");
     assert_eq!(page.items().len(), 1 + THREADS * per.div_ceil(10));
 }
+
+// ---------------------------------------------------------------------------
+// Labels (R11) in the Redis layout: the stored format, the label indexes
+// and the run hash's `lb` field, through every write that touches them.
+
+mod labels {
+    use std::process::Command;
+
+    use agentstate::{
+        Entry, Labels, PageRequest, RedisStore, RunKey, RunRecord, RunState, SessionKey,
+        SessionRecord, StateDelta, StateQuery, StateStore, StoreAdmin,
+    };
+    use serde_json::json;
+
+    /// Runs a read-only (or test-only) Lua script on database `url`; its
+    /// answer as `redis-cli` prints it, one line per element. The store's
+    /// keys hold NULs, so scripts find them by pattern (`KEYS`) instead of
+    /// being given them: each test database holds one tenant.
+    fn lua(url: &str, script: &str) -> Vec<String> {
+        let out = Command::new("redis-cli")
+            .args(["-u", url, "EVAL", script, "0"])
+            .output()
+            .expect("redis-cli");
+        assert!(out.status.success(), "redis-cli EVAL failed");
+        String::from_utf8(out.stdout)
+            .expect("text")
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// A run's format byte and its `lb` field ('' when absent).
+    fn stored(url: &str, run_id: &str) -> (String, String) {
+        let a = lua(
+            url,
+            &format!(
+                "local k = redis.call('KEYS', '*}}:r:{run_id}')[1] \
+                 local h = redis.call('HMGET', k, 'v', 'lb') \
+                 return {{tostring(string.byte(h[1], 1)), h[2] or ''}}"
+            ),
+        );
+        (a[0].clone(), a.get(1).cloned().unwrap_or_default())
+    }
+
+    /// A session's format byte.
+    fn session_format(url: &str, id: &str) -> String {
+        lua(
+            url,
+            &format!(
+                "local k = redis.call('KEYS', '*}}:s:{id}')[1] \
+                 return tostring(string.byte(redis.call('HGET', k, 'v'), 1))"
+            ),
+        )[0]
+        .clone()
+    }
+
+    /// Every label index entry, as `suffix=run id`, sorted.
+    fn index(url: &str) -> Vec<String> {
+        let mut v = lua(
+            url,
+            "local out = {} \
+             for _, k in ipairs(redis.call('KEYS', '*}:lb:*')) do \
+               local suffix = string.match(k, '}:lb:(.*)$') \
+               for _, m in ipairs(redis.call('ZRANGE', k, 0, -1)) do \
+                 out[#out + 1] = suffix .. '=' .. m end end \
+             return out",
+        );
+        // redis-cli prints an empty array as an empty line.
+        v.retain(|l| !l.is_empty());
+        v.sort();
+        v
+    }
+
+    fn list(s: &RedisStore, q: &StateQuery) -> Vec<String> {
+        s.list_runs(q, &PageRequest::new(100))
+            .expect("list")
+            .items()
+            .iter()
+            .map(|r| r.key.run_id.clone())
+            .collect()
+    }
+
+    fn fresh(db: u32) -> (String, RedisStore) {
+        let url = crate::redis_server::shared_url(db);
+        crate::redis_server::flush(&url);
+        let s = RedisStore::connect(&url).expect("connect");
+        (url, s)
+    }
+
+    #[test]
+    fn formats_index_entries_and_the_lb_field_follow_every_write() {
+        let (url, s) = fresh(13);
+        let t = "lbl";
+        // No labels: format 1, as before labels, and no `lb` field.
+        let plain = s
+            .put_run(RunRecord::new(RunKey::new(t, "plain"), "a"))
+            .expect("create");
+        assert_eq!(stored(&url, "plain"), ("1".into(), String::new()));
+        assert!(index(&url).is_empty());
+        assert!(
+            s.get_run(&plain.key)
+                .expect("get")
+                .expect("run")
+                .labels
+                .is_empty()
+        );
+
+        // Labels: format 2, one index entry per label.
+        let r = s
+            .put_run(
+                RunRecord::new(RunKey::new(t, "r"), "a")
+                    .with_label("team", "a")
+                    .with_label("n", 1),
+            )
+            .expect("create");
+        assert_eq!(
+            stored(&url, "r"),
+            ("2".into(), "4:1:n19:4:team\"a\"".into())
+        );
+        assert_eq!(index(&url), vec!["1:n1=r", "4:team\"a\"=r"]);
+
+        // A patch keeps the labels, the field and the entries.
+        let r = s
+            .patch_run(
+                &r.key,
+                StateDelta {
+                    iterations: 1,
+                    ..Default::default()
+                },
+            )
+            .expect("patch");
+        assert_eq!(r.labels, Labels::new().with("team", "a").with("n", 1));
+        assert_eq!(stored(&url, "r").0, "2");
+        assert_eq!(index(&url), vec!["1:n1=r", "4:team\"a\"=r"]);
+
+        // A label changed: the old entry goes, the new one comes.
+        let mut next = r.clone();
+        next.labels = Labels::new().with("team", "b").with("n", 1);
+        let r = s.put_run(next).expect("relabel");
+        assert_eq!(index(&url), vec!["1:n1=r", "4:team\"b\"=r"]);
+        assert_eq!(
+            list(&s, &StateQuery::new(t).label("team", "a")),
+            Vec::<String>::new()
+        );
+        assert_eq!(list(&s, &StateQuery::new(t).label("team", "b")), vec!["r"]);
+
+        // Labels removed: format 1 again, no field, no entries.
+        let mut next = r.clone();
+        next.labels = Labels::new();
+        let r = s.put_run(next).expect("unlabel");
+        assert_eq!(stored(&url, "r"), ("1".into(), String::new()));
+        assert!(index(&url).is_empty());
+        assert!(s.verify().expect("verify").is_ok());
+
+        // And back; then a delete takes its entries with it.
+        let mut next = r.clone();
+        next.labels = Labels::new().with("team", "a");
+        next.state = RunState::Completed;
+        let r = s.put_run(next).expect("label again");
+        assert_eq!(index(&url), vec!["4:team\"a\"=r"]);
+        s.delete_run(&r.key, None).expect("delete");
+        assert!(index(&url).is_empty());
+
+        // Sessions: format 2 only with labels.
+        let sk = SessionKey::new(t, "s");
+        let sess = s
+            .put_session(SessionRecord::new(sk.clone()))
+            .expect("session");
+        assert_eq!(session_format(&url, "s"), "1");
+        let mut next = sess.clone();
+        next.labels = Labels::new().with("title", json!({"b": 1, "a": [true]}));
+        s.put_session(next.clone()).expect("label the session");
+        assert_eq!(session_format(&url, "s"), "2");
+        let got = s.get_session(&sk).expect("get").expect("session");
+        assert_eq!(got.labels, next.labels);
+        assert!(s.verify().expect("verify").is_ok());
+    }
+
+    #[test]
+    fn cascades_prune_import_and_verify_keep_the_label_indexes() {
+        let (url, s) = fresh(14);
+        let t = "lbc";
+        let sk = SessionKey::new(t, "s");
+        s.put_session(SessionRecord::new(sk.clone()))
+            .expect("session");
+        for i in 0..4 {
+            let mut r = RunRecord::new(RunKey::new(t, format!("r{i}")), "a")
+                .with_label("team", if i % 2 == 0 { "a" } else { "b" });
+            if i < 2 {
+                r = r.with_session("s");
+            }
+            r.state = RunState::Completed;
+            s.put_run(r).expect("create");
+        }
+        assert_eq!(index(&url).len(), 4);
+        assert!(s.verify().expect("verify").is_ok());
+
+        // Export and import into an empty database: the labels and their
+        // index come along.
+        let mut entries = Vec::new();
+        let mut page = PageRequest::new(2);
+        loop {
+            let p = s.export_page(&page).expect("export");
+            entries.extend(p.items().iter().cloned());
+            match p.cursor() {
+                Some(c) => page = PageRequest::new(2).after(Some(c)),
+                None => break,
+            }
+        }
+        let (url2, s2) = fresh(15);
+        let n = s2
+            .import(
+                &mut entries
+                    .clone()
+                    .into_iter()
+                    .map(Ok::<Entry, agentstate::StateError>),
+            )
+            .expect("import");
+        assert_eq!(n, entries.len() as u64);
+        assert_eq!(index(&url2), index(&url));
+        assert_eq!(
+            list(&s2, &StateQuery::new(t).label("team", "a")),
+            vec!["r0", "r2"]
+        );
+        assert!(s2.verify().expect("verify").is_ok());
+
+        // A cascade takes the session's runs out of the label indexes.
+        s.delete_session(&sk, true).expect("cascade");
+        assert_eq!(index(&url), vec!["4:team\"a\"=r2", "4:team\"b\"=r3"]);
+        // So does a prune.
+        assert_eq!(s.prune(t, u64::MAX).expect("prune"), 2);
+        assert!(index(&url).is_empty());
+        assert!(s.verify().expect("verify").is_ok());
+
+        // verify sees an index entry missing, and one too many.
+        lua(
+            &url2,
+            "local k = redis.call('KEYS', '*}:lb:4:team\"a\"')[1] \
+             redis.call('ZREM', k, 'r0') return 1",
+        );
+        let rep = s2.verify().expect("verify");
+        assert!(
+            rep.problems
+                .iter()
+                .any(|p| p.contains("label index entry missing")),
+            "{:?}",
+            rep.problems
+        );
+        lua(
+            &url2,
+            "local k = redis.call('KEYS', '*}:lb:4:team\"a\"')[1] \
+             redis.call('ZADD', k, 1, 'r0') redis.call('ZADD', k, 9, 'ghost') return 1",
+        );
+        let rep = s2.verify().expect("verify");
+        assert!(
+            rep.problems
+                .iter()
+                .any(|p| p.contains("5 label index entries for 4 labels")),
+            "{:?}",
+            rep.problems
+        );
+    }
+}

@@ -26,7 +26,9 @@ if not cascade then
   return {'ok'}
 end
 for i, run_id in ipairs(runs) do
-  drop_run_holds(prefix, run_id, redis.call('HGET', prefix .. 'r:' .. run_id, 'bg'))
+  local r = redis.call('HMGET', prefix .. 'r:' .. run_id, 'bg', 'lb')
+  drop_run_holds(prefix, run_id, r[1])
+  drop_labels(prefix, run_id, r[2])
   redis.call('DEL', prefix .. 'r:' .. run_id)
   redis.call('ZREM', KEYS[4], run_id)
   redis.call('ZREM', prefix .. 'st:' .. states[i], run_id)

@@ -9,7 +9,8 @@
 --          ('' none), 11 agent, 12 created_at, 13 updated_at,
 --          14..18 messages_read, input_tokens, output_tokens,
 --          cost_micros, iterations, 19 caps ('- - -' for none),
---          20 budget ('' for none)
+--          20 budget ('' for none), 21 label field ('' for none; see
+--          lib.lua)
 -- Session: KEYS 1 session hash, 2 the tenant's sessions
 --          ARGV 1 'session', 2 session id, 3 record, 4 version,
 --          5 created_at
@@ -39,4 +40,5 @@ if session ~= '' then
 end
 redis.call('ZADD', KEYS[3], seq, id)
 redis.call('ZADD', prefix .. 'st:' .. state, seq, id)
+relabel(prefix, KEYS[1], id, seq, false, ARGV[21])
 return {'ok'}

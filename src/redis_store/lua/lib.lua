@@ -223,3 +223,59 @@ local function spend_on_budget(prefix, budget, cost, tokens, iters)
   redis.call('HSET', bk, 'sc', sat_add(s[1], cost), 'st', sat_add(s[2], tokens),
     'si', sat_add(s[3], iters))
 end
+
+-- Labels (R11). A run's `lb` field lists its labels as suffixes (the
+-- client's keys::label_suffix), each written `<bytes>:<suffix>`; the field
+-- is absent when the run has none. The runs carrying one label are the
+-- sorted set `lb:<suffix>`, scored by seq.
+local function label_list(field)
+  local out = {}
+  if not field then return out end
+  local i = 1
+  while i <= #field do
+    local colon = string.find(field, ':', i, true)
+    local n = colon and tonumber(string.sub(field, i, colon - 1))
+    if not n or colon + n > #field then error('agentstate: malformed label field of a run') end
+    out[#out + 1] = string.sub(field, colon + 1, colon + n)
+    i = colon + n + 1
+  end
+  return out
+end
+
+-- True when a run's `lb` field holds the label `suffix`.
+local function has_label(field, suffix)
+  for _, s in ipairs(label_list(field)) do
+    if s == suffix then return true end
+  end
+  return false
+end
+
+-- Moves run `id` (at `seq`, hash `run`) from the label indexes of its
+-- stored field `old` (false for none) to those of `new` ('' for none) and
+-- stores `new`; nothing to do when they are the same.
+local function relabel(prefix, run, id, seq, old, new)
+  old = old or ''
+  if old == new then return end
+  local was, now = {}, {}
+  for _, s in ipairs(label_list(old)) do was[s] = true end
+  for _, s in ipairs(label_list(new)) do
+    now[s] = true
+    if not was[s] then redis.call('ZADD', prefix .. 'lb:' .. s, seq, id) end
+  end
+  for s in pairs(was) do
+    if not now[s] then redis.call('ZREM', prefix .. 'lb:' .. s, id) end
+  end
+  if new == '' then
+    redis.call('HDEL', run, 'lb')
+  else
+    redis.call('HSET', run, 'lb', new)
+  end
+end
+
+-- Removes run `id` from the label indexes of its field (it is being
+-- deleted).
+local function drop_labels(prefix, id, field)
+  for _, s in ipairs(label_list(field)) do
+    redis.call('ZREM', prefix .. 'lb:' .. s, id)
+  end
+end

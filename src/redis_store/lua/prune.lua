@@ -11,9 +11,10 @@ local n = 0
 for i = 3, #ARGV do
   local id = ARGV[i]
   local key = prefix .. 'r:' .. id
-  local r = redis.call('HMGET', key, 'st', 'ua', 'ss', 'bg')
+  local r = redis.call('HMGET', key, 'st', 'ua', 'ss', 'bg', 'lb')
   if r[1] and finished[r[1]] and lt_dec(r[2], before) then
     drop_run_holds(prefix, id, r[4])
+    drop_labels(prefix, id, r[5])
     redis.call('DEL', key)
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZREM', prefix .. 'st:' .. r[1], id)

@@ -8,12 +8,14 @@
 --       9 now, 10..14 messages_read, input_tokens, output_tokens,
 --       cost_micros, iterations, 15 largest record in bytes, 16 caps
 --       ('cost tokens iterations', '-' for none), 17 budget ('' for none),
---       18 the finished states as `tag:name,…`, 19 the new state's name
+--       18 the finished states as `tag:name,…`, 19 the new state's name,
+--       20 the run's label field ('' for no labels; see lib.lua)
 local run, prefix, id, expected = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local head, head_crc, state, session, agent, now = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local amounts = {ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14]}
 local max = tonumber(ARGV[15])
 local caps, budget = ARGV[16], ARGV[17]
+local labels = ARGV[20]
 local NO_CAPS = '- - -'
 
 local function tail_of(a, ver, ca, ua, seq)
@@ -21,7 +23,7 @@ local function tail_of(a, ver, ca, ua, seq)
     .. varint(ver) .. varint(ca) .. varint(ua) .. varint(seq)
 end
 
-local stored = redis.call('HMGET', run, 'ver', 'seq', 'st', 'ss', 'ca', 'mr', 'it', 'ot', 'co', 'ir', 'cp', 'bg')
+local stored = redis.call('HMGET', run, 'ver', 'seq', 'st', 'ss', 'ca', 'mr', 'it', 'ot', 'co', 'ir', 'cp', 'bg', 'lb')
 if not stored[1] then
   -- R2: version 0 creates; anything else names a run that is gone.
   if expected ~= '0' then return {'conflict', '0'} end
@@ -43,6 +45,7 @@ if not stored[1] then
   end
   redis.call('ZADD', KEYS[3], seq, id)
   redis.call('ZADD', prefix .. 'st:' .. state, seq, id)
+  relabel(prefix, run, id, seq, false, labels)
   if caps ~= NO_CAPS then redis.call('HSET', run, 'cp', caps) end
   if budget ~= '' then
     -- A run created with amounts already spent spends them on its budget.
@@ -88,4 +91,6 @@ if old_state ~= state then
   redis.call('ZREM', prefix .. 'st:' .. old_state, id)
   redis.call('ZADD', prefix .. 'st:' .. state, seq, id)
 end
+-- R11: a put replaces the labels whole.
+relabel(prefix, run, id, seq, stored[13], labels)
 return {'ok', v}
