@@ -195,6 +195,27 @@ fn run_size_bound(r: &RunRecord) -> usize {
         + 400
 }
 
+/// The fields every run format starts with (the serde reference's).
+#[cfg(test)]
+fn v1_ref(r: &RunRecord) -> RunRecordV1Ref<'_> {
+    RunRecordV1Ref {
+        key: &r.key,
+        version: r.version,
+        state: r.state,
+        agent_name: &r.agent_name,
+        session_id: &r.session_id,
+        messages_read: r.messages_read,
+        pending_tool_calls: &r.pending_tool_calls,
+        usage: r.usage,
+        cost_micros: r.cost_micros,
+        iterations: r.iterations,
+        approval: &r.approval,
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+        seq: r.seq,
+    }
+}
+
 /// Encodes a run record: at format 1 when it has no caps and no budget
 /// (the layout earlier releases read), else at [`RUN_FORMAT_CAPS`].
 ///
@@ -231,42 +252,12 @@ fn encode_run_serde(r: &RunRecord) -> Vec<u8> {
     let format = run_format(r);
     let mut out = if format == FORMAT_VERSION {
         buf.push(FORMAT_VERSION);
-        let v1 = RunRecordV1Ref {
-            key: &r.key,
-            version: r.version,
-            state: r.state,
-            agent_name: &r.agent_name,
-            session_id: &r.session_id,
-            messages_read: r.messages_read,
-            pending_tool_calls: &r.pending_tool_calls,
-            usage: r.usage,
-            cost_micros: r.cost_micros,
-            iterations: r.iterations,
-            approval: &r.approval,
-            created_at: r.created_at,
-            updated_at: r.updated_at,
-            seq: r.seq,
-        };
+        let v1 = v1_ref(r);
         postcard::to_extend(&v1, buf)
     } else if format == RUN_FORMAT_CAPS {
         buf.push(RUN_FORMAT_CAPS);
         let v2 = RunRecordV2Ref {
-            v1: RunRecordV1Ref {
-                key: &r.key,
-                version: r.version,
-                state: r.state,
-                agent_name: &r.agent_name,
-                session_id: &r.session_id,
-                messages_read: r.messages_read,
-                pending_tool_calls: &r.pending_tool_calls,
-                usage: r.usage,
-                cost_micros: r.cost_micros,
-                iterations: r.iterations,
-                approval: &r.approval,
-                created_at: r.created_at,
-                updated_at: r.updated_at,
-                seq: r.seq,
-            },
+            v1: v1_ref(r),
             caps: &r.caps,
             budget: &r.budget,
         };
