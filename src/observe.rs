@@ -129,6 +129,20 @@ pub(crate) fn retry(backend: &'static str, why: &'static str, attempt: u32) {
     metrics::counter!("agentstate_retries_total", "backend" => backend, "why" => why).increment(1);
 }
 
+/// A listed row left out because it does not decode (one another program
+/// wrote with plain SQL); the listing goes on without it.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn skipped_row(
+    backend: &'static str,
+    op: &'static str,
+    row: &str,
+    error: &crate::error::StateError,
+) {
+    tracing::warn!(backend, op, row, %error, "row left out of a listing");
+    metrics::counter!("agentstate_rows_skipped_total", "backend" => backend, "op" => op)
+        .increment(1);
+}
+
 /// One group commit of the embedded store, of `size` callers' writes.
 pub(crate) fn group_commit(size: usize) {
     metrics::histogram!("agentstate_group_commit_size").record(size as f64);

@@ -667,6 +667,24 @@ impl PostgresStore {
                     ));
                 }
             }
+            // Tray rows whose text does not read back as ids (written by
+            // another program with plain SQL): the listings leave them out.
+            for r in tx
+                .query(
+                    "SELECT ns, id, tray_ns, tray_id, env, hostname FROM {s}pinned_tray_index \
+                     WHERE strpos(ns || id || tray_ns || tray_id || env || hostname, chr(1)) > 0",
+                    &[],
+                )
+                .await?
+            {
+                let cols: [String; 6] = std::array::from_fn(|i| r.get(i));
+                if let Some(e) = cols.iter().find_map(|c| id_out(c.clone()).err()) {
+                    problems.push(format!(
+                        "tray {:?}: {e}; listings leave this row out",
+                        &cols[..4]
+                    ));
+                }
+            }
             let mut n = [0u64; 3];
             for (i, sql) in [
                 "SELECT record, tenant, session_id FROM {s}agentstate_sessions",

@@ -34,6 +34,7 @@ use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
 use super::{PostgresStore, id_in, id_out, num, num_out, own};
+use crate::observe;
 
 /// The stored epoch, locked for this transaction. An instance without a
 /// row gets one holding the caller's epoch, so that a racing holder waits
@@ -169,26 +170,76 @@ pub(crate) async fn put_tray(tx: &mut Tx<'_>, k: &TrayKey, t: &Tray) -> TxResult
     Ok(())
 }
 
-/// The position of a tray listing's page end.
-fn tray_pos(listing: Listing, k: &TrayKey) -> Vec<u8> {
-    KeyBuf::table(listing as u8)
-        .str(&k.ns)
-        .str(&k.id)
-        .str(&k.tray_ns)
-        .str(&k.tray_id)
-        .done()
+/// A tray row's key as stored: the text of its four columns, which a
+/// listing's cursor keeps, so that a walk can pass a row whose key does not
+/// decode ([`read_page`]).
+type StoredKey = [String; 4];
+
+fn stored_key(row: &Row) -> StoredKey {
+    ["ns", "id", "tray_ns", "tray_id"].map(|c| row.get(c))
 }
 
-fn read_tray_pos(listing: Listing, pos: &[u8]) -> Result<TrayKey> {
+/// The position of a tray listing's page end: the stored key of the last
+/// row read.
+fn tray_pos(listing: Listing, k: &StoredKey) -> Vec<u8> {
+    let mut b = KeyBuf::table(listing as u8);
+    for part in k {
+        b = b.str(part);
+    }
+    b.done()
+}
+
+fn read_tray_pos(listing: Listing, pos: &[u8]) -> Result<StoredKey> {
     let mut r = KeyReader::new(pos, listing as u8)?;
-    let k = TrayKey {
-        ns: r.str()?,
-        id: r.str()?,
-        tray_ns: r.str()?,
-        tray_id: r.str()?,
-    };
+    let k = [r.str()?, r.str()?, r.str()?, r.str()?];
     r.end()?;
+    // Stored text never holds NUL (a cursor from before positions were
+    // stored text could).
+    if k.iter().any(|p| p.contains('\0')) {
+        return Err(StateError::invalid(
+            "cursor: a position from an older version; start the walk again",
+        ));
+    }
     Ok(k)
+}
+
+/// What one read of `limit + 1` rows of a listing gives: the page, or
+/// (when every row read was left out and more remain) the stored key to
+/// read on after, so that a page is empty only at the walk's end (L3).
+enum Step<T> {
+    Page(Vec<T>, Option<StoredKey>),
+    ReadOn(StoredKey),
+}
+
+/// One read of a listing's page, `limit + 1` rows after a stored position.
+/// A row that does not decode (one another program wrote with plain SQL,
+/// holding an escape [`id_out`] cannot read) is reported
+/// ([`observe::skipped_row`]) and left out; it never fails the page. The
+/// cursor keeps the stored key of the last row read, kept or not, so the
+/// walk passes such rows.
+fn step<T>(
+    rows: &[Row],
+    limit: usize,
+    decode: impl Fn(&Row) -> Result<T>,
+    what: &'static str,
+) -> Result<Step<T>> {
+    let more = rows.len() > limit;
+    let read = &rows[..rows.len().min(limit)];
+    let mut items = Vec::with_capacity(read.len());
+    for r in read {
+        match decode(r) {
+            Ok(t) => items.push(t),
+            Err(e @ StateError::Corrupt { .. }) => {
+                observe::skipped_row("postgres", what, &stored_key(r).join("/"), &e)
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let end = read.last().map(stored_key);
+    Ok(match end {
+        Some(end) if more && items.is_empty() => Step::ReadOn(end),
+        end => Step::Page(items, end.filter(|_| more)),
+    })
 }
 
 fn key_of(row: &Row) -> Result<TrayKey> {
@@ -370,47 +421,52 @@ impl PostgresStore {
             Some(c) => {
                 let pos = cursor_codec::decode(&secret, Listing::Trays, &binding, c)?;
                 let k = read_tray_pos(Listing::Trays, &pos)?;
-                if k.instance() != *instance {
+                if k[0] != id_in(&instance.ns) || k[1] != id_in(&instance.id) {
                     return Err(StateError::invalid("cursor: position outside this listing"));
                 }
                 Some(k)
             }
         };
-        let limit = (page.limit + 1) as i64;
         let (ns, id) = (id_in(&instance.ns), id_in(&instance.id));
-        let rows = txn!(self, |tx| {
-            fence(tx, instance, epoch).await?;
-            match &after {
-                None => {
-                    tx.query(
-                        "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
-                     ORDER BY tray_ns, tray_id LIMIT $3",
-                        &[&ns, &id, &limit],
-                    )
-                    .await
+        let limit = (page.limit + 1) as i64;
+        let mut after = after;
+        let (items, end) = loop {
+            let rows = txn!(self, |tx| {
+                fence(tx, instance, epoch).await?;
+                match &after {
+                    None => {
+                        tx.query(
+                            "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
+                             ORDER BY tray_ns, tray_id LIMIT $3",
+                            &[&ns, &id, &limit],
+                        )
+                        .await
+                    }
+                    Some(k) => {
+                        tx.query(
+                            "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
+                             AND (tray_ns, tray_id) > ($4, $5) ORDER BY tray_ns, tray_id LIMIT $3",
+                            &[&ns, &id, &limit, &k[2], &k[3]],
+                        )
+                        .await
+                    }
                 }
-                Some(k) => {
-                    tx.query(
-                        "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
-                     AND (tray_ns, tray_id) > ($4, $5) ORDER BY tray_ns, tray_id LIMIT $3",
-                        &[&ns, &id, &limit, &id_in(&k.tray_ns), &id_in(&k.tray_id)],
-                    )
-                    .await
-                }
+            })?;
+            let decode = |r: &Row| Ok((key_of(r)?, unescape_tray(tray_of(r))?));
+            match step(&rows, page.limit, decode, "list_trays")? {
+                Step::Page(items, end) => break (items, end),
+                Step::ReadOn(k) => after = Some(k),
             }
-        })?;
-        let items = rows
-            .iter()
-            .map(|r| Ok((key_of(r)?, unescape_tray(tray_of(r))?)))
-            .collect::<Result<Vec<_>>>()?;
-        finish(items, page.limit, |(k, _)| {
+        };
+        let cursor = end.map(|k| {
             cursor_codec::encode(
                 &secret,
                 Listing::Trays,
                 &binding,
-                &tray_pos(Listing::Trays, k),
+                &tray_pos(Listing::Trays, &k),
             )
-        })
+        });
+        Page::new(items, cursor)
     }
 
     pub(super) async fn do_marked_trays(
@@ -437,22 +493,16 @@ impl PostgresStore {
                 read_tray_pos(Listing::Marked, &pos)
             })
             .transpose()?;
-        let limit = (page.limit + 1) as i64;
         let env_col = env.map(id_in);
-        let a = after.as_ref().map(|k| {
-            [
-                id_in(&k.ns).into_owned(),
-                id_in(&k.id).into_owned(),
-                id_in(&k.tray_ns).into_owned(),
-                id_in(&k.tray_id).into_owned(),
-            ]
-        });
         // The partial indexes on marked rows serve each shape (T5: O(page)).
         let cols =
             "SELECT ns, id, tray_ns, tray_id, env, hostname FROM {s}pinned_tray_index WHERE marked";
         let order = "ORDER BY ns, id, tray_ns, tray_id LIMIT $1";
-        let rows = txn!(self, |tx| {
-            match (&env_col, &a) {
+        let limit = (page.limit + 1) as i64;
+        let mut after = after;
+        let (items, end) = loop {
+            let rows = txn!(self, |tx| {
+                match (&env_col, &after) {
             (None, None) => tx.query(&format!("{cols} {order}"), &[&limit]).await,
             (Some(e), None) => tx.query(&format!("{cols} AND env = $2 {order}"), &[&limit, e]).await,
             (None, Some(a)) => tx.query(
@@ -465,26 +515,29 @@ impl PostgresStore {
                 ),
                 &[&limit, &a[0], &a[1], &a[2], &a[3], e],
             ).await,
-        }
-        })?;
-        let items = rows
-            .iter()
-            .map(|r| {
+            }
+            })?;
+            let decode = |r: &Row| {
                 Ok(MarkedTray {
                     key: key_of(r)?,
                     env: id_out(r.get("env"))?,
                     hostname: id_out(r.get("hostname"))?,
                 })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        finish(items, page.limit, |m| {
+            };
+            match step(&rows, page.limit, decode, "marked_trays")? {
+                Step::Page(items, end) => break (items, end),
+                Step::ReadOn(k) => after = Some(k),
+            }
+        };
+        let cursor = end.map(|k| {
             cursor_codec::encode(
                 &secret,
                 Listing::Marked,
                 &binding,
-                &tray_pos(Listing::Marked, &m.key),
+                &tray_pos(Listing::Marked, &k),
             )
-        })
+        });
+        Page::new(items, cursor)
     }
 
     pub(super) async fn do_epoch(&self, instance: &InstanceKey) -> Result<u64> {

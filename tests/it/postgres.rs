@@ -708,6 +708,97 @@ fn sweeper_sql_sees_exactly_the_marked_trays() {
 
 /// Amounts live inside the encoded record: values past i64::MAX round-trip
 /// and add up to u64::MAX; one more is `Invalid` and nothing is written.
+/// Rows another program writes into `pinned_tray_index` with plain SQL
+/// never fail a listing: text that reads back as an id lists as that id,
+/// and a row whose text holds an escape the store cannot read is left out
+/// alone (`verify` names it), at every page size, with the walk going on
+/// past runs of such rows (a page is never empty before the end, L3).
+#[test]
+fn foreign_rows_never_fail_a_listing() {
+    let schema = unique("foreign").replace('-', "_");
+    let s = PostgresStore::connect_with(shared_dsn(), PgOptions::new().schema(&schema))
+        .expect("connect");
+    s.setup().expect("setup");
+    let mut c = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
+    let insert = format!(
+        "INSERT INTO \"{schema}\".pinned_tray_index VALUES ($1, $2, $3, $4, true, '\\x00', $5, $6)"
+    );
+    // (id, tray_id, env, reads back as): None where the row cannot be read.
+    let rows: &[(&str, &str, &str, Option<&str>)] = &[
+        ("a", "main", "prod", Some("a")),
+        ("b\u{1}\u{2}x", "main", "prod", Some("b\u{1}x")),
+        ("odd\u{1}id", "main", "prod", None),
+        ("odd\u{1}ie", "main", "prod", None),
+        ("odd\u{1}if", "main", "prod", None),
+        ("p", "main", "prod", Some("p")),
+        ("q", "main", "prod\u{1}", None),
+        ("q", "zz", "dev", Some("q")),
+        ("tail\u{1}", "main", "prod", None),
+        ("z", "main", "prod", Some("z")),
+    ];
+    for (id, tray_id, env, _) in rows {
+        c.execute(&insert, &[&"py", id, &"state", tray_id, env, &"py"])
+            .expect("a foreign writer's row");
+    }
+    for env in [None, Some("prod")] {
+        let want: Vec<(String, String)> = rows
+            .iter()
+            .filter(|r| env.is_none_or(|e| r.2 == e))
+            .filter_map(|r| r.3.map(|id| (id.to_string(), r.1.to_string())))
+            .collect();
+        for limit in [1, 2, 3, 100] {
+            let mut got = Vec::new();
+            let mut cursor = None;
+            loop {
+                let page = s
+                    .marked_trays(env, &PageRequest::new(limit).with_cursor(cursor))
+                    .unwrap_or_else(|e| panic!("a foreign row failed the page ({limit}): {e}"));
+                assert!(!page.items().is_empty() || page.cursor().is_none(), "L3");
+                got.extend(
+                    page.items()
+                        .iter()
+                        .map(|m| (m.key.id.clone(), m.key.tray_id.clone())),
+                );
+                cursor = page.cursor().cloned();
+                if cursor.is_none() {
+                    break;
+                }
+            }
+            assert_eq!(got, want, "env {env:?}, limit {limit}");
+        }
+    }
+    // The instance's own listing too; a row read back through an escape is
+    // addressed by the id it reads as.
+    for limit in [1, 2, 100] {
+        let inst = InstanceKey::new("py", "q");
+        let mut got = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = s
+                .list_trays(&inst, 1, &PageRequest::new(limit).with_cursor(cursor))
+                .expect("list_trays past a foreign row");
+            got.extend(page.items().iter().map(|(k, _)| k.tray_id.clone()));
+            cursor = page.cursor().cloned();
+            if cursor.is_none() {
+                break;
+            }
+        }
+        assert_eq!(got, ["zz"], "limit {limit}");
+    }
+    let b = InstanceKey::new("py", "b\u{1}x");
+    let tray = s.read_tray(&b.tray("state", "main"), 1).expect("read");
+    assert_eq!(tray.expect("the foreign row").env, "prod");
+    let report = s.verify().expect("verify");
+    let named: Vec<_> = report
+        .problems
+        .iter()
+        .filter(|p| p.contains("listings leave this row out"))
+        .collect();
+    assert_eq!(named.len(), 5, "{:?}", report.problems);
+    c.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .expect("drop");
+}
+
 #[test]
 fn amounts_past_i64_never_wrap() {
     let s = store(Options::new());
