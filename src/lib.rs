@@ -142,7 +142,7 @@ pub use redact::redact_connection_string;
 pub use redis_store::{RedisOptions, RedisStore};
 pub use retry::{RetryPolicy, StateStoreExt};
 pub use scrub::{REDACTED, Scrubber};
-pub use tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+pub use tray::{ALARM_TRAY, Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 
 // The README's examples run as doctests, so the README cannot drift from
 // the code.

@@ -206,6 +206,12 @@ pub struct MarkedTray {
     pub hostname: String,
 }
 
+/// The tray name `(tray_ns, tray_id)` of an instance's alarm row, as the
+/// seeds name it (rule A4): tray calls refuse it, and on PostgreSQL an
+/// instance's alarm is also this row of `pinned_tray_index`, for a sweeper
+/// reading the table with SQL.
+pub const ALARM_TRAY: (&str, &str) = ("pinned", "alarm");
+
 /// A due alarm (rule A2).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Alarm {

@@ -1,8 +1,9 @@
-//! A — alarms: one per instance, due in order, due until acked (A1–A3).
+//! A — alarms: one per instance, due in order, due until acked, and the
+//! alarm's tray name reserved (A1–A4).
 
 use super::Factory;
 use super::helpers::*;
-use crate::{Alarm, InstanceKey, Millis, PageRequest, StateError};
+use crate::{ALARM_TRAY, Alarm, InstanceKey, Millis, PageRequest, StateError, TrayOp};
 
 /// A1: one alarm per instance; `set_alarm` replaces it.
 pub fn a1_one_alarm_per_instance(make: Factory<'_>) {
@@ -189,4 +190,80 @@ pub fn a3_alarm_stays_due_until_acked(make: Factory<'_>) {
         "A3: the current holder's ack removes it"
     );
     assert!(due_of(s, u64::MAX, &ns, 10).is_empty(), "A3: acked");
+}
+
+/// A4: the tray name `("pinned", "alarm")` is the instance's alarm (on
+/// PostgreSQL, the alarm's row of `pinned_tray_index`): every tray call
+/// refuses it as `Invalid` and changes nothing, and an alarm shows in no
+/// tray listing, is not cleared by `release` and stays due.
+pub fn a4_the_alarm_tray_name_is_reserved(make: Factory<'_>) {
+    let c = open(make);
+    let s = &*c.store;
+    let ns = unique("a4");
+    let i = InstanceKey::new(&ns, "i");
+    let (tns, tid) = ALARM_TRAY;
+    let k = i.tray(tns, tid);
+    ok(s.set_alarm(&i, 1, 100), "A4: set");
+    ok(
+        s.write_tray(&i.tray("t", "1"), 1, tray(true, "x", "env")),
+        "A4: a marked tray beside the alarm",
+    );
+    let what =
+        |e: &StateError| matches!(e, StateError::Invalid { what } if what.contains("reserved"));
+    expect_err!(
+        s.write_tray(&k, 1, tray(true, "x", "env")),
+        ref e if what(e),
+        "A4: write_tray of the alarm's name"
+    );
+    expect_err!(s.read_tray(&k, 1), ref e if what(e), "A4: read_tray");
+    expect_err!(s.delete_tray(&k, 1), ref e if what(e), "A4: delete_tray");
+    for op in [
+        TrayOp::Put {
+            tray_ns: tns.into(),
+            tray_id: tid.into(),
+            tray: tray(true, "x", "env"),
+        },
+        TrayOp::Delete {
+            tray_ns: tns.into(),
+            tray_id: tid.into(),
+        },
+    ] {
+        let ops = vec![
+            TrayOp::Delete {
+                tray_ns: "t".into(),
+                tray_id: "1".into(),
+            },
+            op,
+        ];
+        expect_err!(s.apply_batch(&i, 1, ops), ref e if what(e), "A4: apply_batch");
+    }
+    let listed: Vec<_> = tray_state(s, &i).1.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        listed,
+        vec![i.tray("t", "1")],
+        "A4: list_trays shows the tray alone"
+    );
+    let marked: Vec<_> = marked_of(s, None, &ns, 1)
+        .into_iter()
+        .map(|m| m.key)
+        .collect();
+    assert_eq!(
+        marked,
+        vec![i.tray("t", "1")],
+        "A4: marked_trays shows the tray alone"
+    );
+    ok(s.release(&i, 1), "A4: release");
+    assert!(marked_of(s, None, &ns, 10).is_empty(), "A4: released");
+    assert_eq!(
+        due_of(s, 150, &ns, 10),
+        vec![alarm(&i, 100)],
+        "A4: a release leaves the alarm due"
+    );
+    assert!(ok(s.ack_alarm(&i, 1, 100), "A4: ack"), "A4: acked");
+    let listed: Vec<_> = tray_state(s, &i).1.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        listed,
+        vec![i.tray("t", "1")],
+        "A4: an ack leaves the trays"
+    );
 }

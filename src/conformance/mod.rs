@@ -199,6 +199,7 @@ macro_rules! __conformance_rules {
             a1 a1_one_alarm_per_instance,
             a2 a2_due_alarms_in_order,
             a3 a3_alarm_stays_due_until_acked,
+            a4 a4_the_alarm_tray_name_is_reserved,
             b1 b1_caps_and_budget_fixed_at_create,
             b2 b2_reserve_within_every_cap_or_changes_nothing,
             b3 b3_settle_records_actual_spend_and_overshoot,

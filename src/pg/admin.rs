@@ -60,11 +60,12 @@ impl Table {
             Table::Budgets => ("tenant, name, record, spent", 2, "agentstate_budgets", ""),
             // An epoch row at 0 reads like no row (T2); it is not a record.
             Table::Epochs => ("ns, id, epoch::text", 2, "pinned_epoch", "epoch > 0"),
+            // The alarm rows (A4) are the alarms' own, exported as alarms.
             Table::Trays => (
                 "ns, id, tray_ns, tray_id, marked, doc, env, hostname",
                 4,
                 "pinned_tray_index",
-                "",
+                "NOT (tray_ns = 'pinned' AND tray_id = 'alarm')",
             ),
             Table::Alarms => ("ns, id, due_at::text", 2, "agentstate_alarms", ""),
         };
@@ -560,7 +561,8 @@ impl PostgresStore {
             }
             let r = &tx
                 .query(
-                    "SELECT count(*), count(*) FILTER (WHERE marked) FROM {s}pinned_tray_index",
+                    "SELECT count(*), count(*) FILTER (WHERE marked) FROM {s}pinned_tray_index \
+                     WHERE NOT (tray_ns = 'pinned' AND tray_id = 'alarm')",
                     &[],
                 )
                 .await?[0];
@@ -685,10 +687,30 @@ impl PostgresStore {
                     ));
                 }
             }
+            // Each alarm has its row in the tray table, and each such row an
+            // alarm (A4).
+            for r in tx
+                .query(
+                    "SELECT coalesce(a.ns, t.ns), coalesce(a.id, t.id) \
+                     FROM {s}agentstate_alarms a FULL JOIN (SELECT * FROM {s}pinned_tray_index \
+                     WHERE tray_ns = 'pinned' AND tray_id = 'alarm') t ON t.ns = a.ns AND t.id = a.id \
+                     WHERE a.ns IS NULL OR t.ns IS NULL OR NOT t.marked \
+                     OR t.doc <> convert_to(a.due_at::text, 'UTF8')",
+                    &[],
+                )
+                .await?
+            {
+                problems.push(format!(
+                    "alarm {}/{}: its pinned_tray_index row (\"pinned\", \"alarm\") does not match it",
+                    id_out(r.get(0))?,
+                    id_out(r.get(1))?
+                ));
+            }
             let mut n = [0u64; 3];
             for (i, sql) in [
                 "SELECT record, tenant, session_id FROM {s}agentstate_sessions",
-                "SELECT count(*) FROM {s}pinned_tray_index",
+                "SELECT count(*) FROM {s}pinned_tray_index \
+                 WHERE NOT (tray_ns = 'pinned' AND tray_id = 'alarm')",
                 "SELECT count(*) FROM {s}agentstate_alarms",
             ]
             .iter()

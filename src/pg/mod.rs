@@ -44,6 +44,7 @@ const SCHEMA: &[&str] = &[
     include_str!("schema/v2.sql"),
     include_str!("schema/v3.sql"),
     include_str!("schema/v4.sql"),
+    include_str!("schema/v5.sql"),
 ];
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: u8 = SCHEMA.len() as u8;

@@ -392,7 +392,8 @@ impl PostgresStore {
             tx.defer(
                 &held(
                     "UPDATE {s}pinned_tray_index SET marked = false \
-                     WHERE ns = $1 AND id = $2 AND marked AND {held}",
+                     WHERE ns = $1 AND id = $2 AND marked \
+                     AND NOT (tray_ns = 'pinned' AND tray_id = 'alarm') AND {held}",
                     3,
                 ),
                 params![own(&instance.ns), own(&instance.id), num(epoch)],
@@ -437,6 +438,7 @@ impl PostgresStore {
                     None => {
                         tx.query(
                             "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
+                             AND NOT (tray_ns = 'pinned' AND tray_id = 'alarm') \
                              ORDER BY tray_ns, tray_id LIMIT $3",
                             &[&ns, &id, &limit],
                         )
@@ -445,6 +447,7 @@ impl PostgresStore {
                     Some(k) => {
                         tx.query(
                             "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
+                             AND NOT (tray_ns = 'pinned' AND tray_id = 'alarm') \
                              AND (tray_ns, tray_id) > ($4, $5) ORDER BY tray_ns, tray_id LIMIT $3",
                             &[&ns, &id, &limit, &k[2], &k[3]],
                         )
@@ -494,9 +497,10 @@ impl PostgresStore {
             })
             .transpose()?;
         let env_col = env.map(id_in);
-        // The partial indexes on marked rows serve each shape (T5: O(page)).
-        let cols =
-            "SELECT ns, id, tray_ns, tray_id, env, hostname FROM {s}pinned_tray_index WHERE marked";
+        // The partial indexes on marked trays serve each shape (T5: O(page));
+        // the alarm rows (A4) are not trays.
+        let cols = "SELECT ns, id, tray_ns, tray_id, env, hostname FROM {s}pinned_tray_index \
+                    WHERE marked AND NOT (tray_ns = 'pinned' AND tray_id = 'alarm')";
         let order = "ORDER BY ns, id, tray_ns, tray_id LIMIT $1";
         let limit = (page.limit + 1) as i64;
         let mut after = after;

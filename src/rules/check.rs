@@ -81,8 +81,21 @@ pub(crate) fn check_instance(i: &InstanceKey) -> Result<()> {
 pub(crate) fn check_tray_key(k: &TrayKey) -> Result<()> {
     check_id("ns", &k.ns)?;
     check_id("id", &k.id)?;
-    check_id("tray_ns", &k.tray_ns)?;
-    check_id("tray_id", &k.tray_id)
+    check_tray_name(&k.tray_ns, &k.tray_id)
+}
+
+/// A tray's name within its instance: two ids (K1), and not the name the
+/// seeds give an instance's alarm row, `("pinned", "alarm")` (A4: on
+/// PostgreSQL that row is the alarm, for a sweeper reading the table).
+pub(crate) fn check_tray_name(tray_ns: &str, tray_id: &str) -> Result<()> {
+    check_id("tray_ns", tray_ns)?;
+    check_id("tray_id", tray_id)?;
+    if (tray_ns, tray_id) == crate::tray::ALARM_TRAY {
+        return Err(StateError::invalid(
+            "tray (\"pinned\", \"alarm\") is reserved: it is the instance's alarm (set_alarm)",
+        ));
+    }
+    Ok(())
 }
 
 /// A tray names the worker that wrote it, so a sweeper knows whom to wake:
@@ -118,8 +131,7 @@ pub(crate) fn check_batch(instance: &InstanceKey, ops: &[TrayOp], max: usize) ->
             }
             TrayOp::Delete { tray_ns, tray_id } => (tray_ns, tray_id),
         };
-        check_id("tray_ns", tray_ns)?;
-        check_id("tray_id", tray_id)?;
+        check_tray_name(tray_ns, tray_id)?;
     }
     check_size("tray batch docs", total, max.saturating_mul(64))
 }

@@ -146,7 +146,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
     );
     s.setup().expect("setup");
     s.setup().expect("setup again");
-    assert_eq!(s.schema_version().expect("version"), Some(4));
+    assert_eq!(s.schema_version().expect("version"), Some(5));
     s.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
         .expect("put");
     // A newer release wrote version 9: refused, and nothing is changed.
@@ -165,7 +165,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
             e,
             StateError::UnsupportedFormat {
                 found: 9,
-                supported: 4
+                supported: 5
             }
         ),
         "{e:?}"
@@ -202,6 +202,9 @@ fn setup_upgrades_a_version_1_database() {
     let old = s
         .put_run(RunRecord::new(RunKey::new("t", "old"), "a"))
         .expect("put at v1");
+    // An alarm set at v1 (no trigger yet): the upgrade gives it its row.
+    let w = InstanceKey::new("w", "1");
+    s.set_alarm(&w, 1, 1234).expect("alarm at v1");
     std::thread::scope(|sc| {
         for _ in 0..4 {
             sc.spawn(|| {
@@ -212,7 +215,7 @@ fn setup_upgrades_a_version_1_database() {
             });
         }
     });
-    assert_eq!(s.schema_version().expect("version"), Some(4));
+    assert_eq!(s.schema_version().expect("version"), Some(5));
     assert_eq!(s.get_run(&old.key).expect("get"), Some(old.clone()));
     use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
     s.put_budget(BudgetRecord::new(
@@ -245,6 +248,15 @@ fn setup_upgrades_a_version_1_database() {
         .expect("list by label");
     let ids: Vec<&str> = page.items().iter().map(|r| r.key.run_id.as_str()).collect();
     assert_eq!(ids, ["old", "newer"], "the label filter after an upgrade");
+    let doc: Vec<u8> = c
+        .query_one(
+            "SELECT doc FROM public.pinned_tray_index WHERE ns = 'w' AND id = '1' \
+             AND tray_ns = 'pinned' AND tray_id = 'alarm' AND marked",
+            &[],
+        )
+        .expect("the v1 alarm's row after the upgrade")
+        .get(0);
+    assert_eq!(doc, b"1234");
     assert!(s.verify().expect("verify").is_ok());
 }
 
@@ -372,7 +384,7 @@ fn setup_from_8_processes_at_once() {
             assert_eq!(child_lines(c, &format!("setup child {i}")), ["ok"]);
         }
         let s = PostgresStore::connect(&dsn).expect("connect");
-        assert_eq!(s.schema_version().expect("version"), Some(4));
+        assert_eq!(s.schema_version().expect("version"), Some(5));
         let r = s
             .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
             .expect("put after setup");
@@ -713,6 +725,59 @@ fn sweeper_sql_sees_exactly_the_marked_trays() {
 /// and a row whose text holds an escape the store cannot read is left out
 /// alone (`verify` names it), at every page size, with the walk going on
 /// past runs of such rows (a page is never empty before the end, L3).
+/// A4 on PostgreSQL: a sweeper reading `pinned_tray_index` with the seeds'
+/// SQL finds each alarm as its marked `("pinned", "alarm")` row, the due
+/// time in the doc as ASCII decimal milliseconds, for exactly as long as
+/// the alarm is set; `release` does not unmark it.
+#[test]
+fn a4_a_seed_sweeper_reads_alarms_as_rows() {
+    let s = store(Options::new());
+    let ns = unique("alarmrows");
+    let mut c = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
+    // What the seeds' sweeper reads: the marked ("pinned", "alarm") rows.
+    let sql = format!(
+        "SELECT id, doc, env, hostname FROM \"{}\".pinned_tray_index WHERE marked AND ns = $1 \
+         AND tray_ns = 'pinned' AND tray_id = 'alarm' ORDER BY id",
+        schema()
+    );
+    let rows = |c: &mut postgres::Client| -> Vec<(String, String)> {
+        c.query(&sql, &[&ns])
+            .expect("the sweeper's query")
+            .iter()
+            .map(|r| {
+                let (env, host): (String, String) = (r.get(2), r.get(3));
+                assert_eq!((env.as_str(), host.as_str()), ("", ""));
+                (r.get(0), String::from_utf8(r.get(1)).expect("ASCII digits"))
+            })
+            .collect()
+    };
+    let (a, b) = (InstanceKey::new(&ns, "a"), InstanceKey::new(&ns, "b"));
+    s.set_alarm(&a, 1, 1_700_000_000_000).expect("set a");
+    s.set_alarm(&b, 3, u64::MAX).expect("set b");
+    let t = Tray {
+        marked: true,
+        doc: b"x".to_vec(),
+        env: "env".into(),
+        hostname: "host".into(),
+    };
+    s.write_tray(&a.tray("chat", "t"), 1, t)
+        .expect("a marked tray");
+    assert_eq!(
+        rows(&mut c),
+        [
+            ("a".into(), "1700000000000".into()),
+            ("b".into(), u64::MAX.to_string())
+        ]
+    );
+    s.set_alarm(&a, 1, 5).expect("set a again");
+    s.release(&a, 1).expect("release leaves the alarm");
+    assert_eq!(rows(&mut c)[0], ("a".into(), "5".into()));
+    assert!(s.ack_alarm(&a, 1, 5).expect("ack"));
+    assert_eq!(rows(&mut c), [("b".into(), u64::MAX.to_string())]);
+    assert!(s.ack_alarm(&b, 3, u64::MAX).expect("ack"));
+    assert!(rows(&mut c).is_empty());
+}
+
 #[test]
 fn foreign_rows_never_fail_a_listing() {
     let schema = unique("foreign").replace('-', "_");
@@ -1823,7 +1888,7 @@ mod native {
             },
         )
         .expect("sync patch");
-        assert_eq!(sync.schema_version_async().await.expect("version"), Some(4));
+        assert_eq!(sync.schema_version_async().await.expect("version"), Some(5));
         assert!(
             sync.list_sessions(&key.tenant, &PageRequest::new(10))
                 .is_ok()
