@@ -246,8 +246,14 @@ impl PostgresStore {
                             return Err(taken().into());
                         }
                         tx.execute(
-                            "INSERT INTO {s}agentstate_sessions (tenant, session_id, record) VALUES ($1, $2, $3)",
-                            &[&id_in(&s.key.tenant), &id_in(&s.key.session_id), &value::encode_session(s)],
+                            "INSERT INTO {s}agentstate_sessions (tenant, session_id, record, fields) \
+                             VALUES ($1, $2, $3, $4::text::jsonb)",
+                            &[
+                                &id_in(&s.key.tenant),
+                                &id_in(&s.key.session_id),
+                                &value::encode_session(s),
+                                &super::fields::session_text(s),
+                            ],
                         ).await?;
                     }
                     Entry::Epoch { instance, epoch } => {
@@ -591,11 +597,11 @@ impl PostgresStore {
             let rows = txn!(self, |tx| {
                 let sql = match after {
                     None => {
-                        "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text \
+                        "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text, fields::text \
                              FROM {s}agentstate_runs ORDER BY tenant, run_id LIMIT 1000"
                     }
                     Some(_) => {
-                        "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text \
+                        "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text, fields::text \
                                 FROM {s}agentstate_runs WHERE (tenant, run_id) > ($1, $2) ORDER BY tenant, run_id LIMIT 1000"
                     }
                 };
@@ -638,6 +644,9 @@ impl PostgresStore {
                 }
                 if run.updated_at.to_string() != updated {
                     bad.push("updated_at");
+                }
+                if !fields_agree(r.get(8), super::fields::run(&run)) {
+                    bad.push("fields");
                 }
                 if !bad.is_empty() {
                     rep.problems.push(format!(
@@ -708,7 +717,7 @@ impl PostgresStore {
             }
             let mut n = [0u64; 3];
             for (i, sql) in [
-                "SELECT record, tenant, session_id FROM {s}agentstate_sessions",
+                "SELECT record, tenant, session_id, fields::text FROM {s}agentstate_sessions",
                 "SELECT count(*) FROM {s}pinned_tray_index \
                  WHERE NOT (tray_ns = 'pinned' AND tray_id = 'alarm')",
                 "SELECT count(*) FROM {s}agentstate_alarms",
@@ -721,6 +730,12 @@ impl PostgresStore {
                     for r in &rows {
                         let key = SessionKey::new(id_out(r.get(1))?, id_out(r.get(2))?);
                         match decode_session(r.get(0), &key) {
+                            Ok(s) if !fields_agree(r.get(3), super::fields::session(&s)) => {
+                                problems.push(format!(
+                                    "session {}/{}: its fields disagree with its record",
+                                    key.tenant, key.session_id
+                                ))
+                            }
                             Ok(_) => n[0] += 1,
                             Err(e) => problems
                                 .push(format!("session {}/{}: {e}", key.tenant, key.session_id)),
@@ -951,4 +966,10 @@ impl StoreAdmin for PostgresStore {
         }
         Ok(n)
     }
+}
+
+/// Whether a row's `fields` (as text) is the JSON its record projects to
+/// (schema v6; `None` is a row `setup()` has still to fill).
+fn fields_agree(stored: Option<String>, want: serde_json::Value) -> bool {
+    stored.is_some_and(|t| serde_json::from_str::<serde_json::Value>(&t).is_ok_and(|v| v == want))
 }

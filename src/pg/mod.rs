@@ -21,6 +21,7 @@ mod admin;
 mod budgets;
 pub(crate) mod conn;
 mod core;
+mod fields;
 pub(crate) mod idempotency;
 mod runs;
 mod tls;
@@ -45,6 +46,7 @@ const SCHEMA: &[&str] = &[
     include_str!("schema/v3.sql"),
     include_str!("schema/v4.sql"),
     include_str!("schema/v5.sql"),
+    include_str!("schema/v6.sql"),
 ];
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: u8 = SCHEMA.len() as u8;
@@ -595,7 +597,11 @@ impl PostgresStore {
             )
             .await?;
             Ok(())
-        })
+        })?;
+        // Rows from before schema 6 get their columns (their own
+        // transactions, resumable).
+        self.fill_fields().await?;
+        Ok(())
     }
 
     /// The schema version the database holds (`None` before

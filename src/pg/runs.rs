@@ -37,7 +37,7 @@ use crate::budget::BudgetKey;
 use super::budgets::{after_patch, lock_budget};
 use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
-use super::{PostgresStore, id_in, id_out, num, own};
+use super::{PostgresStore, fields, id_in, id_out, num, own};
 
 /// Most runs a store remembers the bytes of; past it, an arbitrary one is
 /// forgotten for each new one.
@@ -192,8 +192,8 @@ pub(crate) async fn write_run(
         let session = new.session_id.as_deref().map(|s| id_in(s).into_owned());
         tx.defer(
             "INSERT INTO {s}agentstate_runs \
-             (tenant, run_id, seq, state, session_id, agent_name, updated_at, record) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7::text::numeric, $8)",
+             (tenant, run_id, seq, state, session_id, agent_name, updated_at, record, fields) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7::text::numeric, $8, $9::text::jsonb)",
             params![
                 own(&k.tenant),
                 own(&k.run_id),
@@ -203,13 +203,15 @@ pub(crate) async fn write_run(
                 own(&new.agent_name),
                 updated,
                 bytes,
+                fields::run_text(new),
             ],
         )
         .await?;
     } else {
         tx.defer(
             "UPDATE {s}agentstate_runs SET state = $3, agent_name = $4, \
-             updated_at = $5::text::numeric, record = $6 WHERE tenant = $1 AND run_id = $2",
+             updated_at = $5::text::numeric, record = $6, fields = $7::text::jsonb \
+             WHERE tenant = $1 AND run_id = $2",
             params![
                 own(&k.tenant),
                 own(&k.run_id),
@@ -217,6 +219,7 @@ pub(crate) async fn write_run(
                 own(&new.agent_name),
                 updated,
                 bytes,
+                fields::run_text(new),
             ],
         )
         .await?;
@@ -485,13 +488,16 @@ impl PostgresStore {
             num(new.updated_at),
         );
         let was: &[u8] = &seen;
+        let cols = fields::run_text(&new);
         let swapped = txn!(self, |tx| {
             let rows = tx
                 .query_commit(
                     "UPDATE {s}agentstate_runs SET state = $3, agent_name = $4, \
-                     updated_at = $5::text::numeric, record = $6 \
+                     updated_at = $5::text::numeric, record = $6, fields = $8::text::jsonb \
                      WHERE tenant = $1 AND run_id = $2 AND record = $7 RETURNING 1",
-                    &[&tenant, &run_id, &state, &agent, &updated, &bytes, &was],
+                    &[
+                        &tenant, &run_id, &state, &agent, &updated, &bytes, &was, &cols,
+                    ],
                     false,
                 )
                 .await?;
@@ -645,12 +651,18 @@ impl PostgresStore {
             // A create racing another create fails its insert on the key
             // and is tried again, when it sees the winner (S1).
             let sql = if stored.is_none() {
-                "INSERT INTO {s}agentstate_sessions (tenant, session_id, record) VALUES ($1, $2, $3)"
+                "INSERT INTO {s}agentstate_sessions (tenant, session_id, record, fields) \
+                 VALUES ($1, $2, $3, $4::text::jsonb)"
             } else {
-                "UPDATE {s}agentstate_sessions SET record = $3 WHERE tenant = $1 AND session_id = $2"
+                "UPDATE {s}agentstate_sessions SET record = $3, fields = $4::text::jsonb \
+                 WHERE tenant = $1 AND session_id = $2"
             };
-            tx.execute(sql, &[&id_in(&k.tenant), &id_in(&k.session_id), &bytes])
-                .await?;
+            let cols = fields::session_text(&new);
+            tx.execute(
+                sql,
+                &[&id_in(&k.tenant), &id_in(&k.session_id), &bytes, &cols],
+            )
+            .await?;
             Ok(new)
         })
     }

@@ -146,7 +146,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
     );
     s.setup().expect("setup");
     s.setup().expect("setup again");
-    assert_eq!(s.schema_version().expect("version"), Some(5));
+    assert_eq!(s.schema_version().expect("version"), Some(6));
     s.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
         .expect("put");
     // A newer release wrote version 9: refused, and nothing is changed.
@@ -165,7 +165,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
             e,
             StateError::UnsupportedFormat {
                 found: 9,
-                supported: 5
+                supported: 6
             }
         ),
         "{e:?}"
@@ -188,23 +188,19 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
 fn setup_upgrades_a_version_1_database() {
     let dsn = fresh_db("upgrade");
     let mut c = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
-    // What a version-1 build's setup left: its schema file and meta rows.
-    c.batch_execute(&include_str!("../../src/pg/schema/v1.sql").replace("{s}", "\"public\"."))
-        .expect("v1 schema");
-    c.batch_execute(
-        "INSERT INTO public.agentstate_meta (name, value) VALUES ('schema_version', '1'), \
-         ('cursor_secret', replace(gen_random_uuid()::text, '-', ''))",
-    )
-    .expect("v1 meta");
+    // An uncapped run is written byte for byte as version 1 wrote it, and
+    // an alarm is a row of agentstate_alarms: written by this build in
+    // another schema, copied into a version-1 layout.
+    let cur = PostgresStore::connect_with(&dsn, PgOptions::new().schema("cur")).expect("connect");
+    cur.setup().expect("setup");
+    let old = cur
+        .put_run(RunRecord::new(RunKey::new("t", "old"), "a"))
+        .expect("put");
+    let w = InstanceKey::new("w", "1");
+    cur.set_alarm(&w, 1, 1234).expect("alarm");
+    old_layout(&mut c, "cur", "public", 1);
     let s = PostgresStore::connect(&dsn).expect("connect");
     assert_eq!(s.schema_version().expect("version"), Some(1));
-    // An uncapped run is written byte for byte as version 1 wrote it.
-    let old = s
-        .put_run(RunRecord::new(RunKey::new("t", "old"), "a"))
-        .expect("put at v1");
-    // An alarm set at v1 (no trigger yet): the upgrade gives it its row.
-    let w = InstanceKey::new("w", "1");
-    s.set_alarm(&w, 1, 1234).expect("alarm at v1");
     std::thread::scope(|sc| {
         for _ in 0..4 {
             sc.spawn(|| {
@@ -215,7 +211,7 @@ fn setup_upgrades_a_version_1_database() {
             });
         }
     });
-    assert_eq!(s.schema_version().expect("version"), Some(5));
+    assert_eq!(s.schema_version().expect("version"), Some(6));
     assert_eq!(s.get_run(&old.key).expect("get"), Some(old.clone()));
     use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
     s.put_budget(BudgetRecord::new(
@@ -258,6 +254,284 @@ fn setup_upgrades_a_version_1_database() {
         .get(0);
     assert_eq!(doc, b"1234");
     assert!(s.verify().expect("verify").is_ok());
+}
+
+/// The schema files a database at `version` was set up with.
+fn schema_files(version: u8) -> String {
+    [
+        include_str!("../../src/pg/schema/v1.sql"),
+        include_str!("../../src/pg/schema/v2.sql"),
+        include_str!("../../src/pg/schema/v3.sql"),
+        include_str!("../../src/pg/schema/v4.sql"),
+        include_str!("../../src/pg/schema/v5.sql"),
+    ][..usize::from(version)]
+        .concat()
+}
+
+/// Copies the rows of schema `from` (set up by this build) into a new
+/// schema `to` laid out as a database at schema `version` was: the tables
+/// of that version, each with the columns it had then (later versions
+/// only add tables and columns), and its meta rows. Records without labels
+/// are encoded byte for byte as every earlier version wrote them, so this
+/// is the database an older build left.
+fn old_layout(c: &mut postgres::Client, from: &str, to: &str, version: u8) {
+    if to != "public" {
+        c.batch_execute(&format!("CREATE SCHEMA \"{to}\""))
+            .expect("schema");
+    }
+    c.batch_execute(&schema_files(version).replace("{s}", &format!("\"{to}\".")))
+        .expect("the old schema files");
+    let tables: Vec<String> = c
+        .query(
+            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1 \
+             AND table_type = 'BASE TABLE' AND table_name <> 'agentstate_meta' \
+             ORDER BY table_name IN ('agentstate_holds', 'agentstate_run_labels'), 1",
+            &[&to],
+        )
+        .expect("tables")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for t in tables {
+        let cols: String = c
+            .query_one(
+                "SELECT string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position) \
+                 FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2",
+                &[&to, &t],
+            )
+            .expect("columns")
+            .get(0);
+        c.batch_execute(&format!(
+            "INSERT INTO \"{to}\".{t} ({cols}) SELECT {cols} FROM \"{from}\".{t}"
+        ))
+        .expect("copy");
+    }
+    // Alarm rows (schema 5) are not trays of an older layout.
+    c.batch_execute(&format!(
+        "DELETE FROM \"{to}\".pinned_tray_index WHERE tray_ns = 'pinned' AND tray_id = 'alarm'; \
+         INSERT INTO \"{to}\".agentstate_meta (name, value) VALUES ('schema_version', '{version}'); \
+         INSERT INTO \"{to}\".agentstate_meta (name, value) \
+         SELECT name, value FROM \"{from}\".agentstate_meta WHERE name = 'cursor_secret'"
+    ))
+    .expect("meta");
+}
+
+/// The golden schema-2 database (tests/fixtures/pg_schema2.sql): what a
+/// schema-2 build left, runs (one in a session, one capped and drawing on
+/// a budget, mid tool call), a session, a budget and its hold, an epoch, a
+/// marked tray and an alarm, on a manual clock. `AGENTSTATE_BLESS=1`
+/// writes it again.
+const GOLDEN_SCHEMA2: &str = "tests/fixtures/pg_schema2.sql";
+const GOLDEN_NOW: u64 = 1_750_000_000_000;
+
+fn write_golden_schema2() {
+    use agentstate::{
+        BudgetKey, BudgetRecord, BudgetStore, Caps, Hold, ManualClock, SessionKey, SessionRecord,
+        ToolCall, Usage,
+    };
+    let dsn = fresh_db("golden");
+    let clock = Arc::new(ManualClock::new(GOLDEN_NOW));
+    let s = PostgresStore::connect_with(
+        &dsn,
+        PgOptions::new()
+            .schema("cur")
+            .options(Options::new().clock(clock.clone())),
+    )
+    .expect("connect");
+    s.setup().expect("setup");
+    let mut session = SessionRecord::new(SessionKey::new("acme", "s1"));
+    session.metadata.insert("title".into(), "hello".into());
+    s.put_session(session).expect("session");
+    clock.advance(1_000);
+    let r1 = s
+        .put_run(RunRecord::new(RunKey::new("acme", "r1"), "planner").with_session("s1"))
+        .expect("r1");
+    let spent = StateDelta {
+        usage: Usage {
+            input_tokens: 10,
+            output_tokens: 20,
+        },
+        cost_micros: 1_200,
+        iterations: 3,
+        messages_read: 4,
+    };
+    s.patch_run(&r1.key, spent).expect("patch r1");
+    s.put_budget(BudgetRecord::new(
+        BudgetKey::new("acme", "monthly"),
+        Caps::new().cost_micros(10_000),
+    ))
+    .expect("budget");
+    clock.advance(1_000);
+    let mut r2 = RunRecord::new(RunKey::new("acme", "r2"), "coder")
+        .with_caps(Caps::new().cost_micros(500))
+        .with_budget("monthly");
+    r2.pending_tool_calls = vec![ToolCall {
+        id: "c1".into(),
+        name: "search".into(),
+        arguments: "{\"q\":\"rust\"}".into(),
+    }];
+    let r2 = s.put_run(r2).expect("r2");
+    s.reserve(&r2.key, Hold::new("h1", 86_400_000).cost_micros(200))
+        .expect("hold");
+    let at_cap = StateDelta {
+        cost_micros: 300,
+        ..StateDelta::default()
+    };
+    s.patch_run(&r2.key, at_cap).expect("patch r2");
+    let w = InstanceKey::new("py", "w1");
+    let t = Tray {
+        marked: true,
+        doc: b"hello".to_vec(),
+        env: "prod".into(),
+        hostname: "host1".into(),
+    };
+    s.write_tray(&w.tray("chat", "main"), 2, t).expect("tray");
+    s.set_alarm(&w, 2, GOLDEN_NOW + 60_000).expect("alarm");
+    let mut c = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
+    old_layout(&mut c, "cur", "golden", 2);
+    let mut out = String::from(
+        "-- A PostgreSQL database at agentstate schema 2: the schema files a\n\
+         -- schema-2 build applied, then rows in the encodings it wrote (records\n\
+         -- without labels are byte for byte the same in every build). Written by\n\
+         -- tests/it/postgres.rs, write_golden_schema2 (AGENTSTATE_BLESS=1), and\n\
+         -- kept as it is so that upgrades from it stay tested. Do not edit.\n\n",
+    );
+    out.push_str(&schema_files(2).replace("{s}", "public."));
+    let tables: Vec<String> = c
+        .query(
+            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'golden' \
+             AND table_type = 'BASE TABLE' \
+             ORDER BY table_name IN ('agentstate_holds', 'agentstate_run_labels'), 1",
+            &[],
+        )
+        .expect("tables")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    out.push_str("\n-- The rows.\n");
+    for t in tables {
+        for r in c
+            .query(
+                &format!(
+                    "SELECT format('INSERT INTO public.%I SELECT * FROM \
+                     json_populate_record(NULL::public.%I, %L);', $1::text, $1::text, \
+                     row_to_json(t)::text) FROM golden.{t} t ORDER BY row_to_json(t)::text"
+                ),
+                &[&t],
+            )
+            .expect("rows")
+        {
+            out.push_str(&r.get::<_, String>(0));
+            out.push('\n');
+        }
+    }
+    std::fs::create_dir_all("tests/fixtures").expect("dir");
+    std::fs::write(GOLDEN_SCHEMA2, out).expect("write the fixture");
+}
+
+/// An upgrade from the golden schema-2 database: `setup()` brings it to
+/// the current schema in place, every record reads back as written, the
+/// rows get their columns (schema 6) and the alarm its row (schema 5), and
+/// the store goes on working on it.
+#[test]
+fn setup_upgrades_the_golden_schema_2_database() {
+    use agentstate::{BudgetKey, BudgetStore, Hold, ManualClock, SessionKey, TrayStore};
+    if std::env::var_os("AGENTSTATE_BLESS").is_some() {
+        write_golden_schema2();
+    }
+    let fixture = std::fs::read_to_string(GOLDEN_SCHEMA2).expect("the golden fixture");
+    let dsn = fresh_db("schema2");
+    let mut c = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
+    c.batch_execute(&fixture).expect("load the fixture");
+    let clock = Arc::new(ManualClock::new(GOLDEN_NOW + 10_000));
+    let s =
+        PostgresStore::connect_with(&dsn, PgOptions::new().options(Options::new().clock(clock)))
+            .expect("connect");
+    assert_eq!(s.schema_version().expect("version"), Some(2));
+    s.setup().expect("upgrade");
+    assert_eq!(s.schema_version().expect("version"), Some(6));
+    let r1 = s
+        .get_run(&RunKey::new("acme", "r1"))
+        .expect("get")
+        .expect("r1");
+    assert_eq!(
+        (
+            r1.cost_micros,
+            r1.usage.input_tokens,
+            r1.usage.output_tokens
+        ),
+        (1_200, 10, 20)
+    );
+    assert_eq!((r1.iterations, r1.messages_read, r1.version), (3, 4, 2));
+    assert_eq!(r1.session_id.as_deref(), Some("s1"));
+    let r2 = s
+        .get_run(&RunKey::new("acme", "r2"))
+        .expect("get")
+        .expect("r2");
+    assert_eq!(r2.cost_micros, 300);
+    assert_eq!(r2.caps.cost_micros_max, Some(500));
+    assert_eq!(r2.budget.as_deref(), Some("monthly"));
+    assert_eq!(r2.pending_tool_calls[0].name, "search");
+    let session = s
+        .get_session(&SessionKey::new("acme", "s1"))
+        .expect("get")
+        .expect("s1");
+    assert_eq!(session.metadata["title"], "hello");
+    // The hold of 200 still counts against r2's cap of 500 (300 spent).
+    assert!(matches!(
+        s.reserve(&r2.key, Hold::new("h2", 60_000).cost_micros(1)),
+        Err(StateError::BudgetExceeded { .. })
+    ));
+    s.settle(&r2.key, "h1", StateDelta::default())
+        .expect("settle the old hold");
+    let budget = s
+        .get_budget(&BudgetKey::new("acme", "monthly"))
+        .expect("get")
+        .expect("budget");
+    // The budget's spend: r2's 300 before the hold was settled (nothing more).
+    assert_eq!(budget.record.key.name, "monthly");
+    assert_eq!((budget.spent.cost_micros, budget.holds), (300, 0));
+    let w = InstanceKey::new("py", "w1");
+    assert_eq!(s.epoch(&w).expect("epoch"), 2);
+    let tray = s
+        .read_tray(&w.tray("chat", "main"), 2)
+        .expect("read")
+        .expect("tray");
+    assert_eq!(tray.doc, b"hello");
+    // Schema 5: the alarm's row; schema 6: every row has its columns.
+    let doc: Vec<u8> = c
+        .query_one(
+            "SELECT doc FROM public.pinned_tray_index WHERE ns = 'py' AND id = 'w1' \
+             AND tray_ns = 'pinned' AND tray_id = 'alarm' AND marked",
+            &[],
+        )
+        .expect("the alarm's row")
+        .get(0);
+    assert_eq!(doc, (GOLDEN_NOW + 60_000).to_string().into_bytes());
+    let unfilled: i64 = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM public.agentstate_runs WHERE fields IS NULL) + \
+             (SELECT count(*) FROM public.agentstate_sessions WHERE fields IS NULL)",
+            &[],
+        )
+        .expect("count")
+        .get(0);
+    assert_eq!(unfilled, 0, "setup fills the columns of older rows");
+    let (cost, tool): (String, String) = {
+        let r = c
+            .query_one(
+                "SELECT cost_micros::text, pending_tool_calls -> 0 ->> 'name' \
+                 FROM public.agentstate_runs_view WHERE tenant = 'acme' AND run_id = 'r2'",
+                &[],
+            )
+            .expect("r2's columns");
+        (r.get(0), r.get(1))
+    };
+    assert_eq!((cost.as_str(), tool.as_str()), ("300", "search"));
+    s.patch_run(&r1.key, StateDelta::default())
+        .expect("writes go on");
+    let report = s.verify().expect("verify");
+    assert!(report.is_ok(), "{:?}", report.problems);
 }
 
 /// B2/B6 across processes: 2 processes of 4 threads each reserve 1 and
@@ -384,7 +658,7 @@ fn setup_from_8_processes_at_once() {
             assert_eq!(child_lines(c, &format!("setup child {i}")), ["ok"]);
         }
         let s = PostgresStore::connect(&dsn).expect("connect");
-        assert_eq!(s.schema_version().expect("version"), Some(5));
+        assert_eq!(s.schema_version().expect("version"), Some(6));
         let r = s
             .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
             .expect("put after setup");
@@ -725,6 +999,157 @@ fn sweeper_sql_sees_exactly_the_marked_trays() {
 /// and a row whose text holds an escape the store cannot read is left out
 /// alone (`verify` names it), at every page size, with the walk going on
 /// past runs of such rows (a page is never empty before the end, L3).
+/// The example queries of docs/queries.sql, each run by its name on rows
+/// the store wrote (schema 6's generated columns), with the answers they
+/// must give; and the columns of a run hold its fields exactly, amounts
+/// past i64 and text holding NUL included.
+#[test]
+fn example_queries_run_on_rows_the_store_wrote() {
+    use agentstate::{Caps, ToolCall, Usage};
+    let s = store(Options::new());
+    let t = unique("queries");
+    let delta = |cost: u64, input: u64, output: u64, iterations: u64| StateDelta {
+        usage: Usage {
+            input_tokens: input,
+            output_tokens: output,
+        },
+        cost_micros: cost,
+        iterations,
+        messages_read: 0,
+    };
+    let put = |id: &str, agent: &str, f: &dyn Fn(RunRecord) -> RunRecord| {
+        s.put_run(f(RunRecord::new(RunKey::new(&t, id), agent)))
+            .expect("put")
+    };
+    let p1 = put("p1", "planner", &|r| r.with_label("team", "a"));
+    s.patch_run(&p1.key, delta(100, 10, 5, 2)).expect("patch");
+    let p2 = put("p2", "planner", &|r| r.with_label("team", "a"));
+    s.patch_run(&p2.key, delta(50, 1, 1, 1)).expect("patch");
+    let c1 = put("c1", "coder", &|mut r| {
+        r.pending_tool_calls = vec![ToolCall {
+            id: "call-1".into(),
+            name: "search".into(),
+            arguments: "{\"q\": \"a\u{0}b\"}".into(),
+        }];
+        r.with_caps(Caps::new().cost_micros(100))
+            .with_label("team", "b")
+    });
+    s.patch_run(&c1.key, delta(100, 0, 0, 1)).expect("patch");
+    let c2 = put("c2", "coder", &|r| r.with_caps(Caps::new().iterations(3)));
+    s.patch_run(&c2.key, delta(u64::MAX - 1, 0, 0, 1))
+        .expect("past i64");
+
+    let file = include_str!("../../docs/queries.sql");
+    let query = |name: &str| -> String {
+        let start = file
+            .find(&format!("-- name: {name}\n"))
+            .unwrap_or_else(|| panic!("docs/queries.sql has no query {name}"));
+        let rest = &file[start..];
+        rest[..rest.find(';').expect("a query ends with ;")].to_string()
+    };
+    let names: Vec<&str> = file
+        .lines()
+        .filter_map(|l| l.strip_prefix("-- name: "))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "spend_per_agent_per_day",
+            "runs_mid_tool_call",
+            "runs_at_their_cap",
+            "runs_by_label"
+        ],
+        "each documented query is checked below"
+    );
+    let mut c = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
+    c.batch_execute(&format!("SET search_path TO \"{}\"", schema()))
+        .expect("search_path");
+    // Each row as a JSON object of its columns.
+    let rows = |c: &mut postgres::Client, name: &str| -> Vec<serde_json::Value> {
+        // Every column as its text, exactly (numeric sums pass u64).
+        let sql = format!(
+            "SELECT (SELECT jsonb_object_agg(key, value #>> '{{}}') FROM jsonb_each(to_jsonb(q)))::text \
+             FROM ({}) q",
+            query(name)
+        );
+        c.query(&sql, &[&t])
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .iter()
+            .map(|r| serde_json::from_str(&r.get::<_, String>(0)).expect("json"))
+            .collect()
+    };
+    let pick = |rows: &[serde_json::Value], keys: &[&str]| -> Vec<String> {
+        rows.iter()
+            .map(|r| {
+                let v: Vec<String> = keys
+                    .iter()
+                    .map(|k| r[*k].as_str().unwrap_or("null").to_string())
+                    .collect();
+                v.join(" ")
+            })
+            .collect()
+    };
+    let spend = rows(&mut c, "spend_per_agent_per_day");
+    // Amounts are numeric: the coder's sum is past u64, exactly.
+    let coder = u128::from(u64::MAX) - 1 + 100;
+    assert_eq!(
+        pick(
+            &spend,
+            &["agent_name", "runs", "cost_micros", "tokens", "iterations"]
+        ),
+        [
+            format!("coder 2 {coder} 0 2"),
+            "planner 2 150 17 3".to_string()
+        ]
+    );
+    let mid = rows(&mut c, "runs_mid_tool_call");
+    assert_eq!(
+        pick(&mid, &["run_id", "pending", "first_tool"]),
+        ["c1 1 search"]
+    );
+    let capped = rows(&mut c, "runs_at_their_cap");
+    assert_eq!(
+        pick(&capped, &["run_id", "cost_micros", "cost_micros_max"]),
+        ["c1 100 100"]
+    );
+    let teams = rows(&mut c, "runs_by_label");
+    assert_eq!(
+        pick(&teams, &["team", "runs", "cost_micros"]),
+        ["a 2 150", "b 1 100"]
+    );
+
+    // A run's columns, exactly.
+    let r = c
+        .query_one(
+            "SELECT version::text, cost_micros::text, iterations::text, created_at::text, \
+             iterations_max::text, cost_micros_max::text, pending_tool_calls::text, labels::text, \
+             budget FROM agentstate_runs WHERE tenant = $1 AND run_id = 'c2'",
+            &[&t],
+        )
+        .expect("c2's columns");
+    let c2 = s.get_run(&c2.key).expect("get").expect("c2");
+    assert_eq!(r.get::<_, String>(0), c2.version.to_string());
+    assert_eq!(r.get::<_, String>(1), (u64::MAX - 1).to_string());
+    assert_eq!(r.get::<_, String>(2), "1");
+    assert_eq!(r.get::<_, String>(3), c2.created_at.to_string());
+    assert_eq!(r.get::<_, String>(4), "3");
+    assert_eq!(r.get::<_, Option<String>>(5), None);
+    assert_eq!(r.get::<_, String>(6), "[]");
+    assert_eq!(r.get::<_, String>(7), "{}");
+    assert_eq!(r.get::<_, Option<String>>(8), None);
+    // The NUL in c1's tool call arguments is stored as ids are (escaped).
+    let args: String = c
+        .query_one(
+            "SELECT pending_tool_calls -> 0 ->> 'arguments' FROM agentstate_runs \
+             WHERE tenant = $1 AND run_id = 'c1'",
+            &[&t],
+        )
+        .expect("c1")
+        .get(0);
+    assert_eq!(args, "{\"q\": \"a\u{1}\u{1}b\"}");
+    assert!(s.verify().expect("verify").is_ok());
+}
+
 /// A4 on PostgreSQL: a sweeper reading `pinned_tray_index` with the seeds'
 /// SQL finds each alarm as its marked `("pinned", "alarm")` row, the due
 /// time in the doc as ASCII decimal milliseconds, for exactly as long as
@@ -1888,7 +2313,7 @@ mod native {
             },
         )
         .expect("sync patch");
-        assert_eq!(sync.schema_version_async().await.expect("version"), Some(5));
+        assert_eq!(sync.schema_version_async().await.expect("version"), Some(6));
         assert!(
             sync.list_sessions(&key.tenant, &PageRequest::new(10))
                 .is_ok()
