@@ -107,6 +107,17 @@ impl FileStore {
         self.0.commits()
     }
 
+    /// Rewrites the store's files without what has been deleted or
+    /// overwritten, blocking until done: after
+    /// [`purge_tenant`](crate::StoreAdmin::purge_tenant), no byte of the
+    /// tenant's records or ids is left on disk (without it, fjall's
+    /// background compaction drops them in its own time). Costs a rewrite
+    /// of the whole store; writes go on meanwhile. On the sled engine it
+    /// does nothing (sled reclaims space by itself).
+    pub fn compact(&self) -> Result<()> {
+        self.0.compact()
+    }
+
     /// Deletes a run's state index entry and nothing else, leaving the
     /// store inconsistent on purpose. Only for tests of `verify` and the
     /// tools built on it; never call it on a store you care about.

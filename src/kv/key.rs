@@ -96,6 +96,9 @@ pub(crate) mod meta {
     /// Present while a staged import is being moved into the live tables:
     /// holds the `next_seq` the store has once it is (see `kv::transfer`).
     pub const PUBLISHING: &[u8] = &[super::table::META, b'i'];
+    /// Never written: `compact` deletes it to move the engine's sequence
+    /// number past every write before it (see `FjallEngine::compact`).
+    pub const COMPACT_MARK: &[u8] = &[super::table::META, b'x'];
 }
 
 const ESC: u8 = 0x00;

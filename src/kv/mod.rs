@@ -133,6 +133,11 @@ impl KvStore {
     pub(crate) fn commits(&self) -> u64 {
         self.committer.counters().commits
     }
+
+    /// See [`FileStore::compact`].
+    pub(crate) fn compact(&self) -> Result<()> {
+        self.engine.compact()
+    }
 }
 
 impl Sink for KvStore {

@@ -359,6 +359,115 @@ fn import_checks_everything_before_writing_on_redis() {
     failed_imports_change_nothing(&s, "redis");
 }
 
+/// P1 on disk: after `purge_tenant` and `FileStore::compact`, no file
+/// under the store's directory holds any byte string of the tenant (its
+/// name, which every key of it starts with, nor its ids, labels or
+/// session metadata); before the purge they are all there, and the other
+/// tenant's stay, across a reopen.
+#[test]
+fn purge_then_compact_leaves_no_byte_of_the_tenant_on_disk() {
+    use agentstate::{
+        BudgetKey, BudgetRecord, Caps, FileStore, Hold, RunKey, RunRecord, SessionKey,
+        SessionRecord, Store,
+    };
+    fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
+        let mut found = Vec::new();
+        let mut todo = vec![dir.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    todo.push(p);
+                } else if std::fs::read(&p)
+                    .unwrap()
+                    .windows(needle.len())
+                    .any(|w| w == needle)
+                {
+                    found.push(p.display().to_string());
+                }
+            }
+        }
+        found
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    // Distinct strings no engine file holds by chance.
+    let names = |t: &str| {
+        [
+            format!("tenant-{t}-q7w"),
+            format!("run-of-{t}-x9"),
+            format!("meta-of-{t}-k3"),
+            format!("label-of-{t}-p2"),
+        ]
+    };
+    let fill = |s: &dyn Store, t: &str| {
+        let [tenant, run, meta, label] = names(t);
+        let mut session = SessionRecord::new(SessionKey::new(&tenant, "s"));
+        session.metadata.insert("title".into(), meta.clone());
+        s.put_session(session).unwrap();
+        s.put_budget(BudgetRecord::new(
+            BudgetKey::new(&tenant, "b"),
+            Caps::new().cost_micros(1_000),
+        ))
+        .unwrap();
+        for i in 0..50 {
+            s.put_run(
+                RunRecord::new(RunKey::new(&tenant, format!("{run}{i}")), "a")
+                    .with_session("s")
+                    .with_budget("b")
+                    .with_label("k", label.as_str()),
+            )
+            .unwrap();
+        }
+        s.reserve(
+            &RunKey::new(&tenant, format!("{run}3")),
+            Hold::new("h", 60_000).cost_micros(5),
+        )
+        .unwrap();
+    };
+    {
+        let s = FileStore::open(&path).unwrap();
+        fill(&s, "gone");
+        fill(&s, "kept");
+    }
+    for n in names("gone").iter().chain(&names("kept")) {
+        assert!(
+            !files_holding(&path, n.as_bytes()).is_empty(),
+            "{n} is on disk before the purge (else this test proves nothing)"
+        );
+    }
+    {
+        let s = FileStore::open(&path).unwrap();
+        assert_eq!(s.purge_tenant(&names("gone")[0]).unwrap(), 53);
+        // The purge deletes; the bytes stay until the files are rewritten.
+        assert!(!files_holding(&path, names("gone")[0].as_bytes()).is_empty());
+        s.compact().unwrap();
+        // Gone while the store is still open, not only after its close.
+        for n in names("gone") {
+            let left = files_holding(&path, n.as_bytes());
+            assert!(left.is_empty(), "{n} is still in {left:?}");
+        }
+        fill(&s, "later");
+    }
+    for n in names("gone") {
+        let left = files_holding(&path, n.as_bytes());
+        assert!(left.is_empty(), "{n} is back in {left:?} after the close");
+    }
+    let s = FileStore::open(&path).unwrap();
+    let report = s.verify().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    let kept = &names("kept")[0];
+    let run = s
+        .get_run(&RunKey::new(kept, format!("{}7", names("kept")[1])))
+        .unwrap()
+        .expect("the other tenant's run");
+    assert_eq!(
+        run.labels.get("k"),
+        Some(&serde_json::json!(names("kept")[3]))
+    );
+    assert_eq!(s.purge_tenant(kept).unwrap(), 53);
+}
+
 /// P1 on a quiet embedded store: after a purge `verify` is clean and the
 /// export holds no entry of the tenant (another tenant's all there).
 #[test]

@@ -482,6 +482,34 @@ impl Engine for FjallEngine {
     fn disk_bytes(&self) -> u64 {
         self.fj().db.disk_space().unwrap_or(0)
     }
+
+    /// Every table rewritten by a major compaction, which drops deleted
+    /// and overwritten values and the tombstones that shadowed them, and
+    /// the files they were in deleted, journals included.
+    ///
+    /// fjall drops a value only below its garbage-collection watermark,
+    /// which a memtable rotation raises to the sequence number before the
+    /// newest write (when no snapshot is open), and deletes the files a
+    /// compaction retired, and the journals of flushed memtables, at a
+    /// rotation. So: a write (a tombstone of a key never written) moves
+    /// the sequence number past every earlier write; a rotation flushes
+    /// the memtable, seals the journal (asked for: our patch) and raises
+    /// the watermark past them; the major compaction rewrites the tables;
+    /// a second write and rotation delete what it retired and the sealed
+    /// journal.
+    fn compact(&self) -> Result<()> {
+        let fj = self.fj();
+        let mark = || {
+            let mut b = fj.db.batch().durability(Some(PersistMode::SyncAll));
+            b.remove(&fj.ks, crate::kv::key::meta::COMPACT_MARK);
+            self.watch(b.commit())?;
+            self.watch(fj.ks.rotate_memtable_and_wait())
+        };
+        fj.db.rotate_journal_at_next_flush();
+        mark()?;
+        self.watch(fj.ks.major_compact())?;
+        mark()
+    }
 }
 
 #[cfg(test)]

@@ -69,6 +69,11 @@ pub(crate) trait Engine: Send + Sync {
     fn sync(&self) -> Result<()>;
     /// Bytes on disk (0 in memory).
     fn disk_bytes(&self) -> u64;
+    /// Rewrites what is on disk without deleted and overwritten values,
+    /// where the engine can (a no-op in memory and on sled).
+    fn compact(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Opens the file engine `kind` on the directory `dir`.

@@ -349,6 +349,18 @@ impl Database {
     /// # Ok::<_, fjall::Error>(())
     /// ```
     ///
+    /// Asks the next memtable flush to seal the active journal, whatever
+    /// its size, and start a new one; the sealed journal is deleted once
+    /// every keyspace has flushed what it holds (agentstate patch: a
+    /// compaction meant to leave no deleted byte on disk must retire the
+    /// journal too).
+    #[doc(hidden)]
+    pub fn rotate_journal_at_next_flush(&self) {
+        self.supervisor
+            .rotate_journal_asked
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
     /// # Errors
     ///
     /// Returns error, if an IO error occurred.
@@ -703,6 +715,7 @@ impl Database {
             journal: active_journal,
             journal_manager: Arc::new(RwLock::new(journal_manager)),
             backpressure_lock: Mutex::default(),
+            rotate_journal_asked: std::sync::atomic::AtomicBool::new(false),
             seqno,
         });
 
@@ -1012,6 +1025,7 @@ impl Database {
             journal,
             journal_manager: Arc::new(RwLock::new(JournalManager::new())),
             backpressure_lock: Mutex::default(),
+            rotate_journal_asked: std::sync::atomic::AtomicBool::new(false),
             seqno,
         });
 

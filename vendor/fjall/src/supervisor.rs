@@ -35,6 +35,10 @@ pub struct SupervisorInner {
     // agentstate patch: never read in 3.1.13; allowed, not removed.
     #[allow(dead_code)]
     pub(crate) backpressure_lock: Mutex<()>,
+
+    /// agentstate patch: the next flush seals the active journal whatever
+    /// its size (`Database::rotate_journal_at_next_flush`).
+    pub(crate) rotate_journal_asked: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Clone)]

@@ -390,7 +390,16 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
                 log::trace!("acquiring journal lock to maybe rotate journal");
                 let mut journal_writer = ctx.supervisor.journal.get_writer()?;
 
-                if journal_writer.pos()? > ctx.supervisor.db_config.journal_rotation_size_in_bytes {
+                // agentstate patch: or when asked to
+                // (`Database::rotate_journal_at_next_flush`).
+                let asked = ctx
+                    .supervisor
+                    .rotate_journal_asked
+                    .swap(false, std::sync::atomic::Ordering::AcqRel);
+                if asked
+                    || journal_writer.pos()?
+                        > ctx.supervisor.db_config.journal_rotation_size_in_bytes
+                {
                     #[expect(clippy::expect_used)]
                     let mut journal_manager = ctx
                         .supervisor
