@@ -595,14 +595,19 @@ impl PostgresStore {
         let mut after: Option<Vec<String>> = None;
         loop {
             let rows = txn!(self, |tx| {
+                // With each run, its label rows (R11): (label, value, seq).
                 let sql = match after {
                     None => {
-                        "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text, fields::text \
-                             FROM {s}agentstate_runs ORDER BY tenant, run_id LIMIT 1000"
+                        "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text, fields::text, \
+                             ARRAY(SELECT jsonb_build_array(l.label, l.value, l.seq)::text FROM {s}agentstate_run_labels l \
+                                   WHERE l.tenant = r.tenant AND l.run_id = r.run_id ORDER BY l.label) \
+                             FROM {s}agentstate_runs r ORDER BY tenant, run_id LIMIT 1000"
                     }
                     Some(_) => {
-                        "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text, fields::text \
-                                FROM {s}agentstate_runs WHERE (tenant, run_id) > ($1, $2) ORDER BY tenant, run_id LIMIT 1000"
+                        "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text, fields::text, \
+                             ARRAY(SELECT jsonb_build_array(l.label, l.value, l.seq)::text FROM {s}agentstate_run_labels l \
+                                   WHERE l.tenant = r.tenant AND l.run_id = r.run_id ORDER BY l.label) \
+                                FROM {s}agentstate_runs r WHERE (tenant, run_id) > ($1, $2) ORDER BY tenant, run_id LIMIT 1000"
                     }
                 };
                 match &after {
@@ -647,6 +652,20 @@ impl PostgresStore {
                 }
                 if !fields_agree(r.get(8), super::fields::run(&run)) {
                     bad.push("fields");
+                }
+                // The label index holds exactly the run's labels, at its seq.
+                let rows: Vec<serde_json::Value> = r
+                    .get::<_, Vec<String>>(9)
+                    .iter()
+                    .map(|t| serde_json::from_str(t).unwrap_or_default())
+                    .collect();
+                let want: Vec<serde_json::Value> = run
+                    .labels
+                    .iter()
+                    .map(|(k, v)| serde_json::json!([k, crate::labels::canonical(v), seq]))
+                    .collect();
+                if rows != want {
+                    bad.push("label rows");
                 }
                 if !bad.is_empty() {
                     rep.problems.push(format!(

@@ -994,6 +994,58 @@ fn sweeper_sql_sees_exactly_the_marked_trays() {
 
 /// Amounts live inside the encoded record: values past i64::MAX round-trip
 /// and add up to u64::MAX; one more is `Invalid` and nothing is written.
+/// `verify` checks the label index (R11) against each run's labels: a
+/// label row lost, one added, or one at another seq is reported.
+#[test]
+fn verify_checks_the_label_rows() {
+    let schema = unique("labelrows").replace('-', "_");
+    let s = PostgresStore::connect_with(shared_dsn(), PgOptions::new().schema(&schema))
+        .expect("connect");
+    s.setup().expect("setup");
+    let run = s
+        .put_run(
+            RunRecord::new(RunKey::new("t", "r"), "a")
+                .with_label("team", "a")
+                .with_label("n", 1),
+        )
+        .expect("put");
+    assert!(s.verify().expect("verify").is_ok());
+    let mut c = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
+    let labels = format!("\"{schema}\".agentstate_run_labels");
+    for (tamper, undo) in [
+        (
+            format!("DELETE FROM {labels} WHERE label = 'n'"),
+            format!(
+                "INSERT INTO {labels} VALUES ('t', 'n', '1', {}, 'r')",
+                run.seq
+            ),
+        ),
+        (
+            format!(
+                "INSERT INTO {labels} VALUES ('t', 'x', '2', {}, 'r')",
+                run.seq
+            ),
+            format!("DELETE FROM {labels} WHERE label = 'x'"),
+        ),
+        (
+            format!("UPDATE {labels} SET value = '\"b\"' WHERE label = 'team'"),
+            format!("UPDATE {labels} SET value = '\"a\"' WHERE label = 'team'"),
+        ),
+    ] {
+        c.batch_execute(&tamper).expect("tamper");
+        let report = s.verify().expect("verify");
+        assert!(
+            report.problems.iter().any(|p| p.contains("label rows")),
+            "{tamper}: {:?}",
+            report.problems
+        );
+        c.batch_execute(&undo).expect("undo");
+        assert!(s.verify().expect("verify").is_ok(), "after {undo}");
+    }
+    c.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .expect("drop");
+}
+
 /// Rows another program writes into `pinned_tray_index` with plain SQL
 /// never fail a listing: text that reads back as an id lists as that id,
 /// and a row whose text holds an escape the store cannot read is left out
