@@ -532,6 +532,36 @@ fn setup_upgrades_the_golden_schema_2_database() {
         .expect("writes go on");
     let report = s.verify().expect("verify");
     assert!(report.is_ok(), "{:?}", report.problems);
+    // A build from before schema 6, still running, rewrites a record and
+    // not its fields: the columns are cleared rather than left stale, and
+    // the next setup() fills them again.
+    let r1_fields = |c: &mut postgres::Client| -> Option<String> {
+        c.query_one(
+            "SELECT fields::text FROM public.agentstate_runs WHERE run_id = 'r1'",
+            &[],
+        )
+        .expect("r1")
+        .get(0)
+    };
+    let before = r1_fields(&mut c).expect("filled");
+    let saved: Vec<u8> = c
+        .query_one(
+            "SELECT record FROM public.agentstate_runs WHERE run_id = 'r1'",
+            &[],
+        )
+        .expect("r1")
+        .get(0);
+    for record in [b"old build".to_vec(), saved] {
+        c.execute(
+            "UPDATE public.agentstate_runs SET record = $1 WHERE run_id = 'r1'",
+            &[&record],
+        )
+        .expect("an old build's write");
+        assert_eq!(r1_fields(&mut c), None, "stale columns are cleared");
+    }
+    s.setup().expect("setup again");
+    assert_eq!(r1_fields(&mut c).as_deref(), Some(before.as_str()));
+    assert!(s.verify().expect("verify").is_ok());
 }
 
 /// B2/B6 across processes: 2 processes of 4 threads each reserve 1 and

@@ -62,6 +62,30 @@ ALTER TABLE {s}agentstate_sessions
     ADD COLUMN IF NOT EXISTS labels jsonb
         GENERATED ALWAYS AS (fields -> 'labels') STORED;
 
+-- A build from before schema 6, still running during a rolling upgrade,
+-- rewrites `record` and leaves `fields` as it was: the row's columns are
+-- then cleared (NULL: not known) rather than left stale, and the next
+-- setup() fills them again. This build's writes always change `fields`
+-- (its version moves with every write).
+CREATE OR REPLACE FUNCTION {s}agentstate_fields_follow_record() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.record IS DISTINCT FROM OLD.record
+       AND NEW.fields IS NOT DISTINCT FROM OLD.fields THEN
+        NEW.fields := NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+DROP TRIGGER IF EXISTS agentstate_fields_follow_record ON {s}agentstate_runs;
+CREATE TRIGGER agentstate_fields_follow_record
+    BEFORE UPDATE ON {s}agentstate_runs
+    FOR EACH ROW EXECUTE FUNCTION {s}agentstate_fields_follow_record();
+DROP TRIGGER IF EXISTS agentstate_fields_follow_record ON {s}agentstate_sessions;
+CREATE TRIGGER agentstate_fields_follow_record
+    BEFORE UPDATE ON {s}agentstate_sessions
+    FOR EACH ROW EXECUTE FUNCTION {s}agentstate_fields_follow_record();
+
 -- The rows setup() has still to fill (none, once it has run).
 CREATE INDEX IF NOT EXISTS agentstate_runs_unprojected
     ON {s}agentstate_runs (tenant, run_id) WHERE fields IS NULL;
