@@ -114,13 +114,32 @@ impl PostgresStore {
     /// whose record does not read is left NULL (`verify` reports it).
     /// Returns how many rows were filled.
     pub(super) async fn fill_fields(&self) -> Result<u64> {
+        // 'true': nothing to fill. Otherwise 'scanning' while this walks;
+        // a write without fields meanwhile sets 'false' (the schema's
+        // trigger), and then the flag stays so for the next setup.
+        let flag = "SELECT value FROM {s}agentstate_meta WHERE name = 'fields_filled'";
+        let filled_already = txn!(self, |tx| {
+            let rows = tx.query(flag, &[]).await?;
+            let done = rows.first().is_some_and(|r| r.get::<_, &str>(0) == "true");
+            if !done {
+                tx.execute(
+                    "UPDATE {s}agentstate_meta SET value = 'scanning' WHERE name = 'fields_filled'",
+                    &[],
+                )
+                .await?;
+            }
+            Ok(done)
+        })?;
+        if filled_already {
+            return Ok(0);
+        }
         let mut filled = 0u64;
         for table in [Table::Runs, Table::Sessions] {
             let (name, id) = (table.name(), table.id());
             let select = format!(
                 "SELECT tenant, {id}, record FROM {{s}}{name} \
                  WHERE fields IS NULL AND (tenant, {id}) > ($1, $2) \
-                 ORDER BY tenant, {id} LIMIT {FILL_BATCH} FOR UPDATE SKIP LOCKED"
+                 ORDER BY tenant, {id} LIMIT {FILL_BATCH} FOR UPDATE"
             );
             let update = format!(
                 "UPDATE {{s}}{name} AS t SET fields = u.f::jsonb \
@@ -162,6 +181,15 @@ impl PostgresStore {
                 }
             }
         }
+        txn!(self, |tx| {
+            tx.execute(
+                "UPDATE {s}agentstate_meta SET value = 'true' \
+                 WHERE name = 'fields_filled' AND value = 'scanning'",
+                &[],
+            )
+            .await?;
+            Ok(())
+        })?;
         Ok(filled)
     }
 }

@@ -1024,6 +1024,50 @@ fn sweeper_sql_sees_exactly_the_marked_trays() {
 
 /// Amounts live inside the encoded record: values past i64::MAX round-trip
 /// and add up to u64::MAX; one more is `Invalid` and nothing is written.
+/// A patch of a run is a HOT update (no index entry rewritten): schema 6's
+/// `fields` and its generated columns are in no index and no index's
+/// predicate, so its writes cost what they did before it.
+#[test]
+fn patches_are_hot_updates() {
+    let schema = unique("hot").replace('-', "_");
+    {
+        let s = PostgresStore::connect_with(shared_dsn(), PgOptions::new().schema(&schema))
+            .expect("connect");
+        s.setup().expect("setup");
+        let run = s
+            .put_run(RunRecord::new(RunKey::new("t", "r"), "a").with_label("k", "v"))
+            .expect("put");
+        let one = StateDelta {
+            cost_micros: 1,
+            ..StateDelta::default()
+        };
+        for _ in 0..50 {
+            s.patch_run(&run.key, one).expect("patch");
+        }
+        // Dropped: its connections close, and their statistics are sent.
+    }
+    let mut c = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (upd, hot) = loop {
+        let r = c
+            .query_one(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables \
+                 WHERE schemaname = $1 AND relname = 'agentstate_runs'",
+                &[&schema],
+            )
+            .expect("stats");
+        let (upd, hot): (i64, i64) = (r.get(0), r.get(1));
+        if upd >= 50 || Instant::now() > deadline {
+            break (upd, hot);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(upd >= 50, "the server counted {upd} updates");
+    assert!(hot * 10 >= upd * 9, "{hot} of {upd} updates were HOT");
+    c.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .expect("drop");
+}
+
 /// `verify` checks the label index (R11) against each run's labels: a
 /// label row lost, one added, or one at another seq is reported.
 #[test]

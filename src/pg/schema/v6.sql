@@ -4,8 +4,9 @@
 -- transaction under the same advisory lock; a database at versions 1-5 is
 -- upgraded by it in place. The rows written before it get their `fields`
 -- from `setup()` right after, in batches of their own transactions
--- (`fields IS NULL` marks the ones left; a setup that stops part way
--- resumes there, and the store reads runs from `record` either way).
+-- (`fields IS NULL` marks the ones left, and the meta row `fields_filled`
+-- says whether any may be left; a setup that stops part way resumes, and
+-- the store reads runs from `record` either way).
 --
 -- Every field of a run and a session gets a column of its own, generated
 -- by PostgreSQL from `fields`, the record as JSON, which the store writes
@@ -62,35 +63,42 @@ ALTER TABLE {s}agentstate_sessions
     ADD COLUMN IF NOT EXISTS labels jsonb
         GENERATED ALWAYS AS (fields -> 'labels') STORED;
 
+-- Whether rows without `fields` may exist: 'true' once a setup() has
+-- filled them all, 'false' or 'scanning' otherwise (see `fill_fields`).
+-- A flag rather than an index on `fields IS NULL`: an index whose
+-- predicate names `fields` would make every write of a run a non-HOT
+-- update.
+INSERT INTO {s}agentstate_meta (name, value) VALUES ('fields_filled', 'false')
+ON CONFLICT (name) DO UPDATE SET value = 'false';
+
 -- A build from before schema 6, still running during a rolling upgrade,
 -- rewrites `record` and leaves `fields` as it was: the row's columns are
--- then cleared (NULL: not known) rather than left stale, and the next
--- setup() fills them again. This build's writes always change `fields`
--- (its version moves with every write).
+-- then cleared (NULL: not known) rather than left stale; that build's
+-- creates leave them NULL too. Either clears the flag, and the next
+-- setup() fills them. This build's writes always change `fields` (its
+-- version moves with every write).
 CREATE OR REPLACE FUNCTION {s}agentstate_fields_follow_record() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.record IS DISTINCT FROM OLD.record
+    IF TG_OP = 'UPDATE' AND NEW.record IS DISTINCT FROM OLD.record
        AND NEW.fields IS NOT DISTINCT FROM OLD.fields THEN
         NEW.fields := NULL;
+    END IF;
+    IF NEW.fields IS NULL THEN
+        UPDATE {s}agentstate_meta SET value = 'false'
+        WHERE name = 'fields_filled' AND value <> 'false';
     END IF;
     RETURN NEW;
 END
 $$;
 DROP TRIGGER IF EXISTS agentstate_fields_follow_record ON {s}agentstate_runs;
 CREATE TRIGGER agentstate_fields_follow_record
-    BEFORE UPDATE ON {s}agentstate_runs
+    BEFORE INSERT OR UPDATE ON {s}agentstate_runs
     FOR EACH ROW EXECUTE FUNCTION {s}agentstate_fields_follow_record();
 DROP TRIGGER IF EXISTS agentstate_fields_follow_record ON {s}agentstate_sessions;
 CREATE TRIGGER agentstate_fields_follow_record
-    BEFORE UPDATE ON {s}agentstate_sessions
+    BEFORE INSERT OR UPDATE ON {s}agentstate_sessions
     FOR EACH ROW EXECUTE FUNCTION {s}agentstate_fields_follow_record();
-
--- The rows setup() has still to fill (none, once it has run).
-CREATE INDEX IF NOT EXISTS agentstate_runs_unprojected
-    ON {s}agentstate_runs (tenant, run_id) WHERE fields IS NULL;
-CREATE INDEX IF NOT EXISTS agentstate_sessions_unprojected
-    ON {s}agentstate_sessions (tenant, session_id) WHERE fields IS NULL;
 
 -- The same rows with times as timestamptz, without the encoded record.
 CREATE OR REPLACE VIEW {s}agentstate_runs_view AS
