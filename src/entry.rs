@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::budget::{BudgetRecord, HoldRecord, Spend};
+use crate::error::RecordKey;
 use crate::record::{Millis, RunKey, RunRecord, SessionRecord};
 use crate::tray::{InstanceKey, Tray, TrayKey};
 
@@ -73,5 +74,23 @@ impl Entry {
     /// ```
     pub fn check(&self) -> crate::Result<()> {
         crate::rules::check_entry(self, None)
+    }
+
+    /// The key of the record the entry holds (an epoch and an alarm are
+    /// their instance's).
+    pub(crate) fn record_key(&self) -> RecordKey {
+        match self {
+            Entry::Run(r) => RecordKey::Run(r.key.clone()),
+            Entry::Session(s) => RecordKey::Session(s.key.clone()),
+            Entry::Epoch { instance, .. } | Entry::Alarm { instance, .. } => {
+                RecordKey::Instance(instance.clone())
+            }
+            Entry::Tray { key, .. } => RecordKey::Tray(key.clone()),
+            Entry::Budget { budget, .. } => RecordKey::Budget(budget.key.clone()),
+            Entry::Hold { run, hold } => RecordKey::Hold {
+                run: run.clone(),
+                hold_id: hold.id.clone(),
+            },
+        }
     }
 }

@@ -125,7 +125,7 @@ pub use budget::{
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cursor::Cursor;
 pub use entry::Entry;
-pub use error::{Missing, PersistenceReason, Result, StateError};
+pub use error::{Missing, PersistenceReason, RecordKey, Result, StateError};
 pub use idempotency::IdempotencyKey;
 pub use kv::{FileStore, MemoryStore};
 pub use labels::{Label, Labels};

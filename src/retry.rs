@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::api::StateStore;
-use crate::error::{Missing, Result, StateError};
+use crate::error::{RecordKey, Result, StateError};
 use crate::record::{RunKey, RunRecord};
 
 /// How often and how patiently [`StateStoreExt::update_run_with`] retries.
@@ -108,7 +108,7 @@ pub trait StateStoreExt: StateStore {
         loop {
             n += 1;
             let Some(mut run) = self.get_run(key)? else {
-                return Err(StateError::NotFound(Missing::Run(key.clone())));
+                return Err(StateError::NotFound(RecordKey::Run(key.clone())));
             };
             edit(&mut run)?;
             match self.put_run(run) {

@@ -599,12 +599,14 @@ fn make_tray(marked: bool, env: &str, doc: Vec<u8>) -> Tray {
 /// says it carries.
 fn kind(e: &StateError) -> String {
     match e {
-        StateError::Conflict { expected, actual } => {
+        StateError::Conflict {
+            expected, actual, ..
+        } => {
             format!("Conflict {{ expected: {expected}, actual: {actual} }}")
         }
         StateError::NotFound(m) => format!("NotFound({m})"),
-        StateError::InUse { runs } => format!("InUse({runs:?})"),
-        StateError::FenceLost { caller, stored } => {
+        StateError::InUse { runs, .. } => format!("InUse({runs:?})"),
+        StateError::FenceLost { caller, stored, .. } => {
             format!("FenceLost {{ caller: {caller}, stored: {stored} }}")
         }
         StateError::Invalid { .. } => "Invalid".to_string(),

@@ -34,6 +34,7 @@ fn errors_have_a_stable_json_shape() {
     let run = RunKey::new("acme", "run_1");
     let errors = vec![
         StateError::Conflict {
+            record: Missing::Run(run.clone()),
             expected: 3,
             actual: 4,
         },
@@ -53,9 +54,11 @@ fn errors_have_a_stable_json_shape() {
             source: None,
         },
         StateError::InUse {
+            record: Missing::Session(SessionKey::new("acme", "s1")),
             runs: vec![run.clone()],
         },
         StateError::FenceLost {
+            instance: InstanceKey::new("pinned", "w1"),
             caller: 4,
             stored: 7,
         },

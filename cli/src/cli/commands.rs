@@ -398,7 +398,7 @@ pub fn sessions_delete(
             runs.len(),
             name_runs(&runs)
         )?,
-        Err(StateError::InUse { runs }) => {
+        Err(StateError::InUse { runs, .. }) => {
             return Err(CliError::failed(format!(
                 "session {tenant}/{session_id} has {} unfinished run(s): {} (finish them first, or pass --cascade to delete them with it)",
                 runs.len(),

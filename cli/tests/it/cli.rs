@@ -9,8 +9,8 @@ use std::sync::{Arc, Barrier};
 
 use agentstate::{
     Approval, Entry, FileStore, InstanceKey, ManualClock, MemoryStore, Options, PageRequest,
-    RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError, StateQuery,
-    StateStore, StoreAdmin, ToolCall, Tray, TrayStore,
+    RecordKey, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError,
+    StateQuery, StateStore, StoreAdmin, ToolCall, Tray, TrayStore,
 };
 
 /// 2023-11-14T22:13:20Z: when the fixture's first records were written.
@@ -193,9 +193,9 @@ fn cli_demo_shows_each_promise_and_leaves_a_sound_store() {
     let r = cli(&["demo"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     for needle in [
-        "Conflict { expected: 0, actual: 1 }",
-        "Conflict { expected: 1, actual: 2 }",
-        "FenceLost { caller: 1, stored: 2 }",
+        "version conflict on run acme/run-1: expected 0, stored 1",
+        "version conflict on run acme/run-1: expected 1, stored 2",
+        "fence lost on instance chat/room-42: caller epoch 1 < stored epoch 2",
         "cost 1 = 1,000,000 micros (expected 1,000,000)",
         "due now: chat/room-42",
         "each exactly once",
@@ -1018,9 +1018,13 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
                 revived_ok.insert(k.run_id.clone());
             }
             Err(StateError::Conflict {
+                record,
                 expected: 1,
                 actual: 0,
-            }) => assert!(s.get_run(k).unwrap().is_none()),
+            }) => {
+                assert_eq!(*record, RecordKey::Run(k.clone()));
+                assert!(s.get_run(k).unwrap().is_none())
+            }
             Err(e) => panic!("touching {}: {e}", k.run_id),
         }
     }
