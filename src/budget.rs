@@ -287,9 +287,11 @@ impl HoldRecord {
     }
 }
 
-/// Where a cap lives.
+/// Where a cap lives. In JSON: `{"run": {...}}` or `{"budget": {...}}`.
+/// More scopes may come, so a `match` on it needs a wildcard arm.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum CapScope {
     /// The run's own caps.
     Run(RunKey),
@@ -298,8 +300,10 @@ pub enum CapScope {
 }
 
 /// Which cap refused a reserve: where it lives, which amount, and its
-/// value.
+/// value. Part of a report ([`StateError::BudgetExceeded`](crate::StateError::BudgetExceeded)),
+/// so it may gain fields: a backend makes one with [`CapLimit::new`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CapLimit {
     /// The run's caps, or its budget's.
     pub scope: CapScope,
@@ -307,6 +311,13 @@ pub struct CapLimit {
     pub amount: Amount,
     /// The cap.
     pub max: u64,
+}
+
+impl CapLimit {
+    /// The cap on `amount` in `scope`, `max`.
+    pub fn new(scope: CapScope, amount: Amount, max: u64) -> Self {
+        CapLimit { scope, amount, max }
+    }
 }
 
 impl std::fmt::Display for CapLimit {
@@ -319,8 +330,10 @@ impl std::fmt::Display for CapLimit {
     }
 }
 
-/// What [`BudgetStore::settle`] did.
+/// What [`BudgetStore::settle`] did. A report that may gain fields: a
+/// backend makes one with [`Settled::new`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Settled {
     /// The run after the spend was added (one version later).
     pub record: RunRecord,
@@ -331,8 +344,10 @@ pub struct Settled {
     pub overshoot: Spend,
 }
 
-/// A budget with what is spent against it and what is held.
+/// A budget with what is spent against it and what is held. A report that
+/// may gain fields: a backend makes one with [`BudgetStatus::new`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct BudgetStatus {
     /// The budget.
     pub record: BudgetRecord,
@@ -344,8 +359,10 @@ pub struct BudgetStatus {
     pub holds: u64,
 }
 
-/// A run's caps with what it has spent and what it holds.
+/// A run's caps with what it has spent and what it holds. A report that
+/// may gain fields: a backend makes one with [`RunSpend::new`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RunSpend {
     /// The run.
     pub key: RunKey,
@@ -359,6 +376,48 @@ pub struct RunSpend {
     pub held: Spend,
     /// Its live holds, in id order.
     pub holds: Vec<HoldRecord>,
+}
+
+impl Settled {
+    /// The run after the settle, and the overshoot over the hold.
+    pub fn new(record: RunRecord, overshoot: Spend) -> Self {
+        Settled { record, overshoot }
+    }
+}
+
+impl BudgetStatus {
+    /// A budget, what is spent against it, what its live holds hold, and
+    /// how many they are.
+    pub fn new(record: BudgetRecord, spent: Spend, held: Spend, holds: u64) -> Self {
+        BudgetStatus {
+            record,
+            spent,
+            held,
+            holds,
+        }
+    }
+}
+
+impl RunSpend {
+    /// A run's key, caps and budget, what it spent, what its live holds
+    /// hold, and those holds (in id order).
+    pub fn new(
+        key: RunKey,
+        caps: Caps,
+        budget: Option<String>,
+        spent: Spend,
+        held: Spend,
+        holds: Vec<HoldRecord>,
+    ) -> Self {
+        RunSpend {
+            key,
+            caps,
+            budget,
+            spent,
+            held,
+            holds,
+        }
+    }
 }
 
 /// Spend caps on runs and named budgets (rules B1–B6).

@@ -12,6 +12,10 @@ use crate::tray::{InstanceKey, Tray, TrayKey};
 /// `kind` field (`run`, `hold`, `session`, `budget`, `epoch`, `tray`,
 /// `alarm`); see the
 /// README's "Export format".
+///
+/// Exhaustive on purpose: every backend must export and import every
+/// kind, so a new kind is a compile error in a backend that does not know
+/// it rather than records an import would lose.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Entry {

@@ -42,8 +42,19 @@ use crate::tray::{InstanceKey, TrayOp};
 /// assert_eq!(store.get_run(&run.key)?.unwrap().cost_micros, 1_200);
 /// # Ok::<(), agentstate::StateError>(())
 /// ```
+///
+/// In JSON it is its text; reading one checks its length as
+/// [`IdempotencyKey::new`] does.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String")]
 pub struct IdempotencyKey(String);
+
+impl TryFrom<String> for IdempotencyKey {
+    type Error = StateError;
+    fn try_from(key: String) -> Result<Self> {
+        IdempotencyKey::new(key)
+    }
+}
 
 impl IdempotencyKey {
     /// A key from the caller's text: 1..=128 bytes, else `Invalid`.

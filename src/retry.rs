@@ -11,7 +11,10 @@ use crate::error::{RecordKey, Result, StateError};
 use crate::record::{RunKey, RunRecord};
 
 /// How often and how patiently [`StateStoreExt::update_run_with`] retries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// In JSON the durations have serde's shape for `Duration`:
+/// `{"attempts": 100, "base": {"secs": 0, "nanos": 1000000}, "max": {"secs": 0, "nanos": 50000000}}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RetryPolicy {
     /// Attempts in all, at least 1 (default 100).
     pub attempts: u32,

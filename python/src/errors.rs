@@ -120,6 +120,7 @@ fn build(py: Python<'_>, e: StateError) -> PyResult<PyErr> {
                     kw.set_item("scope", "budget")?;
                     kw.set_item("budget", BudgetKey::from(k))?;
                 }
+                _ => kw.set_item("scope", "unknown")?,
             }
             kw.set_item("amount", limit.amount.as_str())?;
             kw.set_item("max", limit.max)?;

@@ -63,11 +63,11 @@ fn errors_have_a_stable_json_shape() {
             stored: 7,
         },
         StateError::BudgetExceeded {
-            limit: CapLimit {
-                scope: CapScope::Budget(BudgetKey::new("acme", "monthly")),
-                amount: Amount::CostMicros,
-                max: 1_000,
-            },
+            limit: CapLimit::new(
+                CapScope::Budget(BudgetKey::new("acme", "monthly")),
+                Amount::CostMicros,
+                1_000,
+            ),
             spent: 900,
             held: 50,
             asked: 100,
@@ -96,15 +96,8 @@ fn listing_and_admin_types_have_a_stable_json_shape() {
     golden(
         "sweeper",
         &(
-            MarkedTray {
-                key: i.tray("state", "main"),
-                env: "prod".into(),
-                hostname: "host-1".into(),
-            },
-            Alarm {
-                instance: i.clone(),
-                due_at: 1_700_000_000_000,
-            },
+            MarkedTray::new(i.tray("state", "main"), "prod", "host-1"),
+            Alarm::new(i.clone(), 1_700_000_000_000),
         ),
     );
     golden("stats", &(StoreStats::default(), VerifyReport::default()));
