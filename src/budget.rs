@@ -320,13 +320,28 @@ impl CapLimit {
     }
 }
 
+/// `budget acme/monthly cost_micros cap 5000000`.
 impl std::fmt::Display for CapLimit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.scope {
-            CapScope::Run(k) => write!(f, "run {}/{}", k.tenant, k.run_id)?,
-            CapScope::Budget(k) => write!(f, "budget {}/{}", k.tenant, k.name)?,
+        write!(f, "{} {} cap {}", self.scope, self.amount, self.max)
+    }
+}
+
+/// `run acme/run_1` or `budget acme/monthly`.
+impl std::fmt::Display for CapScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CapScope::Run(k) => write!(f, "run {k}"),
+            CapScope::Budget(k) => write!(f, "budget {k}"),
         }
-        write!(f, " {} cap {}", self.amount.as_str(), self.max)
+    }
+}
+
+/// The amount's name as the CLI prints it (`cost_micros`, `tokens`,
+/// `iterations`); width and alignment apply.
+impl std::fmt::Display for Amount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
     }
 }
 

@@ -399,9 +399,10 @@ impl std::fmt::Display for SessionKey {
     }
 }
 
-/// The state's name as stored and parsed (`running`, `awaiting_approval`).
+/// The state's name as stored, parsed and printed by the CLI (`running`,
+/// `awaiting_approval`); width and alignment apply (`{:<18}`).
 impl std::fmt::Display for RunState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }

@@ -583,4 +583,16 @@ fn keys_and_states_display_as_people_write_them() {
         RecordKey::Run(RunKey::new("acme", "run_1")).to_string(),
         "run acme/run_1"
     );
+    // Names pad like text in the CLI's aligned output.
+    assert_eq!(format!("[{:<9}]", RunState::Running), "[running  ]");
+    assert_eq!(format!("[{:>8}]", Amount::Tokens), "[  tokens]");
+    assert_eq!(
+        CapLimit::new(
+            CapScope::Run(RunKey::new("acme", "run_1")),
+            Amount::Iterations,
+            5
+        )
+        .to_string(),
+        "run acme/run_1 iterations cap 5"
+    );
 }

@@ -117,19 +117,10 @@ pub fn show_budget(
             },
         );
     }
-    writeln!(
-        out,
-        "budget      {}/{}",
-        b.record.key.tenant, b.record.key.name
-    )?;
+    writeln!(out, "budget      {}", b.record.key)?;
     writeln!(out, "version     {}", b.record.version)?;
     for a in Amount::ALL {
-        writeln!(
-            out,
-            "{:<11} {}",
-            a.as_str(),
-            cell(a, &b.record.caps, b.spent, b.held)
-        )?;
+        writeln!(out, "{a:<11} {}", cell(a, &b.record.caps, b.spent, b.held))?;
     }
     writeln!(out, "live holds  {}", thousands(b.holds))?;
     writeln!(out, "created     {}", format_time(b.record.created_at))?;
@@ -166,15 +157,10 @@ pub fn show_run(
     if json {
         return json_line(out, &r);
     }
-    writeln!(out, "run         {}/{}", r.key.tenant, r.key.run_id)?;
+    writeln!(out, "run         {}", r.key)?;
     writeln!(out, "budget      {}", r.budget.as_deref().unwrap_or("-"))?;
     for a in Amount::ALL {
-        writeln!(
-            out,
-            "{:<11} {}",
-            a.as_str(),
-            cell(a, &r.caps, r.spent, r.held)
-        )?;
+        writeln!(out, "{a:<11} {}", cell(a, &r.caps, r.spent, r.held))?;
     }
     if r.holds.is_empty() {
         writeln!(out, "live holds  none")?;

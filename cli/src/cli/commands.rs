@@ -203,8 +203,8 @@ pub fn runs_show(
             format_span(now.saturating_sub(t))
         )
     };
-    writeln!(out, "run            {}/{}", r.key.tenant, r.key.run_id)?;
-    writeln!(out, "state          {}", r.state.as_str())?;
+    writeln!(out, "run            {}", r.key)?;
+    writeln!(out, "state          {}", r.state)?;
     writeln!(out, "agent          {}", r.agent_name)?;
     writeln!(
         out,
@@ -355,7 +355,7 @@ pub fn sessions_show(
             },
         );
     }
-    writeln!(out, "session   {}/{}", s.key.tenant, s.key.session_id)?;
+    writeln!(out, "session   {}", s.key)?;
     writeln!(out, "version   {}", s.version)?;
     writeln!(out, "created   {}", format_time(s.created_at))?;
     writeln!(out, "updated   {}", format_time(s.updated_at))?;

@@ -477,11 +477,7 @@ fn alarms(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
         format_time(due_at)
     )?;
     let due = d.r(|s| s.due_alarms(now_millis(), &PageRequest::new(10)))?;
-    let names: Vec<String> = due
-        .items()
-        .iter()
-        .map(|a| format!("{}/{}", a.instance.ns, a.instance.id))
-        .collect();
+    let names: Vec<String> = due.items().iter().map(|a| a.instance.to_string()).collect();
     writeln!(out, "  due now: {}", names.join(", "))?;
     if !d.w(|s| s.ack_alarm(&instance, 2, due_at))? {
         return Err(broken("the alarm's ack removed nothing"));
