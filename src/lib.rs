@@ -14,6 +14,9 @@
 //! - Every tray operation carries the caller's epoch, and a stale holder gets
 //!   [`StateError::FenceLost`] with nothing changed.
 //! - Tool-call arguments are scrubbed of secrets on every write.
+//! - Every data type (records, keys, queries, pages, reports, errors) is
+//!   serde `Serialize` and `Deserialize` with a stable JSON shape (the
+//!   README's "JSON shapes"); errors name the record they are about.
 //!
 //! The backends: [`MemoryStore`] (in the process, for tests) and
 //! [`FileStore`] (one directory on disk, the embedded default; an `Ok`
