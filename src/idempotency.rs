@@ -590,6 +590,15 @@ mod tests {
             stored: 2,
         });
         assert_eq!(postcard::to_stdvec(&fence).unwrap(), [4, 3, 1, 2]);
+        // RecordKey's variants keep Missing's order: Hold is still 4.
+        let hold = Outcome::Refused(Refusal::NotFound(RecordKey::Hold {
+            run: RunKey::new("t", "r"),
+            hold_id: "h".into(),
+        }));
+        assert_eq!(
+            postcard::to_stdvec(&hold).unwrap(),
+            [4, 1, 4, 1, b't', 1, b'r', 1, b'h']
+        );
 
         let instance = InstanceKey::new("pinned", "w1");
         let Outcome::Refused(r) = postcard::from_bytes::<Outcome>(&[4, 3, 1, 2]).unwrap() else {
