@@ -846,8 +846,9 @@ impl<'a> Worker<'a> {
             let mut stale = r.clone();
             stale.version -= 1;
             match self.store.put_run(stale) {
-                Err(StateError::Conflict { expected, actual })
-                    if expected == r.version - 1 && actual == r.version => {}
+                Err(StateError::Conflict {
+                    expected, actual, ..
+                }) if expected == r.version - 1 && actual == r.version => {}
                 other => bug(&format!("stale put of {}: {other:?}", r.key.run_id)),
             }
         }
@@ -860,7 +861,7 @@ impl<'a> Worker<'a> {
                 tray: t,
             }];
             match self.store.apply_batch(&self.inst, old, ops) {
-                Err(StateError::FenceLost { caller, stored })
+                Err(StateError::FenceLost { caller, stored, .. })
                     if caller == old && stored == self.epoch => {}
                 other => bug(&format!("stale batch at epoch {old}: {other:?}")),
             }

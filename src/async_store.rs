@@ -691,7 +691,7 @@ impl AsyncStore {
         loop {
             n += 1;
             let Some(mut run) = self.get_run(key).await? else {
-                return Err(StateError::NotFound(crate::error::Missing::Run(
+                return Err(StateError::NotFound(crate::error::RecordKey::Run(
                     key.clone(),
                 )));
             };

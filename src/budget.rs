@@ -287,9 +287,11 @@ impl HoldRecord {
     }
 }
 
-/// Where a cap lives.
+/// Where a cap lives. In JSON: `{"run": {...}}` or `{"budget": {...}}`.
+/// More scopes may come, so a `match` on it needs a wildcard arm.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum CapScope {
     /// The run's own caps.
     Run(RunKey),
@@ -298,8 +300,10 @@ pub enum CapScope {
 }
 
 /// Which cap refused a reserve: where it lives, which amount, and its
-/// value.
+/// value. Part of a report ([`StateError::BudgetExceeded`](crate::StateError::BudgetExceeded)),
+/// so it may gain fields: a backend makes one with [`CapLimit::new`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CapLimit {
     /// The run's caps, or its budget's.
     pub scope: CapScope,
@@ -309,18 +313,42 @@ pub struct CapLimit {
     pub max: u64,
 }
 
-impl std::fmt::Display for CapLimit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.scope {
-            CapScope::Run(k) => write!(f, "run {}/{}", k.tenant, k.run_id)?,
-            CapScope::Budget(k) => write!(f, "budget {}/{}", k.tenant, k.name)?,
-        }
-        write!(f, " {} cap {}", self.amount.as_str(), self.max)
+impl CapLimit {
+    /// The cap on `amount` in `scope`, `max`.
+    pub fn new(scope: CapScope, amount: Amount, max: u64) -> Self {
+        CapLimit { scope, amount, max }
     }
 }
 
-/// What [`BudgetStore::settle`] did.
+/// `budget acme/monthly cost_micros cap 5000000`.
+impl std::fmt::Display for CapLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} cap {}", self.scope, self.amount, self.max)
+    }
+}
+
+/// `run acme/run_1` or `budget acme/monthly`.
+impl std::fmt::Display for CapScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CapScope::Run(k) => write!(f, "run {k}"),
+            CapScope::Budget(k) => write!(f, "budget {k}"),
+        }
+    }
+}
+
+/// The amount's name as the CLI prints it (`cost_micros`, `tokens`,
+/// `iterations`); width and alignment apply.
+impl std::fmt::Display for Amount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// What [`BudgetStore::settle`] did. A report that may gain fields: a
+/// backend makes one with [`Settled::new`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Settled {
     /// The run after the spend was added (one version later).
     pub record: RunRecord,
@@ -331,8 +359,10 @@ pub struct Settled {
     pub overshoot: Spend,
 }
 
-/// A budget with what is spent against it and what is held.
+/// A budget with what is spent against it and what is held. A report that
+/// may gain fields: a backend makes one with [`BudgetStatus::new`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct BudgetStatus {
     /// The budget.
     pub record: BudgetRecord,
@@ -344,8 +374,10 @@ pub struct BudgetStatus {
     pub holds: u64,
 }
 
-/// A run's caps with what it has spent and what it holds.
+/// A run's caps with what it has spent and what it holds. A report that
+/// may gain fields: a backend makes one with [`RunSpend::new`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RunSpend {
     /// The run.
     pub key: RunKey,
@@ -359,6 +391,48 @@ pub struct RunSpend {
     pub held: Spend,
     /// Its live holds, in id order.
     pub holds: Vec<HoldRecord>,
+}
+
+impl Settled {
+    /// The run after the settle, and the overshoot over the hold.
+    pub fn new(record: RunRecord, overshoot: Spend) -> Self {
+        Settled { record, overshoot }
+    }
+}
+
+impl BudgetStatus {
+    /// A budget, what is spent against it, what its live holds hold, and
+    /// how many they are.
+    pub fn new(record: BudgetRecord, spent: Spend, held: Spend, holds: u64) -> Self {
+        BudgetStatus {
+            record,
+            spent,
+            held,
+            holds,
+        }
+    }
+}
+
+impl RunSpend {
+    /// A run's key, caps and budget, what it spent, what its live holds
+    /// hold, and those holds (in id order).
+    pub fn new(
+        key: RunKey,
+        caps: Caps,
+        budget: Option<String>,
+        spent: Spend,
+        held: Spend,
+        holds: Vec<HoldRecord>,
+    ) -> Self {
+        RunSpend {
+            key,
+            caps,
+            budget,
+            spent,
+            held,
+            holds,
+        }
+    }
 }
 
 /// Spend caps on runs and named budgets (rules B1–B6).

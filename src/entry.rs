@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::budget::{BudgetRecord, HoldRecord, Spend};
+use crate::error::RecordKey;
 use crate::record::{Millis, RunKey, RunRecord, SessionRecord};
 use crate::tray::{InstanceKey, Tray, TrayKey};
 
@@ -11,6 +12,10 @@ use crate::tray::{InstanceKey, Tray, TrayKey};
 /// `kind` field (`run`, `hold`, `session`, `budget`, `epoch`, `tray`,
 /// `alarm`); see the
 /// README's "Export format".
+///
+/// Exhaustive on purpose: every backend must export and import every
+/// kind, so a new kind is a compile error in a backend that does not know
+/// it rather than records an import would lose.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Entry {
@@ -73,5 +78,23 @@ impl Entry {
     /// ```
     pub fn check(&self) -> crate::Result<()> {
         crate::rules::check_entry(self, None)
+    }
+
+    /// The key of the record the entry holds (an epoch and an alarm are
+    /// their instance's).
+    pub(crate) fn record_key(&self) -> RecordKey {
+        match self {
+            Entry::Run(r) => RecordKey::Run(r.key.clone()),
+            Entry::Session(s) => RecordKey::Session(s.key.clone()),
+            Entry::Epoch { instance, .. } | Entry::Alarm { instance, .. } => {
+                RecordKey::Instance(instance.clone())
+            }
+            Entry::Tray { key, .. } => RecordKey::Tray(key.clone()),
+            Entry::Budget { budget, .. } => RecordKey::Budget(budget.key.clone()),
+            Entry::Hold { run, hold } => RecordKey::Hold {
+                run: run.clone(),
+                hold_id: hold.id.clone(),
+            },
+        }
     }
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use crate::budget::{BudgetKey, CapLimit};
 use crate::record::{RunKey, SessionKey};
-use crate::tray::TrayKey;
+use crate::tray::{InstanceKey, TrayKey};
 
 /// Why a write could not be persisted (rule E3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -64,10 +64,32 @@ impl PersistenceReason {
     }
 }
 
-/// What a [`StateError::NotFound`] could not find (rule E2).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// Which record an error is about: the key of a run, session, tray,
+/// budget, hold or instance. [`StateError::NotFound`] names what it could
+/// not find with it (rule E2), [`StateError::Conflict`] the record whose
+/// version moved (E1), [`StateError::InUse`] the record a delete was
+/// refused for (E4).
+///
+/// Displays as the kind of record and its key (`run acme/run_1`,
+/// `hold h1 of run acme/run_1`); in JSON it is an object with one member
+/// named after the kind (`{"run": {"tenant": "acme", "run_id": "run_1"}}`).
+///
+/// ```
+/// use agentstate::{RecordKey, RunKey};
+/// let k = RecordKey::Run(RunKey::new("acme", "run_1"));
+/// assert_eq!(k.to_string(), "run acme/run_1");
+/// assert_eq!(
+///     serde_json::to_string(&k).unwrap(),
+///     r#"{"run":{"tenant":"acme","run_id":"run_1"}}"#
+/// );
+/// ```
+// The variants' order is part of the stores' encoding of the refusals an
+// idempotency key remembers (postcard numbers variants): new kinds go at
+// the end.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Missing {
+#[non_exhaustive]
+pub enum RecordKey {
     /// A run.
     Run(RunKey),
     /// A session.
@@ -76,27 +98,62 @@ pub enum Missing {
     Tray(TrayKey),
     /// A named tenant budget.
     Budget(BudgetKey),
-    /// A live hold of a run (never reserved, or already settled, released
-    /// or expired).
+    /// A hold of a run (for `NotFound`: never reserved, or already
+    /// settled, released or expired).
     Hold {
         /// The run.
         run: RunKey,
         /// The hold's id.
         hold_id: String,
     },
+    /// A pinned-worker instance (its epoch, its alarm).
+    Instance(InstanceKey),
 }
 
-impl std::fmt::Display for Missing {
+/// What a [`StateError::NotFound`] could not find: the name this type had
+/// before it named the records of other errors too.
+pub type Missing = RecordKey;
+
+impl std::fmt::Display for RecordKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Missing::Run(k) => write!(f, "run {}/{}", k.tenant, k.run_id),
-            Missing::Session(k) => write!(f, "session {}/{}", k.tenant, k.session_id),
-            Missing::Tray(k) => write!(f, "tray {}/{}/{}/{}", k.ns, k.id, k.tray_ns, k.tray_id),
-            Missing::Budget(k) => write!(f, "budget {}/{}", k.tenant, k.name),
-            Missing::Hold { run, hold_id } => {
-                write!(f, "hold {hold_id} of run {}/{}", run.tenant, run.run_id)
-            }
+            RecordKey::Run(k) => write!(f, "run {k}"),
+            RecordKey::Session(k) => write!(f, "session {k}"),
+            RecordKey::Tray(k) => write!(f, "tray {k}"),
+            RecordKey::Budget(k) => write!(f, "budget {k}"),
+            RecordKey::Hold { run, hold_id } => write!(f, "hold {hold_id} of run {run}"),
+            RecordKey::Instance(k) => write!(f, "instance {k}"),
         }
+    }
+}
+
+impl From<RunKey> for RecordKey {
+    fn from(k: RunKey) -> Self {
+        RecordKey::Run(k)
+    }
+}
+
+impl From<SessionKey> for RecordKey {
+    fn from(k: SessionKey) -> Self {
+        RecordKey::Session(k)
+    }
+}
+
+impl From<TrayKey> for RecordKey {
+    fn from(k: TrayKey) -> Self {
+        RecordKey::Tray(k)
+    }
+}
+
+impl From<BudgetKey> for RecordKey {
+    fn from(k: BudgetKey) -> Self {
+        RecordKey::Budget(k)
+    }
+}
+
+impl From<InstanceKey> for RecordKey {
+    fn from(k: InstanceKey) -> Self {
+        RecordKey::Instance(k)
     }
 }
 
@@ -109,8 +166,11 @@ impl std::fmt::Display for Missing {
 pub enum StateError {
     /// The stored version is not the one the caller read (E1). Re-read and
     /// decide again; retrying the same record fails the same way.
-    #[error("version conflict: expected {expected}, stored {actual}")]
+    #[error("version conflict on {record}: expected {expected}, stored {actual}")]
     Conflict {
+        /// The record whose version moved (for an import, the entry whose
+        /// record already exists).
+        record: RecordKey,
         /// The version the caller said it read.
         expected: u64,
         /// The version stored now (0 when the record does not exist).
@@ -118,7 +178,7 @@ pub enum StateError {
     },
     /// The named record does not exist (E2).
     #[error("not found: {0}")]
-    NotFound(Missing),
+    NotFound(RecordKey),
     /// The write could not be persisted (E3).
     #[error("persistence failed ({reason:?}): {detail}")]
     Persistence {
@@ -131,15 +191,22 @@ pub enum StateError {
         #[source]
         source: Option<std::io::Error>,
     },
-    /// A session delete would orphan unfinished runs (E4).
-    #[error("session has {} unfinished run(s)", runs.len())]
+    /// A delete was refused because runs are unfinished (E4): a session
+    /// delete that would orphan its unfinished runs, or a `delete_run`
+    /// without a version of a run that has not finished (then `runs` is
+    /// that run).
+    #[error("{}", in_use_message(record, runs))]
     InUse {
-        /// Every unfinished run of the session.
+        /// The record whose delete was refused: the session, or the run.
+        record: RecordKey,
+        /// Every unfinished run that blocks it.
         runs: Vec<RunKey>,
     },
     /// The caller's epoch is older than the stored one (E5); nothing changed.
-    #[error("fence lost: caller epoch {caller} < stored epoch {stored}")]
+    #[error("fence lost on instance {instance}: caller epoch {caller} < stored epoch {stored}")]
     FenceLost {
+        /// The instance whose epoch moved past the caller's.
+        instance: InstanceKey,
         /// The epoch the caller carried.
         caller: u64,
         /// The epoch stored for the instance.
@@ -327,7 +394,12 @@ impl StateError {
     pub(crate) fn replicate(&self) -> StateError {
         use StateError as E;
         match self {
-            E::Conflict { expected, actual } => E::Conflict {
+            E::Conflict {
+                record,
+                expected,
+                actual,
+            } => E::Conflict {
+                record: record.clone(),
                 expected: *expected,
                 actual: *actual,
             },
@@ -344,8 +416,16 @@ impl StateError {
                     None => std::io::Error::new(io.kind(), io.to_string()),
                 }),
             },
-            E::InUse { runs } => E::InUse { runs: runs.clone() },
-            E::FenceLost { caller, stored } => E::FenceLost {
+            E::InUse { record, runs } => E::InUse {
+                record: record.clone(),
+                runs: runs.clone(),
+            },
+            E::FenceLost {
+                instance,
+                caller,
+                stored,
+            } => E::FenceLost {
+                instance: instance.clone(),
                 caller: *caller,
                 stored: *stored,
             },
@@ -374,15 +454,70 @@ impl StateError {
     }
 }
 
+/// How many runs an `InUse` message names before it says how many more.
+const IN_USE_NAMED_MAX: usize = 10;
+
+/// `session acme/s has 2 unfinished run(s): acme/r1, acme/r3`, or for a
+/// `delete_run` refused for its own run, `run acme/r1 is unfinished`.
+fn in_use_message(record: &RecordKey, runs: &[RunKey]) -> String {
+    if let (RecordKey::Run(k), [only]) = (record, runs)
+        && k == only
+    {
+        return format!("{record} is unfinished");
+    }
+    let mut names: Vec<String> = runs
+        .iter()
+        .take(IN_USE_NAMED_MAX)
+        .map(|k| k.to_string())
+        .collect();
+    if runs.len() > IN_USE_NAMED_MAX {
+        names.push(format!("and {} more", runs.len() - IN_USE_NAMED_MAX));
+    }
+    format!(
+        "{record} has {} unfinished run(s): {}",
+        runs.len(),
+        names.join(", ")
+    )
+}
+
 /// Shorthand for results of this crate.
 pub type Result<T, E = StateError> = std::result::Result<T, E>;
 
-/// A stable JSON shape for HTTP APIs and logs:
-/// `{"kind": "conflict", "message": "…", "retryable": false, …facts}`,
-/// the facts being the variant's fields (`expected`/`actual`,
-/// `caller`/`stored`, `missing`, `runs`, `limit`/`spent`/`held`/`asked`,
-/// `reason`/`detail`, `what`, `found`/`supported`, `path`/`this_process`).
-/// `kind` is the variant's name in snake case. New variants add new kinds.
+/// The stable JSON shape, for HTTP APIs and logs: an object with the
+/// variant's `kind` (its name in snake case), its `message` (the
+/// `Display` text), whether it is `retryable`, and the variant's facts
+/// under the names of its fields:
+///
+/// | kind | facts |
+/// |---|---|
+/// | `conflict` | `record`, `expected`, `actual` |
+/// | `not_found` | `missing` |
+/// | `persistence` | `reason`, `detail`, and `source` (the text of the error underneath) when there is one |
+/// | `in_use` | `record`, `runs` |
+/// | `fence_lost` | `instance`, `caller`, `stored` |
+/// | `budget_exceeded` | `limit`, `spent`, `held`, `asked` |
+/// | `invalid`, `corrupt` | `what` |
+/// | `unsupported_format` | `found`, `supported` |
+/// | `locked` | `path` (as text), `this_process` |
+///
+/// ```
+/// use agentstate::{RecordKey, RunKey, StateError};
+/// let e = StateError::Conflict {
+///     record: RecordKey::Run(RunKey::new("acme", "run_1")),
+///     expected: 3,
+///     actual: 4,
+/// };
+/// assert_eq!(
+///     serde_json::to_string(&e).unwrap(),
+///     concat!(
+///         r#"{"kind":"conflict","message":"version conflict on run acme/run_1: expected 3, stored 4","#,
+///         r#""retryable":false,"record":{"run":{"tenant":"acme","run_id":"run_1"}},"expected":3,"actual":4}"#,
+///     )
+/// );
+/// ```
+///
+/// New variants add new kinds, and a variant may gain facts (new members);
+/// existing members keep their names and meaning.
 impl serde::Serialize for StateError {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
@@ -392,17 +527,37 @@ impl serde::Serialize for StateError {
         m.serialize_entry("message", &self.to_string())?;
         m.serialize_entry("retryable", &self.is_retryable())?;
         match self {
-            StateError::Conflict { expected, actual } => {
+            StateError::Conflict {
+                record,
+                expected,
+                actual,
+            } => {
+                m.serialize_entry("record", record)?;
                 m.serialize_entry("expected", expected)?;
                 m.serialize_entry("actual", actual)?;
             }
             StateError::NotFound(missing) => m.serialize_entry("missing", missing)?,
-            StateError::Persistence { reason, detail, .. } => {
+            StateError::Persistence {
+                reason,
+                detail,
+                source,
+            } => {
                 m.serialize_entry("reason", reason)?;
                 m.serialize_entry("detail", detail)?;
+                if let Some(source) = source {
+                    m.serialize_entry("source", &source.to_string())?;
+                }
             }
-            StateError::InUse { runs } => m.serialize_entry("runs", runs)?,
-            StateError::FenceLost { caller, stored } => {
+            StateError::InUse { record, runs } => {
+                m.serialize_entry("record", record)?;
+                m.serialize_entry("runs", runs)?;
+            }
+            StateError::FenceLost {
+                instance,
+                caller,
+                stored,
+            } => {
+                m.serialize_entry("instance", instance)?;
                 m.serialize_entry("caller", caller)?;
                 m.serialize_entry("stored", stored)?;
             }
@@ -430,5 +585,190 @@ impl serde::Serialize for StateError {
             }
         }
         m.end()
+    }
+}
+
+/// Every member the JSON shape of an error may have; which are required
+/// depends on the `kind`.
+#[derive(serde::Deserialize)]
+struct ErrorJson {
+    kind: String,
+    // `message` and `retryable` follow from the facts: like any member
+    // this release does not know (a fact a newer one added), they are
+    // skipped.
+    record: Option<RecordKey>,
+    expected: Option<u64>,
+    actual: Option<u64>,
+    missing: Option<RecordKey>,
+    reason: Option<PersistenceReason>,
+    detail: Option<String>,
+    source: Option<String>,
+    runs: Option<Vec<RunKey>>,
+    instance: Option<InstanceKey>,
+    caller: Option<u64>,
+    stored: Option<u64>,
+    limit: Option<CapLimit>,
+    spent: Option<u64>,
+    held: Option<u64>,
+    asked: Option<u64>,
+    what: Option<String>,
+    found: Option<u8>,
+    supported: Option<u8>,
+    path: Option<String>,
+    this_process: Option<bool>,
+}
+
+/// Reads the shape [`Serialize`](serde::Serialize) writes back into the
+/// error it was written from: the same variant, facts, `Display` text and
+/// retryability. `message` and `retryable` are not read (they follow from
+/// the facts). What cannot cross JSON as it was crosses as its text: a
+/// `Persistence` error's `source` comes back as an `io::Error` of kind
+/// `Other` with the same text, and a `Locked` path as the path its text
+/// names. An unknown `kind` (from a newer release) is an error.
+///
+/// ```
+/// use agentstate::{InstanceKey, StateError};
+/// let json = r#"{"kind":"fence_lost","instance":{"ns":"pinned","id":"w1"},"caller":4,"stored":7}"#;
+/// let e: StateError = serde_json::from_str(json).unwrap();
+/// assert!(matches!(e, StateError::FenceLost { caller: 4, stored: 7, .. }));
+/// assert_eq!(e.to_string(), "fence lost on instance pinned/w1: caller epoch 4 < stored epoch 7");
+/// ```
+impl<'de> serde::Deserialize<'de> for StateError {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let j = ErrorJson::deserialize(d)?;
+        fn need<T, E: serde::de::Error>(
+            v: Option<T>,
+            kind: &str,
+            field: &'static str,
+        ) -> std::result::Result<T, E> {
+            v.ok_or_else(|| E::custom(format!("a {kind} error needs `{field}`")))
+        }
+        let k = j.kind.as_str();
+        Ok(match k {
+            "conflict" => StateError::Conflict {
+                record: need(j.record, k, "record")?,
+                expected: need(j.expected, k, "expected")?,
+                actual: need(j.actual, k, "actual")?,
+            },
+            "not_found" => StateError::NotFound(need(j.missing, k, "missing")?),
+            "persistence" => StateError::Persistence {
+                reason: need(j.reason, k, "reason")?,
+                detail: need(j.detail, k, "detail")?,
+                source: j.source.map(std::io::Error::other),
+            },
+            "in_use" => StateError::InUse {
+                record: need(j.record, k, "record")?,
+                runs: need(j.runs, k, "runs")?,
+            },
+            "fence_lost" => StateError::FenceLost {
+                instance: need(j.instance, k, "instance")?,
+                caller: need(j.caller, k, "caller")?,
+                stored: need(j.stored, k, "stored")?,
+            },
+            "budget_exceeded" => StateError::BudgetExceeded {
+                limit: need(j.limit, k, "limit")?,
+                spent: need(j.spent, k, "spent")?,
+                held: need(j.held, k, "held")?,
+                asked: need(j.asked, k, "asked")?,
+            },
+            "invalid" => StateError::Invalid {
+                what: need(j.what, k, "what")?,
+            },
+            "corrupt" => StateError::Corrupt {
+                what: need(j.what, k, "what")?,
+            },
+            "unsupported_format" => StateError::UnsupportedFormat {
+                found: need(j.found, k, "found")?,
+                supported: need(j.supported, k, "supported")?,
+            },
+            "locked" => StateError::Locked {
+                path: PathBuf::from(need(j.path, k, "path")?),
+                this_process: need(j.this_process, k, "this_process")?,
+            },
+            other => {
+                return Err(D::Error::custom(format!(
+                    "unknown error kind {other:?} (written by a newer release?)"
+                )));
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_record() {
+        let run = RunKey::new("acme", "r1");
+        let conflict = StateError::Conflict {
+            record: RecordKey::Run(run.clone()),
+            expected: 3,
+            actual: 4,
+        };
+        assert_eq!(
+            conflict.to_string(),
+            "version conflict on run acme/r1: expected 3, stored 4"
+        );
+        let fence = StateError::FenceLost {
+            instance: InstanceKey::new("pinned", "w1"),
+            caller: 4,
+            stored: 7,
+        };
+        assert_eq!(
+            fence.to_string(),
+            "fence lost on instance pinned/w1: caller epoch 4 < stored epoch 7"
+        );
+        // A delete_run refused for its own run says so; a session names
+        // its runs, ten at most.
+        let own = StateError::InUse {
+            record: RecordKey::Run(run.clone()),
+            runs: vec![run.clone()],
+        };
+        assert_eq!(own.to_string(), "run acme/r1 is unfinished");
+        let runs: Vec<RunKey> = (0..12)
+            .map(|i| RunKey::new("acme", format!("r{i}")))
+            .collect();
+        let session = StateError::InUse {
+            record: RecordKey::Session(SessionKey::new("acme", "s1")),
+            runs,
+        };
+        assert_eq!(
+            session.to_string(),
+            "session acme/s1 has 12 unfinished run(s): acme/r0, acme/r1, acme/r2, acme/r3, \
+             acme/r4, acme/r5, acme/r6, acme/r7, acme/r8, acme/r9, and 2 more"
+        );
+    }
+
+    #[test]
+    fn record_keys_display_their_kind_and_key() {
+        let run = RunKey::new("acme", "r1");
+        let i = InstanceKey::new("pinned", "w1");
+        for (k, text) in [
+            (RecordKey::Run(run.clone()), "run acme/r1"),
+            (
+                RecordKey::Session(SessionKey::new("acme", "s1")),
+                "session acme/s1",
+            ),
+            (
+                RecordKey::Tray(i.tray("state", "main")),
+                "tray pinned/w1/state/main",
+            ),
+            (
+                RecordKey::Budget(BudgetKey::new("acme", "monthly")),
+                "budget acme/monthly",
+            ),
+            (
+                RecordKey::Hold {
+                    run,
+                    hold_id: "h1".into(),
+                },
+                "hold h1 of run acme/r1",
+            ),
+            (RecordKey::Instance(i), "instance pinned/w1"),
+        ] {
+            assert_eq!(k.to_string(), text);
+        }
     }
 }

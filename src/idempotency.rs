@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::budget::{CapLimit, Hold, HoldRecord, Settled};
-use crate::error::{Missing, Result, StateError};
+use crate::error::{RecordKey, Result, StateError};
 use crate::limits::IDEMPOTENCY_KEY_BYTES_MAX;
 use crate::record::{Millis, RunKey, RunRecord, StateDelta};
 use crate::tray::{InstanceKey, TrayOp};
@@ -42,8 +42,19 @@ use crate::tray::{InstanceKey, TrayOp};
 /// assert_eq!(store.get_run(&run.key)?.unwrap().cost_micros, 1_200);
 /// # Ok::<(), agentstate::StateError>(())
 /// ```
+///
+/// In JSON it is its text; reading one checks its length as
+/// [`IdempotencyKey::new`] does.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String")]
 pub struct IdempotencyKey(String);
+
+impl TryFrom<String> for IdempotencyKey {
+    type Error = StateError;
+    fn try_from(key: String) -> Result<Self> {
+        IdempotencyKey::new(key)
+    }
+}
 
 impl IdempotencyKey {
     /// A key from the caller's text: 1..=128 bytes, else `Invalid`.
@@ -116,13 +127,15 @@ impl Scope<'_> {
     }
 }
 
-/// One keyed call: where its key lives, the key, and the fingerprint of
-/// its operation and arguments.
-#[derive(Debug, Clone, Copy)]
+/// One keyed call: where its key lives, the key, the fingerprint of its
+/// operation and arguments, and the record it is about (which a
+/// remembered refusal names when it is answered again).
+#[derive(Debug, Clone)]
 pub(crate) struct Keyed<'a> {
     pub(crate) scope: Scope<'a>,
     pub(crate) key: &'a IdempotencyKey,
     pub(crate) fingerprint: [u8; 16],
+    pub(crate) about: RecordKey,
 }
 
 /// Domain separation of the fingerprint.
@@ -136,6 +149,7 @@ impl<'a> Keyed<'a> {
         op: Op,
         scope: Scope<'a>,
         key: &'a IdempotencyKey,
+        about: RecordKey,
         args: &impl Serialize,
     ) -> Result<Self> {
         let bytes = postcard::to_stdvec(args)
@@ -152,6 +166,7 @@ impl<'a> Keyed<'a> {
             scope,
             key,
             fingerprint,
+            about,
         })
     }
 }
@@ -166,7 +181,8 @@ impl<'a> Keyed<'a> {
         record: &RunRecord,
         key: &'a IdempotencyKey,
     ) -> Result<Self> {
-        Keyed::new(Op::PutRun, Scope::Tenant(tenant), key, record)
+        let about = RecordKey::Run(record.key.clone());
+        Keyed::new(Op::PutRun, Scope::Tenant(tenant), key, about, record)
     }
     /// `patch_run_idempotent`.
     pub(crate) fn patch_run(
@@ -174,11 +190,25 @@ impl<'a> Keyed<'a> {
         delta: &StateDelta,
         key: &'a IdempotencyKey,
     ) -> Result<Self> {
-        Keyed::new(Op::PatchRun, Scope::Tenant(&run.tenant), key, &(run, delta))
+        let about = RecordKey::Run(run.clone());
+        Keyed::new(
+            Op::PatchRun,
+            Scope::Tenant(&run.tenant),
+            key,
+            about,
+            &(run, delta),
+        )
     }
     /// `reserve_idempotent`.
     pub(crate) fn reserve(run: &'a RunKey, hold: &Hold, key: &'a IdempotencyKey) -> Result<Self> {
-        Keyed::new(Op::Reserve, Scope::Tenant(&run.tenant), key, &(run, hold))
+        let about = RecordKey::Run(run.clone());
+        Keyed::new(
+            Op::Reserve,
+            Scope::Tenant(&run.tenant),
+            key,
+            about,
+            &(run, hold),
+        )
     }
     /// `settle_idempotent`.
     pub(crate) fn settle(
@@ -191,6 +221,7 @@ impl<'a> Keyed<'a> {
             Op::Settle,
             Scope::Tenant(&run.tenant),
             key,
+            RecordKey::Run(run.clone()),
             &(run, hold_id, spent),
         )
     }
@@ -204,6 +235,7 @@ impl<'a> Keyed<'a> {
             Op::ReleaseHold,
             Scope::Tenant(&run.tenant),
             key,
+            RecordKey::Run(run.clone()),
             &(run, hold_id),
         )
     }
@@ -218,6 +250,7 @@ impl<'a> Keyed<'a> {
             Op::ApplyBatch,
             Scope::Trays(&instance.ns),
             key,
+            RecordKey::Instance(instance.clone()),
             &(instance, epoch, ops),
         )
     }
@@ -235,13 +268,18 @@ pub(crate) enum Outcome {
 
 /// A refusal the store decided from its state, remembered with its key so
 /// a repeat answers it again (the same facts, not a fresh decision).
+///
+/// The record a refusal is about is not kept: it is the keyed call's own
+/// ([`Keyed::about`]), given back when the refusal is answered again. So
+/// this encoding is the one earlier releases wrote, and their remembered
+/// refusals read back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Refusal {
     Conflict {
         expected: u64,
         actual: u64,
     },
-    NotFound(Missing),
+    NotFound(RecordKey),
     InUse(Vec<RunKey>),
     FenceLost {
         caller: u64,
@@ -264,13 +302,15 @@ impl Refusal {
     pub(crate) fn of(e: &StateError) -> Option<Self> {
         use crate::error::PersistenceReason as R;
         Some(match e {
-            StateError::Conflict { expected, actual } => Refusal::Conflict {
+            StateError::Conflict {
+                expected, actual, ..
+            } => Refusal::Conflict {
                 expected: *expected,
                 actual: *actual,
             },
             StateError::NotFound(m) => Refusal::NotFound(m.clone()),
-            StateError::InUse { runs } => Refusal::InUse(runs.clone()),
-            StateError::FenceLost { caller, stored } => Refusal::FenceLost {
+            StateError::InUse { runs, .. } => Refusal::InUse(runs.clone()),
+            StateError::FenceLost { caller, stored, .. } => Refusal::FenceLost {
                 caller: *caller,
                 stored: *stored,
             },
@@ -295,12 +335,36 @@ impl Refusal {
         })
     }
 
-    pub(crate) fn into_error(self) -> StateError {
+    /// The refusal as the error it was, about `about` (the keyed call's
+    /// record).
+    pub(crate) fn into_error(self, about: &RecordKey) -> StateError {
         match self {
-            Refusal::Conflict { expected, actual } => StateError::Conflict { expected, actual },
+            Refusal::Conflict { expected, actual } => StateError::Conflict {
+                record: about.clone(),
+                expected,
+                actual,
+            },
             Refusal::NotFound(m) => StateError::NotFound(m),
-            Refusal::InUse(runs) => StateError::InUse { runs },
-            Refusal::FenceLost { caller, stored } => StateError::FenceLost { caller, stored },
+            Refusal::InUse(runs) => StateError::InUse {
+                record: about.clone(),
+                runs,
+            },
+            Refusal::FenceLost { caller, stored } => {
+                let instance = match about {
+                    RecordKey::Instance(i) => i.clone(),
+                    RecordKey::Tray(t) => t.instance(),
+                    other => {
+                        return StateError::corrupt(format!(
+                            "an idempotency key remembers a lost fence for {other}, which has no epoch"
+                        ));
+                    }
+                };
+                StateError::FenceLost {
+                    instance,
+                    caller,
+                    stored,
+                }
+            }
             Refusal::BudgetExceeded {
                 limit,
                 spent,
@@ -404,19 +468,20 @@ pub(crate) struct Remembered {
 }
 
 impl Remembered {
-    /// The first outcome again, for a repeat of `keyed` (I1); a key first
-    /// used with other arguments or for another operation is `Invalid`
-    /// (I3).
+    /// The first outcome again, for a repeat of the call with this
+    /// `fingerprint` and `key`, about `about` (I1); a key first used with
+    /// other arguments or for another operation is `Invalid` (I3).
     pub(crate) fn replay<T: Answer>(
         self,
         fingerprint: [u8; 16],
         key: &IdempotencyKey,
+        about: &RecordKey,
     ) -> Result<T> {
         if self.fingerprint != fingerprint {
             return Err(reused(key));
         }
         match self.outcome {
-            Outcome::Refused(r) => Err(r.into_error()),
+            Outcome::Refused(r) => Err(r.into_error(about)),
             o => T::from_outcome(o).ok_or_else(|| reused(key)),
         }
     }
@@ -447,15 +512,16 @@ mod tests {
             cost_micros: 2,
             ..Default::default()
         };
-        let a = Keyed::new(Op::PatchRun, Scope::Tenant("acme"), &k, &(&run, &d1)).unwrap();
-        let b = Keyed::new(Op::PatchRun, Scope::Tenant("acme"), &k, &(&run, &d1)).unwrap();
-        let c = Keyed::new(Op::PatchRun, Scope::Tenant("acme"), &k, &(&run, &d2)).unwrap();
-        let d = Keyed::new(Op::Settle, Scope::Tenant("acme"), &k, &(&run, &d1)).unwrap();
+        let about = || RecordKey::Run(run.clone());
+        let tenant = Scope::Tenant("acme");
+        let a = Keyed::new(Op::PatchRun, tenant, &k, about(), &(&run, &d1)).unwrap();
+        let b = Keyed::new(Op::PatchRun, tenant, &k, about(), &(&run, &d1)).unwrap();
+        let c = Keyed::new(Op::PatchRun, tenant, &k, about(), &(&run, &d2)).unwrap();
+        let d = Keyed::new(Op::Settle, tenant, &k, about(), &(&run, &d1)).unwrap();
         assert_eq!(a.fingerprint, b.fingerprint);
         assert_ne!(a.fingerprint, c.fingerprint);
         assert_ne!(a.fingerprint, d.fingerprint);
     }
-
     #[test]
     fn keys_are_1_to_128_bytes_and_random_ones_differ() {
         assert!(IdempotencyKey::new("").is_err());
@@ -468,8 +534,10 @@ mod tests {
     #[test]
     fn a_remembered_refusal_replays_as_the_same_error() {
         let k = IdempotencyKey::new("k").unwrap();
-        let keyed = Keyed::new(Op::PutRun, Scope::Tenant("t"), &k, &1u8).unwrap();
+        let run = RecordKey::Run(RunKey::new("t", "r"));
+        let keyed = Keyed::new(Op::PutRun, Scope::Tenant("t"), &k, run.clone(), &1u8).unwrap();
         let e = StateError::Conflict {
+            record: run.clone(),
             expected: 3,
             actual: 4,
         };
@@ -481,23 +549,76 @@ mod tests {
         };
         let again = r
             .clone()
-            .replay::<RunRecord>(keyed.fingerprint, &k)
+            .replay::<RunRecord>(keyed.fingerprint, &k, &keyed.about)
             .unwrap_err();
+        assert!(
+            matches!(
+                &again,
+                StateError::Conflict {
+                    record,
+                    expected: 3,
+                    actual: 4
+                } if *record == run
+            ),
+            "{again:?}"
+        );
+        let other = Keyed::new(Op::PutRun, Scope::Tenant("t"), &k, run.clone(), &2u8).unwrap();
         assert!(matches!(
-            again,
-            StateError::Conflict {
-                expected: 3,
-                actual: 4
-            }
-        ));
-        let other = Keyed::new(Op::PutRun, Scope::Tenant("t"), &k, &2u8).unwrap();
-        assert!(matches!(
-            r.replay::<RunRecord>(other.fingerprint, &k),
+            r.replay::<RunRecord>(other.fingerprint, &k, &other.about),
             Err(StateError::Invalid { .. })
         ));
         assert!(
             outcome_of::<RunRecord>(&Err(StateError::unavailable("down", None))).is_none(),
             "an unavailable store's failure is not remembered"
         );
+    }
+
+    /// The record a refusal names is the keyed call's, not part of what is
+    /// kept: a refusal is stored in the bytes earlier releases wrote (so
+    /// their remembered refusals still read), and answers again naming
+    /// the call's record.
+    #[test]
+    fn remembered_refusals_keep_their_encoding_and_name_the_calls_record() {
+        let conflict = Outcome::Refused(Refusal::Conflict {
+            expected: 3,
+            actual: 4,
+        });
+        // Outcome::Refused is variant 4, Refusal::Conflict variant 0.
+        assert_eq!(postcard::to_stdvec(&conflict).unwrap(), [4, 0, 3, 4]);
+        let fence = Outcome::Refused(Refusal::FenceLost {
+            caller: 1,
+            stored: 2,
+        });
+        assert_eq!(postcard::to_stdvec(&fence).unwrap(), [4, 3, 1, 2]);
+        // RecordKey's variants keep Missing's order: Hold is still 4.
+        let hold = Outcome::Refused(Refusal::NotFound(RecordKey::Hold {
+            run: RunKey::new("t", "r"),
+            hold_id: "h".into(),
+        }));
+        assert_eq!(
+            postcard::to_stdvec(&hold).unwrap(),
+            [4, 1, 4, 1, b't', 1, b'r', 1, b'h']
+        );
+
+        let instance = InstanceKey::new("pinned", "w1");
+        let Outcome::Refused(r) = postcard::from_bytes::<Outcome>(&[4, 3, 1, 2]).unwrap() else {
+            panic!("not a refusal")
+        };
+        let e = r.clone().into_error(&RecordKey::Instance(instance.clone()));
+        assert!(
+            matches!(&e, StateError::FenceLost { instance: i, caller: 1, stored: 2 } if *i == instance),
+            "{e:?}"
+        );
+        let tray = instance.tray("state", "main");
+        assert!(matches!(
+            r.clone().into_error(&RecordKey::Tray(tray)),
+            StateError::FenceLost { instance: i, .. } if i == instance
+        ));
+        // A lost fence remembered for a run's call cannot be: a run has no
+        // epoch, so the kept value is damaged.
+        assert!(matches!(
+            r.into_error(&RecordKey::Run(RunKey::new("t", "r"))),
+            StateError::Corrupt { .. }
+        ));
     }
 }

@@ -14,6 +14,9 @@
 //! - Every tray operation carries the caller's epoch, and a stale holder gets
 //!   [`StateError::FenceLost`] with nothing changed.
 //! - Tool-call arguments are scrubbed of secrets on every write.
+//! - Every data type (records, keys, queries, pages, reports, errors) is
+//!   serde `Serialize` and `Deserialize` with a stable JSON shape (the
+//!   README's "JSON shapes"); errors name the record they are about.
 //!
 //! The backends: [`MemoryStore`] (in the process, for tests) and
 //! [`FileStore`] (one directory on disk, the embedded default; an `Ok`
@@ -125,7 +128,7 @@ pub use budget::{
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cursor::Cursor;
 pub use entry::Entry;
-pub use error::{Missing, PersistenceReason, Result, StateError};
+pub use error::{Missing, PersistenceReason, RecordKey, Result, StateError};
 pub use idempotency::IdempotencyKey;
 pub use kv::{FileStore, MemoryStore};
 pub use labels::{Label, Labels};

@@ -81,10 +81,12 @@ fn finish<T>(backend: &'static str, op: &'static str, start: Instant, out: &Resu
     )
     .increment(1);
     match e {
-        StateError::Conflict { expected, actual } => {
+        StateError::Conflict {
+            expected, actual, ..
+        } => {
             tracing::debug!(backend, op, expected, actual, "version conflict");
         }
-        StateError::FenceLost { caller, stored } => {
+        StateError::FenceLost { caller, stored, .. } => {
             tracing::info!(
                 backend,
                 op,

@@ -14,7 +14,10 @@ use crate::scrub::Scrubber;
 /// |---|---|---|
 /// | `Immediate` (default) | survives | survives, on disks that honour `fdatasync` |
 /// | `Buffered` | survives | may lose the last writes (never a torn one) |
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+///
+/// In JSON: `"immediate"` or `"buffered"`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Durability {
     /// Every acknowledged write was synced (`fdatasync`) before `Ok`; writers
@@ -36,7 +39,10 @@ pub enum Durability {
 /// |---|---|---|
 /// | `Fjall` (default) | fjall's journal `fdatasync`ed per group | not blocked |
 /// | `Sled` (feature `sled`) | sled flushed, then its data and blob files `fdatasync`ed per group | wait for it |
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+///
+/// In JSON: its name, `"fjall"` or `"sled"`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum FileEngine {
     /// fjall 3 (an LSM tree with a journal). The default, and the faster.
@@ -59,7 +65,7 @@ impl FileEngine {
 
 /// How far the one-time upgrade of an older file store's layout has got
 /// (see [`Options::on_upgrade`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct UpgradeProgress {
     /// Runs moved into the current layout so far.
@@ -94,7 +100,7 @@ pub struct Options {
 /// by later keyed writes of the same tenant, a few at a time: a repeat of
 /// a forgotten key applies again. Keep the window longer than the longest
 /// time a caller may keep retrying one operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IdempotencyWindow {
     /// Most keys kept per tenant (at least 1).
     pub keys_max: u64,

@@ -17,7 +17,11 @@ use crate::limits::{PAGE_ITEMS_DEFAULT, PAGE_ITEMS_MAX};
 /// assert_eq!((first.limit, first.cursor.is_none()), (50, true));
 /// assert_eq!(PageRequest::default().limit, 100);
 /// ```
+///
+/// It may gain fields (an order, say), so it is built with
+/// [`PageRequest::new`] and its methods.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct PageRequest {
     /// Items per page, 1..=1000.
     pub limit: usize,
@@ -52,8 +56,18 @@ impl PageRequest {
 }
 
 /// One page of a listing. The page that ends a walk has no cursor (rule L3).
-/// Serializes as `{"items": [...], "cursor": "..." | null}`; it is not
-/// deserialized (a page is made by a store, or checked by [`Page::new`]).
+///
+/// In JSON: `{"items": [...], "cursor": "..." | null}`. Reading one back
+/// checks it as [`Page::new`] does (an empty page with a cursor, or more
+/// than 1000 items, is an error).
+///
+/// ```
+/// use agentstate::{Page, RunKey};
+/// let page: Page<RunKey> =
+///     serde_json::from_str(r#"{"items":[{"tenant":"acme","run_id":"r1"}],"cursor":null}"#).unwrap();
+/// assert_eq!(page.items(), [RunKey::new("acme", "r1")]);
+/// assert!(serde_json::from_str::<Page<RunKey>>(r#"{"items":[],"cursor":"c"}"#).is_err());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Page<T> {
     items: Vec<T>,
@@ -86,6 +100,21 @@ impl<T> Page<T> {
     /// Items and cursor, by value.
     pub fn into_parts(self) -> (Vec<T>, Option<Cursor>) {
         (self.items, self.cursor)
+    }
+}
+
+/// A page as it is read, before [`Page::new`] checks it.
+#[derive(serde::Deserialize)]
+#[serde(rename = "Page")]
+struct PageIn<T> {
+    items: Vec<T>,
+    cursor: Option<Cursor>,
+}
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Page<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let p = PageIn::<T>::deserialize(d)?;
+        Page::new(p.items, p.cursor).map_err(serde::de::Error::custom)
     }
 }
 

@@ -30,7 +30,12 @@ impl RunKey {
     }
 }
 
-/// Where a run is in its life.
+/// Where a run is in its life. In JSON: its name in snake case
+/// (`"awaiting_approval"`), as [`RunState::as_str`] and `Display` give it.
+///
+/// Exhaustive on purpose: the states are the contract's (rule R9), and a
+/// new one would change what every caller must handle, so a `match` that
+/// misses it should fail to compile rather than fall into a wildcard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
@@ -394,9 +399,10 @@ impl std::fmt::Display for SessionKey {
     }
 }
 
-/// The state's name as stored and parsed (`running`, `awaiting_approval`).
+/// The state's name as stored, parsed and printed by the CLI (`running`,
+/// `awaiting_approval`); width and alignment apply (`{:<18}`).
 impl std::fmt::Display for RunState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }

@@ -7,11 +7,14 @@
 use std::time::Duration;
 
 use crate::api::StateStore;
-use crate::error::{Missing, Result, StateError};
+use crate::error::{RecordKey, Result, StateError};
 use crate::record::{RunKey, RunRecord};
 
 /// How often and how patiently [`StateStoreExt::update_run_with`] retries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// In JSON the durations have serde's shape for `Duration`:
+/// `{"attempts": 100, "base": {"secs": 0, "nanos": 1000000}, "max": {"secs": 0, "nanos": 50000000}}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RetryPolicy {
     /// Attempts in all, at least 1 (default 100).
     pub attempts: u32,
@@ -108,7 +111,7 @@ pub trait StateStoreExt: StateStore {
         loop {
             n += 1;
             let Some(mut run) = self.get_run(key)? else {
-                return Err(StateError::NotFound(Missing::Run(key.clone())));
+                return Err(StateError::NotFound(RecordKey::Run(key.clone())));
             };
             edit(&mut run)?;
             match self.put_run(run) {

@@ -175,6 +175,10 @@ impl<'de> Deserialize<'de> for Tray {
 }
 
 /// One operation of a tray batch (rule T3).
+///
+/// Exhaustive on purpose: every backend must apply every operation, so a
+/// new one is a compile error in a backend that does not know it rather
+/// than a refusal at run time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TrayOp {
     /// Write a tray of the batch's instance.
@@ -195,8 +199,11 @@ pub enum TrayOp {
     },
 }
 
-/// A marked tray as the sweeper sees it: whom to wake.
+/// A marked tray as the sweeper sees it: whom to wake. It may gain fields
+/// (more of what the worker wrote): a backend makes one with
+/// [`MarkedTray::new`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct MarkedTray {
     /// The tray.
     pub key: TrayKey,
@@ -212,13 +219,33 @@ pub struct MarkedTray {
 /// reading the table with SQL.
 pub const ALARM_TRAY: (&str, &str) = ("pinned", "alarm");
 
-/// A due alarm (rule A2).
+/// A due alarm (rule A2). It may gain fields: a backend makes one with
+/// [`Alarm::new`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Alarm {
     /// Whose alarm.
     pub instance: InstanceKey,
     /// When it is due; pass it back to `ack_alarm`.
     pub due_at: Millis,
+}
+
+impl MarkedTray {
+    /// The tray, and the env and host of the worker that marked it.
+    pub fn new(key: TrayKey, env: impl Into<String>, hostname: impl Into<String>) -> Self {
+        MarkedTray {
+            key,
+            env: env.into(),
+            hostname: hostname.into(),
+        }
+    }
+}
+
+impl Alarm {
+    /// The alarm of `instance`, due at `due_at`.
+    pub fn new(instance: InstanceKey, due_at: Millis) -> Self {
+        Alarm { instance, due_at }
+    }
 }
 
 /// `ns/id`.

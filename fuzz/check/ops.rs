@@ -599,12 +599,14 @@ fn make_tray(marked: bool, env: &str, doc: Vec<u8>) -> Tray {
 /// says it carries.
 fn kind(e: &StateError) -> String {
     match e {
-        StateError::Conflict { expected, actual } => {
+        StateError::Conflict {
+            expected, actual, ..
+        } => {
             format!("Conflict {{ expected: {expected}, actual: {actual} }}")
         }
         StateError::NotFound(m) => format!("NotFound({m})"),
-        StateError::InUse { runs } => format!("InUse({runs:?})"),
-        StateError::FenceLost { caller, stored } => {
+        StateError::InUse { runs, .. } => format!("InUse({runs:?})"),
+        StateError::FenceLost { caller, stored, .. } => {
             format!("FenceLost {{ caller: {caller}, stored: {stored} }}")
         }
         StateError::Invalid { .. } => "Invalid".to_string(),
@@ -690,24 +692,24 @@ impl Model {
     fn budget_status(&self, tenant: &str, name: &str) -> Option<BudgetStatus> {
         let (record, spent) = self.budgets.get(&(tenant.to_string(), name.to_string()))?;
         let holds = self.budget_holds(tenant, name);
-        Some(BudgetStatus {
-            record: record.clone(),
-            spent: *spent,
-            held: Model::sum(&holds),
-            holds: holds.len() as u64,
-        })
+        Some(BudgetStatus::new(
+            record.clone(),
+            *spent,
+            Model::sum(&holds),
+            holds.len() as u64,
+        ))
     }
 
     fn run_spend(&self, r: &RunRecord) -> RunSpend {
         let holds = self.run_holds(&r.key.tenant, &r.key.run_id);
-        RunSpend {
-            key: r.key.clone(),
-            caps: r.caps,
-            budget: r.budget.clone(),
-            spent: Spend::of_run(r),
-            held: Model::sum(&holds),
+        RunSpend::new(
+            r.key.clone(),
+            r.caps,
+            r.budget.clone(),
+            Spend::of_run(r),
+            Model::sum(&holds),
             holds,
-        }
+        )
     }
 
     /// B3/B6: a run of a budget spent `cost` and `iterations`; saturating.
@@ -728,11 +730,7 @@ impl Model {
                 if let Some(max) = caps.max(amount) {
                     let (s, h, a) = (spent.get(amount), held.get(amount), asked.get(amount));
                     if s as u128 + h as u128 + a as u128 > max as u128 {
-                        let limit = CapLimit {
-                            scope: scope.clone(),
-                            amount,
-                            max,
-                        };
+                        let limit = CapLimit::new(scope.clone(), amount, max);
                         return Err(format!("BudgetExceeded {{ {limit:?}, {s}, {h}, {a} }}"));
                     }
                 }
@@ -819,11 +817,7 @@ impl Model {
         self.trays
             .iter()
             .filter(|(_, t)| t.marked && env.is_none_or(|e| e == t.env))
-            .map(|(k, t)| MarkedTray {
-                key: tray_key(k),
-                env: t.env.clone(),
-                hostname: t.hostname.clone(),
-            })
+            .map(|(k, t)| MarkedTray::new(tray_key(k), t.env.clone(), t.hostname.clone()))
             .collect()
     }
 
@@ -832,10 +826,7 @@ impl Model {
             .alarms
             .iter()
             .filter(|(_, d)| **d <= now)
-            .map(|((ns, id), d)| Alarm {
-                instance: InstanceKey::new(ns.clone(), id.clone()),
-                due_at: *d,
-            })
+            .map(|((ns, id), d)| Alarm::new(InstanceKey::new(ns.clone(), id.clone()), *d))
             .collect();
         v.sort_by(|a, b| {
             (a.due_at, &a.instance.ns, &a.instance.id).cmp(&(
@@ -1735,15 +1726,15 @@ impl Harness<'_> {
                                     m.holds.remove(&hk);
                                     m.spend_on_budget(&new, cost, iterations);
                                     m.runs.insert(k, new.clone());
-                                    ok(Settled {
-                                        record: new,
-                                        overshoot: Spend {
+                                    ok(Settled::new(
+                                        new,
+                                        Spend {
                                             cost_micros: cost.saturating_sub(h.amounts.cost_micros),
                                             tokens: 0,
                                             iterations: iterations
                                                 .saturating_sub(h.amounts.iterations),
                                         },
-                                    })
+                                    ))
                                 }
                                 _ => invalid(),
                             },

@@ -38,7 +38,9 @@ fn main() {
                 run.agent_name = format!("rust-{version}");
                 match store.put_run(run) {
                     Ok(stored) => format!("won {}", stored.version),
-                    Err(StateError::Conflict { expected, actual }) => {
+                    Err(StateError::Conflict {
+                        expected, actual, ..
+                    }) => {
                         format!("lost {expected} {actual}")
                     }
                     Err(e) => format!("error {e}"),

@@ -64,7 +64,9 @@ fn build(py: Python<'_>, e: StateError) -> PyResult<PyErr> {
     let message = e.to_string();
     let kw = PyDict::new(py);
     let name = match e {
-        StateError::Conflict { expected, actual } => {
+        StateError::Conflict {
+            expected, actual, ..
+        } => {
             kw.set_item("expected_version", expected)?;
             kw.set_item("actual_version", actual)?;
             "StateConflictError"
@@ -81,6 +83,7 @@ fn build(py: Python<'_>, e: StateError) -> PyResult<PyErr> {
                 Missing::Hold { run, .. } => {
                     ("hold", Some(Py::new(py, RunKey::from(run))?.into_any()))
                 }
+                _ => ("record", None),
             };
             kw.set_item("what", what)?;
             kw.set_item("key", key)?;
@@ -92,12 +95,12 @@ fn build(py: Python<'_>, e: StateError) -> PyResult<PyErr> {
             kw.set_item("keyed", keyed)?;
             "StatePersistenceError"
         }
-        StateError::InUse { runs } => {
+        StateError::InUse { runs, .. } => {
             let runs: Vec<RunKey> = runs.into_iter().map(RunKey::from).collect();
             kw.set_item("runs", runs)?;
             "StateInUseError"
         }
-        StateError::FenceLost { caller, stored } => {
+        StateError::FenceLost { caller, stored, .. } => {
             kw.set_item("caller_epoch", caller)?;
             kw.set_item("stored_epoch", stored)?;
             "FenceLostError"
@@ -117,6 +120,7 @@ fn build(py: Python<'_>, e: StateError) -> PyResult<PyErr> {
                     kw.set_item("scope", "budget")?;
                     kw.set_item("budget", BudgetKey::from(k))?;
                 }
+                _ => kw.set_item("scope", "unknown")?,
             }
             kw.set_item("amount", limit.amount.as_str())?;
             kw.set_item("max", limit.max)?;

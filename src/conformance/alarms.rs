@@ -49,7 +49,8 @@ pub fn a1_one_alarm_per_instance(make: Factory<'_>) {
         s.set_alarm(&i, 1, 5),
         StateError::FenceLost {
             caller: 1,
-            stored: 2
+            stored: 2,
+            ..
         },
         "A1: a fenced set_alarm"
     );
@@ -176,7 +177,8 @@ pub fn a3_alarm_stays_due_until_acked(make: Factory<'_>) {
         s.ack_alarm(&i, 1, 120),
         StateError::FenceLost {
             caller: 1,
-            stored: 2
+            stored: 2,
+            ..
         },
         "A3: a fenced ack"
     );

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::Factory;
 use super::helpers::*;
 use crate::{
-    Amount, BudgetKey, BudgetRecord, CapScope, Caps, Entry, Hold, Missing, RunKey, RunRecord,
+    Amount, BudgetKey, BudgetRecord, CapScope, Caps, Entry, Hold, RecordKey, RunKey, RunRecord,
     Spend, StateDelta, StateError, Usage,
 };
 
@@ -79,9 +79,10 @@ pub fn b1_caps_and_budget_fixed_at_create(make: Factory<'_>) {
     expect_err!(
         s.put_budget(BudgetRecord::new(bk.clone(), Caps::new())),
         StateError::Conflict {
+            ref record,
             expected: 0,
-            actual: 1
-        },
+            actual: 1,
+        } if *record == RecordKey::Budget(bk.clone()),
         "B1: creating an existing budget"
     );
     let mut up = b.clone();
@@ -91,9 +92,10 @@ pub fn b1_caps_and_budget_fixed_at_create(make: Factory<'_>) {
     expect_err!(
         s.put_budget(b.clone()),
         StateError::Conflict {
+            ref record,
             expected: 1,
-            actual: 2
-        },
+            actual: 2,
+        } if *record == RecordKey::Budget(bk.clone()),
         "B1: a stale budget update"
     );
     let got = ok(s.get_budget(&bk), "B1: get_budget").expect("B1: the budget exists");
@@ -112,7 +114,7 @@ pub fn b1_caps_and_budget_fixed_at_create(make: Factory<'_>) {
     let rk = RunKey::new(&t, "r-missing");
     expect_err!(
         s.put_run(RunRecord::new(rk.clone(), "a").with_budget("nope")),
-        StateError::NotFound(Missing::Budget(ref k)) if *k == missing,
+        StateError::NotFound(RecordKey::Budget(ref k)) if *k == missing,
         "B1: a run naming a missing budget"
     );
     assert!(get(s, &rk).is_none(), "B1: the refused run was not created");
@@ -326,7 +328,7 @@ pub fn b2_reserve_within_every_cap_or_changes_nothing(make: Factory<'_>) {
     let ghost = RunKey::new(&t, "ghost");
     expect_err!(
         s.reserve(&ghost, Hold::new("h1", 1_000)),
-        StateError::NotFound(Missing::Run(ref k)) if *k == ghost,
+        StateError::NotFound(RecordKey::Run(ref k)) if *k == ghost,
         "B2: a reserve on a missing run"
     );
     // A run without caps or budget takes any hold.
@@ -504,7 +506,7 @@ pub fn b4_release_and_unknown_holds(make: Factory<'_>) {
     );
     ok(s.settle(&rk, "h2", cost(10)), "B4: settle");
     let before = (must_get(s, &rk), run_amounts(s, &rk));
-    let gone = |id: &str| Missing::Hold {
+    let gone = |id: &str| RecordKey::Hold {
         run: rk.clone(),
         hold_id: id.to_string(),
     };
@@ -528,12 +530,12 @@ pub fn b4_release_and_unknown_holds(make: Factory<'_>) {
     let ghost = RunKey::new(&t, "ghost");
     expect_err!(
         s.settle(&ghost, "h", cost(1)),
-        StateError::NotFound(Missing::Run(ref k)) if *k == ghost,
+        StateError::NotFound(RecordKey::Run(ref k)) if *k == ghost,
         "B4: settling on a missing run"
     );
     expect_err!(
         s.release_hold(&ghost, "h"),
-        StateError::NotFound(Missing::Run(ref k)) if *k == ghost,
+        StateError::NotFound(RecordKey::Run(ref k)) if *k == ghost,
         "B4: releasing on a missing run"
     );
 }
@@ -603,13 +605,13 @@ pub fn b5_expired_holds_free_their_amount(make: Factory<'_>) {
     // An expired hold cannot be settled or released.
     expect_err!(
         s.settle(&a, "h1", cost(1)),
-        StateError::NotFound(Missing::Hold { .. }),
+        StateError::NotFound(RecordKey::Hold { .. }),
         "B5: settling an expired hold"
     );
     c.clock.advance(1_000);
     expect_err!(
         s.release_hold(&b, "h1"),
-        StateError::NotFound(Missing::Hold { .. }),
+        StateError::NotFound(RecordKey::Hold { .. }),
         "B5: releasing an expired hold"
     );
     // A patch touches the budget too.

@@ -5,14 +5,15 @@ use super::Factory;
 use super::helpers::*;
 use crate::limits::BATCH_OPS_MAX;
 use crate::{
-    Alarm, Cursor, InstanceKey, MarkedTray, Missing, PageRequest, PersistenceReason, RunKey,
+    Alarm, Cursor, InstanceKey, MarkedTray, PageRequest, PersistenceReason, RecordKey, RunKey,
     RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError, StateQuery, Tray,
     TrayKey, TrayOp,
 };
 
-/// E1: `Conflict { expected, actual }` says the version moved; it is not
-/// retryable as is (the same call fails the same way) — re-read, decide
-/// again, and the write goes through.
+/// E1: `Conflict { record, expected, actual }` says the version of
+/// `record` moved; it is not retryable as is (the same call fails the same
+/// way) — re-read, decide again, and the write goes through. Its message
+/// names the record.
 pub fn e1_conflict_not_retryable(make: Factory<'_>) {
     let c = open(make);
     let s = &*c.store;
@@ -26,13 +27,17 @@ pub fn e1_conflict_not_retryable(make: Factory<'_>) {
         let e = expect_err!(
             s.put_run(stale.clone()),
             StateError::Conflict {
+                ref record,
                 expected: 1,
-                actual: 2
-            },
+                actual: 2,
+            } if *record == RecordKey::Run(key.clone()),
             "E1: stale put, attempt {attempt}"
         );
         assert!(!e.is_retryable(), "E1: Conflict is not retryable");
-        assert!(!e.to_string().is_empty(), "E1: a Conflict displays");
+        assert!(
+            e.to_string().contains(&format!("run {key}")),
+            "E1: a Conflict's message names the run: {e}"
+        );
         assert_eq!(
             get(s, &key).as_ref(),
             Some(&v2),
@@ -56,12 +61,17 @@ pub fn e1_conflict_not_retryable(make: Factory<'_>) {
     let e = expect_err!(
         s.put_session(s1.clone()),
         StateError::Conflict {
+            ref record,
             expected: 1,
-            actual: 2
-        },
+            actual: 2,
+        } if *record == RecordKey::Session(sk.clone()),
         "E1: stale session put"
     );
     assert!(!e.is_retryable(), "E1: Conflict is not retryable");
+    assert!(
+        e.to_string().contains(&format!("session {sk}")),
+        "E1: a Conflict's message names the session: {e}"
+    );
     let fresh = get_session(s, &sk).expect("session");
     assert_eq!(
         ok(s.put_session(fresh), "E1: session put after re-reading").version,
@@ -78,7 +88,7 @@ pub fn e2_not_found_names_what_is_missing(make: Factory<'_>) {
     let missing = RunKey::new(&t, "no-such-run");
     let e = expect_err!(
         s.patch_run(&missing, StateDelta { cost_micros: 5, ..Default::default() }),
-        StateError::NotFound(Missing::Run(ref k)) if *k == missing,
+        StateError::NotFound(RecordKey::Run(ref k)) if *k == missing,
         "E2: patching a missing run"
     );
     assert!(!e.is_retryable(), "E2: NotFound is not retryable");
@@ -96,7 +106,7 @@ pub fn e2_not_found_names_what_is_missing(make: Factory<'_>) {
     let run = RunKey::new(&t, "run");
     let e = expect_err!(
         s.put_run(RunRecord::new(run.clone(), "planner").with_session("no-such-session")),
-        StateError::NotFound(Missing::Session(ref k)) if *k == sk,
+        StateError::NotFound(RecordKey::Session(ref k)) if *k == sk,
         "E2: a run in a missing session"
     );
     assert!(
@@ -106,7 +116,7 @@ pub fn e2_not_found_names_what_is_missing(make: Factory<'_>) {
     assert_eq!(get(s, &run), None, "E2/E6: the refused run exists");
     let e = expect_err!(
         s.delete_session(&sk, true),
-        StateError::NotFound(Missing::Session(ref k)) if *k == sk,
+        StateError::NotFound(RecordKey::Session(ref k)) if *k == sk,
         "E2: deleting a missing session"
     );
     assert!(
@@ -146,31 +156,34 @@ pub fn e3_only_unavailable_is_retryable(make: Factory<'_>) {
         ),
         (
             StateError::Conflict {
+                record: RecordKey::Run(RunKey::new("t", "r")),
                 expected: 1,
                 actual: 2,
             },
             false,
         ),
         (
-            StateError::NotFound(Missing::Run(RunKey::new("t", "r"))),
+            StateError::NotFound(RecordKey::Run(RunKey::new("t", "r"))),
             false,
         ),
         (
-            StateError::NotFound(Missing::Session(SessionKey::new("t", "s"))),
+            StateError::NotFound(RecordKey::Session(SessionKey::new("t", "s"))),
             false,
         ),
         (
-            StateError::NotFound(Missing::Tray(InstanceKey::new("n", "i").tray("tn", "ti"))),
+            StateError::NotFound(RecordKey::Tray(InstanceKey::new("n", "i").tray("tn", "ti"))),
             false,
         ),
         (
             StateError::InUse {
+                record: RecordKey::Session(SessionKey::new("t", "s")),
                 runs: vec![RunKey::new("t", "r")],
             },
             false,
         ),
         (
             StateError::FenceLost {
+                instance: InstanceKey::new("n", "i"),
                 caller: 1,
                 stored: 2,
             },
@@ -241,8 +254,8 @@ pub fn e3_only_unavailable_is_retryable(make: Factory<'_>) {
     assert!(!e.is_retryable(), "E3: TooLarge is not retryable");
 }
 
-/// E4: `InUse { runs }` names every run that blocks a session delete, and
-/// only those.
+/// E4: `InUse { record, runs }` names the session whose delete was
+/// refused, and every run that blocks it and only those.
 pub fn e4_in_use_names_every_blocking_run(make: Factory<'_>) {
     let c = open(make);
     let s = &*c.store;
@@ -284,11 +297,16 @@ pub fn e4_in_use_names_every_blocking_run(make: Factory<'_>) {
     assert_eq!(blocking.len(), 24, "E4: fixture");
     let e = expect_err!(
         s.delete_session(&sk, false),
-        StateError::InUse { .. },
+        StateError::InUse { ref record, .. } if *record == RecordKey::Session(sk.clone()),
         "E4: deleting a session with 24 unfinished runs"
     );
     assert!(!e.is_retryable(), "E4: InUse is not retryable");
-    let StateError::InUse { runs: named } = e else {
+    assert!(
+        e.to_string()
+            .contains(&format!("session {sk} has 24 unfinished run(s)")),
+        "E4: the message names the session and counts its runs: {e}"
+    );
+    let StateError::InUse { runs: named, .. } = e else {
         unreachable!()
     };
     let named_sorted = sorted(&named);
@@ -316,8 +334,8 @@ pub fn e4_in_use_names_every_blocking_run(make: Factory<'_>) {
     );
 }
 
-/// E5: `FenceLost { caller, stored }` carries both epochs, for every tray
-/// operation below the stored epoch.
+/// E5: `FenceLost { instance, caller, stored }` names the instance and
+/// carries both epochs, for every tray operation below the stored epoch.
 pub fn e5_fence_lost_carries_both_epochs(make: Factory<'_>) {
     let c = open(make);
     let s = &*c.store;
@@ -335,9 +353,10 @@ pub fn e5_fence_lost_carries_both_epochs(make: Factory<'_>) {
             let e = expect_err!(
                 $call,
                 StateError::FenceLost {
+                    ref instance,
                     caller: 3,
-                    stored: 7
-                },
+                    stored: 7,
+                } if *instance == i,
                 "E5: {} at epoch 3",
                 $what
             );
@@ -388,14 +407,19 @@ pub fn e5_fence_lost_carries_both_epochs(make: Factory<'_>) {
     let e = expect_err!(
         s.write_tray(&k, 0, tray(false, "x", "env")),
         StateError::FenceLost {
+            ref instance,
             caller: 0,
-            stored: 7
-        },
+            stored: 7,
+        } if *instance == i,
         "E5: epoch 0"
     );
     assert!(
         e.to_string().contains('7') && e.to_string().contains('0'),
         "E5: the message carries both epochs: {e}"
+    );
+    assert!(
+        e.to_string().contains(&format!("instance {i}")),
+        "E5: the message names the instance: {e}"
     );
 }
 

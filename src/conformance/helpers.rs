@@ -482,12 +482,14 @@ pub(super) fn race_versions<K: Sync, R>(
                     Ok(Ok(1)),
                     Ok(Err(StateError::Conflict {
                         expected: 0,
-                        actual: 1
+                        actual: 1,
+                        ..
                     }))
                 ] | [
                     Ok(Err(StateError::Conflict {
                         expected: 0,
-                        actual: 1
+                        actual: 1,
+                        ..
                     })),
                     Ok(Ok(1))
                 ]
@@ -503,12 +505,14 @@ pub(super) fn race_versions<K: Sync, R>(
                     Ok(Err(StateError::Conflict {
                         expected: 1,
                         actual: 2,
+                        ..
                     })),
                 ] => 0,
                 [
                     Ok(Err(StateError::Conflict {
                         expected: 1,
                         actual: 2,
+                        ..
                     })),
                     Ok(Ok(2)),
                 ] => 1,

@@ -6,7 +6,7 @@ use std::sync::Barrier;
 use super::Factory;
 use super::helpers::*;
 use crate::{
-    BudgetKey, BudgetRecord, Caps, Hold, IdempotencyKey, InstanceKey, RunKey, RunRecord,
+    BudgetKey, BudgetRecord, Caps, Hold, IdempotencyKey, InstanceKey, RecordKey, RunKey, RunRecord,
     StateDelta, StateError, TrayOp, Usage,
 };
 
@@ -191,7 +191,8 @@ pub fn i2_a_repeated_put_answers_its_own_write_not_a_conflict(make: Factory<'_>)
         s.put_run(next.clone()),
         StateError::Conflict {
             expected: 1,
-            actual: 3
+            actual: 3,
+            ..
         },
         "I2: the unkeyed put of the same record"
     );
@@ -201,19 +202,21 @@ pub fn i2_a_repeated_put_answers_its_own_write_not_a_conflict(make: Factory<'_>)
     expect_err!(
         s.put_run_idempotent(stale.clone(), &key("stale")),
         StateError::Conflict {
+            ref record,
             expected: 1,
-            actual: 3
-        },
+            actual: 3,
+        } if *record == RecordKey::Run(rk.clone()),
         "I2: a keyed stale put"
     );
     ok(s.patch_run(&rk, spend(1)), "I2: another patch");
     expect_err!(
         s.put_run_idempotent(stale, &key("stale")),
         StateError::Conflict {
+            ref record,
             expected: 1,
-            actual: 3
-        },
-        "I2: the repeat of a refused put answers the first refusal"
+            actual: 3,
+        } if *record == RecordKey::Run(rk.clone()),
+        "I2: the repeat of a refused put answers the first refusal, naming its run"
     );
     // A keyed patch of a missing run is NotFound, and stays so for its key
     // once the run exists.
@@ -234,6 +237,33 @@ pub fn i2_a_repeated_put_answers_its_own_write_not_a_conflict(make: Factory<'_>)
         0,
         "I2: nothing was added"
     );
+    // A keyed batch below the stored epoch is FenceLost naming its
+    // instance, and so is its repeat after the epoch moved on again.
+    let inst = InstanceKey::new(unique("i2ns"), "w");
+    let put = vec![TrayOp::Put {
+        tray_ns: "state".into(),
+        tray_id: "main".into(),
+        tray: tray(false, b"x".to_vec(), "prod"),
+    }];
+    ok(
+        s.apply_batch(&inst, 2, put.clone()),
+        "I2: a batch at epoch 2",
+    );
+    for round in ["first", "repeat"] {
+        expect_err!(
+            s.apply_batch_idempotent(&inst, 1, put.clone(), &key("fenced")),
+            StateError::FenceLost {
+                ref instance,
+                caller: 1,
+                stored: 2,
+            } if *instance == inst,
+            "I2: a keyed batch at epoch 1 ({round})"
+        );
+        ok(
+            s.apply_batch(&inst, 3, put.clone()),
+            "I2: the epoch moves to 3",
+        );
+    }
 }
 
 /// I3: a key used again with other arguments, or for another operation, is

@@ -5,8 +5,8 @@
 use super::Factory;
 use super::helpers::*;
 use crate::{
-    Approval, Missing, RunKey, RunRecord, RunState, SessionKey, StateDelta, StateError, StateQuery,
-    ToolCall, Usage,
+    Approval, RecordKey, RunKey, RunRecord, RunState, SessionKey, StateDelta, StateError,
+    StateQuery, ToolCall, Usage,
 };
 
 /// R1: every read and write names its `RunKey`, and touches only that run.
@@ -128,7 +128,8 @@ pub fn r2_put_run_versions_and_conflicts(make: Factory<'_>) {
         s.put_run(RunRecord::new(key.clone(), "other")),
         StateError::Conflict {
             expected: 0,
-            actual: 1
+            actual: 1,
+            ..
         },
         "R2: creating an existing run"
     );
@@ -166,7 +167,8 @@ pub fn r2_put_run_versions_and_conflicts(make: Factory<'_>) {
         s.put_run(stale),
         StateError::Conflict {
             expected: 1,
-            actual: 2
+            actual: 2,
+            ..
         },
         "R2: updating from a stale version"
     );
@@ -176,7 +178,8 @@ pub fn r2_put_run_versions_and_conflicts(make: Factory<'_>) {
         s.put_run(ahead),
         StateError::Conflict {
             expected: 5,
-            actual: 2
+            actual: 2,
+            ..
         },
         "R2: updating from a version never stored"
     );
@@ -192,7 +195,8 @@ pub fn r2_put_run_versions_and_conflicts(make: Factory<'_>) {
         s.put_run(ghost),
         StateError::Conflict {
             expected: 3,
-            actual: 0
+            actual: 0,
+            ..
         },
         "R2: updating a run that never existed"
     );
@@ -212,7 +216,8 @@ pub fn r2_put_run_versions_and_conflicts(make: Factory<'_>) {
         s.put_run(gone),
         StateError::Conflict {
             expected: 1,
-            actual: 0
+            actual: 0,
+            ..
         },
         "R2: updating a run that is gone"
     );
@@ -338,7 +343,7 @@ pub fn r4_patch_adds_amounts_and_never_creates(make: Factory<'_>) {
     let missing = RunKey::new(&t, "missing");
     expect_err!(
         s.patch_run(&missing, d),
-        StateError::NotFound(Missing::Run(ref k)) if *k == missing,
+        StateError::NotFound(RecordKey::Run(ref k)) if *k == missing,
         "R4: patching a missing run"
     );
     assert_eq!(get(s, &missing), None, "R4: a patch never creates a run");
@@ -675,7 +680,7 @@ pub fn r8_run_session_must_exist(make: Factory<'_>) {
     let key = RunKey::new(&t, "run");
     expect_err!(
         s.put_run(RunRecord::new(key.clone(), "planner").with_session("sess")),
-        StateError::NotFound(Missing::Session(ref k)) if *k == SessionKey::new(&t, "sess"),
+        StateError::NotFound(RecordKey::Session(ref k)) if *k == SessionKey::new(&t, "sess"),
         "R8: creating a run in a missing session"
     );
     assert_eq!(get(s, &key), None, "R8/E6: the refused run was created");
@@ -684,7 +689,7 @@ pub fn r8_run_session_must_exist(make: Factory<'_>) {
     create_session(s, &SessionKey::new(&other, "sess"));
     expect_err!(
         s.put_run(RunRecord::new(key.clone(), "planner").with_session("sess")),
-        StateError::NotFound(Missing::Session(ref k)) if *k == SessionKey::new(&t, "sess"),
+        StateError::NotFound(RecordKey::Session(ref k)) if *k == SessionKey::new(&t, "sess"),
         "R8: creating a run in a session of another tenant"
     );
     assert_eq!(get(s, &key), None, "R8/E6: the refused run was created");
@@ -710,7 +715,7 @@ pub fn r8_run_session_must_exist(make: Factory<'_>) {
     let late = RunKey::new(&t, "late");
     expect_err!(
         s.put_run(RunRecord::new(late.clone(), "planner").with_session("sess")),
-        StateError::NotFound(Missing::Session(_)),
+        StateError::NotFound(RecordKey::Session(_)),
         "R8: creating a run in a deleted session"
     );
     assert_eq!(get(s, &late), None, "R8/E6: the refused run was created");
@@ -806,13 +811,13 @@ pub fn r10_delete_run_versioned_and_whole(make: Factory<'_>) {
     let live = update(s, &key, |r| r.state = RunState::Running);
     let e = expect_err!(
         s.delete_run(&key, None),
-        StateError::InUse { ref runs } if runs == &vec![key.clone()],
+        StateError::InUse { ref record, ref runs } if runs == &vec![key.clone()] && *record == RecordKey::Run(key.clone()),
         "R10: deleting an unfinished run without its version"
     );
     assert!(!e.is_retryable(), "R10: InUse is not retryable");
     expect_err!(
         s.delete_run(&key, Some(live.version - 1)),
-        StateError::Conflict { expected, actual } if expected == live.version - 1 && actual == live.version,
+        StateError::Conflict { ref record, expected, actual } if expected == live.version - 1 && actual == live.version && *record == RecordKey::Run(key.clone()),
         "R10: deleting at a stale version"
     );
     assert_eq!(
@@ -828,12 +833,12 @@ pub fn r10_delete_run_versioned_and_whole(make: Factory<'_>) {
     assert!(get(s, &key).is_none(), "R10: a deleted run reads as None");
     expect_err!(
         s.delete_run(&key, Some(live.version)),
-        StateError::NotFound(Missing::Run(ref k)) if *k == key,
+        StateError::NotFound(RecordKey::Run(ref k)) if *k == key,
         "R10: deleting a missing run"
     );
     expect_err!(
         s.patch_run(&key, StateDelta::default()),
-        StateError::NotFound(Missing::Run(_)),
+        StateError::NotFound(RecordKey::Run(_)),
         "R10: patching a deleted run"
     );
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::helpers::*;
 use super::{ConformanceStore, Factory};
 use crate::{
-    Missing, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateError, StateQuery,
+    RecordKey, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateError, StateQuery,
 };
 
 /// S1: sessions are versioned exactly like runs (R2, R3).
@@ -42,7 +42,8 @@ pub fn s1_sessions_versioned_like_runs(make: Factory<'_>) {
         s.put_session(SessionRecord::new(key.clone())),
         StateError::Conflict {
             expected: 0,
-            actual: 1
+            actual: 1,
+            ..
         },
         "S1: creating an existing session"
     );
@@ -74,7 +75,8 @@ pub fn s1_sessions_versioned_like_runs(make: Factory<'_>) {
         s.put_session(stale),
         StateError::Conflict {
             expected: 1,
-            actual: 2
+            actual: 2,
+            ..
         },
         "S1: updating from a stale version"
     );
@@ -84,7 +86,8 @@ pub fn s1_sessions_versioned_like_runs(make: Factory<'_>) {
         s.put_session(ahead),
         StateError::Conflict {
             expected: 9,
-            actual: 2
+            actual: 2,
+            ..
         },
         "S1: updating from a future version"
     );
@@ -101,7 +104,8 @@ pub fn s1_sessions_versioned_like_runs(make: Factory<'_>) {
         s.put_session(ghost),
         StateError::Conflict {
             expected: 4,
-            actual: 0
+            actual: 0,
+            ..
         },
         "S1: updating a missing session"
     );
@@ -116,7 +120,8 @@ pub fn s1_sessions_versioned_like_runs(make: Factory<'_>) {
         s.put_session(v2.clone()),
         StateError::Conflict {
             expected: 2,
-            actual: 0
+            actual: 0,
+            ..
         },
         "S1: updating a deleted session"
     );
@@ -203,7 +208,7 @@ pub fn s2_delete_refuses_unfinished_runs(make: Factory<'_>) {
         StateError::InUse { .. },
         "S2: deleting a session with unfinished runs"
     );
-    let StateError::InUse { runs: named } = e else {
+    let StateError::InUse { runs: named, .. } = e else {
         unreachable!()
     };
     assert_eq!(
@@ -239,7 +244,7 @@ pub fn s2_delete_refuses_unfinished_runs(make: Factory<'_>) {
         StateError::InUse { .. },
         "S2: one unfinished run left"
     );
-    let StateError::InUse { runs: named } = e else {
+    let StateError::InUse { runs: named, .. } = e else {
         unreachable!()
     };
     assert_eq!(
@@ -276,7 +281,7 @@ pub fn s2_delete_refuses_unfinished_runs(make: Factory<'_>) {
     // A missing session is NotFound.
     expect_err!(
         s.delete_session(&sk, false),
-        StateError::NotFound(Missing::Session(ref k)) if *k == sk,
+        StateError::NotFound(RecordKey::Session(ref k)) if *k == sk,
         "S2: deleting a missing session"
     );
 }
@@ -327,7 +332,7 @@ pub fn s3_cascade_deletes_session_and_runs_atomically(make: Factory<'_>) {
     );
     expect_err!(
         s.delete_session(&sk, true),
-        StateError::NotFound(Missing::Session(ref k)) if *k == sk,
+        StateError::NotFound(RecordKey::Session(ref k)) if *k == sk,
         "S3: cascade-deleting a missing session"
     );
 

@@ -230,7 +230,8 @@ pub fn t2_epoch_fences_every_tray_operation(make: Factory<'_>) {
             op(11),
             StateError::FenceLost {
                 caller: 11,
-                stored: 12
+                stored: 12,
+                ..
             },
             "T2: {what} at epoch 11 after 12"
         );
@@ -267,7 +268,8 @@ pub fn t2_epoch_fences_every_tray_operation(make: Factory<'_>) {
         s.write_tray(&i.tray("other-ns", "x"), 11, tray(false, "x", &env)),
         StateError::FenceLost {
             caller: 11,
-            stored: 12
+            stored: 12,
+            ..
         },
         "T2: another tray of the instance at an older epoch"
     );
@@ -284,7 +286,7 @@ pub fn t2_epoch_fences_every_tray_operation(make: Factory<'_>) {
     );
     expect_err!(
         s.write_tray(&k, u64::MAX - 1, tray(false, "x", &env)),
-        StateError::FenceLost { caller, stored: u64::MAX } if caller == u64::MAX - 1,
+        StateError::FenceLost { caller, stored: u64::MAX, .. } if caller == u64::MAX - 1,
         "T2: below u64::MAX"
     );
     assert_eq!(
@@ -397,7 +399,8 @@ pub fn t3_batch_all_or_nothing(make: Factory<'_>) {
         s.apply_batch(&i, 2, vec![put("d", "d", true), del("b")]),
         StateError::FenceLost {
             caller: 2,
-            stored: 3
+            stored: 3,
+            ..
         },
         "T3: a fenced batch"
     );
@@ -560,7 +563,8 @@ pub fn t4_release_unmarks_and_stale_release_is_noop(make: Factory<'_>) {
         s.write_tray(&i.tray("t", "0"), 5, tray(true, "late", &env)),
         StateError::FenceLost {
             caller: 5,
-            stored: 8
+            stored: 8,
+            ..
         },
         "T4: the old holder after a newer release"
     );
@@ -854,7 +858,7 @@ pub fn t6_fence_check_and_write_are_atomic(make: Factory<'_>) {
                             log.push(format!("write {n} at epoch {e} was Ok after the epoch-{} holder's Ok", e + 1))
                         }
                         Ok(Ok(())) => {}
-                        Ok(Err(StateError::FenceLost { caller, stored })) if caller == e && stored == e + 1 => {
+                        Ok(Err(StateError::FenceLost { caller, stored, .. })) if caller == e && stored == e + 1 => {
                             fenced += 1;
                             if fenced == 3 {
                                 break;

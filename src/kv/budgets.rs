@@ -11,7 +11,7 @@ use crate::budget::{
 };
 use crate::codec::cursor::Listing;
 use crate::codec::value;
-use crate::error::{Missing, Result, StateError};
+use crate::error::{RecordKey, Result, StateError};
 use crate::kv::key::{KeyBuf, KeyReader, prefix_end, table};
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, StateDelta};
@@ -83,7 +83,7 @@ fn budget_of(run: &RunRecord) -> Option<BudgetKey> {
 fn read_budget(txn: &Txn<'_>, key: &BudgetKey) -> Result<BudgetRow> {
     match txn.get(&budget_key(key))? {
         Some(v) => decode_budget(&v, key),
-        None => Err(StateError::NotFound(Missing::Budget(key.clone()))),
+        None => Err(StateError::NotFound(RecordKey::Budget(key.clone()))),
     }
 }
 
@@ -185,6 +185,10 @@ pub(crate) fn import_hold(txn: &mut Txn<'_>, run: &RunKey, hold: &HoldRecord) ->
     let k = hold_key(run, &hold.id);
     if txn.get(&k)?.is_some() {
         return Err(StateError::Conflict {
+            record: RecordKey::Hold {
+                run: run.clone(),
+                hold_id: hold.id.clone(),
+            },
             expected: 0,
             actual: 1,
         });
@@ -208,6 +212,7 @@ pub(crate) fn import_budget(txn: &mut Txn<'_>, budget: BudgetRecord, spent: Spen
     let k = budget_key(&budget.key);
     if txn.get(&k)?.is_some() {
         return Err(StateError::Conflict {
+            record: RecordKey::Budget(budget.key.clone()),
             expected: 0,
             actual: 1,
         });
@@ -388,7 +393,7 @@ impl BudgetStore for KvStore {
 /// otherwise (B4, B5).
 fn live_hold(txn: &Txn<'_>, run: &RunKey, hold_id: &str, now: Millis) -> Result<HoldRecord> {
     let missing = || {
-        StateError::NotFound(Missing::Hold {
+        StateError::NotFound(RecordKey::Hold {
             run: run.clone(),
             hold_id: hold_id.to_string(),
         })
@@ -545,7 +550,7 @@ impl KvStore {
         let now = self.now();
         self.submit_keyed(keyed, move |txn| {
             let Some(r) = read_run(txn, &run)? else {
-                return Err(StateError::NotFound(Missing::Run(run)));
+                return Err(StateError::NotFound(RecordKey::Run(run)));
             };
             let holds = run_holds(txn, &run)?;
             let live: Vec<&HoldRecord> = holds
@@ -597,7 +602,7 @@ impl KvStore {
         let keys = RunKeys::of(&run);
         self.submit_keyed(keyed, move |txn| {
             let Some(old) = read_run(txn, &run)? else {
-                return Err(StateError::NotFound(Missing::Run(run)));
+                return Err(StateError::NotFound(RecordKey::Run(run)));
             };
             let h = live_hold(txn, &run, &hold_id, now)?;
             let new = patched_run(&old, &spent, now)?;
@@ -625,7 +630,7 @@ impl KvStore {
         let now = self.now();
         self.submit_keyed(keyed, move |txn| {
             let Some(r) = read_run(txn, &run)? else {
-                return Err(StateError::NotFound(Missing::Run(run)));
+                return Err(StateError::NotFound(RecordKey::Run(run)));
             };
             live_hold(txn, &run, &hold_id, now)?;
             delete_hold(txn, &run, budget_of(&r).as_ref(), &hold_id);

@@ -26,6 +26,7 @@ struct Owned {
     scope: String,
     key: crate::IdempotencyKey,
     fingerprint: [u8; 16],
+    about: crate::error::RecordKey,
 }
 
 impl Owned {
@@ -59,6 +60,7 @@ impl KvStore {
             scope: k.scope.name().to_owned(),
             key: k.key.clone(),
             fingerprint: k.fingerprint,
+            about: k.about,
         };
         let now = self.now();
         let window = self.opts.idempotency;
@@ -66,7 +68,7 @@ impl KvStore {
             let at = owned.idem_key();
             if let Some(v) = txn.get(&at)? {
                 let kept: Remembered = value::decode(&v, "idempotency key")?;
-                return Ok(kept.replay(owned.fingerprint, &owned.key));
+                return Ok(kept.replay(owned.fingerprint, &owned.key, &owned.about));
             }
             let seq = txn.next_seq;
             let answer = f(txn);

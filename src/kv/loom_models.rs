@@ -278,6 +278,7 @@ fn loom_commit_queue_failed_job_contributes_no_writes() {
                     txn.put(b"x".to_vec(), b"leaked".to_vec());
                     txn.next_seq += 1;
                     Err(StateError::Conflict {
+                        record: crate::error::RecordKey::Run(crate::record::RunKey::new("t", "r")),
                         expected: 1,
                         actual: 2,
                     })
@@ -298,7 +299,8 @@ fn loom_commit_queue_failed_job_contributes_no_writes() {
                 failed,
                 Err(StateError::Conflict {
                     expected: 1,
-                    actual: 2
+                    actual: 2,
+                    ..
                 })
             ),
             "{failed:?}"
@@ -456,6 +458,7 @@ fn loom_fence_check_and_write_are_one_step() {
             Err(StateError::FenceLost {
                 caller: 1,
                 stored: 2,
+                ..
             }) => {}
             other => panic!("the stale holder got {other:?}"),
         }
@@ -523,6 +526,7 @@ fn loom_fenced_batch_is_all_or_nothing() {
             Err(StateError::FenceLost {
                 caller: 1,
                 stored: 2,
+                ..
             }) => assert_eq!(b, None, "fenced batch half applied"),
             other => panic!("the stale batch got {other:?}"),
         }

@@ -3,7 +3,7 @@
 use crate::api::StateStore;
 use crate::codec::cursor::Listing;
 use crate::codec::value;
-use crate::error::{Missing, Result, StateError};
+use crate::error::{RecordKey, Result, StateError};
 use crate::idempotency::{IdempotencyKey, Keyed};
 use crate::kv::key::{KeyBuf, prefix_end, table};
 use crate::page::{Page, PageRequest};
@@ -583,7 +583,7 @@ impl StateStore for KvStore {
         let key = key.clone();
         self.submit(move |txn| {
             let Some(old) = read_run(txn, &key)? else {
-                return Err(StateError::NotFound(Missing::Run(key)));
+                return Err(StateError::NotFound(RecordKey::Run(key)));
             };
             crate::rules::check_delete(&old, expected_version)?;
             delete_run(txn, &old)?;
@@ -670,7 +670,7 @@ impl KvStore {
         let keys = RunKeys::of(&key);
         self.submit_keyed(keyed, move |txn| {
             let Some(old) = read_run_at(txn, &keys.id, &key)? else {
-                return Err(StateError::NotFound(Missing::Run(key)));
+                return Err(StateError::NotFound(RecordKey::Run(key)));
             };
             let new = patched_run(&old, &delta, now)?;
             write_run(txn, Some(&old), &new, max, keys)?;
@@ -706,7 +706,9 @@ impl KvStore {
         let record = Box::new(record);
         self.submit_keyed(keyed, move |txn| {
             let stored = read_run_at(txn, &keys.id, &record.key)?;
-            check_version(record.version, stored.as_ref().map(|s| s.version))?;
+            check_version(record.version, stored.as_ref().map(|s| s.version), || {
+                RecordKey::Run(record.key.clone())
+            })?;
             let new = match &stored {
                 None => {
                     // R8: a run's session exists at create.
@@ -714,13 +716,13 @@ impl KvStore {
                         && txn.get(at)?.is_none()
                     {
                         let sk = SessionKey::new(record.key.tenant.clone(), s.clone());
-                        return Err(StateError::NotFound(Missing::Session(sk)));
+                        return Err(StateError::NotFound(RecordKey::Session(sk)));
                     }
                     // B1: so does its budget.
                     if let Some(b) = &record.budget {
                         let bk = BudgetKey::new(record.key.tenant.clone(), b.clone());
                         if txn.get(&budget_key(&bk))?.is_none() {
-                            return Err(StateError::NotFound(Missing::Budget(bk)));
+                            return Err(StateError::NotFound(RecordKey::Budget(bk)));
                         }
                     }
                     let seq = txn.next_seq;

@@ -2,7 +2,7 @@
 //! (rules S1–S4).
 
 use crate::codec::value;
-use crate::error::{Missing, Result, StateError};
+use crate::error::{RecordKey, Result, StateError};
 use crate::kv::key::{KeyBuf, KeyReader, prefix_end, table};
 use crate::record::{RunKey, SessionKey, SessionRecord};
 
@@ -56,7 +56,7 @@ impl KvStore {
         self.submit(move |txn| {
             let k = session_key(&key);
             if txn.get(&k)?.is_none() {
-                return Err(StateError::NotFound(Missing::Session(key)));
+                return Err(StateError::NotFound(RecordKey::Session(key)));
             }
             let prefix = KeyBuf::table(table::RUN_BY_SESSION)
                 .str(&key.tenant)
@@ -82,7 +82,10 @@ impl KvStore {
                     .map(|r| r.key.clone())
                     .collect();
                 if !live.is_empty() {
-                    return Err(StateError::InUse { runs: live });
+                    return Err(StateError::InUse {
+                        record: RecordKey::Session(key.clone()),
+                        runs: live,
+                    });
                 }
                 txn.delete(k);
                 return Ok(Vec::new());

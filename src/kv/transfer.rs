@@ -240,9 +240,10 @@ impl KvStore {
         self.submit(move |txn: &mut Txn<'_>| {
             // Every read and write below is of the staging table.
             txn.staged = true;
-            let exists = |txn: &Txn<'_>, k: &[u8]| -> Result<()> {
+            let exists = |txn: &Txn<'_>, k: &[u8], e: &Entry| -> Result<()> {
                 match txn.get(k)? {
                     Some(_) => Err(StateError::Conflict {
+                        record: e.record_key(),
                         expected: 0,
                         actual: 1,
                     }),
@@ -250,10 +251,11 @@ impl KvStore {
                 }
             };
             for e in entries {
-                match e {
+                match &e {
                     Entry::Run(r) => {
                         if let Some(s) = read_run(txn, &r.key)? {
                             return Err(StateError::Conflict {
+                                record: e.record_key(),
                                 expected: 0,
                                 actual: s.version,
                             });
@@ -264,34 +266,34 @@ impl KvStore {
                                 r.key.run_id, r.seq, r.key.tenant
                             )));
                         }
-                        write_run(txn, None, &r, max, RunKeys::of(&r.key))?;
+                        write_run(txn, None, r, max, RunKeys::of(&r.key))?;
                     }
                     Entry::Session(s) => {
                         let k = session_key(&s.key);
-                        exists(txn, &k)?;
-                        txn.put(k, value::encode_session(&s));
+                        exists(txn, &k, &e)?;
+                        txn.put(k, value::encode_session(s));
                     }
                     Entry::Epoch { instance, epoch } => {
-                        let k = epoch_key(&instance);
-                        exists(txn, &k)?;
-                        txn.put(k, value::encode(&epoch));
+                        let k = epoch_key(instance);
+                        exists(txn, &k, &e)?;
+                        txn.put(k, value::encode(epoch));
                     }
                     Entry::Tray { key, tray } => {
-                        let k = tray_key(&key);
-                        exists(txn, &k)?;
-                        super::trays::import_tray(txn, &key, &tray);
+                        let k = tray_key(key);
+                        exists(txn, &k, &e)?;
+                        super::trays::import_tray(txn, key, tray);
                     }
                     Entry::Hold { run, hold } => {
-                        super::budgets::import_hold(txn, &run, &hold)?;
+                        super::budgets::import_hold(txn, run, hold)?;
                     }
                     Entry::Budget { budget, spent } => {
-                        super::budgets::import_budget(txn, budget, spent)?;
+                        super::budgets::import_budget(txn, budget.clone(), *spent)?;
                     }
                     Entry::Alarm { instance, due_at } => {
-                        let k = alarm_key(&instance);
-                        exists(txn, &k)?;
-                        txn.put(k, value::encode(&due_at));
-                        txn.put(alarm_due_key(due_at, &instance), value::encode(&()));
+                        let k = alarm_key(instance);
+                        exists(txn, &k, &e)?;
+                        txn.put(k, value::encode(due_at));
+                        txn.put(alarm_due_key(*due_at, instance), value::encode(&()));
                     }
                 }
             }
@@ -310,7 +312,7 @@ impl KvStore {
         let key = key.clone();
         self.submit(move |txn| {
             let r = read_run(txn, &key)?
-                .ok_or_else(|| StateError::NotFound(crate::error::Missing::Run(key.clone())))?;
+                .ok_or_else(|| StateError::NotFound(crate::error::RecordKey::Run(key.clone())))?;
             txn.delete(by_state_key(&key.tenant, r.state, r.seq));
             Ok(())
         })

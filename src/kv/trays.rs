@@ -158,6 +158,7 @@ fn fence(txn: &mut Txn<'_>, i: &InstanceKey, epoch: u64) -> Result<()> {
     let stored = read_epoch(txn, i)?;
     if epoch < stored {
         return Err(StateError::FenceLost {
+            instance: i.clone(),
             caller: epoch,
             stored,
         });

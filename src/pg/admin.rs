@@ -196,11 +196,12 @@ impl PostgresStore {
             .map(|e| checked_entry(e, &self.opts.options.scrubber, max))
             .collect::<Result<Vec<_>>>()?;
         txn!(self, |tx| {
-            let taken = || StateError::Conflict {
-                expected: 0,
-                actual: 1,
-            };
             for e in &entries {
+                let taken = || StateError::Conflict {
+                    record: e.record_key(),
+                    expected: 0,
+                    actual: 1,
+                };
                 match e {
                     Entry::Run(r) => {
                         let rows = tx.query(
@@ -210,6 +211,7 @@ impl PostgresStore {
                         if let Some(row) = rows.first() {
                             let s = decode_run(row.get(0), &r.key)?;
                             return Err(StateError::Conflict {
+                                record: e.record_key(),
                                 expected: 0,
                                 actual: s.version,
                             }

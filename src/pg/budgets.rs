@@ -25,7 +25,7 @@ use crate::budget::{
 };
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value;
-use crate::error::{Missing, Result, StateError};
+use crate::error::{RecordKey, Result, StateError};
 use crate::idempotency::{IdempotencyKey, Keyed};
 use crate::kv::key::KeyBuf;
 use crate::page::{Page, PageRequest};
@@ -270,7 +270,7 @@ pub(crate) async fn after_patch(
 ) -> TxResult<()> {
     if let Some(b) = budget_of(run) {
         let Some((_, spent)) = lock_budget(tx, &b).await? else {
-            return Err(StateError::NotFound(Missing::Budget(b)).into());
+            return Err(StateError::NotFound(RecordKey::Budget(b)).into());
         };
         let spent = budget_spent(spent, delta);
         tx.defer(
@@ -342,7 +342,7 @@ async fn live_hold(
 /// otherwise (B4, B5).
 fn hold_in(rows: &[Row], run: &RunKey, hold_id: &str, now: Millis) -> Result<HoldRecord> {
     let missing = || {
-        StateError::NotFound(Missing::Hold {
+        StateError::NotFound(RecordKey::Hold {
             run: run.clone(),
             hold_id: hold_id.to_string(),
         })
@@ -557,7 +557,7 @@ impl PostgresStore {
             // The budget's row is locked before its holds are read (and
             // after the run's row: the one lock order).
             let Some(a) = around(tx, run, guess.as_deref(), None).await? else {
-                return Err(StateError::NotFound(Missing::Run(run.clone())).into());
+                return Err(StateError::NotFound(RecordKey::Run(run.clone())).into());
             };
             let (r, holds) = (a.run, a.holds);
             let budget = match (budget_of(&r), a.budget) {
@@ -577,7 +577,9 @@ impl PostgresStore {
                     spent: *spent,
                     held: held(holds.iter().map(|(_, h)| h), now),
                 }),
-                Some(Err(b)) => return Err(StateError::NotFound(Missing::Budget(b.clone())).into()),
+                Some(Err(b)) => {
+                    return Err(StateError::NotFound(RecordKey::Budget(b.clone())).into());
+                }
                 None => None,
             };
             check_reserve(&r, run_held, side.as_ref(), hold.amounts())?;
@@ -603,7 +605,7 @@ impl PostgresStore {
         let guess = self.runs_seen.budget_of(run).flatten();
         let out = txn_keyed!(self, keyed, |tx| {
             let Some(a) = around(tx, run, guess.as_deref(), Some(hold_id)).await? else {
-                return Err(StateError::NotFound(Missing::Run(run.clone())).into());
+                return Err(StateError::NotFound(RecordKey::Run(run.clone())).into());
             };
             let old = a.run;
             let h = hold_in(a.hold.as_deref().unwrap_or_default(), run, hold_id, now)?;
@@ -615,7 +617,7 @@ impl PostgresStore {
             // live, so it is not purged twice.
             if let Some(b) = budget_of(&new) {
                 let Some(Some((_, was))) = a.budget else {
-                    return Err(StateError::NotFound(Missing::Budget(b)).into());
+                    return Err(StateError::NotFound(RecordKey::Budget(b)).into());
                 };
                 let total = budget_spent(was, &spent);
                 tx.defer(
@@ -648,7 +650,7 @@ impl PostgresStore {
         let now = self.now();
         txn_keyed!(self, keyed, |tx| {
             let Some(r) = read_run(tx, run, true).await? else {
-                return Err(StateError::NotFound(Missing::Run(run.clone())).into());
+                return Err(StateError::NotFound(RecordKey::Run(run.clone())).into());
             };
             live_hold(tx, run, hold_id, now).await?;
             // Its budget's holds are purged below: under its row's lock.

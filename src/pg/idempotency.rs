@@ -66,7 +66,7 @@ impl<'k> KeyedTxn<'k> {
     pub(crate) async fn claim<T: Answer>(&self, tx: &mut Tx<'_>) -> TxResult<Option<Result<T>>> {
         Ok(claim(tx, &self.at, &self.keyed.fingerprint, self.now)
             .await?
-            .map(|kept| kept.replay(self.keyed.fingerprint, self.keyed.key)))
+            .map(|kept| kept.replay(self.keyed.fingerprint, self.keyed.key, &self.keyed.about)))
     }
 
     /// Step 3 and 4, after the call's own `answer` (step 2).

@@ -22,7 +22,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value;
-use crate::error::{Missing, Result, StateError};
+use crate::error::{RecordKey, Result, StateError};
 use crate::idempotency::{IdempotencyKey, Keyed};
 use crate::kv::key::{KeyBuf, KeyReader};
 use crate::page::{Page, PageRequest};
@@ -295,7 +295,9 @@ impl PostgresStore {
         if keyed.is_none()
             && let Some(new) = self
                 .swap_run(&record.key, |s| {
-                    check_version(record.version, Some(s.version))?;
+                    check_version(record.version, Some(s.version), || {
+                        RecordKey::Run(record.key.clone())
+                    })?;
                     updated_run(s, record.clone(), now)
                 })
                 .await?
@@ -304,7 +306,9 @@ impl PostgresStore {
         }
         let out = txn_keyed!(self, keyed, |tx| {
             let stored = read_run(tx, &record.key, true).await?;
-            check_version(record.version, stored.as_ref().map(|s| s.version))?;
+            check_version(record.version, stored.as_ref().map(|s| s.version), || {
+                RecordKey::Run(record.key.clone())
+            })?;
             let new = match &stored {
                 None => {
                     // R8: the session exists at create, and stays until
@@ -318,7 +322,7 @@ impl PostgresStore {
                             )
                             .await?;
                         if found.is_empty() {
-                            return Err(StateError::NotFound(Missing::Session(SessionKey::new(
+                            return Err(StateError::NotFound(RecordKey::Session(SessionKey::new(
                                 record.key.tenant.clone(),
                                 s.clone(),
                             )))
@@ -331,7 +335,7 @@ impl PostgresStore {
                     if let Some(b) = &record.budget {
                         let bk = BudgetKey::new(record.key.tenant.clone(), b.clone());
                         if lock_budget(tx, &bk).await?.is_none() {
-                            return Err(StateError::NotFound(Missing::Budget(bk)).into());
+                            return Err(StateError::NotFound(RecordKey::Budget(bk)).into());
                         }
                     }
                     let seq = next_seq(tx, &record.key.tenant).await?;
@@ -376,7 +380,7 @@ impl PostgresStore {
         }
         let out = txn_keyed!(self, keyed, |tx| {
             let Some(old) = read_run(tx, key, true).await? else {
-                return Err(StateError::NotFound(Missing::Run(key.clone())).into());
+                return Err(StateError::NotFound(RecordKey::Run(key.clone())).into());
             };
             // R4: the amounts are added inside the record (u64, checked),
             // never in a column that could wrap.
@@ -695,7 +699,7 @@ impl PostgresStore {
         check_run_key(key)?;
         txn!(self, |tx| {
             let Some(old) = read_run(tx, key, true).await? else {
-                return Err(StateError::NotFound(Missing::Run(key.clone())).into());
+                return Err(StateError::NotFound(RecordKey::Run(key.clone())).into());
             };
             crate::rules::check_delete(&old, expected_version)?;
             self.runs_seen.forget(key);
@@ -724,7 +728,7 @@ impl PostgresStore {
                 )
                 .await?;
             if found.is_empty() {
-                return Err(StateError::NotFound(Missing::Session(key.clone())).into());
+                return Err(StateError::NotFound(RecordKey::Session(key.clone())).into());
             }
             let rows = tx
                 .query(
@@ -744,7 +748,11 @@ impl PostgresStore {
                     .map(|r| r.key.clone())
                     .collect();
                 if !live.is_empty() {
-                    return Err(StateError::InUse { runs: live }.into());
+                    return Err(StateError::InUse {
+                        record: RecordKey::Session(key.clone()),
+                        runs: live,
+                    }
+                    .into());
                 }
             } else {
                 tx.execute(

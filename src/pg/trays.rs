@@ -69,6 +69,7 @@ async fn fence(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<()> {
     let (stored, written) = locked_epoch(tx, i, epoch).await?;
     if epoch < stored {
         return Err(StateError::FenceLost {
+            instance: i.clone(),
             caller: epoch,
             stored,
         }
@@ -107,14 +108,24 @@ fn held(sql: &str, n: usize) -> String {
 }
 
 /// The stored epoch as [`fence_sql`] left it, against the caller's: equal
-/// is the fence held, above is `FenceLost` (and nothing was written).
-fn verdict(stored: Option<&str>, caller: u64) -> TxResult<()> {
+/// is the fence held, above is `FenceLost` naming the instance (and
+/// nothing was written).
+fn verdict(
+    stored: Option<&str>,
+    caller: u64,
+    instance: impl FnOnce() -> InstanceKey,
+) -> TxResult<()> {
     let stored = match stored {
         Some(t) => num_out(t, "pinned_epoch.epoch")?,
         None => return Err(StateError::corrupt("pinned_epoch row vanished under its lock").into()),
     };
     if stored != caller {
-        return Err(StateError::FenceLost { caller, stored }.into());
+        return Err(StateError::FenceLost {
+            instance: instance(),
+            caller,
+            stored,
+        }
+        .into());
     }
     Ok(())
 }
@@ -129,7 +140,9 @@ async fn fence_commit(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<
             false,
         )
         .await?;
-    verdict(rows.first().map(|r| r.get::<_, &str>(0)), epoch)
+    verdict(rows.first().map(|r| r.get::<_, &str>(0)), epoch, || {
+        i.clone()
+    })
 }
 
 fn tray_of(row: &Row) -> Tray {
@@ -288,7 +301,9 @@ impl PostgresStore {
                 )
                 .await?;
             let row = rows.first();
-            verdict(row.map(|r| r.get::<_, &str>("stored")), epoch)?;
+            verdict(row.map(|r| r.get::<_, &str>("stored")), epoch, || {
+                key.instance()
+            })?;
             Ok(match row {
                 Some(r) if r.get::<_, Option<bool>>("marked").is_some() => {
                     Some(unescape_tray(tray_of(r))?)
@@ -357,7 +372,7 @@ impl PostgresStore {
             let row = rows
                 .first()
                 .ok_or_else(|| StateError::corrupt("delete_tray: no answer row"))?;
-            verdict(row.get::<_, Option<&str>>(0), epoch)?;
+            verdict(row.get::<_, Option<&str>>(0), epoch, || key.instance())?;
             Ok(row.get::<_, i64>(1) == 1)
         })
     }
@@ -679,7 +694,7 @@ impl PostgresStore {
             let row = rows
                 .first()
                 .ok_or_else(|| StateError::corrupt("ack_alarm: no answer row"))?;
-            verdict(row.get::<_, Option<&str>>(0), epoch)?;
+            verdict(row.get::<_, Option<&str>>(0), epoch, || instance.clone())?;
             Ok(row.get::<_, i64>(1) == 1)
         })
     }

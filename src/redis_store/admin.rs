@@ -5,12 +5,11 @@
 use crate::admin::{StoreAdmin, StoreStats, TenantStats, VerifyReport};
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::entry::Entry;
-use crate::error::{Missing, Result, StateError};
+use crate::error::{Result, StateError};
 use crate::kv::key::KeyBuf;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunState, SessionKey, SessionRecord};
 use crate::rules::{check_id, check_limit, checked_entry};
-use crate::tray::InstanceKey;
 
 use super::budgets::{BUDGET_FIELDS, budget_row, hold_value, parse_hold};
 use super::connect::QueryOn;
@@ -677,6 +676,8 @@ impl RedisStore {
 
 impl RedisStore {
     async fn import_one(&self, e: Entry) -> Result<()> {
+        // The record each entry's answer names, when it already exists.
+        let record = e.record_key();
         match e {
             Entry::Run(r) => {
                 if r.seq > SEQ_MAX {
@@ -726,7 +727,7 @@ impl RedisStore {
                         r.key.run_id, r.seq, r.key.tenant
                     )));
                 }
-                outcome(reply, || Missing::Run(r.key.clone()), 0)?;
+                outcome(reply, || record, 0)?;
             }
             Entry::Session(s) => {
                 let (h, _) = session_head(&s);
@@ -745,7 +746,7 @@ impl RedisStore {
                     .arg(s.created_at.to_string())
                     .invoke(&mut conn)
                     .await?;
-                outcome(reply, || Missing::Session(s.key.clone()), 0)?;
+                outcome(reply, || record, 0)?;
             }
             Entry::Budget { budget, spent } => {
                 let p = keys::tenant(&budget.key.tenant);
@@ -766,7 +767,7 @@ impl RedisStore {
                     .arg(spent.iterations.to_string())
                     .invoke(&mut conn)
                     .await?;
-                outcome(reply, || Missing::Budget(budget.key.clone()), 0)?;
+                outcome(reply, || record, 0)?;
             }
             Entry::Hold { run, hold } => {
                 let p = keys::tenant(&run.tenant);
@@ -787,20 +788,20 @@ impl RedisStore {
                         hold.id, run.tenant, run.run_id
                     )));
                 }
-                outcome(reply, || Missing::Run(run.clone()), 0)?;
+                outcome(reply, || record, 0)?;
             }
             Entry::Epoch { instance, epoch } => {
                 let reply = TrayCall::new(&instance, "import_epoch", epoch)
                     .run(self)
                     .await?;
-                outcome(reply, not_found_instance(&instance), 0)?;
+                outcome(reply, || record, 0)?;
             }
             Entry::Tray { key, tray } => {
                 let reply = TrayCall::new(&key.instance(), "import_tray", 0)
                     .tray(keys::tray_member_of(&key), &tray)
                     .run(self)
                     .await?;
-                outcome(reply, not_found_instance(&key.instance()), 0)?;
+                outcome(reply, || record, 0)?;
             }
             Entry::Alarm { instance, due_at } => {
                 let reply = TrayCall::new(&instance, "import_alarm", 0)
@@ -808,7 +809,7 @@ impl RedisStore {
                     .arg(due_at.to_string())
                     .run(self)
                     .await?;
-                outcome(reply, not_found_instance(&instance), 0)?;
+                outcome(reply, || record, 0)?;
             }
         }
         Ok(())
@@ -1080,8 +1081,4 @@ impl RedisStore {
             }
         }
     }
-}
-
-fn not_found_instance(i: &InstanceKey) -> impl FnOnce() -> Missing + '_ {
-    move || Missing::Tray(i.tray("", ""))
 }

@@ -9,7 +9,7 @@ use crate::budget::{
     RunSpend, Settled, Spend,
 };
 use crate::codec::cursor::{self as cursor_codec, Listing};
-use crate::error::{Missing, Result, StateError};
+use crate::error::{RecordKey, Result, StateError};
 use crate::kv::key::KeyBuf;
 use crate::limits::HOLDS_PER_RUN_MAX;
 use crate::page::{Page, PageRequest};
@@ -274,7 +274,7 @@ impl RedisStore {
             .await?;
         let rest = outcome(
             reply,
-            || Missing::Budget(record.key.clone()),
+            || RecordKey::Budget(record.key.clone()),
             record.version,
         )?;
         let [ver, ca, ua] = rest.as_slice() else {
@@ -502,7 +502,7 @@ impl RedisStore {
             }
             _ => {}
         }
-        let rest = outcome(reply, || Missing::Run(run.clone()), 0)?;
+        let rest = outcome(reply, || RecordKey::Run(run.clone()), 0)?;
         let [ca, ea] = rest.as_slice() else {
             return Err(StateError::corrupt("redis: reserve answer malformed"));
         };
@@ -554,11 +554,11 @@ impl RedisStore {
             .invoke(&mut conn)
             .await?;
         if reply.first().map(Vec::as_slice) == Some(b"nohold") {
-            return Err(StateError::NotFound(Missing::Hold {
+            return Err(StateError::NotFound(RecordKey::Hold {
                 run: run.clone(),
                 hold_id: hold_id.to_string(),
             }));
         }
-        outcome(reply, || Missing::Run(run.clone()), 0).map(|_| ())
+        outcome(reply, || RecordKey::Run(run.clone()), 0).map(|_| ())
     }
 }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::budget::{BudgetKey, Caps, HoldRecord, Spend};
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value::{self, FORMAT_VERSION};
-use crate::error::{Missing, Result, StateError};
+use crate::error::{RecordKey, Result, StateError};
 use crate::page::{Page, PageRequest};
 use crate::record::{
     Approval, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateQuery,
@@ -284,9 +284,11 @@ pub(super) fn num(b: &[u8], what: &str) -> Result<u64> {
 }
 
 /// The refusals every script may answer, as errors; `Ok(rest)` for `ok`.
+/// `record` names the record the call is about (for a tray call, the tray
+/// or its instance), for the errors that name it.
 pub(super) fn outcome(
     reply: Reply,
-    missing: impl FnOnce() -> Missing,
+    record: impl FnOnce() -> RecordKey,
     expected: u64,
 ) -> Result<Reply> {
     let mut it = reply.into_iter();
@@ -295,14 +297,28 @@ pub(super) fn outcome(
     match status.as_slice() {
         b"ok" => Ok(rest),
         b"conflict" => Err(StateError::Conflict {
+            record: record(),
             expected,
             actual: num(rest.first().map_or(&b""[..], |v| v), "stored version")?,
         }),
-        b"notfound" => Err(StateError::NotFound(missing())),
-        b"fence" => Err(StateError::FenceLost {
-            caller: expected,
-            stored: num(rest.first().map_or(&b""[..], |v| v), "stored epoch")?,
-        }),
+        b"notfound" => Err(StateError::NotFound(record())),
+        b"fence" => {
+            let stored = num(rest.first().map_or(&b""[..], |v| v), "stored epoch")?;
+            let instance = match record() {
+                RecordKey::Instance(i) => i,
+                RecordKey::Tray(t) => t.instance(),
+                other => {
+                    return Err(StateError::corrupt(format!(
+                        "redis: a lost fence answered for {other}, which has no epoch"
+                    )));
+                }
+            };
+            Err(StateError::FenceLost {
+                instance,
+                caller: expected,
+                stored,
+            })
+        }
         b"invalid" => Err(StateError::invalid(text(
             rest.first().map_or(&b""[..], |v| v),
         ))),
@@ -340,7 +356,7 @@ const LIST_SCAN_CAP: usize = 4096;
 /// A script's `nobudget` answer (the budget name follows) as the error.
 pub(super) fn no_budget(tenant: &str, reply: &Reply) -> StateError {
     let name = reply.get(1).map(|n| text(n)).unwrap_or_default();
-    StateError::NotFound(Missing::Budget(BudgetKey::new(tenant, name)))
+    StateError::NotFound(RecordKey::Budget(BudgetKey::new(tenant, name)))
 }
 
 /// A run's caps as the scripts read them: 'cost tokens iterations', `-`
@@ -387,7 +403,7 @@ impl RedisStore {
             .await?;
         match reply.first().map(Vec::as_slice) {
             Some(b"nohold") => {
-                return Err(StateError::NotFound(Missing::Hold {
+                return Err(StateError::NotFound(RecordKey::Hold {
                     run: key.clone(),
                     hold_id: hold_id.unwrap_or_default().to_string(),
                 }));
@@ -396,7 +412,7 @@ impl RedisStore {
             _ => {}
         }
         let rest =
-            outcome(reply, || Missing::Run(key.clone()), 0).map_err(|e| with_limit(e, max))?;
+            outcome(reply, || RecordKey::Run(key.clone()), 0).map_err(|e| with_limit(e, max))?;
         let v = rest
             .first()
             .ok_or_else(|| StateError::corrupt("redis: patch_run answered no record"))?;
@@ -459,18 +475,18 @@ impl RedisStore {
             .invoke(&mut conn)
             .await?;
         if reply.first().map(Vec::as_slice) == Some(b"nosession") {
-            return Err(StateError::NotFound(Missing::Session(SessionKey::new(
+            return Err(StateError::NotFound(RecordKey::Session(SessionKey::new(
                 record.key.tenant.clone(),
                 session,
             ))));
         }
         if reply.first().map(Vec::as_slice) == Some(b"nobudget") {
-            return Err(StateError::NotFound(Missing::Budget(BudgetKey::new(
+            return Err(StateError::NotFound(RecordKey::Budget(BudgetKey::new(
                 record.key.tenant.clone(),
                 record.budget.clone().unwrap_or_default(),
             ))));
         }
-        let rest = outcome(reply, || Missing::Run(record.key.clone()), record.version)
+        let rest = outcome(reply, || RecordKey::Run(record.key.clone()), record.version)
             .map_err(|e| with_limit(e, max))?;
         let v = rest
             .first()
@@ -647,7 +663,7 @@ impl RedisStore {
             .await?;
         let rest = outcome(
             reply,
-            || Missing::Session(record.key.clone()),
+            || RecordKey::Session(record.key.clone()),
             record.version,
         )
         .map_err(|e| with_limit(e, max))?;
@@ -688,12 +704,13 @@ impl RedisStore {
             .await?;
         if reply.first().map(Vec::as_slice) == Some(b"inuse") {
             return Err(StateError::InUse {
+                record: RecordKey::Run(key.clone()),
                 runs: vec![key.clone()],
             });
         }
         let rest = outcome(
             reply,
-            || Missing::Run(key.clone()),
+            || RecordKey::Run(key.clone()),
             expected_version.unwrap_or(0),
         )?;
         let v = rest
@@ -731,10 +748,11 @@ impl RedisStore {
         };
         if reply.first().map(Vec::as_slice) == Some(b"inuse") {
             return Err(StateError::InUse {
+                record: RecordKey::Session(key.clone()),
                 runs: to_keys(&reply[1..])?,
             });
         }
-        let rest = outcome(reply, || Missing::Session(key.clone()), 0)?;
+        let rest = outcome(reply, || RecordKey::Session(key.clone()), 0)?;
         to_keys(&rest)
     }
 }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value;
-use crate::error::{Missing, Result, StateError};
+use crate::error::{RecordKey, Result, StateError};
 use crate::page::{Page, PageRequest};
 use crate::record::Millis;
 use crate::rules::{
@@ -139,17 +139,13 @@ impl RedisStore {
                 }
             };
         }
-        outcome(call.run(self).await?, not_tray, epoch).map(|_| ())
+        outcome(
+            call.run(self).await?,
+            || RecordKey::Instance(instance.clone()),
+            epoch,
+        )
+        .map(|_| ())
     }
-}
-
-fn not_tray() -> Missing {
-    Missing::Tray(TrayKey {
-        ns: String::new(),
-        id: String::new(),
-        tray_ns: String::new(),
-        tray_id: String::new(),
-    })
 }
 
 impl RedisStore {
@@ -162,7 +158,7 @@ impl RedisStore {
         if reply.first().map(Vec::as_slice) == Some(b"none") {
             return Ok(None);
         }
-        let rest = outcome(reply, not_tray, epoch)?;
+        let rest = outcome(reply, || RecordKey::Tray(key.clone()), epoch)?;
         let v = rest
             .first()
             .ok_or_else(|| StateError::corrupt("redis: read_tray answered no tray"))?;
@@ -181,7 +177,7 @@ impl RedisStore {
             .tray(keys::tray_member_of(key), &tray)
             .run(self)
             .await?;
-        outcome(reply, not_tray, epoch).map(|_| ())
+        outcome(reply, || RecordKey::Tray(key.clone()), epoch).map(|_| ())
     }
 
     pub(super) async fn delete_tray_impl(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
@@ -190,7 +186,7 @@ impl RedisStore {
             .arg(keys::tray_member_of(key))
             .run(self)
             .await?;
-        let rest = outcome(reply, not_tray, epoch)?;
+        let rest = outcome(reply, || RecordKey::Tray(key.clone()), epoch)?;
         Ok(rest.first().map(Vec::as_slice) == Some(b"1"))
     }
 
@@ -218,7 +214,7 @@ impl RedisStore {
     pub(super) async fn release_impl(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
         check_instance(instance)?;
         let reply = TrayCall::new(instance, "release", epoch).run(self).await?;
-        outcome(reply, not_tray, epoch).map(|_| ())
+        outcome(reply, || RecordKey::Instance(instance.clone()), epoch).map(|_| ())
     }
 
     pub(super) async fn list_trays_impl(
@@ -245,7 +241,7 @@ impl RedisStore {
             .arg((page.limit + 1).to_string())
             .run(self)
             .await?;
-        let rest = outcome(reply, not_tray, epoch)?;
+        let rest = outcome(reply, || RecordKey::Instance(instance.clone()), epoch)?;
         if !rest.len().is_multiple_of(2) {
             return Err(StateError::corrupt("redis: list_trays answer malformed"));
         }
@@ -359,7 +355,7 @@ impl RedisStore {
             .arg(due_at.to_string())
             .run(self)
             .await?;
-        outcome(reply, not_tray, epoch).map(|_| ())
+        outcome(reply, || RecordKey::Instance(instance.clone()), epoch).map(|_| ())
     }
 
     pub(super) async fn due_alarms_impl(
@@ -434,7 +430,7 @@ impl RedisStore {
             .arg(due_at.to_string())
             .run(self)
             .await?;
-        let rest = outcome(reply, not_tray, epoch)?;
+        let rest = outcome(reply, || RecordKey::Instance(instance.clone()), epoch)?;
         Ok(rest.first().map(Vec::as_slice) == Some(b"1"))
     }
 }

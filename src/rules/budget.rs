@@ -8,7 +8,7 @@
 use crate::budget::{
     Amount, BudgetKey, BudgetRecord, CapLimit, CapScope, Caps, Hold, HoldRecord, Spend,
 };
-use crate::error::{Result, StateError};
+use crate::error::{RecordKey, Result, StateError};
 use crate::limits::{HOLD_TTL_MILLIS_MAX, HOLDS_PER_RUN_MAX};
 use crate::record::{Millis, RunRecord, StateDelta};
 
@@ -180,7 +180,9 @@ pub(crate) fn next_budget(
     record: BudgetRecord,
     now: Millis,
 ) -> Result<BudgetRecord> {
-    check_version(record.version, stored.map(|s| s.version))?;
+    check_version(record.version, stored.map(|s| s.version), || {
+        RecordKey::Budget(record.key.clone())
+    })?;
     Ok(match stored {
         None => BudgetRecord {
             version: 1,

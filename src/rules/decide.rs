@@ -5,7 +5,7 @@
 //! step as the read.
 
 use crate::entry::Entry;
-use crate::error::{Result, StateError};
+use crate::error::{RecordKey, Result, StateError};
 use crate::record::{Millis, RunRecord, SessionRecord, StateDelta};
 use crate::scrub::Scrubber;
 
@@ -16,12 +16,18 @@ use super::check::{
 };
 
 /// R2/S1: a write of `expected` against `stored` (the stored version, if
-/// any) may go ahead, or is the `Conflict` that carries both numbers.
-pub(crate) fn check_version(expected: u64, stored: Option<u64>) -> Result<()> {
+/// any) may go ahead, or is the `Conflict` that carries both numbers and
+/// names the record (`record` is called only then).
+pub(crate) fn check_version(
+    expected: u64,
+    stored: Option<u64>,
+    record: impl FnOnce() -> RecordKey,
+) -> Result<()> {
     match (expected, stored) {
         (0, None) => Ok(()),
         (n, Some(s)) if n == s && n > 0 => Ok(()),
         (n, s) => Err(StateError::Conflict {
+            record: record(),
             expected: n,
             actual: s.unwrap_or(0),
         }),
@@ -35,11 +41,13 @@ pub(crate) fn check_delete(old: &RunRecord, expected_version: Option<u64>) -> Re
     match expected_version {
         Some(v) if v == old.version => Ok(()),
         Some(v) => Err(StateError::Conflict {
+            record: RecordKey::Run(old.key.clone()),
             expected: v,
             actual: old.version,
         }),
         None if old.state.is_finished() => Ok(()),
         None => Err(StateError::InUse {
+            record: RecordKey::Run(old.key.clone()),
             runs: vec![old.key.clone()],
         }),
     }
@@ -145,7 +153,9 @@ pub(crate) fn next_session(
     record: SessionRecord,
     now: Millis,
 ) -> Result<SessionRecord> {
-    check_version(record.version, stored.map(|s| s.version))?;
+    check_version(record.version, stored.map(|s| s.version), || {
+        RecordKey::Session(record.key.clone())
+    })?;
     Ok(match stored {
         None => SessionRecord {
             version: 1,
@@ -220,41 +230,23 @@ pub(crate) fn check_entry(e: &Entry, max: Option<usize>) -> Result<()> {
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn check_import_unique(entries: &[Entry]) -> Result<()> {
     use std::collections::HashSet;
-    let mut seen: HashSet<(u8, Vec<String>)> = HashSet::new();
+    // An instance's epoch and its alarm are two entries of one key: the
+    // entry's kind is part of what must be unique.
+    let mut seen: HashSet<(std::mem::Discriminant<Entry>, RecordKey)> = HashSet::new();
     let mut seqs: HashSet<(&str, u64)> = HashSet::new();
     for e in entries {
-        let id: (u8, Vec<String>) = match e {
-            Entry::Run(r) => {
-                if !seqs.insert((&r.key.tenant, r.seq)) {
-                    return Err(StateError::invalid(format!(
-                        "run {}: seq {} is already used in tenant {}",
-                        r.key.run_id, r.seq, r.key.tenant
-                    )));
-                }
-                (0, vec![r.key.tenant.clone(), r.key.run_id.clone()])
-            }
-            Entry::Session(s) => (1, vec![s.key.tenant.clone(), s.key.session_id.clone()]),
-            Entry::Epoch { instance, .. } => (2, vec![instance.ns.clone(), instance.id.clone()]),
-            Entry::Tray { key, .. } => (
-                3,
-                vec![
-                    key.ns.clone(),
-                    key.id.clone(),
-                    key.tray_ns.clone(),
-                    key.tray_id.clone(),
-                ],
-            ),
-            Entry::Alarm { instance, .. } => (4, vec![instance.ns.clone(), instance.id.clone()]),
-            Entry::Budget { budget, .. } => {
-                (5, vec![budget.key.tenant.clone(), budget.key.name.clone()])
-            }
-            Entry::Hold { run, hold } => (
-                6,
-                vec![run.tenant.clone(), run.run_id.clone(), hold.id.clone()],
-            ),
-        };
-        if !seen.insert(id) {
+        if let Entry::Run(r) = e
+            && !seqs.insert((&r.key.tenant, r.seq))
+        {
+            return Err(StateError::invalid(format!(
+                "run {}: seq {} is already used in tenant {}",
+                r.key.run_id, r.seq, r.key.tenant
+            )));
+        }
+        let record = e.record_key();
+        if !seen.insert((std::mem::discriminant(e), record.clone())) {
             return Err(StateError::Conflict {
+                record,
                 expected: 0,
                 actual: 1,
             });

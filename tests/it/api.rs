@@ -218,7 +218,8 @@ fn iter_walks_of_both_backends_visit_every_record_once() {
             stale.next(),
             Some(Err(StateError::FenceLost {
                 caller: 1,
-                stored: 2
+                stored: 2,
+                ..
             }))
         ));
         assert!(stale.next().is_none());
@@ -324,7 +325,9 @@ fn update_run_cases(store: &dyn Store) {
         Ok(())
     });
     match got {
-        Err(StateError::Conflict { expected, actual }) => {
+        Err(StateError::Conflict {
+            expected, actual, ..
+        }) => {
             assert_eq!((expected, actual), (before.version, before.version + 1));
         }
         other => panic!("{other:?}"),
@@ -371,11 +374,12 @@ fn update_run_cases(store: &dyn Store) {
     let got = store.update_run(&key, |run| {
         run.state = RunState::Failed;
         Err(StateError::InUse {
+            record: agentstate::RecordKey::Run(RunKey::new("acme", "why")),
             runs: vec![RunKey::new("acme", "why")],
         })
     });
     match got {
-        Err(StateError::InUse { runs }) => assert_eq!(runs, [RunKey::new("acme", "why")]),
+        Err(StateError::InUse { runs, .. }) => assert_eq!(runs, [RunKey::new("acme", "why")]),
         other => panic!("{other:?}"),
     }
     assert_eq!(store.get_run(&key).unwrap().unwrap(), stored);
@@ -459,7 +463,7 @@ fn every_trait(store: &dyn Store) {
         .unwrap();
     assert_eq!(updated.version, 2);
     match store.delete_session(&sk, false) {
-        Err(StateError::InUse { runs }) => assert_eq!(runs.len(), 4),
+        Err(StateError::InUse { runs, .. }) => assert_eq!(runs.len(), 4),
         other => panic!("{other:?}"),
     }
 
@@ -484,7 +488,8 @@ fn every_trait(store: &dyn Store) {
         store.write_tray(&main, 1, tray(false)),
         Err(StateError::FenceLost {
             caller: 1,
-            stored: 2
+            stored: 2,
+            ..
         })
     ));
     assert_eq!(

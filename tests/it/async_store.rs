@@ -70,11 +70,12 @@ async fn w1_every_method_answers_like_the_sync_store() {
         Err(StateError::Conflict {
             expected: 0,
             actual: 2,
+            ..
         }) => {}
         other => panic!("{other:?}"),
     }
     match store.delete_session(&sk, false).await {
-        Err(StateError::InUse { runs }) => assert_eq!(runs, vec![key.clone()]),
+        Err(StateError::InUse { runs, .. }) => assert_eq!(runs, vec![key.clone()]),
         other => panic!("{other:?}"),
     }
 
@@ -242,6 +243,7 @@ async fn w1_fencing_through_async() {
             Err(StateError::FenceLost {
                 caller: 1,
                 stored: 2,
+                ..
             }) => {}
             other => panic!("{other:?}"),
         }
@@ -260,6 +262,7 @@ async fn w1_fencing_through_async() {
         Err(StateError::FenceLost {
             caller: 1,
             stored: 2,
+            ..
         }) => {}
         other => panic!("{other:?}"),
     }

@@ -766,7 +766,8 @@ fn golden_fixture_opens_and_reads_exactly(name: &str) {
         store.read_tray(&w1.tray("inbox", "t1"), 2),
         Err(StateError::FenceLost {
             caller: 2,
-            stored: 3
+            stored: 3,
+            ..
         })
     ));
 

@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use agentstate::{
-    Entry, FileStore, MemoryStore, RunKey, RunRecord, StateError, StateStore, Store, StoreAdmin,
-    ToolCall,
+    Entry, FileStore, MemoryStore, RecordKey, RunKey, RunRecord, SessionKey, SessionRecord,
+    StateError, StateStore, Store, StoreAdmin, ToolCall,
 };
 
 fn run_entry(i: u64) -> Entry {
@@ -26,7 +26,8 @@ fn snapshot(s: &dyn Store) -> (Vec<Entry>, String) {
 }
 
 /// Imports that fail at entry `at` of 1,600 (more than one group of 1,000) — by an iterator error, by an
-/// entry failing its checks, by a duplicate — leave `s` as it was.
+/// entry failing its checks, by a duplicate — leave `s` as it was; a
+/// record given twice is a `Conflict` naming it.
 fn failed_imports_change_nothing(s: &dyn Store, what: &str) {
     let before = snapshot(s);
     for at in [0u64, 999, 1000, 1599] {
@@ -69,6 +70,28 @@ fn failed_imports_change_nothing(s: &dyn Store, what: &str) {
             );
         }
     }
+    // A record given twice is a Conflict naming it.
+    let session = SessionKey::new("bulk", "s1");
+    let mut twice = (0..2).map(|_| {
+        let mut r = SessionRecord::new(session.clone());
+        (r.version, r.created_at, r.updated_at) = (1, 7, 7);
+        Ok(Entry::Session(r))
+    });
+    let e = s.import(&mut twice).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            StateError::Conflict { record, expected: 0, actual: 1 }
+                if *record == RecordKey::Session(session.clone())
+        ),
+        "{what}: {e:?}"
+    );
+    assert!(e.to_string().contains("session bulk/s1"), "{what}: {e}");
+    assert_eq!(
+        snapshot(s),
+        before,
+        "{what}: a session given twice left entries"
+    );
     assert!(s.verify().unwrap().is_ok(), "{what}");
     // And the store still takes a whole import, and new runs after it.
     let mut all = (0..1_600).map(|i| Ok(run_entry(i)));

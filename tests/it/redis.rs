@@ -315,6 +315,7 @@ fn race(store: &RedisStore, role: &str, n: usize) -> Vec<String> {
             Err(StateError::Conflict {
                 expected: 1,
                 actual: 2,
+                ..
             }) => false,
             Err(e) => panic!("{who} round {k}: updater got {e:?}"),
         };
@@ -333,7 +334,7 @@ fn race(store: &RedisStore, role: &str, n: usize) -> Vec<String> {
             },
         ) {
             Ok(()) => true,
-            Err(StateError::FenceLost { caller, stored }) => {
+            Err(StateError::FenceLost { caller, stored, .. }) => {
                 assert!(
                     !high && caller == epoch && stored == epoch + 1,
                     "{who}: {caller}/{stored}"

@@ -527,6 +527,7 @@ impl Checker<'_> {
                     StateError::Conflict {
                         expected: 0,
                         actual,
+                        ..
                     },
                 ) => *actual >= 1,
                 (
@@ -535,15 +536,19 @@ impl Checker<'_> {
                     },
                     StateError::NotFound(_),
                 ) => true,
-                (Call::Put { read_version, .. }, StateError::Conflict { expected, actual }) => {
-                    expected == read_version && actual != read_version
-                }
+                (
+                    Call::Put { read_version, .. },
+                    StateError::Conflict {
+                        expected, actual, ..
+                    },
+                ) => expected == read_version && actual != read_version,
                 (Call::Patch { .. }, StateError::NotFound(_)) => true,
                 (
                     Call::CreateSession { .. },
                     StateError::Conflict {
                         expected: 0,
                         actual,
+                        ..
                     },
                 ) => *actual >= 1,
                 (Call::DeleteSession { .. }, StateError::NotFound(_)) => true,
@@ -551,7 +556,7 @@ impl Checker<'_> {
                     Call::WriteTray { epoch, .. }
                     | Call::Batch { epoch, .. }
                     | Call::DeleteTray { epoch, .. },
-                    StateError::FenceLost { caller, stored },
+                    StateError::FenceLost { caller, stored, .. },
                 ) => caller == epoch && *stored > *caller,
                 _ => false,
             };

@@ -3,15 +3,13 @@
 
 use std::io::Write;
 
-use agentstate::{
-    Amount, BudgetKey, BudgetStatus, Caps, RunKey, RunSpend, Spend, StateQuery, Store,
-};
-use serde_json::json;
-
 use super::commands::{finish, walk};
 use super::output::{Align, Table, json_line, micros, thousands};
 use super::time::format_time;
 use super::{CliError, PageArgs};
+use agentstate::{
+    Amount, BudgetKey, BudgetStatus, Caps, RunKey, RunSpend, Spend, StateQuery, Store,
+};
 
 /// One amount as `spent + held / max` (money in units, counts with
 /// thousands separators); `-` for no cap.
@@ -22,30 +20,6 @@ fn cell(amount: Amount, caps: &Caps, spent: Spend, held: Spend) -> String {
     };
     let max = caps.max(amount).map(f).unwrap_or_else(|| "-".into());
     format!("{} + {} / {max}", f(spent.get(amount)), f(held.get(amount)))
-}
-
-fn caps_json(c: &Caps) -> serde_json::Value {
-    json!({
-        "cost_micros_max": c.cost_micros_max,
-        "tokens_max": c.tokens_max,
-        "iterations_max": c.iterations_max,
-    })
-}
-
-fn budget_json(b: &BudgetStatus) -> serde_json::Value {
-    json!({
-        "tenant": b.record.key.tenant, "name": b.record.key.name,
-        "version": b.record.version, "caps": caps_json(&b.record.caps),
-        "spent": b.spent, "held": b.held, "holds": b.holds,
-        "created_at": b.record.created_at, "updated_at": b.record.updated_at,
-    })
-}
-
-fn run_json(r: &RunSpend) -> serde_json::Value {
-    json!({
-        "tenant": r.key.tenant, "run_id": r.key.run_id, "caps": caps_json(&r.caps),
-        "budget": r.budget, "spent": r.spent, "held": r.held, "holds": r.holds,
-    })
 }
 
 fn amount_headers(first: &[(&'static str, Align)]) -> Table {
@@ -87,7 +61,7 @@ pub fn list(
         |items| {
             for b in items {
                 if page.json {
-                    json_line(out, &budget_json(&b))?;
+                    json_line(out, &b)?;
                 } else {
                     let mut row = vec![
                         b.record.key.tenant.clone(),
@@ -128,23 +102,25 @@ pub fn show_budget(
         }
     }
     if json {
-        let mut v = budget_json(&b);
-        v["runs"] = runs.iter().map(run_json).collect();
-        return json_line(out, &v);
+        /// `budgets show NAME --json`: the budget and the runs that draw
+        /// from it.
+        #[derive(serde::Serialize)]
+        struct BudgetShow<'a> {
+            budget: &'a BudgetStatus,
+            runs: &'a [RunSpend],
+        }
+        return json_line(
+            out,
+            &BudgetShow {
+                budget: &b,
+                runs: &runs,
+            },
+        );
     }
-    writeln!(
-        out,
-        "budget      {}/{}",
-        b.record.key.tenant, b.record.key.name
-    )?;
+    writeln!(out, "budget      {}", b.record.key)?;
     writeln!(out, "version     {}", b.record.version)?;
     for a in Amount::ALL {
-        writeln!(
-            out,
-            "{:<11} {}",
-            a.as_str(),
-            cell(a, &b.record.caps, b.spent, b.held)
-        )?;
+        writeln!(out, "{a:<11} {}", cell(a, &b.record.caps, b.spent, b.held))?;
     }
     writeln!(out, "live holds  {}", thousands(b.holds))?;
     writeln!(out, "created     {}", format_time(b.record.created_at))?;
@@ -179,17 +155,12 @@ pub fn show_run(
         )));
     };
     if json {
-        return json_line(out, &run_json(&r));
+        return json_line(out, &r);
     }
-    writeln!(out, "run         {}/{}", r.key.tenant, r.key.run_id)?;
+    writeln!(out, "run         {}", r.key)?;
     writeln!(out, "budget      {}", r.budget.as_deref().unwrap_or("-"))?;
     for a in Amount::ALL {
-        writeln!(
-            out,
-            "{:<11} {}",
-            a.as_str(),
-            cell(a, &r.caps, r.spent, r.held)
-        )?;
+        writeln!(out, "{a:<11} {}", cell(a, &r.caps, r.spent, r.held))?;
     }
     if r.holds.is_empty() {
         writeln!(out, "live holds  none")?;

@@ -2,15 +2,13 @@
 
 use std::io::Write;
 
-use agentstate::{
-    Cursor, InstanceKey, Millis, PageRequest, RunKey, RunRecord, RunState, SessionKey,
-    SessionRecord, StateError, StateQuery, Store, Tray, TrayKey,
-};
-use serde_json::json;
-
 use super::output::{Align, Progress, Table, bytes, json_line, micros, thousands, with_spinner};
 use super::time::{format_span, format_time, now_millis};
 use super::{CliError, PageArgs};
+use agentstate::{
+    Cursor, InstanceKey, Millis, PageRequest, RunKey, RunRecord, RunState, SessionKey,
+    SessionRecord, StateError, StateQuery, Store, Tray, TrayKey, VerifyReport,
+};
 
 /// The filters of `runs list`.
 pub struct RunFilter {
@@ -205,8 +203,8 @@ pub fn runs_show(
             format_span(now.saturating_sub(t))
         )
     };
-    writeln!(out, "run            {}/{}", r.key.tenant, r.key.run_id)?;
-    writeln!(out, "state          {}", r.state.as_str())?;
+    writeln!(out, "run            {}", r.key)?;
+    writeln!(out, "state          {}", r.state)?;
     writeln!(out, "agent          {}", r.agent_name)?;
     writeln!(
         out,
@@ -343,9 +341,21 @@ pub fn sessions_show(
     };
     let runs = session_runs(store, tenant, session_id)?;
     if json {
-        return json_line(out, &json!({ "session": s, "runs": runs }));
+        /// `sessions show --json`: the session and its runs.
+        #[derive(serde::Serialize)]
+        struct SessionShow<'a> {
+            session: &'a SessionRecord,
+            runs: &'a [RunRecord],
+        }
+        return json_line(
+            out,
+            &SessionShow {
+                session: &s,
+                runs: &runs,
+            },
+        );
     }
-    writeln!(out, "session   {}/{}", s.key.tenant, s.key.session_id)?;
+    writeln!(out, "session   {}", s.key)?;
     writeln!(out, "version   {}", s.version)?;
     writeln!(out, "created   {}", format_time(s.created_at))?;
     writeln!(out, "updated   {}", format_time(s.updated_at))?;
@@ -398,7 +408,7 @@ pub fn sessions_delete(
             runs.len(),
             name_runs(&runs)
         )?,
-        Err(StateError::InUse { runs }) => {
+        Err(StateError::InUse { runs, .. }) => {
             return Err(CliError::failed(format!(
                 "session {tenant}/{session_id} has {} unfinished run(s): {} (finish them first, or pass --cascade to delete them with it)",
                 runs.len(),
@@ -415,24 +425,13 @@ pub fn sessions_delete(
     Ok(())
 }
 
-fn tray_json(key: &TrayKey, tray: &Tray) -> serde_json::Value {
-    let mut v = json!({
-        "ns": key.ns, "id": key.id, "tray_ns": key.tray_ns, "tray_id": key.tray_id,
-        "marked": tray.marked, "env": tray.env, "hostname": tray.hostname, "doc_bytes": tray.doc.len(),
-    });
-    // The doc as text when it is text; otherwise as hex, so scripts get it exactly.
-    match std::str::from_utf8(&tray.doc) {
-        Ok(text) => v["doc"] = json!(text),
-        Err(_) => {
-            v["doc_hex"] = json!(
-                tray.doc
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
-            )
-        }
-    }
-    v
+/// A line of `trays list --json`: the tray's key and the tray, in their
+/// own JSON shapes (the doc as text, or `doc_base64`), as an export's
+/// `tray` entry has them.
+#[derive(serde::Serialize)]
+struct TrayLine<'a> {
+    key: &'a TrayKey,
+    tray: &'a Tray,
 }
 
 fn doc_preview(doc: &[u8]) -> String {
@@ -489,7 +488,7 @@ pub fn trays_list(
         |items| {
             for (k, t) in items {
                 if page.json {
-                    json_line(out, &tray_json(&k, &t))?;
+                    json_line(out, &TrayLine { key: &k, tray: &t })?;
                 } else {
                     table.row(vec![
                         k.tray_ns.clone(),
@@ -530,13 +529,7 @@ pub fn trays_marked(
         |items| {
             for m in items {
                 if page.json {
-                    json_line(
-                        out,
-                        &json!({
-                            "ns": m.key.ns, "id": m.key.id, "tray_ns": m.key.tray_ns, "tray_id": m.key.tray_id,
-                            "env": m.env, "hostname": m.hostname,
-                        }),
-                    )?;
+                    json_line(out, &m)?;
                 } else {
                     table.row(vec![
                         m.key.ns,
@@ -574,10 +567,7 @@ pub fn alarms_due(
         |items| {
             for a in items {
                 if page.json {
-                    json_line(
-                        out,
-                        &json!({ "ns": a.instance.ns, "id": a.instance.id, "due_at": a.due_at }),
-                    )?;
+                    json_line(out, &a)?;
                 } else {
                     table.row(vec![
                         a.instance.ns,
@@ -597,35 +587,7 @@ pub fn alarms_due(
 pub fn stats(store: &dyn Store, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let s = with_spinner("counting", || store.stats())?;
     if json {
-        let tenants: serde_json::Map<String, serde_json::Value> = s
-            .tenants
-            .iter()
-            .map(|(t, ts)| {
-                let runs: serde_json::Map<String, serde_json::Value> = RunState::ALL
-                    .iter()
-                    .map(|st| {
-                        (
-                            st.as_str().to_string(),
-                            json!(ts.runs_by_state.get(st).copied().unwrap_or(0)),
-                        )
-                    })
-                    .collect();
-                (
-                    t.clone(),
-                    json!({
-                        "runs": runs, "sessions": ts.sessions, "budgets": ts.budgets,
-                        "holds": ts.holds, "runs_at_cap": ts.runs_at_cap,
-                    }),
-                )
-            })
-            .collect();
-        return json_line(
-            out,
-            &json!({
-                "tenants": tenants, "trays": s.trays, "marked_trays": s.marked_trays,
-                "alarms": s.alarms, "disk_bytes": s.disk_bytes, "backend": s.backend,
-            }),
-        );
+        return json_line(out, &s);
     }
     let mut t = Table::new(&[
         ("TENANT", Align::Left),
@@ -698,12 +660,19 @@ pub fn stats(store: &dyn Store, json: bool, out: &mut dyn Write) -> Result<(), C
 pub fn verify(store: &dyn Store, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let r = with_spinner("verifying", || store.verify())?;
     if json {
+        /// `verify --json`: the report, and whether it found nothing wrong.
+        #[derive(serde::Serialize)]
+        struct VerifyLine<'a> {
+            ok: bool,
+            #[serde(flatten)]
+            report: &'a VerifyReport,
+        }
         json_line(
             out,
-            &json!({
-                "ok": r.is_ok(), "runs": r.runs, "sessions": r.sessions, "trays": r.trays,
-                "alarms": r.alarms, "entries": r.entries, "problems": r.problems,
-            }),
+            &VerifyLine {
+                ok: r.is_ok(),
+                report: &r,
+            },
         )?;
     } else {
         writeln!(

@@ -248,6 +248,7 @@ fn versions(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
                 e @ StateError::Conflict {
                     expected: 0,
                     actual: 1,
+                    ..
                 },
             ) => {
                 d.r(|s| s.get_run(&key))?
@@ -255,7 +256,7 @@ fn versions(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
                 d.resolved_conflict();
                 writeln!(
                     out,
-                    "    {name} got {e:?}: it re-reads the run and leaves it to the winner"
+                    "    {name} got \"{e}\": it re-reads the run and leaves it to the winner"
                 )?;
             }
             Err(e) => return Err(broken(format!("{name} failed with {e}"))),
@@ -294,12 +295,10 @@ fn versions(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
             e @ StateError::Conflict {
                 expected: 1,
                 actual: 2,
+                ..
             },
         ) => {
-            writeln!(
-                out,
-                "    worker-1's write from version 1 was refused: {e:?}"
-            )?;
+            writeln!(out, "    worker-1's write from version 1 was refused: {e}")?;
         }
         other => return Err(broken(format!("a stale write was not refused: {other:?}"))),
     }
@@ -444,9 +443,10 @@ fn fencing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
             e @ StateError::FenceLost {
                 caller: 1,
                 stored: 2,
+                ..
             },
         ) => {
-            writeln!(out, "  worker-1's late write was refused: {e:?}")?;
+            writeln!(out, "  worker-1's late write was refused: {e}")?;
         }
         other => return Err(broken(format!("a stale epoch was not fenced: {other:?}"))),
     }
@@ -477,11 +477,7 @@ fn alarms(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
         format_time(due_at)
     )?;
     let due = d.r(|s| s.due_alarms(now_millis(), &PageRequest::new(10)))?;
-    let names: Vec<String> = due
-        .items()
-        .iter()
-        .map(|a| format!("{}/{}", a.instance.ns, a.instance.id))
-        .collect();
+    let names: Vec<String> = due.items().iter().map(|a| a.instance.to_string()).collect();
     writeln!(out, "  due now: {}", names.join(", "))?;
     if !d.w(|s| s.ack_alarm(&instance, 2, due_at))? {
         return Err(broken("the alarm's ack removed nothing"));
@@ -736,7 +732,7 @@ fn sessions(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     section(out, "sessions: a delete never orphans a live run")?;
     let key = SessionKey::new(TENANT, "s-1");
     match d.w(|s| s.delete_session(&key, false)) {
-        Err(StateError::InUse { runs }) => {
+        Err(StateError::InUse { runs, .. }) => {
             let names: Vec<&str> = runs.iter().take(4).map(|k| k.run_id.as_str()).collect();
             writeln!(
                 out,

@@ -8,9 +8,10 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Barrier};
 
 use agentstate::{
-    Approval, Entry, FileStore, InstanceKey, ManualClock, MemoryStore, Options, PageRequest,
-    RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError, StateQuery,
-    StateStore, StoreAdmin, ToolCall, Tray, TrayStore,
+    Alarm, Approval, BudgetStatus, Entry, FileStore, InstanceKey, ManualClock, MarkedTray,
+    MemoryStore, Options, PageRequest, RecordKey, RunKey, RunRecord, RunSpend, RunState,
+    SessionKey, SessionRecord, StateDelta, StateError, StateQuery, StateStore, StoreAdmin,
+    StoreStats, ToolCall, Tray, TrayStore, VerifyReport,
 };
 
 /// 2023-11-14T22:13:20Z: when the fixture's first records were written.
@@ -193,9 +194,9 @@ fn cli_demo_shows_each_promise_and_leaves_a_sound_store() {
     let r = cli(&["demo"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     for needle in [
-        "Conflict { expected: 0, actual: 1 }",
-        "Conflict { expected: 1, actual: 2 }",
-        "FenceLost { caller: 1, stored: 2 }",
+        "version conflict on run acme/run-1: expected 0, stored 1",
+        "version conflict on run acme/run-1: expected 1, stored 2",
+        "fence lost on instance chat/room-42: caller epoch 1 < stored epoch 2",
         "cost 1 = 1,000,000 micros (expected 1,000,000)",
         "due now: chat/room-42",
         "each exactly once",
@@ -495,13 +496,29 @@ fn cli_trays_and_alarms() {
         list.contains("hello") && list.contains("(binary)"),
         "{list}"
     );
-    let json: Vec<serde_json::Value> = json_lines(&ok(&[
+    // A line is the tray's key and the tray, in the library's shapes (a
+    // binary doc as `doc_base64`).
+    let text = ok(&[
         "trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1", "--json",
-    ]));
-    assert_eq!(json[0]["tray_id"], "aux");
-    assert_eq!(json[0]["doc_hex"], "009f9296");
-    assert_eq!(json[1]["doc"], "hello");
-    assert_eq!(json[1]["marked"], true);
+    ]);
+    let json: Vec<serde_json::Value> = json_lines(&text);
+    assert_eq!(json[0]["key"]["tray_id"], "aux");
+    assert_eq!(json[0]["tray"]["doc_base64"], "AJ+Slg==");
+    assert_eq!(json[1]["tray"]["doc"], "hello");
+    assert_eq!(json[1]["tray"]["marked"], true);
+    #[derive(serde::Deserialize)]
+    struct TrayLine {
+        key: agentstate::TrayKey,
+        tray: Tray,
+    }
+    let lines: Vec<TrayLine> = json_lines(&text);
+    assert_eq!(
+        (lines[0].key.to_string(), lines[0].tray.doc.as_slice()),
+        (
+            "chat/room-1/state/aux".to_string(),
+            &[0x00, 0x9f, 0x92, 0x96][..]
+        )
+    );
     // An older epoch is fenced: exit 1 and the epoch to use.
     let r = cli(&[
         "trays", "list", "--db", db_s, "--ns", "chat", "--id", "room-1", "--epoch", "2",
@@ -525,9 +542,12 @@ fn cli_trays_and_alarms() {
     let staging = ok(&[
         "trays", "marked", "--db", db_s, "--env", "staging", "--json",
     ]);
-    let staging: Vec<serde_json::Value> = json_lines(&staging);
+    let staging: Vec<MarkedTray> = json_lines(&staging);
     assert_eq!(staging.len(), 1);
-    assert_eq!(staging[0]["id"], "room-2");
+    assert_eq!(
+        staging[0].key.instance(),
+        InstanceKey::new("chat", "room-2")
+    );
 
     assert_eq!(
         rows(&ok(&[
@@ -554,9 +574,9 @@ fn cli_trays_and_alarms() {
         due.contains("room-1") && due.contains("2023-11-14T22:23:20Z") && due.contains("36m 40s"),
         "{due}"
     );
-    let all: Vec<serde_json::Value> = json_lines(&ok(&["alarms", "due", "--db", db_s, "--json"]));
+    let all: Vec<Alarm> = json_lines(&ok(&["alarms", "due", "--db", db_s, "--json"]));
     assert_eq!(all.len(), 2);
-    assert_eq!(all[1]["due_at"], T0 + 2 * HOUR);
+    assert_eq!(all[1].due_at, T0 + 2 * HOUR);
 
     let s = FileStore::open(&db).unwrap();
     assert_eq!(s.epoch(&InstanceKey::new("chat", "room-1")).unwrap(), 5);
@@ -579,12 +599,15 @@ fn cli_stats_and_verify() {
     ] {
         assert!(text.contains(needle), "lacks {needle:?}:\n{text}");
     }
+    // The line is the library's StoreStats.
     let v: Vec<serde_json::Value> = json_lines(&ok(&["stats", "--db", db, "--json"]));
-    assert_eq!(v[0]["tenants"]["acme"]["runs"]["running"], 1);
+    assert_eq!(v[0]["tenants"]["acme"]["runs_by_state"]["running"], 1);
     assert_eq!(v[0]["tenants"]["acme"]["sessions"], 2);
-    assert_eq!(v[0]["tenants"]["beta"]["runs"]["completed"], 1);
+    assert_eq!(v[0]["tenants"]["beta"]["runs_by_state"]["completed"], 1);
     assert_eq!(v[0]["marked_trays"], 2);
     assert!(v[0]["disk_bytes"].as_u64().unwrap() > 0);
+    let stats: Vec<StoreStats> = json_lines(&ok(&["stats", "--db", db, "--json"]));
+    assert_eq!(stats[0], FileStore::open(db).unwrap().stats().unwrap());
 
     let r = cli(&["verify", "--db", db]);
     assert_eq!(r.code, 0, "{}", r.stderr);
@@ -594,8 +617,12 @@ fn cli_stats_and_verify() {
         "{}",
         r.stdout
     );
-    let v: Vec<serde_json::Value> = json_lines(&ok(&["verify", "--db", db, "--json"]));
+    // The library's VerifyReport, with `ok`.
+    let text = ok(&["verify", "--db", db, "--json"]);
+    let v: Vec<serde_json::Value> = json_lines(&text);
     assert_eq!(v[0]["ok"], true);
+    let report: Vec<VerifyReport> = json_lines(&text);
+    assert_eq!((report[0].runs, report[0].sessions), (7, 2));
 }
 
 #[test]
@@ -1018,9 +1045,13 @@ fn prune_deletes_old_finished_runs_while_a_listing_walks() {
                 revived_ok.insert(k.run_id.clone());
             }
             Err(StateError::Conflict {
+                record,
                 expected: 1,
                 actual: 0,
-            }) => assert!(s.get_run(k).unwrap().is_none()),
+            }) => {
+                assert_eq!(*record, RecordKey::Run(k.clone()));
+                assert!(s.get_run(k).unwrap().is_none())
+            }
             Err(e) => panic!("touching {}: {e}", k.run_id),
         }
     }
@@ -1434,13 +1465,14 @@ fn cli_budgets_list_show_and_stats_count_runs_at_their_cap() {
     for needle in ["monthly", "0.75 + 0.35 / 5", "0 + 2,000 / 100,000", "2"] {
         assert!(r[0].contains(needle), "lacks {needle:?}:\n{text}");
     }
-    let v: Vec<serde_json::Value> = json_lines(&ok(&[
+    // Each line is the library's BudgetStatus.
+    let v: Vec<BudgetStatus> = json_lines(&ok(&[
         "budgets", "list", "--db", db, "--tenant", "acme", "--json",
     ]));
-    assert_eq!(v[0]["spent"]["cost_micros"], 750_000);
-    assert_eq!(v[0]["held"]["cost_micros"], 350_000);
-    assert_eq!(v[0]["caps"]["tokens_max"], 100_000);
-    assert_eq!(v[0]["holds"], 2);
+    assert_eq!(v[0].spent.cost_micros, 750_000);
+    assert_eq!(v[0].held.cost_micros, 350_000);
+    assert_eq!(v[0].record.caps.tokens_max, Some(100_000));
+    assert_eq!(v[0].holds, 2);
     assert_eq!(
         ok(&["budgets", "list", "--db", db, "--tenant", "nobody"]).trim(),
         "no budgets"
@@ -1461,7 +1493,10 @@ fn cli_budgets_list_show_and_stats_count_runs_at_their_cap() {
     let v: Vec<serde_json::Value> = json_lines(&ok(&[
         "budgets", "show", "--db", db, "--tenant", "acme", "monthly", "--json",
     ]));
-    assert_eq!(v[0]["runs"].as_array().unwrap().len(), 2);
+    assert_eq!(v[0]["budget"]["record"]["key"]["name"], "monthly");
+    let runs: Vec<RunSpend> = serde_json::from_value(v[0]["runs"].clone()).unwrap();
+    assert_eq!(runs.len(), 2);
+    assert!(runs.iter().all(|r| r.budget.as_deref() == Some("monthly")));
 
     let text = ok(&[
         "budgets", "show", "--db", db, "--tenant", "acme", "--run", "capped",
@@ -1475,11 +1510,11 @@ fn cli_budgets_list_show_and_stats_count_runs_at_their_cap() {
     ] {
         assert!(text.contains(needle), "lacks {needle:?}:\n{text}");
     }
-    let v: Vec<serde_json::Value> = json_lines(&ok(&[
+    let v: Vec<RunSpend> = json_lines(&ok(&[
         "budgets", "show", "--db", db, "--tenant", "acme", "--run", "capped", "--json",
     ]));
-    assert_eq!(v[0]["caps"]["cost_micros_max"], 1_000_000);
-    assert_eq!(v[0]["holds"][0]["id"], "call-2");
+    assert_eq!(v[0].caps.cost_micros_max, Some(1_000_000));
+    assert_eq!(v[0].holds[0].id, "call-2");
 
     let r = cli(&["budgets", "show", "--db", db, "--tenant", "acme", "nope"]);
     assert_eq!(r.code, 1);
