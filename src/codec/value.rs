@@ -224,12 +224,19 @@ fn v1_ref(r: &RunRecord) -> RunRecordV1Ref<'_> {
 /// and the tests hold the two to the same bytes), at a fraction of the
 /// instructions serde's per-field calls cost on every create and update.
 pub(crate) fn encode_run(r: &RunRecord) -> Vec<u8> {
+    encode_run_at(r, r.seq)
+}
+
+/// [`encode_run`] with `seq` in place of the record's: the PostgreSQL
+/// store writes 0 there and keeps the seq in its row's column, which the
+/// server assigns in the write's own statement.
+pub(crate) fn encode_run_at(r: &RunRecord, seq: u64) -> Vec<u8> {
     let mut w = RunWriter {
         out: Vec::with_capacity(run_size_bound(r)),
     };
     let format = run_format(r);
     w.out.push(format);
-    w.run(r, format);
+    w.run(r, format, seq);
     with_checksum(w.out)
 }
 
@@ -322,7 +329,7 @@ impl RunWriter {
 
     /// The record: format 1's fields, then from format 2 its caps and
     /// budget, and at format 3 its labels.
-    fn run(&mut self, r: &RunRecord, format: u8) {
+    fn run(&mut self, r: &RunRecord, format: u8, seq: u64) {
         self.string(&r.key.tenant);
         self.string(&r.key.run_id);
         self.u64(r.version);
@@ -346,7 +353,7 @@ impl RunWriter {
         });
         self.u64(r.created_at);
         self.u64(r.updated_at);
-        self.u64(r.seq);
+        self.u64(seq);
         if format >= RUN_FORMAT_CAPS {
             self.option(r.caps.cost_micros_max, Self::u64);
             self.option(r.caps.tokens_max, Self::u64);

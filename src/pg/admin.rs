@@ -17,7 +17,7 @@ use crate::tray::{InstanceKey, Tray, TrayKey};
 
 use super::budgets::{budget_of, decode_budget, decode_hold, insert_budget, insert_hold};
 use super::conn::{Tx, TxResult, txn};
-use super::runs::{decode_run, decode_session, read_run, seq_col, write_run};
+use super::runs::{decode_run, decode_run_at, decode_session, read_run, seq_col, write_run};
 use super::trays::put_tray;
 use super::{PostgresStore, id_in, id_out, num, num_out};
 
@@ -54,7 +54,7 @@ impl Table {
     /// The key columns, and the statement reading rows after a key.
     fn sql(self, first: bool) -> String {
         let (cols, key, table, filter) = match self {
-            Table::Runs => ("tenant, run_id, record", 2, "agentstate_runs", ""),
+            Table::Runs => ("tenant, run_id, record, seq", 2, "agentstate_runs", ""),
             Table::Holds => ("tenant, run_id, hold_id, record", 3, "agentstate_holds", ""),
             Table::Sessions => ("tenant, session_id, record", 2, "agentstate_sessions", ""),
             Table::Budgets => ("tenant, name, record, spent", 2, "agentstate_budgets", ""),
@@ -94,7 +94,7 @@ fn entry_of(t: Table, r: &tokio_postgres::Row) -> Result<(Vec<String>, Entry)> {
     Ok(match t {
         Table::Runs => {
             let key = RunKey::new(s(0)?, s(1)?);
-            let run = decode_run(r.get(2), &key)?;
+            let run = decode_run_at(r.get(2), &key, r.get(3))?;
             (vec![key.tenant, key.run_id], Entry::Run(run))
         }
         Table::Holds => {
@@ -621,7 +621,9 @@ impl PostgresStore {
                 rep.entries += 1;
                 let key = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
                 after = Some(vec![key.tenant.clone(), key.run_id.clone()]);
-                let run = match decode_run(r.get(2), &key) {
+                // The record's seq is 0 (this build) or its column's.
+                let seq: i64 = r.get(3);
+                let run = match decode_run_at(r.get(2), &key, seq) {
                     Ok(run) => run,
                     Err(e) => {
                         rep.problems
@@ -630,16 +632,12 @@ impl PostgresStore {
                     }
                 };
                 rep.runs += 1;
-                let seq: i64 = r.get(3);
                 let state: String = r.get(4);
                 let session: Option<String> = r.get(5);
                 let agent: String = r.get(6);
                 let updated: String = r.get(7);
                 let session = session.map(id_out).transpose()?;
                 let mut bad = Vec::new();
-                if run.seq != seq as u64 {
-                    bad.push("seq");
-                }
                 if run.state.as_str() != state {
                     bad.push("state");
                 }

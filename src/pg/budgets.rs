@@ -38,7 +38,7 @@ use crate::rules::{
 
 use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
-use super::runs::{LOCK_RUN, decode_run, read_run, write_run};
+use super::runs::{LOCK_RUN, decode_run_at, read_run, write_run};
 use super::{PostgresStore, id_in, id_out, num, own};
 
 /// A hold's place: its run's id and its own.
@@ -163,7 +163,7 @@ async fn around(
     let Some(row) = next().into_iter().next() else {
         return Ok(None);
     };
-    let rec = decode_run(row.get(0), run)?;
+    let rec = decode_run_at(row.get(0), run, row.get(1))?;
     let hold = hold_id.map(|_| next());
     let (budget, holds) = match guess {
         Some(name) if rec.budget.as_deref() == Some(name) => {

@@ -26,7 +26,7 @@ use crate::error::{RecordKey, Result, StateError};
 use crate::idempotency::{IdempotencyKey, Keyed};
 use crate::kv::key::{KeyBuf, KeyReader};
 use crate::page::{Page, PageRequest};
-use crate::record::{RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
+use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
 use crate::rules::{
     check_id, check_limit, check_record, check_run_key, check_session_key, check_size,
     check_version, created_run, next_session, patched_run, updated_run,
@@ -48,10 +48,11 @@ const SEEN_MAX: usize = 4096;
 #[derive(Default)]
 pub(crate) struct Seen(parking_lot::Mutex<SeenMap>);
 
-/// The entries and the bytes they hold.
+/// The entries (a run's stored bytes and its seq column) and the bytes
+/// they hold.
 #[derive(Default)]
 pub(crate) struct SeenMap {
-    runs: HashMap<RunKey, Arc<[u8]>>,
+    runs: HashMap<RunKey, (Arc<[u8]>, i64)>,
     bytes: usize,
 }
 
@@ -62,13 +63,13 @@ const SEEN_BYTES_MAX: usize = 16 << 20;
 const SEEN_RECORD_MAX: usize = 64 << 10;
 
 impl Seen {
-    fn get(&self, k: &RunKey) -> Option<Arc<[u8]>> {
+    fn get(&self, k: &RunKey) -> Option<(Arc<[u8]>, i64)> {
         self.0.lock().runs.get(k).cloned()
     }
 
-    fn put(&self, k: &RunKey, bytes: Arc<[u8]>) {
+    fn put(&self, k: &RunKey, bytes: Arc<[u8]>, seq: i64) {
         let mut m = self.0.lock();
-        if let Some(old) = m.runs.remove(k) {
+        if let Some((old, _)) = m.runs.remove(k) {
             m.bytes -= old.len();
         }
         if bytes.len() > SEEN_RECORD_MAX {
@@ -77,29 +78,31 @@ impl Seen {
         while (m.runs.len() >= SEEN_MAX || m.bytes + bytes.len() > SEEN_BYTES_MAX)
             && let Some(old) = m.runs.keys().next().cloned()
         {
-            if let Some(v) = m.runs.remove(&old) {
+            if let Some((v, _)) = m.runs.remove(&old) {
                 m.bytes -= v.len();
             }
         }
         m.bytes += bytes.len();
-        m.runs.insert(k.clone(), bytes);
+        m.runs.insert(k.clone(), (bytes, seq));
     }
 
     /// The budget the run draws from, as last seen (fixed at create): a
     /// guess, checked against the run's locked row.
     pub(crate) fn budget_of(&self, k: &RunKey) -> Option<Option<String>> {
-        let bytes = self.get(k)?;
+        let (bytes, _) = self.get(k)?;
         decode_run(&bytes, k).ok().map(|r| r.budget)
     }
 
-    /// Remembers `r` as stored.
+    /// Remembers `r` as stored (by [`write_run`]).
     pub(crate) fn put_run(&self, r: &RunRecord) {
-        self.put(&r.key, value::encode_run(r).into());
+        if let Ok(seq) = seq_col(r.seq) {
+            self.put(&r.key, stored_bytes(r).into(), seq);
+        }
     }
 
     fn forget(&self, k: &RunKey) {
         let mut m = self.0.lock();
-        if let Some(old) = m.runs.remove(k) {
+        if let Some((old, _)) = m.runs.remove(k) {
             m.bytes -= old.len();
         }
     }
@@ -108,7 +111,7 @@ impl Seen {
     pub(crate) fn forget_tenant(&self, tenant: &str) {
         let m = &mut *self.0.lock();
         let mut freed = 0;
-        m.runs.retain(|k, v| {
+        m.runs.retain(|k, (v, _)| {
             let keep = k.tenant != tenant;
             if !keep {
                 freed += v.len();
@@ -120,11 +123,39 @@ impl Seen {
 }
 
 pub(crate) const LOCK_RUN: &str =
-    "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2 FOR UPDATE";
+    "SELECT record, seq FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2 FOR UPDATE";
 
-const SELECT_RUN: &str = "SELECT record FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2";
+const SELECT_RUN: &str =
+    "SELECT record, seq FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2";
 
-/// Decodes a stored run and checks it is the one asked for.
+/// A run's bytes as this store writes them: its seq is its row's `seq`
+/// column, which a create's statement assigns on the server (one round
+/// trip), so the record holds 0 there. Rows written before hold their
+/// seq in both; [`decode_run_at`] reads either.
+pub(crate) fn stored_bytes(r: &RunRecord) -> Vec<u8> {
+    value::encode_run_at(r, 0)
+}
+
+/// Decodes a stored run under its row's `seq` column: the record's own
+/// seq is 0 (written by [`stored_bytes`]) or, from an older build, the
+/// same as the column; anything else is corruption.
+pub(crate) fn decode_run_at(bytes: &[u8], key: &RunKey, seq: i64) -> Result<RunRecord> {
+    let mut r = decode_run(bytes, key)?;
+    let col = u64::try_from(seq)
+        .map_err(|_| StateError::corrupt(format!("run {}: negative seq {seq}", key.run_id)))?;
+    if r.seq != 0 && r.seq != col {
+        return Err(StateError::corrupt(format!(
+            "run {}: seq column {col} differs from the record's {}",
+            key.run_id, r.seq
+        )));
+    }
+    r.seq = col;
+    Ok(r)
+}
+
+/// Decodes a stored run and checks it is the one asked for; its seq is
+/// the record's (0 for this build's writes: [`decode_run_at`] gives the
+/// column's). For reads that need no seq.
 pub(crate) fn decode_run(bytes: &[u8], key: &RunKey) -> Result<RunRecord> {
     // Both run formats: uncapped runs as every earlier release wrote them.
     let r = value::decode_run(bytes)?;
@@ -167,7 +198,7 @@ pub(crate) async fn read_run(
         .await?;
     Ok(rows
         .first()
-        .map(|r| decode_run(r.get(0), key))
+        .map(|r| decode_run_at(r.get(0), key, r.get(1)))
         .transpose()?)
 }
 
@@ -180,9 +211,11 @@ pub(crate) async fn write_run(
     max: usize,
 ) -> TxResult<()> {
     let created = old.is_none();
-    let bytes = value::encode_run(new);
+    let bytes = stored_bytes(new);
     check_size("run record", bytes.len(), max)?;
-    debug_assert!(decode_run(&bytes, &new.key).is_ok_and(|r| &r == new));
+    debug_assert!(
+        decode_run_at(&bytes, &new.key, seq_col(new.seq).unwrap_or(0)).is_ok_and(|r| &r == new)
+    );
     let k = &new.key;
     let state = new.state.as_str();
     let updated = num(new.updated_at);
@@ -279,9 +312,10 @@ async fn next_seq(tx: &mut Tx<'_>, tenant: &str) -> TxResult<u64> {
     Ok(u64::try_from(seq).map_err(|_| StateError::corrupt("negative seq counter"))?)
 }
 
+/// A run from a row of (run_id, record, seq).
 fn run_of(row: &Row, tenant: &str) -> Result<RunRecord> {
     let run_id = id_out(row.get(0))?;
-    decode_run(row.get(1), &RunKey::new(tenant, run_id))
+    decode_run_at(row.get(1), &RunKey::new(tenant, run_id), row.get(2))
 }
 
 impl PostgresStore {
@@ -302,6 +336,15 @@ impl PostgresStore {
                 })
                 .await?
         {
+            return Ok(new);
+        }
+        if keyed.is_none()
+            && record.version == 0
+            && record.session_id.is_none()
+            && record.budget.is_none()
+            && let Some(new) = self.create_run_at_once(&record, now).await?
+        {
+            self.saw(&record.key, &Ok(new.clone()));
             return Ok(new);
         }
         let out = txn_keyed!(self, keyed, |tx| {
@@ -359,6 +402,64 @@ impl PostgresStore {
         });
         self.saw(&record.key, &out);
         out
+    }
+
+    /// A create in one round trip: one statement takes the tenant's next
+    /// seq (its counter row stays locked until the pipelined COMMIT, so
+    /// the tenant's creates still commit in seq order), inserts the run
+    /// under it (the record holds 0 there: [`stored_bytes`]) and its label
+    /// rows. For a run with no session and no budget (whose checks and
+    /// locks take the locked path). `None` when the run exists (or a racing
+    /// create won): nothing was written but perhaps a seq skipped, and the
+    /// locked path answers (a `Conflict`).
+    async fn create_run_at_once(
+        &self,
+        record: &RunRecord,
+        now: Millis,
+    ) -> Result<Option<RunRecord>> {
+        let mut new = created_run(record.clone(), 0, now);
+        let bytes = stored_bytes(&new);
+        if check_size("run record", bytes.len(), self.max()).is_err() {
+            return Ok(None);
+        }
+        let cols = fields::run_text(&new);
+        let (names, values): (Vec<String>, Vec<String>) = new
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), crate::labels::canonical(v)))
+            .unzip();
+        let k = &new.key;
+        let (tenant, run_id, agent) = (id_in(&k.tenant), id_in(&k.run_id), id_in(&new.agent_name));
+        let (state, updated) = (new.state.as_str(), num(new.updated_at));
+        let seq: Option<i64> = txn!(self, |tx| {
+            let rows = tx
+                .query_commit(
+                    "WITH e AS (SELECT 1 FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2), \
+                     c AS (INSERT INTO {s}agentstate_counters AS c (tenant, next_seq) \
+                           SELECT $1, 2 WHERE NOT EXISTS (SELECT 1 FROM e) \
+                           ON CONFLICT (tenant) DO UPDATE SET next_seq = c.next_seq + 1 \
+                           RETURNING next_seq - 1 AS seq), \
+                     r AS (INSERT INTO {s}agentstate_runs \
+                           (tenant, run_id, seq, state, session_id, agent_name, updated_at, record, fields) \
+                           SELECT $1, $2, c.seq, $3, NULL, $4, $5::text::numeric, $6, $7::text::jsonb \
+                           FROM c ON CONFLICT (tenant, run_id) DO NOTHING RETURNING seq), \
+                     l AS (INSERT INTO {s}agentstate_run_labels (tenant, label, value, seq, run_id) \
+                           SELECT $1, u.l, u.v, r.seq, $2 \
+                           FROM r, unnest($8::text[], $9::text[]) AS u(l, v)) \
+                     SELECT (SELECT seq FROM r)",
+                    &[
+                        &tenant, &run_id, &state, &agent, &updated, &bytes, &cols, &names,
+                        &values,
+                    ],
+                    false,
+                )
+                .await?;
+            Ok(rows.first().and_then(|r| r.get::<_, Option<i64>>(0)))
+        })?;
+        Ok(seq.map(|seq| {
+            new.seq = seq as u64;
+            new
+        }))
     }
 
     /// `patch_run`, under `keyed`'s idempotency key when there is one.
@@ -427,14 +528,14 @@ impl PostgresStore {
             Ok(rows
                 .first()
                 .map(|r| {
-                    let b: &[u8] = r.get(0);
-                    decode_run(b, key).map(|run| (run, Arc::<[u8]>::from(b)))
+                    let (b, seq): (&[u8], i64) = (r.get(0), r.get(1));
+                    decode_run_at(b, key, seq).map(|run| (run, Arc::<[u8]>::from(b), seq))
                 })
                 .transpose()?)
         })?;
         Ok(match got {
-            Some((run, bytes)) => {
-                self.runs_seen.put(key, bytes);
+            Some((run, bytes, seq)) => {
+                self.runs_seen.put(key, bytes, seq);
                 Some(run)
             }
             None => {
@@ -447,7 +548,7 @@ impl PostgresStore {
     /// Remembers what a write stored (or forgets the run, on a failure).
     fn saw(&self, key: &RunKey, out: &Result<RunRecord>) {
         match out {
-            Ok(r) => self.runs_seen.put(key, value::encode_run(r).into()),
+            Ok(r) => self.runs_seen.put_run(r),
             Err(_) => self.runs_seen.forget(key),
         }
     }
@@ -462,10 +563,10 @@ impl PostgresStore {
         key: &RunKey,
         next: impl FnOnce(&RunRecord) -> Result<RunRecord>,
     ) -> Result<Option<RunRecord>> {
-        let Some(seen) = self.runs_seen.get(key) else {
+        let Some((seen, seq)) = self.runs_seen.get(key) else {
             return Ok(None);
         };
-        let Ok(old) = decode_run(&seen, key) else {
+        let Ok(old) = decode_run_at(&seen, key, seq) else {
             self.runs_seen.forget(key);
             return Ok(None);
         };
@@ -476,7 +577,7 @@ impl PostgresStore {
         let Ok(new) = next(&old) else {
             return Ok(None);
         };
-        let bytes = value::encode_run(&new);
+        let bytes = stored_bytes(&new);
         // A change of labels rewrites the run's label rows too (R11).
         if !alone(&new)
             || new.labels != old.labels
@@ -508,7 +609,7 @@ impl PostgresStore {
             Ok(rows.len() == 1)
         })?;
         if swapped {
-            self.runs_seen.put(key, bytes.into());
+            self.runs_seen.put(key, bytes.into(), seq);
             Ok(Some(new))
         } else {
             self.runs_seen.forget(key);
@@ -611,13 +712,6 @@ impl PostgresStore {
         let mut last = 0u64;
         for row in rows.iter().take(page.limit) {
             let r = run_of(row, &q.tenant)?;
-            let seq: i64 = row.get(2);
-            if r.seq != seq as u64 {
-                return Err(StateError::corrupt(format!(
-                    "run {}: seq column {seq} differs from the record's {}",
-                    r.key.run_id, r.seq
-                )));
-            }
             last = r.seq;
             items.push(r);
         }
@@ -732,7 +826,7 @@ impl PostgresStore {
             }
             let rows = tx
                 .query(
-                    "SELECT run_id, record FROM {s}agentstate_runs \
+                    "SELECT run_id, record, seq FROM {s}agentstate_runs \
                  WHERE tenant = $1 AND session_id = $2 ORDER BY seq FOR UPDATE",
                     &[&tenant, &sid],
                 )
