@@ -79,6 +79,14 @@ pub struct RunKey {
 
 #[pymethods]
 impl RunKey {
+    /// Pickles as the class and its fields (an exception carrying the
+    /// key crosses a process: multiprocessing, celery).
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> (Bound<'py, pyo3::types::PyType>, (String, String)) {
+        let me = slf.get();
+        (slf.get_type(), (me.tenant.clone(), me.run_id.clone()))
+    }
     #[new]
     #[pyo3(signature = (tenant, run_id))]
     fn new(tenant: String, run_id: String) -> Self {
@@ -118,6 +126,14 @@ pub struct SessionKey {
 
 #[pymethods]
 impl SessionKey {
+    /// Pickles as the class and its fields (an exception carrying the
+    /// key crosses a process: multiprocessing, celery).
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> (Bound<'py, pyo3::types::PyType>, (String, String)) {
+        let me = slf.get();
+        (slf.get_type(), (me.tenant.clone(), me.session_id.clone()))
+    }
     #[new]
     fn new(tenant: String, session_id: String) -> Self {
         SessionKey { tenant, session_id }
@@ -156,6 +172,14 @@ pub struct BudgetKey {
 
 #[pymethods]
 impl BudgetKey {
+    /// Pickles as the class and its fields (an exception carrying the
+    /// key crosses a process: multiprocessing, celery).
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> (Bound<'py, pyo3::types::PyType>, (String, String)) {
+        let me = slf.get();
+        (slf.get_type(), (me.tenant.clone(), me.name.clone()))
+    }
     #[new]
     fn new(tenant: String, name: String) -> Self {
         BudgetKey { tenant, name }
@@ -191,6 +215,14 @@ pub struct InstanceKey {
 
 #[pymethods]
 impl InstanceKey {
+    /// Pickles as the class and its fields (an exception carrying the
+    /// key crosses a process: multiprocessing, celery).
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> (Bound<'py, pyo3::types::PyType>, (String, String)) {
+        let me = slf.get();
+        (slf.get_type(), (me.ns.clone(), me.id.clone()))
+    }
     #[new]
     fn new(ns: String, id: String) -> Self {
         InstanceKey { ns, id }
@@ -236,6 +268,25 @@ pub struct TrayKey {
 
 #[pymethods]
 impl TrayKey {
+    /// Pickles as the class and its fields (an exception carrying the
+    /// key crosses a process: multiprocessing, celery).
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> (
+        Bound<'py, pyo3::types::PyType>,
+        (String, String, String, String),
+    ) {
+        let me = slf.get();
+        (
+            slf.get_type(),
+            (
+                me.ns.clone(),
+                me.id.clone(),
+                me.tray_ns.clone(),
+                me.tray_id.clone(),
+            ),
+        )
+    }
     #[new]
     fn new(ns: String, id: String, tray_ns: String, tray_id: String) -> Self {
         TrayKey {

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from typing import List, Optional
+import pickle
+from typing import AsyncIterator, List, Optional, Tuple
 
 from agentstate_rs import (
+    Alarm,
+    BudgetStatus,
+    FenceLostError,
     FileStateStore,
     InstanceKey,
     ManualClock,
@@ -16,13 +20,20 @@ from agentstate_rs import (
     RunKey,
     RunRecord,
     RunState,
+    SessionRecord,
     StateConflictError,
     StateDelta,
     StateQuery,
     StateStore,
     Tray,
+    TrayKey,
     TrayOp,
+    iter_budgets,
+    iter_due_alarms,
+    iter_marked_trays,
     iter_runs,
+    iter_sessions,
+    iter_trays,
 )
 from agentstate_rs.testing import StateStoreConformance
 
@@ -52,7 +63,30 @@ async def main(store: StateStore) -> int:
     await store.put_run(tagged)
     by_user = await store.list_runs(StateQuery("acme", label=("user", "u-1")))
     keys.extend(r.run_id for r in by_user.items)
-    return version + len(keys)
+    return version + len(keys) + await walks(store, inst)
+
+
+async def walks(store: StateStore, inst: InstanceKey) -> int:
+    sessions: AsyncIterator[SessionRecord] = iter_sessions(store, "acme", limit=50)
+    ids: List[str] = [s.session_id async for s in sessions]
+    async for key, tray in iter_trays(store, inst, 1):
+        k: TrayKey = key
+        ids.append(k.tray_id + tray.doc.decode())
+    async for m in iter_marked_trays(store, "default"):
+        ids.append(m.key.tray_id)
+    async for m in iter_marked_trays(store, limit=10):
+        ids.append(m.hostname)
+    due: List[Alarm] = [a async for a in iter_due_alarms(store, 1_000, limit=10)]
+    spend: List[Tuple[str, int]] = []
+    async for b in iter_budgets(store, "acme"):
+        status: BudgetStatus = b
+        spend.append((status.record.key.name, status.spent.cost_micros))
+    try:
+        await store.write_tray(inst.tray("t", "a"), 0, Tray(b"stale"))
+    except FenceLostError as lost:
+        copy: FenceLostError = pickle.loads(pickle.dumps(lost))
+        ids.append(str(copy.stored_epoch - copy.caller_epoch))
+    return len(ids) + len(due) + len(spend)
 
 
 class TestMine(StateStoreConformance):

@@ -5,11 +5,15 @@ file store, PostgreSQL or Redis (the Rust crate ``agentstate``).
     run = await store.put_run(RunRecord(run_id="run_1", tenant="acme", agent_name="planner"))
     run.version  # 1
     await store.patch_run(run.key, StateDelta(iterations=1, cost_micros=1_200))
+
+Every paged listing also walks as an async iterator, page after page to the
+end: ``iter_runs``, ``iter_sessions``, ``iter_trays``, ``iter_marked_trays``,
+``iter_due_alarms``, ``iter_budgets``.
 """
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable, Optional, Tuple, TypeVar
 
 from ._native import (
     REDACTED,
@@ -113,7 +117,12 @@ __all__ = [
     "TrayKey",
     "TrayOp",
     "Usage",
+    "iter_budgets",
+    "iter_due_alarms",
+    "iter_marked_trays",
     "iter_runs",
+    "iter_sessions",
+    "iter_trays",
     "redact_connection_string",
     "scrub_arguments",
 ]
@@ -128,3 +137,46 @@ async def iter_runs(store: StateStore, query: StateQuery) -> AsyncIterator[RunRe
         if page.cursor is None:
             return
         page = await store.list_runs(StateQuery(query.tenant, limit=query.limit, cursor=page.cursor))
+
+
+_T = TypeVar("_T")
+
+
+async def _walk(fetch: Callable[[Optional[str]], Awaitable[Page[_T]]]) -> AsyncIterator[_T]:
+    """Every item of a cursor listing: ``fetch(cursor)`` reads one page, the
+    first with no cursor; the walk ends after the page without one."""
+    cursor: Optional[str] = None
+    while True:
+        page = await fetch(cursor)
+        for item in page.items:
+            yield item
+        if page.cursor is None:
+            return
+        cursor = page.cursor
+
+
+def iter_sessions(store: StateStore, tenant: str, *, limit: int = 100) -> AsyncIterator[SessionRecord]:
+    """Every session of the tenant (``list_sessions``), ``limit`` a page."""
+    return _walk(lambda cursor: store.list_sessions(tenant, limit=limit, cursor=cursor))
+
+
+def iter_trays(store: StateStore, instance: InstanceKey, epoch: int, *, limit: int = 100) -> AsyncIterator[Tuple[TrayKey, Tray]]:
+    """Every tray of the instance as ``(TrayKey, Tray)`` (``list_trays``);
+    each page is read at ``epoch``, so a fenced holder's walk stops with
+    FenceLostError."""
+    return _walk(lambda cursor: store.list_trays(instance, epoch, limit=limit, cursor=cursor))
+
+
+def iter_marked_trays(store: StateStore, env: Optional[str] = None, *, limit: int = 100) -> AsyncIterator[MarkedTray]:
+    """Every marked tray, of one env or all (``marked_trays``, the sweeper's walk)."""
+    return _walk(lambda cursor: store.marked_trays(env, limit=limit, cursor=cursor))
+
+
+def iter_due_alarms(store: StateStore, now: int, *, limit: int = 100) -> AsyncIterator[Alarm]:
+    """Every alarm due at ``now`` (``due_alarms``), in (due_at, ns, id) order."""
+    return _walk(lambda cursor: store.due_alarms(now, limit=limit, cursor=cursor))
+
+
+def iter_budgets(store: StateStore, tenant: str, *, limit: int = 100) -> AsyncIterator[BudgetStatus]:
+    """Every budget of the tenant with its spend and holds (``list_budgets``)."""
+    return _walk(lambda cursor: store.list_budgets(tenant, limit=limit, cursor=cursor))

@@ -1,10 +1,14 @@
 """The exceptions every store of the package raises (and a store written in
 Python should raise): one base class, ``StateError``, and one class per
-failure the seeds name. Each carries the store's message as ``str(e)``."""
+failure the seeds name. Each carries the store's message as ``str(e)``.
+
+Every class pickles (celery and multiprocessing send exceptions between
+processes): the copy has the same class, ``str(e)``, ``args`` and
+attributes."""
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar
 
 __all__ = [
     "StateError",
@@ -23,6 +27,17 @@ __all__ = [
 ]
 
 
+_E = TypeVar("_E", bound="StateError")
+
+
+def _rebuild(cls: Type[_E], args: Tuple[Any, ...]) -> _E:
+    """An unpickled exception: made without ``__init__`` (whose keyword
+    arguments are not in ``args``); pickle then restores its attributes."""
+    e = cls.__new__(cls)
+    e.args = args
+    return e
+
+
 class StateError(Exception):
     """Every failure of a store."""
 
@@ -32,6 +47,11 @@ class StateError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Type[StateError], Tuple[Any, ...]], Dict[str, Any]]:
+        # Exception's own reduce calls cls(*args): a class with keyword-only
+        # attributes (expected_version, ...) could not be rebuilt from it.
+        return (_rebuild, (type(self), self.args), dict(self.__dict__))
 
 
 class StateConflictError(StateError):
