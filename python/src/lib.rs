@@ -60,6 +60,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Settled>()?;
     m.add_class::<RunSpend>()?;
     m.add_function(wrap_pyfunction!(redact_connection_string, m)?)?;
+    m.add_function(wrap_pyfunction!(rt::_quiesce, m)?)?;
     m.add_function(wrap_pyfunction!(scrub_arguments, m)?)?;
     m.add("REDACTED", agentstate::REDACTED)?;
     Ok(())

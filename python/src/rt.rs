@@ -11,6 +11,8 @@
 use std::cell::OnceCell;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
@@ -19,6 +21,51 @@ use pyo3_async_runtimes::generic::{self, ContextExt, Runtime as GenericRuntime};
 use tokio::runtime::Runtime;
 
 static RUNTIME: Mutex<Option<(u32, &'static Runtime)>> = Mutex::new(None);
+
+/// Tasks of this process's runtime not yet finished (see [`quiesce`]).
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// One task counted in [`IN_FLIGHT`] until it ends (or is dropped).
+struct InFlight;
+
+impl InFlight {
+    fn new() -> Self {
+        IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Waits, with the GIL released, until no task of the runtime is running
+/// or `timeout_s` has passed; whether none is. Registered with `atexit`
+/// by the package: a task that is still handing its result to asyncio
+/// when the interpreter starts finalizing needs the GIL once more, and
+/// a thread that asks for it then is stopped mid-way (a crash at exit).
+/// Waiting for them while the interpreter is still whole avoids that.
+#[pyfunction]
+pub fn _quiesce(py: Python<'_>, timeout_s: f64) -> bool {
+    let owner = RUNTIME.lock().map(|(pid, _)| pid);
+    if owner != Some(std::process::id()) {
+        // No runtime in this process (or only a parent's, whose tasks
+        // never run here).
+        return true;
+    }
+    let deadline = Instant::now() + Duration::from_secs_f64(timeout_s.clamp(0.0, 60.0));
+    py.detach(|| {
+        while IN_FLIGHT.load(Ordering::Acquire) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    })
+}
 
 /// The runtime of this process, built on first use (and again after a fork).
 pub fn runtime() -> &'static Runtime {
@@ -38,6 +85,8 @@ pub fn runtime() -> &'static Runtime {
     // Leaked: it lives as long as the process (and a forked child must
     // never drop its parent's).
     let rt: &'static Runtime = Box::leak(Box::new(rt));
+    // A parent's tasks never run (nor end) in a forked child.
+    IN_FLIGHT.store(0, Ordering::Release);
     *slot = Some((pid, rt));
     rt
 }
@@ -77,14 +126,24 @@ impl GenericRuntime for ForkAwareTokio {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        runtime().spawn(fut)
+        let rt = runtime();
+        let counted = InFlight::new();
+        rt.spawn(async move {
+            let _counted = counted;
+            fut.await
+        })
     }
 
     fn spawn_blocking<F>(f: F) -> Self::JoinHandle
     where
         F: FnOnce() + Send + 'static,
     {
-        runtime().spawn_blocking(f)
+        let rt = runtime();
+        let counted = InFlight::new();
+        rt.spawn_blocking(move || {
+            let _counted = counted;
+            f()
+        })
     }
 }
 

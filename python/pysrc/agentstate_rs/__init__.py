@@ -13,8 +13,10 @@ end: ``iter_runs``, ``iter_sessions``, ``iter_trays``, ``iter_marked_trays``,
 
 from __future__ import annotations
 
+import atexit as _atexit
 from typing import AsyncIterator, Awaitable, Callable, Optional, Tuple, TypeVar
 
+from . import _native
 from ._native import (
     REDACTED,
     Alarm,
@@ -68,6 +70,13 @@ from .errors import (
     StateUnsupportedFormatError,
     StoreForkedError,
 )
+
+
+# At exit, before the interpreter finalizes, wait (up to 5 s, GIL
+# released) for the runtime's tasks still handing results to asyncio: a
+# thread that needs the GIL once finalization has begun is stopped mid-way
+# and crashes the process.
+_atexit.register(_native._quiesce, 5.0)
 
 __all__ = [
     "REDACTED",
