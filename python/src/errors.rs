@@ -60,31 +60,37 @@ pub fn to_py(e: StateError) -> PyErr {
     Python::attach(|py| build(py, e).unwrap_or_else(|err| err))
 }
 
+/// What kind of record an error names, and its key where Python has a
+/// type for it.
+fn record_of(py: Python<'_>, record: Missing) -> PyResult<(&'static str, Option<Py<PyAny>>)> {
+    Ok(match record {
+        Missing::Run(k) => ("run", Some(Py::new(py, RunKey::from(k))?.into_any())),
+        Missing::Session(k) => ("session", Some(Py::new(py, SessionKey::from(k))?.into_any())),
+        Missing::Tray(_) => ("tray", None),
+        Missing::Budget(k) => ("budget", Some(Py::new(py, BudgetKey::from(k))?.into_any())),
+        Missing::Hold { run, .. } => ("hold", Some(Py::new(py, RunKey::from(run))?.into_any())),
+        _ => ("record", None),
+    })
+}
+
 fn build(py: Python<'_>, e: StateError) -> PyResult<PyErr> {
     let message = e.to_string();
     let kw = PyDict::new(py);
     let name = match e {
         StateError::Conflict {
-            expected, actual, ..
+            record,
+            expected,
+            actual,
         } => {
             kw.set_item("expected_version", expected)?;
             kw.set_item("actual_version", actual)?;
+            let (what, key) = record_of(py, record)?;
+            kw.set_item("what", what)?;
+            kw.set_item("key", key)?;
             "StateConflictError"
         }
         StateError::NotFound(missing) => {
-            let (what, key): (&str, Option<Py<PyAny>>) = match missing {
-                Missing::Run(k) => ("run", Some(Py::new(py, RunKey::from(k))?.into_any())),
-                Missing::Session(k) => (
-                    "session",
-                    Some(Py::new(py, SessionKey::from(k))?.into_any()),
-                ),
-                Missing::Tray(_) => ("tray", None),
-                Missing::Budget(k) => ("budget", Some(Py::new(py, BudgetKey::from(k))?.into_any())),
-                Missing::Hold { run, .. } => {
-                    ("hold", Some(Py::new(py, RunKey::from(run))?.into_any()))
-                }
-                _ => ("record", None),
-            };
+            let (what, key) = record_of(py, missing)?;
             kw.set_item("what", what)?;
             kw.set_item("key", key)?;
             "StateNotFoundError"

@@ -60,7 +60,8 @@ def test_errors_share_a_base_and_carry_the_rust_message() -> None:
     with pytest.raises(A.StateError) as e:
         store.put_run(RunRecord(run_id="r", tenant="t", agent_name="p"))
     assert isinstance(e.value, A.StateConflictError)
-    assert str(e.value) == "version conflict: expected 0, stored 1"
+    assert str(e.value) == "version conflict on run t/r: expected 0, stored 1"
+    assert e.value.what == "run" and e.value.key == A.RunKey("t", "r")
     with pytest.raises(A.StateNotFoundError) as nf:
         store.patch_run(A.RunKey("t", "ghost"), StateDelta(iterations=1))
     assert nf.value.what == "run" and nf.value.key == A.RunKey("t", "ghost")

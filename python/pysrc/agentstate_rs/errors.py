@@ -55,12 +55,23 @@ class StateError(Exception):
 
 
 class StateConflictError(StateError):
-    """The version moved: re-read and decide again (not retryable as is)."""
+    """The version moved: re-read and decide again (not retryable as is).
+    ``what`` and ``key`` name the record (as on ``StateNotFoundError``)."""
 
-    def __init__(self, message: str = "", *, expected_version: int, actual_version: int) -> None:
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        expected_version: int,
+        actual_version: int,
+        what: str = "run",
+        key: Any = None,
+    ) -> None:
         super().__init__(message or f"version conflict: expected {expected_version}, stored {actual_version}")
         self.expected_version = expected_version
         self.actual_version = actual_version
+        self.what = what
+        self.key = key
 
 
 class StateNotFoundError(StateError):
