@@ -65,7 +65,10 @@ pub fn to_py(e: StateError) -> PyErr {
 fn record_of(py: Python<'_>, record: Missing) -> PyResult<(&'static str, Option<Py<PyAny>>)> {
     Ok(match record {
         Missing::Run(k) => ("run", Some(Py::new(py, RunKey::from(k))?.into_any())),
-        Missing::Session(k) => ("session", Some(Py::new(py, SessionKey::from(k))?.into_any())),
+        Missing::Session(k) => (
+            "session",
+            Some(Py::new(py, SessionKey::from(k))?.into_any()),
+        ),
         Missing::Tray(_) => ("tray", None),
         Missing::Budget(k) => ("budget", Some(Py::new(py, BudgetKey::from(k))?.into_any())),
         Missing::Hold { run, .. } => ("hold", Some(Py::new(py, RunKey::from(run))?.into_any())),
