@@ -19,10 +19,6 @@ use super::{PostgresStore, id_out, own as text};
 use crate::error::Result;
 use crate::record::{RunKey, RunRecord, SessionKey, SessionRecord};
 
-fn labels(l: &crate::Labels) -> Value {
-    Value::Object(l.into_iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-}
-
 /// A run's `fields`.
 pub(crate) fn run(r: &RunRecord) -> Value {
     json!({
@@ -43,7 +39,7 @@ pub(crate) fn run(r: &RunRecord) -> Value {
         "tokens_max": r.caps.tokens_max,
         "iterations_max": r.caps.iterations_max,
         "budget": r.budget.as_deref().map(text),
-        "labels": labels(&r.labels),
+        "labels": r.labels,
     })
 }
 
@@ -54,7 +50,7 @@ pub(crate) fn session(s: &SessionRecord) -> Value {
         "metadata": s.metadata.iter().map(|(k, v)| (text(k), Value::String(text(v)))).collect::<serde_json::Map<_, _>>(),
         "created_at": s.created_at,
         "updated_at": s.updated_at,
-        "labels": labels(&s.labels),
+        "labels": s.labels,
     })
 }
 

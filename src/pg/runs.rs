@@ -264,6 +264,15 @@ pub(crate) async fn write_run(
     Ok(())
 }
 
+/// A run's label rows' `label` and `value` columns: each label's key and
+/// its value as canonical JSON text (R11).
+fn label_rows(r: &RunRecord) -> (Vec<String>, Vec<String>) {
+    r.labels
+        .iter()
+        .map(|(k, v)| (k.clone(), crate::labels::canonical(v)))
+        .unzip()
+}
+
 /// Replaces a run's label rows (deferred, after its own row's write).
 async fn write_labels(tx: &mut Tx<'_>, new: &RunRecord, created: bool) -> TxResult<()> {
     let k = &new.key;
@@ -277,11 +286,7 @@ async fn write_labels(tx: &mut Tx<'_>, new: &RunRecord, created: bool) -> TxResu
     if new.labels.is_empty() {
         return Ok(());
     }
-    let (names, values): (Vec<String>, Vec<String>) = new
-        .labels
-        .iter()
-        .map(|(k, v)| (k.clone(), crate::labels::canonical(v)))
-        .unzip();
+    let (names, values) = label_rows(new);
     tx.defer(
         "INSERT INTO {s}agentstate_run_labels (tenant, label, value, seq, run_id) \
          SELECT $1, l, v, $3, $2 FROM unnest($4::text[], $5::text[]) AS u(l, v)",
@@ -423,11 +428,7 @@ impl PostgresStore {
             return Ok(None);
         }
         let cols = fields::run_text(&new);
-        let (names, values): (Vec<String>, Vec<String>) = new
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), crate::labels::canonical(v)))
-            .unzip();
+        let (names, values) = label_rows(&new);
         let k = &new.key;
         let (tenant, run_id, agent) = (id_in(&k.tenant), id_in(&k.run_id), id_in(&new.agent_name));
         let (state, updated) = (new.state.as_str(), num(new.updated_at));
