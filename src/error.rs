@@ -226,6 +226,19 @@ pub enum StateError {
         /// What the refused hold asked for.
         asked: u64,
     },
+    /// A change feed no longer holds every tombstone after the position
+    /// asked for (rule F6): they were pruned through `horizon`, or the
+    /// scope's tenant was purged. Re-list the scope's current state, then
+    /// follow the feed on from `horizon`.
+    #[error(
+        "the feed of {scope} was pruned through position {horizon}: re-list, then follow on from there"
+    )]
+    FeedPruned {
+        /// Which feed.
+        scope: crate::feed::FeedScope,
+        /// The oldest position the feed can still be read after.
+        horizon: crate::feed::Position,
+    },
     /// Bad input (E6): which input, and why.
     #[error("invalid input: {what}")]
     Invalid {
@@ -333,6 +346,7 @@ impl StateError {
             StateError::InUse { .. } => "in_use",
             StateError::FenceLost { .. } => "fence_lost",
             StateError::BudgetExceeded { .. } => "budget_exceeded",
+            StateError::FeedPruned { .. } => "feed_pruned",
             StateError::Invalid { .. } => "invalid",
             StateError::Corrupt { .. } => "corrupt",
             StateError::UnsupportedFormat { .. } => "unsupported_format",
@@ -440,6 +454,10 @@ impl StateError {
                 held: *held,
                 asked: *asked,
             },
+            E::FeedPruned { scope, horizon } => E::FeedPruned {
+                scope: scope.clone(),
+                horizon: *horizon,
+            },
             E::Invalid { what } => E::Invalid { what: what.clone() },
             E::Corrupt { what } => E::Corrupt { what: what.clone() },
             E::UnsupportedFormat { found, supported } => E::UnsupportedFormat {
@@ -496,6 +514,7 @@ pub type Result<T, E = StateError> = std::result::Result<T, E>;
 /// | `in_use` | `record`, `runs` |
 /// | `fence_lost` | `instance`, `caller`, `stored` |
 /// | `budget_exceeded` | `limit`, `spent`, `held`, `asked` |
+/// | `feed_pruned` | `scope`, `horizon` |
 /// | `invalid`, `corrupt` | `what` |
 /// | `unsupported_format` | `found`, `supported` |
 /// | `locked` | `path` (as text), `this_process` |
@@ -572,6 +591,10 @@ impl serde::Serialize for StateError {
                 m.serialize_entry("held", held)?;
                 m.serialize_entry("asked", asked)?;
             }
+            StateError::FeedPruned { scope, horizon } => {
+                m.serialize_entry("scope", scope)?;
+                m.serialize_entry("horizon", horizon)?;
+            }
             StateError::Invalid { what } | StateError::Corrupt { what } => {
                 m.serialize_entry("what", what)?
             }
@@ -616,6 +639,8 @@ struct ErrorJson {
     supported: Option<u8>,
     path: Option<String>,
     this_process: Option<bool>,
+    scope: Option<crate::feed::FeedScope>,
+    horizon: Option<crate::feed::Position>,
 }
 
 /// Reads the shape [`Serialize`](serde::Serialize) writes back into the
@@ -671,6 +696,10 @@ impl<'de> serde::Deserialize<'de> for StateError {
                 spent: need(j.spent, k, "spent")?,
                 held: need(j.held, k, "held")?,
                 asked: need(j.asked, k, "asked")?,
+            },
+            "feed_pruned" => StateError::FeedPruned {
+                scope: need(j.scope, k, "scope")?,
+                horizon: need(j.horizon, k, "horizon")?,
             },
             "invalid" => StateError::Invalid {
                 what: need(j.what, k, "what")?,

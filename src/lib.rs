@@ -86,6 +86,7 @@ pub mod conformance;
 mod cursor;
 mod entry;
 mod error;
+mod feed;
 #[doc(hidden)]
 pub mod fuzz_api;
 mod idempotency;
@@ -129,6 +130,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use cursor::Cursor;
 pub use entry::Entry;
 pub use error::{Missing, PersistenceReason, RecordKey, Result, StateError};
+pub use feed::{Change, ChangePage, Changed, FEED_WAIT_MAX, FeedScope, FeedStore, Position};
 pub use idempotency::IdempotencyKey;
 pub use kv::{FileStore, MemoryStore};
 pub use labels::{Label, Labels};
