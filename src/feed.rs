@@ -289,9 +289,11 @@ pub trait FeedStore: Send + Sync {
         timeout: Duration,
     ) -> Result<ChangePage>;
 
-    /// A position such that every change committed before this call is
-    /// at or before it, and every later one after it (F7): take it before
-    /// listing the current state, then follow the feed from it.
+    /// A position such that every change committed after this call is
+    /// after it (F7): take it before listing the current state, then
+    /// follow the feed from it. A change committed before the call may
+    /// still be read after it (on a server, while older transactions were
+    /// open), in the record's current state.
     fn feed_head(&self, scope: &FeedScope) -> Result<Position>;
 
     /// Drops the tombstones of `scope` at or before `through` and moves
