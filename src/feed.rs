@@ -197,7 +197,7 @@ pub enum Changed {
         /// The tray.
         tray: Tray,
     },
-    /// A tray was deleted (or released with its instance).
+    /// A tray was deleted.
     TrayDeleted {
         /// Which tray.
         key: TrayKey,

@@ -387,6 +387,17 @@ pub(crate) fn decode_run(bytes: &[u8]) -> Result<RunRecord> {
         .map_err(|why| StateError::corrupt(format!("run: undecodable ({why})")))
 }
 
+/// The run id of an encoded run record (its second field), read without
+/// decoding the rest: the change feed keeps it beside the run's entry, for
+/// the tombstone a delete leaves.
+pub(crate) fn run_id_of(bytes: &[u8]) -> Result<String> {
+    let (_, b) = checked(bytes, "run", RUN_FORMAT_LABELS)?;
+    let mut r = RunReader { b };
+    r.string()
+        .and_then(|_tenant| r.string())
+        .map_err(|why| StateError::corrupt(format!("run: undecodable ({why})")))
+}
+
 /// Why a run record's body does not decode.
 type Undecodable = &'static str;
 

@@ -142,6 +142,14 @@ impl Overlay {
         }
     }
 
+    /// Calls `f` with every pending write (`None`: deleted), in no order.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&[u8], Option<&Vec<u8>>)) {
+        match self {
+            Overlay::List(l) => l.iter().for_each(|(k, v)| f(k, v.as_ref())),
+            Overlay::Map(m) => m.iter().for_each(|(k, v)| f(k, v.as_ref())),
+        }
+    }
+
     /// The writes as one batch, in key order.
     pub(crate) fn into_batch(self) -> Vec<Write> {
         match self {
@@ -161,6 +169,8 @@ pub(crate) struct Counters {
     pub(crate) next_seq: u64,
     /// Groups committed so far (the high-water mark's unit).
     pub(crate) commits: u64,
+    /// The next change-feed position (see `kv::feed`).
+    pub(crate) next_feed: u64,
 }
 
 /// A job's view of the store: engine, then group, then its own writes.
@@ -507,9 +517,18 @@ impl Committer {
             }
             return;
         }
+        let mut next_feed = counters.next_feed;
+        if let Err(e) = crate::kv::feed::note(sink.engine(), &mut overlay, &mut next_feed) {
+            let make = move || e.replicate();
+            for job in jobs.drain(..) {
+                job.finish(Some(&make));
+            }
+            return;
+        }
         let next = Counters {
             next_seq,
             commits: counters.commits + 1,
+            next_feed,
         };
         crate::observe::group_commit(jobs.len());
         match sink.commit(overlay.into_batch(), next) {

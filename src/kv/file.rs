@@ -539,6 +539,8 @@ pub(super) fn open(path: &Path, opts: Options) -> Result<KvStore> {
             }
         })?;
     }
+    // A store from before the change feed: every record gets its entry.
+    store.fill_feed()?;
     Ok(store)
 }
 

@@ -383,6 +383,35 @@ macro_rules! forward_to_kv {
             }
         }
 
+        impl crate::feed::FeedStore for $handle {
+            fn changes(
+                &self,
+                scope: &crate::feed::FeedScope,
+                after: crate::feed::Position,
+                limit: usize,
+            ) -> Result<crate::feed::ChangePage> {
+                self.0.changes(scope, after, limit)
+            }
+            fn wait_changes(
+                &self,
+                scope: &crate::feed::FeedScope,
+                after: crate::feed::Position,
+                limit: usize,
+                timeout: std::time::Duration,
+            ) -> Result<crate::feed::ChangePage> {
+                self.0.wait_changes(scope, after, limit, timeout)
+            }
+            fn feed_head(&self, scope: &crate::feed::FeedScope) -> Result<crate::feed::Position> {
+                self.0.feed_head(scope)
+            }
+            fn prune_changes(
+                &self,
+                scope: &crate::feed::FeedScope,
+                through: crate::feed::Position,
+            ) -> Result<u64> {
+                self.0.prune_changes(scope, through)
+            }
+        }
         impl StoreAdmin for $handle {
             fn list_sessions(
                 &self,

@@ -60,6 +60,14 @@ pub(crate) mod table {
     pub const IDEM_ORDER: u8 = 0x51;
     /// (scope kind, scope) → (next ordinal, keys kept).
     pub const IDEM_SCOPE: u8 = 0x52;
+    /// (scope, position) → the record's key (and a run's id): the change
+    /// feed (rules F1–F8), one entry per record at its last change. A
+    /// scope is `FEED_TENANT` + tenant, `FEED_TRAYS`, or `FEED_ENV` + env.
+    pub const FEED: u8 = 0x60;
+    /// (record key) → its feed position (and a run's id, a tray's env).
+    pub const FEED_AT: u8 = 0x61;
+    /// (scope) → the position a feed was pruned through.
+    pub const FEED_HORIZON: u8 = 0x62;
     /// An import being built: the whole key of a live table after this
     /// byte (see `kv::transfer`). Past every exported table, so listings,
     /// exports, `is_empty` and `verify` never see it.
@@ -99,6 +107,12 @@ pub(crate) mod meta {
     /// Never written: `compact` deletes it to move the engine's sequence
     /// number past every write before it (see `FjallEngine::compact`).
     pub const COMPACT_MARK: &[u8] = &[super::table::META, b'x'];
+    /// The next change-feed position; absent in a store from before the
+    /// feed, whose open adds every record to it.
+    pub const NEXT_FEED: &[u8] = &[super::table::META, b'p'];
+    /// Present once every record has a feed entry (a new store, or an
+    /// older one after its open filled the feed).
+    pub const FEED_FILLED: &[u8] = &[super::table::META, b'e'];
 }
 
 const ESC: u8 = 0x00;

@@ -138,6 +138,7 @@ fn loom_commit_queue_callers_coming_back_are_all_answered() {
         let committer = Arc::new(Committer::new(Counters {
             next_seq: 1,
             commits: 0,
+            next_feed: 1,
         }));
         let caller = |id: u8| {
             let (sink, committer) = (sink.clone(), committer.clone());
@@ -191,6 +192,7 @@ fn loom_commit_queue_answers_each_caller_with_gap_free_seqs() {
         let committer = Arc::new(Committer::new(Counters {
             next_seq: 1,
             commits: 0,
+            next_feed: 1,
         }));
         let submit = |id: u8| {
             let (sink, committer) = (sink.clone(), committer.clone());
@@ -270,6 +272,7 @@ fn loom_commit_queue_failed_job_contributes_no_writes() {
         let committer = Arc::new(Committer::new(Counters {
             next_seq: 1,
             commits: 0,
+            next_feed: 1,
         }));
         let failing = {
             let (sink, committer) = (sink.clone(), committer.clone());
@@ -333,6 +336,7 @@ fn loom_commit_queue_failed_commit_fails_whole_group() {
         let committer = Arc::new(Committer::new(Counters {
             next_seq: 1,
             commits: 0,
+            next_feed: 1,
         }));
         let doomed = {
             let (sink, committer) = (sink.clone(), committer.clone());

@@ -5,6 +5,7 @@
 mod budgets;
 mod commit;
 pub(crate) mod engine;
+mod feed;
 mod file;
 pub(crate) mod key;
 #[cfg(all(test, loom))]
@@ -46,6 +47,8 @@ pub(crate) struct KvStore {
     alarm_floor: trays::AlarmFloor,
     /// Where `get_run` last found runs (see `runs::SeqHints`).
     seq_hints: runs::SeqHints,
+    /// Wakes `wait_changes` after each commit.
+    feed_wake: feed::Wake,
 }
 
 impl std::fmt::Debug for KvStore {
@@ -78,13 +81,27 @@ impl KvStore {
                 let secret: [u8; 16] = read_meta(&*engine, meta::SECRET)?;
                 let next_seq: u64 = read_meta(&*engine, meta::NEXT_SEQ)?;
                 let commits: u64 = read_meta(&*engine, meta::COMMITS)?;
-                (secret, Counters { next_seq, commits })
+                // A store from before the feed starts it at 1 (its open
+                // then fills it: `fill_feed`).
+                let next_feed: u64 = match engine.get(meta::NEXT_FEED)? {
+                    Some(v) => value::decode(&v, "next feed position")?,
+                    None => 1,
+                };
+                (
+                    secret,
+                    Counters {
+                        next_seq,
+                        commits,
+                        next_feed,
+                    },
+                )
             }
             None => {
                 let secret = new_secret();
                 let counters = Counters {
                     next_seq: 1,
                     commits: 0,
+                    next_feed: 1,
                 };
                 engine.commit(vec![
                     (
@@ -100,6 +117,11 @@ impl KvStore {
                         meta::COMMITS.to_vec(),
                         Some(value::encode(&counters.commits)),
                     ),
+                    (
+                        meta::NEXT_FEED.to_vec(),
+                        Some(value::encode(&counters.next_feed)),
+                    ),
+                    (meta::FEED_FILLED.to_vec(), Some(value::encode(&true))),
                 ])?;
                 (secret, counters)
             }
@@ -113,6 +135,7 @@ impl KvStore {
             file,
             alarm_floor: trays::AlarmFloor::default(),
             seq_hints: runs::SeqHints::default(),
+            feed_wake: feed::Wake::default(),
         })
     }
 
@@ -154,12 +177,17 @@ impl Sink for KvStore {
                 meta::COMMITS.to_vec(),
                 Some(value::encode(&counters.commits)),
             ));
+            batch.push((
+                meta::NEXT_FEED.to_vec(),
+                Some(value::encode(&counters.next_feed)),
+            ));
         }
         match self.engine.commit(batch) {
             Ok(()) => {
                 if let (Some(f), Durability::Immediate) = (&self.file, self.opts.durability) {
                     f.committed(counters.commits);
                 }
+                self.feed_wake.committed();
                 Ok(())
             }
             Err(e) => {

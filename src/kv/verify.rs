@@ -304,6 +304,13 @@ impl KvStore {
                 let lo = KeyBuf::table(tb).str(&tenant).done();
                 counted += purge_range(txn, &lo, counts)?;
             }
+            // The tenant's feed goes too; its horizon takes a position
+            // after every change the tenant had (the leader gives it one),
+            // so a consumer from before the purge is told to re-list.
+            for lo in super::feed::tenant_ranges(&tenant) {
+                purge_range(txn, &lo, false)?;
+            }
+            txn.put(super::feed::tenant_horizon_key(&tenant), Vec::new());
             let scope = crate::idempotency::Scope::Tenant(&tenant).kind();
             for tb in [table::IDEM, table::IDEM_ORDER, table::IDEM_SCOPE] {
                 let lo = KeyBuf::table(tb).u8(scope).str(&tenant).done();

@@ -22,6 +22,19 @@ mod memory {
 
     agentstate::conformance_tests!(factory);
 
+    mod feed {
+        use super::*;
+        use agentstate::conformance::FeedConformanceStore;
+
+        fn factory(clock: Arc<ManualClock>) -> Arc<dyn FeedConformanceStore> {
+            Arc::new(agentstate::MemoryStore::with_options(
+                agentstate::Options::new().clock(clock),
+            ))
+        }
+
+        agentstate::feed_conformance_tests!(factory);
+    }
+
     /// `RULES` names every rule of the contract the suite covers (R, S, L,
     /// X, E, T, A, B, K — D and W live in other harnesses), once each, in spec
     /// order; and every entry passes on the memory store.
@@ -134,6 +147,20 @@ mod file {
     }
 
     agentstate::conformance_tests!(factory);
+
+    mod feed {
+        use super::*;
+        use agentstate::conformance::FeedConformanceStore;
+
+        fn factory(clock: Arc<ManualClock>) -> Arc<dyn FeedConformanceStore> {
+            Arc::new(super::super::file_stores::open_file(
+                clock,
+                agentstate::FileEngine::Fjall,
+            ))
+        }
+
+        agentstate::feed_conformance_tests!(factory);
+    }
 }
 
 #[cfg(feature = "sled")]
@@ -146,6 +173,20 @@ mod sled {
     }
 
     agentstate::conformance_tests!(factory);
+
+    mod feed {
+        use super::*;
+        use agentstate::conformance::FeedConformanceStore;
+
+        fn factory(clock: Arc<ManualClock>) -> Arc<dyn FeedConformanceStore> {
+            Arc::new(super::super::file_stores::open_file(
+                clock,
+                agentstate::FileEngine::Sled,
+            ))
+        }
+
+        agentstate::feed_conformance_tests!(factory);
+    }
 }
 
 #[cfg(feature = "postgres")]
