@@ -97,39 +97,49 @@ impl fmt::Display for FeedScope {
 /// consumer keeps the position it has read up to. Positions of one scope
 /// of one store are ordered; compare no others. [`Position::START`] is
 /// before every change. Its text (and JSON) is a decimal number.
+// Two u64s rather than one u128: 8-byte alignment keeps `StateError`,
+// which carries one, small. The derived order is the number's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Position(u128);
+pub struct Position {
+    hi: u64,
+    lo: u64,
+}
 
 impl Position {
     /// Before every change.
-    pub const START: Position = Position(0);
+    pub const START: Position = Position { hi: 0, lo: 0 };
 
     /// The position as a number (for storing it beside the consumer's own
     /// state).
     pub fn as_u128(self) -> u128 {
-        self.0
+        (u128::from(self.hi) << 64) | u128::from(self.lo)
     }
 
     /// A position from [`as_u128`](Self::as_u128).
     pub fn from_u128(n: u128) -> Self {
-        Position(n)
+        Position {
+            hi: (n >> 64) as u64,
+            lo: n as u64,
+        }
     }
 
     /// A position made of two 64-bit parts, `hi` more significant (a
     /// server's transaction id and the change's number within it).
+    #[allow(dead_code)] // the PostgreSQL feed's (transaction id, number)
     pub(crate) fn from_parts(hi: u64, lo: u64) -> Self {
-        Position((u128::from(hi) << 64) | u128::from(lo))
+        Position { hi, lo }
     }
 
     /// The two 64-bit parts of [`from_parts`](Self::from_parts).
+    #[allow(dead_code)]
     pub(crate) fn parts(self) -> (u64, u64) {
-        ((self.0 >> 64) as u64, self.0 as u64)
+        (self.hi, self.lo)
     }
 }
 
 impl fmt::Display for Position {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
+        fmt::Display::fmt(&self.as_u128(), f)
     }
 }
 
@@ -147,7 +157,7 @@ impl FromStr for Position {
             )));
         }
         s.parse::<u128>()
-            .map(Position)
+            .map(Position::from_u128)
             .map_err(|_| StateError::invalid(format!("feed position {s:?} is out of range")))
     }
 }
@@ -312,12 +322,10 @@ pub(crate) fn check_call(scope: &FeedScope, limit: usize, timeout: Option<Durati
         FeedScope::Trays { env: None } => {}
     }
     crate::rules::check::check_limit(limit)?;
-    if let Some(t) = timeout {
-        if t > FEED_WAIT_MAX {
-            return Err(StateError::invalid(format!(
-                "wait of {t:?} is longer than the longest wait, {FEED_WAIT_MAX:?}"
-            )));
-        }
+    if let Some(t) = timeout.filter(|t| *t > FEED_WAIT_MAX) {
+        return Err(StateError::invalid(format!(
+            "wait of {t:?} is longer than the longest wait, {FEED_WAIT_MAX:?}"
+        )));
     }
     Ok(())
 }

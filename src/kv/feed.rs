@@ -80,19 +80,30 @@ fn env_prefix(env: &str) -> Vec<u8> {
     KeyBuf::table(table::FEED).u8(SCOPE_ENV).str(env).done()
 }
 
-/// The horizon's key: an env's feed is pruned with the store's trays.
-fn horizon_key(scope: &FeedScope) -> Vec<u8> {
-    let mut k = match scope {
-        FeedScope::Tenant { tenant } => tenant_prefix(tenant),
-        FeedScope::Trays { .. } => KeyBuf::table(table::FEED).u8(SCOPE_TRAYS).done(),
-    };
-    k[0] = table::FEED_HORIZON;
-    k
+/// The horizon's key: an env's feed is pruned with the store's trays. A
+/// tenant's horizon outlives a purge of the tenant, so its key holds no
+/// byte of the tenant's name: a SHA-256 of the store's secret and the
+/// name (P1: after a purge and a compaction, no byte of the tenant's ids
+/// is on disk).
+fn horizon_key(scope: &FeedScope, secret: &[u8; 16]) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    match scope {
+        FeedScope::Tenant { tenant } => {
+            let mut h = Sha256::new();
+            h.update(b"agentstate feed horizon\0");
+            h.update(secret);
+            h.update(tenant.as_bytes());
+            let mut k = vec![table::FEED_HORIZON, SCOPE_TENANT];
+            k.extend_from_slice(&h.finalize()[..16]);
+            k
+        }
+        FeedScope::Trays { .. } => vec![table::FEED_HORIZON, SCOPE_TRAYS],
+    }
 }
 
 /// A tenant's horizon key (for `purge_tenant`).
-pub(crate) fn tenant_horizon_key(tenant: &str) -> Vec<u8> {
-    horizon_key(&FeedScope::tenant(tenant))
+pub(crate) fn tenant_horizon_key(tenant: &str, secret: &[u8; 16]) -> Vec<u8> {
+    horizon_key(&FeedScope::tenant(tenant), secret)
 }
 
 /// The key ranges `purge_tenant` deletes with a tenant: its feed and
@@ -154,8 +165,8 @@ fn is_record_key(key: &[u8]) -> bool {
 /// In a group's leader, before the group commits: moves the entry of
 /// every record the group wrote or deleted to a new position, taken from
 /// `next`, and gives every horizon a purge asked for a position of its
-/// own (before the group's entries). A delete of a record whose scope was
-/// purged in the group leaves no tombstone (the purge took the feed).
+/// own (before the group's entries). A purge deletes its records' entries
+/// (`FEED_AT`) in its own job, so its deletes leave no tombstone.
 pub(crate) fn note(engine: &dyn Engine, overlay: &mut Overlay, next: &mut u64) -> Result<()> {
     let mut records = Vec::new();
     let mut purged = Vec::new();
@@ -185,13 +196,6 @@ pub(crate) fn note(engine: &dyn Engine, overlay: &mut Overlay, next: &mut u64) -
         }
         .map(|v| value::decode(&v, "feed position"))
         .transpose()?;
-        if v.is_none() {
-            let mut h = scope.clone();
-            h[0] = table::FEED_HORIZON;
-            if purged.contains(&h) {
-                continue;
-            }
-        }
         let Some(old) = old else {
             // A record with no entry yet: a new one, or (deleted) one that
             // never had an entry because it was made and deleted in this
@@ -318,7 +322,7 @@ impl Drop for Waiting<'_> {
 impl KvStore {
     fn horizon(&self, scope: &FeedScope) -> Result<u64> {
         self.engine
-            .get(&horizon_key(scope))?
+            .get(&horizon_key(scope, &self.secret))?
             .map(|v| value::decode(&v, "feed horizon"))
             .transpose()
             .map(|h| h.unwrap_or(0))
@@ -450,7 +454,7 @@ impl KvStore {
             .unwrap_or(u64::MAX)
             .min(head);
         let prefix = scope_prefix(scope);
-        let horizon = horizon_key(scope);
+        let horizon = horizon_key(scope, &self.secret);
         let mut from = 1u64;
         let mut dropped = 0u64;
         loop {

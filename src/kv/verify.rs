@@ -287,6 +287,7 @@ impl KvStore {
     pub(crate) fn purge_tenant(&self, tenant: &str) -> Result<u64> {
         check_id("tenant", tenant)?;
         let tenant = tenant.to_owned();
+        let secret = self.secret;
         self.submit(move |txn| {
             let mut counted = 0u64;
             for (tb, counts) in [
@@ -310,7 +311,10 @@ impl KvStore {
             for lo in super::feed::tenant_ranges(&tenant) {
                 purge_range(txn, &lo, false)?;
             }
-            txn.put(super::feed::tenant_horizon_key(&tenant), Vec::new());
+            txn.put(
+                super::feed::tenant_horizon_key(&tenant, &secret),
+                Vec::new(),
+            );
             let scope = crate::idempotency::Scope::Tenant(&tenant).kind();
             for tb in [table::IDEM, table::IDEM_ORDER, table::IDEM_SCOPE] {
                 let lo = KeyBuf::table(tb).u8(scope).str(&tenant).done();

@@ -688,6 +688,45 @@ fn golden_fixture_opens_and_reads_exactly(name: &str) {
         Some(fixture_session())
     );
 
+    // A store from before the change feed: its open gave every record
+    // an entry (F1), so a consumer from the start reads the whole store.
+    use agentstate::{Changed, FeedScope, FeedStore, Position};
+    let feed = store
+        .changes(&FeedScope::tenant("acme"), Position::START, 100)
+        .unwrap();
+    let mut got: Vec<String> = feed
+        .changes
+        .iter()
+        .map(|c| match &c.item {
+            Changed::Run { run } => {
+                assert_eq!(Some(run), runs.iter().find(|r| r.key == run.key));
+                run.key.run_id.clone()
+            }
+            Changed::Session { session } => {
+                assert_eq!(session, &fixture_session());
+                session.key.session_id.clone()
+            }
+            other => panic!("the filled feed holds {other:?}"),
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "r_approval",
+            "r_done",
+            "r_failed",
+            "r_pending",
+            "r_running",
+            "r_tools",
+            "s1"
+        ]
+    );
+    let globex = store
+        .changes(&FeedScope::tenant("globex"), Position::START, 100)
+        .unwrap();
+    assert_eq!(globex.changes.len(), 1);
+
     // Listings: seq order, the state and session indexes.
     let page = store
         .list_runs(&StateQuery::new("acme"), &PageRequest::default())
