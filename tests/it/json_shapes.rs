@@ -412,6 +412,71 @@ fn options_have_a_stable_json_shape() {
     }
 }
 
+#[test]
+fn the_change_feed_has_a_stable_json_shape() {
+    use agentstate::{Change, ChangePage, Changed, FeedScope, Position};
+    golden(
+        "feed_scope",
+        &vec![
+            FeedScope::tenant("acme"),
+            FeedScope::trays(),
+            FeedScope::trays_in("prod"),
+        ],
+    );
+    // Past 2^64 and past JSON's exact integers: a string.
+    golden(
+        "position",
+        &vec![
+            Position::START,
+            Position::from_u128(7),
+            Position::from_u128((1u128 << 64) + 3),
+        ],
+    );
+    let key = instance().tray("state", "main");
+    golden(
+        "change_page",
+        &ChangePage::new(
+            vec![
+                Change::new(Position::from_u128(1), Changed::Run { run: run_record() }),
+                Change::new(Position::from_u128(2), Changed::RunDeleted { key: run_key() }),
+                Change::new(
+                    Position::from_u128(3),
+                    Changed::Session {
+                        session: session_record(),
+                    },
+                ),
+                Change::new(
+                    Position::from_u128(4),
+                    Changed::SessionDeleted {
+                        key: SessionKey::new("acme", "s1"),
+                    },
+                ),
+                Change::new(
+                    Position::from_u128(5),
+                    Changed::Tray {
+                        key: key.clone(),
+                        tray: tray(b"doc"),
+                    },
+                ),
+                Change::new(Position::from_u128(6), Changed::TrayDeleted { key }),
+                Change::new(
+                    Position::from_u128(7),
+                    Changed::Alarm {
+                        alarm: Alarm::new(instance(), T0),
+                    },
+                ),
+                Change::new(
+                    Position::from_u128(8),
+                    Changed::AlarmDeleted {
+                        instance: instance(),
+                    },
+                ),
+            ],
+            Position::from_u128(8),
+        ),
+    );
+}
+
 /// One of each error, with every fact set.
 fn errors() -> Vec<StateError> {
     let run = run_key();
@@ -447,6 +512,10 @@ fn errors() -> Vec<StateError> {
             instance: instance(),
             caller: 4,
             stored: 7,
+        },
+        StateError::FeedPruned {
+            scope: agentstate::FeedScope::tenant("acme"),
+            horizon: agentstate::Position::from_u128(42),
         },
         StateError::BudgetExceeded {
             limit: CapLimit::new(
