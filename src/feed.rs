@@ -197,7 +197,7 @@ pub enum Changed {
         /// The tray.
         tray: Tray,
     },
-    /// A tray was deleted (or released with its instance).
+    /// A tray was deleted.
     TrayDeleted {
         /// Which tray.
         key: TrayKey,
@@ -207,7 +207,7 @@ pub enum Changed {
         /// The alarm.
         alarm: Alarm,
     },
-    /// An instance's alarm was acknowledged or released.
+    /// An instance's alarm was acknowledged.
     AlarmDeleted {
         /// Whose alarm.
         instance: InstanceKey,
