@@ -65,6 +65,7 @@ mod admin;
 mod budgets;
 mod connect;
 mod core;
+mod feed;
 mod keys;
 mod runs;
 mod scripts;
@@ -370,6 +371,8 @@ pub struct RedisStore {
     server: String,
     /// Tenants this handle has put in the registry already.
     registered: Mutex<HashSet<String>>,
+    /// The change feed's subscriber connection and its waiters.
+    hub: feed::Hub,
     /// The store's runtime (dropped last: the connections' tasks live on it).
     bridge: Bridge,
 }
@@ -386,6 +389,7 @@ impl std::fmt::Debug for RedisStore {
 /// What connecting found, before the store is put together.
 struct Dialed {
     pool: connect::Pool,
+    dialer: std::sync::Arc<Dialer>,
     opts: RedisOptions,
     secret: [u8; 16],
     persistence: Persistence,
@@ -457,9 +461,10 @@ impl RedisStore {
         let secret = load_secret(&mut first)
             .await
             .map_err(|e| with_server(e, &server))?;
-        let pool = connect::Pool::new(dialer, &opts, first, bridge.handle());
+        let pool = connect::Pool::new(dialer.clone(), &opts, first, bridge.handle());
         Ok(Dialed {
             pool,
+            dialer,
             opts,
             secret,
             persistence,
@@ -475,6 +480,7 @@ impl RedisStore {
             persistence: d.persistence,
             server: d.server,
             registered: Mutex::new(HashSet::new()),
+            hub: feed::Hub::new(d.dialer),
             bridge,
         }
     }
