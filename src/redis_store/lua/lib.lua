@@ -322,8 +322,9 @@ end
 
 -- A tray's change in the trays feed `fd` and its env's: `env` is its env
 -- now (nil once deleted), `old` the env of its last write (nil when it did
--- not exist). A tray that changed env leaves the old env's feed; a
--- deleted one stays in its last env's, as a tombstone.
+-- not exist). A tray that changed env leaves the old env's feed (so does
+-- a tombstone written again in another env); a deleted one stays in its
+-- last env's, as a tombstone.
 local function feed_tray(fd, member, env, old)
   local pos = feed_note(fd, member)
   if env and old and old ~= env then redis.call('ZREM', fd .. ':e:' .. old, member) end
@@ -335,6 +336,12 @@ local function feed_tray(fd, member, env, old)
   if not env and old then
     redis.call('HSET', fd .. ':g', member, old)
   elseif env and not old then
-    redis.call('HDEL', fd .. ':g', member)
+    -- Written again after a delete: its tombstone leaves the env it
+    -- was deleted in, when that was another.
+    local was = redis.call('HGET', fd .. ':g', member)
+    if was then
+      redis.call('HDEL', fd .. ':g', member)
+      if was ~= env then redis.call('ZREM', fd .. ':e:' .. was, member) end
+    end
   end
 end
