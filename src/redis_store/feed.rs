@@ -311,31 +311,36 @@ impl RedisStore {
         check_call(scope, limit, Some(timeout))?;
         let deadline = Instant::now() + timeout;
         let channel = Scope::of(scope).channel;
+        let mut listener: Option<Listener> = None;
         loop {
             let page = self.read_changes(scope, after, limit).await?;
-            let now = Instant::now();
-            if !page.changes.is_empty() || now >= deadline {
+            if !page.changes.is_empty() || Instant::now() >= deadline {
                 return Ok(page);
             }
-            match self.hub.listen(&channel, &self.bridge).await {
-                Some(mut l) => {
+            if listener.is_none() {
+                listener = self.hub.listen(&channel, &self.bridge).await;
+                if listener.is_some() {
                     // Subscribed: what committed before is seen by this
                     // read, what commits after publishes to us.
                     let page = self.read_changes(scope, after, limit).await?;
                     if !page.changes.is_empty() {
                         return Ok(page);
                     }
-                    let wait = deadline
-                        .saturating_duration_since(Instant::now())
-                        .min(RECHECK);
-                    // A message, or the connection gone (the sender
-                    // dropped), or the wait's end: read again.
-                    let _ = tokio::time::timeout(wait, l.rx.changed()).await;
                 }
-                None => {
-                    let wait = deadline.saturating_duration_since(now).min(POLL);
-                    tokio::time::sleep(wait).await;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match &mut listener {
+                Some(l) => {
+                    // A message or the wait's end (at most RECHECK): read
+                    // again. The sender gone is the connection gone:
+                    // listen again (or poll) after reading.
+                    if let Ok(Err(_)) =
+                        tokio::time::timeout(left.min(RECHECK), l.rx.changed()).await
+                    {
+                        listener = None;
+                    }
                 }
+                None => tokio::time::sleep(left.min(POLL)).await,
             }
         }
     }
