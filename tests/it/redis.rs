@@ -1871,6 +1871,58 @@ mod feed {
         });
     }
 
+    /// An ACL user without channels (`resetchannels`, Redis 7's default
+    /// for a new user): its writes succeed (their publish is refused
+    /// without failing them), and its waiters, refused a subscription,
+    /// poll: woken soon after a write, and back at their timeout when
+    /// nothing comes.
+    #[test]
+    fn without_channels_writes_work_and_waiters_poll() {
+        let server = Server::start(
+            &temp_dir("feed-nochan"),
+            &[
+                "--user",
+                "nochan",
+                "on",
+                ">nochan-pw-8812",
+                "~*",
+                "resetchannels",
+                "+@all",
+            ],
+        );
+        let url = format!("redis://nochan:nochan-pw-8812@127.0.0.1:{}/0", server.port);
+        let store = RedisStore::connect(&url).expect("connect");
+        let scope = FeedScope::tenant("nochan");
+        let head = store.feed_head(&scope).expect("head");
+        let began = Instant::now();
+        let page = store
+            .wait_changes(&scope, head, 10, Duration::from_millis(300))
+            .expect("wait for nothing");
+        let took = began.elapsed();
+        assert!(page.changes.is_empty(), "{page:?}");
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+            "a 300 ms wait took {took:?}"
+        );
+        std::thread::scope(|sc| {
+            let store = &store;
+            let w = sc.spawn(move || {
+                store
+                    .wait_changes(&scope, head, 10, Duration::from_secs(20))
+                    .map(|p| (p, Instant::now()))
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            let wrote = Instant::now();
+            store
+                .put_run(RunRecord::new(RunKey::new("nochan", "r"), "a"))
+                .expect("a write without channels");
+            let (page, woke) = w.join().expect("waiter").expect("wait");
+            assert_eq!(page.changes.len(), 1, "{page:?}");
+            let lag = woke.duration_since(wrote);
+            assert!(lag < Duration::from_millis(500), "woken after {lag:?}");
+        });
+    }
+
     fn tray(env: &str) -> Tray {
         Tray {
             marked: true,

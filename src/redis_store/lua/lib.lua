@@ -302,12 +302,15 @@ end
 local function run_member(id) return 'r' .. kc(id) end
 local function session_member(id) return 's' .. kc(id) end
 
--- Publishes each feed channel once per script.
+-- Publishes each feed channel once per script. A server that refuses
+-- (an ACL user without the channel) fails no write: `pcall` answers the
+-- error instead of raising it, and waiters poll (they cannot subscribe
+-- either).
 local feed_published = {}
 local function feed_publish(channel, pos)
   if not feed_published[channel] then
     feed_published[channel] = true
-    redis.call('PUBLISH', channel, pos)
+    redis.pcall('PUBLISH', channel, pos)
   end
 end
 
