@@ -91,7 +91,13 @@ impl Dialer {
             }
         }
         let settings = info.redis_settings().clone();
-        let full = info.clone();
+        // The subscriber speaks RESP2 whatever the URL says (redis-rs'
+        // `PubSub` is a RESP2 connection).
+        let full = info.clone().set_redis_settings(
+            settings
+                .clone()
+                .set_protocol(::redis::ProtocolVersion::RESP2),
+        );
         let (auth, db, info) = if settings.protocol().supports_resp3() {
             // HELLO carries AUTH under RESP3, and keeps the server's reply.
             (None, 0, info)

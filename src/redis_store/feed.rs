@@ -318,7 +318,17 @@ impl RedisStore {
                 return Ok(page);
             }
             if listener.is_none() {
-                listener = self.hub.listen(&channel, &self.bridge).await;
+                // On the store's runtime, so a listen cut short by the
+                // wait's end still finishes (its channel stays coherent).
+                let left = deadline.saturating_duration_since(Instant::now());
+                let listen = self
+                    .bridge
+                    .handle()
+                    .spawn(listen(self.hub.inner.clone(), channel.clone()));
+                listener = match tokio::time::timeout(left, listen).await {
+                    Ok(Ok(l)) => l,
+                    _ => None,
+                };
                 if listener.is_some() {
                     // Subscribed: what committed before is seen by this
                     // read, what commits after publishes to us.
@@ -417,102 +427,99 @@ impl Hub {
             }),
         }
     }
+}
 
-    /// Subscribes to `channel` (dialing the subscriber connection first if
-    /// there is none): `Some` once the server confirmed the subscription,
-    /// `None` when there is none to be had now (the waiter polls).
-    async fn listen(&self, channel: &[u8], bridge: &crate::native::Bridge) -> Option<Listener> {
-        let inner = &self.inner;
-        let io_timeout = inner.dialer.io_timeout();
-        let mut conn = inner.conn.lock().await;
-        if conn.is_none() {
-            if inner.retry_at.lock().is_some_and(|t| Instant::now() < t) {
+/// Subscribes to `channel` (dialing the subscriber connection first if
+/// there is none): `Some` once the server confirmed the subscription,
+/// `None` when there is none to be had now (the waiter polls). Runs on the
+/// store's runtime (the connection's driver and reader are spawned there).
+async fn listen(inner: Arc<HubInner>, channel: Vec<u8>) -> Option<Listener> {
+    let channel = &channel[..];
+    let io_timeout = inner.dialer.io_timeout();
+    let mut conn = inner.conn.lock().await;
+    if conn.is_none() {
+        if inner.retry_at.lock().is_some_and(|t| Instant::now() < t) {
+            return None;
+        }
+        match inner.dialer.open_pubsub().await {
+            Ok(ps) => {
+                let (sink, stream) = ps.split();
+                let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+                let reader = tokio::spawn(read(
+                    stream,
+                    sink.clone(),
+                    Arc::downgrade(&inner),
+                    id,
+                    io_timeout,
+                ));
+                *conn = Some(Sub { sink, id, reader });
+            }
+            Err(e) => {
+                crate::observe::retry("redis", "feed_subscribe", 1);
+                tracing::debug!(error = %e, "redis: no subscriber connection; waiters poll");
+                *inner.retry_at.lock() = Some(Instant::now() + REDIAL);
                 return None;
             }
-            let dialer = inner.dialer.clone();
-            match bridge
-                .on_runtime(async move { dialer.open_pubsub().await })
-                .await
-            {
-                Ok(ps) => {
-                    let (sink, stream) = ps.split();
-                    let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-                    let reader = bridge.handle().spawn(read(
-                        stream,
-                        sink.clone(),
-                        Arc::downgrade(inner),
-                        id,
-                        io_timeout,
-                    ));
-                    *conn = Some(Sub { sink, id, reader });
-                }
-                Err(e) => {
-                    crate::observe::retry("redis", "feed_subscribe", 1);
-                    tracing::debug!(error = %e, "redis: no subscriber connection; waiters poll");
-                    *inner.retry_at.lock() = Some(Instant::now() + REDIAL);
-                    return None;
-                }
-            }
         }
-        let sub = conn.as_mut().expect("dialed above");
-        let (listener, fresh) = {
-            let mut chans = inner.chans.lock();
-            let fresh = !chans.contains_key(channel);
-            let c = chans.entry(channel.to_vec()).or_insert_with(|| Chan {
-                tx: watch::channel(0).0,
-                users: 0,
-                id: inner.next_id.fetch_add(1, Ordering::Relaxed),
-            });
-            c.users += 1;
-            let l = Listener {
-                rx: c.tx.subscribe(),
-                hub: Arc::downgrade(inner),
-                channel: channel.to_vec(),
-                id: c.id,
-            };
-            (l, fresh)
-        };
-        if !fresh {
-            return Some(listener);
-        }
-        // Channels nobody waits on any more go, a batch at a time.
-        let idle: Vec<Vec<u8>> = {
-            let mut chans = inner.chans.lock();
-            if chans.len() > IDLE_CHANNELS * 2 {
-                let idle: Vec<Vec<u8>> = chans
-                    .iter()
-                    .filter(|(_, c)| c.users == 0)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for k in &idle {
-                    chans.remove(k);
-                }
-                idle
-            } else {
-                Vec::new()
-            }
-        };
-        let mut ok = idle.is_empty()
-            || matches!(
-                tokio::time::timeout(io_timeout, sub.sink.unsubscribe(&idle)).await,
-                Ok(Ok(()))
-            );
-        ok = ok
-            && matches!(
-                tokio::time::timeout(io_timeout, sub.sink.subscribe(channel)).await,
-                Ok(Ok(()))
-            );
-        if ok {
-            return Some(listener);
-        }
-        // The connection is no good: drop it and wake every waiter.
-        if let Some(sub) = conn.take() {
-            sub.reader.abort();
-        }
-        inner.chans.lock().clear();
-        *inner.retry_at.lock() = Some(Instant::now() + REDIAL);
-        None
     }
+    let sub = conn.as_mut().expect("dialed above");
+    let (listener, fresh) = {
+        let mut chans = inner.chans.lock();
+        let fresh = !chans.contains_key(channel);
+        let c = chans.entry(channel.to_vec()).or_insert_with(|| Chan {
+            tx: watch::channel(0).0,
+            users: 0,
+            id: inner.next_id.fetch_add(1, Ordering::Relaxed),
+        });
+        c.users += 1;
+        let l = Listener {
+            rx: c.tx.subscribe(),
+            hub: Arc::downgrade(&inner),
+            channel: channel.to_vec(),
+            id: c.id,
+        };
+        (l, fresh)
+    };
+    if !fresh {
+        return Some(listener);
+    }
+    // Channels nobody waits on any more go, a batch at a time.
+    let idle: Vec<Vec<u8>> = {
+        let mut chans = inner.chans.lock();
+        if chans.len() > IDLE_CHANNELS * 2 {
+            let idle: Vec<Vec<u8>> = chans
+                .iter()
+                .filter(|(_, c)| c.users == 0)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in &idle {
+                chans.remove(k);
+            }
+            idle
+        } else {
+            Vec::new()
+        }
+    };
+    let mut ok = idle.is_empty()
+        || matches!(
+            tokio::time::timeout(io_timeout, sub.sink.unsubscribe(&idle)).await,
+            Ok(Ok(()))
+        );
+    ok = ok
+        && matches!(
+            tokio::time::timeout(io_timeout, sub.sink.subscribe(channel)).await,
+            Ok(Ok(()))
+        );
+    if ok {
+        return Some(listener);
+    }
+    // The connection is no good: drop it and wake every waiter.
+    if let Some(sub) = conn.take() {
+        sub.reader.abort();
+    }
+    inner.chans.lock().clear();
+    *inner.retry_at.lock() = Some(Instant::now() + REDIAL);
+    None
 }
 
 /// The reader of one subscriber connection: each message wakes its
