@@ -43,6 +43,12 @@
 //! | `as:{trays}:a` | sorted set | alarms by (due_at, ns, id) |
 //! | `as:{trays}:insts` | sorted set | every instance with an epoch, tray or alarm |
 //! | `as:{trays}:ik:<ns>`, `:io:<ns>` | hash, sorted set | an instance namespace's idempotency keys, as a tenant's |
+//! | `as:{t…}:fd`, `as:{trays}:fd` | sorted set | a change feed (`feed.rs`): run and session members, or tray and alarm members, by position |
+//! | `…:fd:n`, `…:fd:h` | string | a feed's counter (`INCR`), its horizon (kept by a purge) |
+//! | `as:{trays}:fd:e:<env>`, `:fd:g` | sorted set, hash | one env's trays by position; a deleted tray's last env |
+//!
+//! A write that changes a feed also publishes on `…:fd:c` (an env's trays
+//! on `as:{trays}:fd:c:<env>`), a channel, not a key.
 //!
 //! The idempotency keys are no records: no index names them, so export,
 //! `verify` and `stats` (which walk the indexes) never see them.
