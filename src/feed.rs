@@ -10,14 +10,14 @@
 //! changed, not to the writes.
 //!
 //! ```
-//! use agentstate::{FeedScope, FeedStore, MemoryStore, Position, RunRecord, StateStore};
+//! use agentstate::{FeedScope, FeedStore, MemoryStore, RunKey, RunRecord, StateStore};
 //!
 //! let store = MemoryStore::new();
 //! let scope = FeedScope::tenant("acme");
 //! // List-then-watch: take the head first, then read the current state
 //! // (here: nothing), then follow the feed from the head.
 //! let mut at = store.feed_head(&scope)?;
-//! store.put_run(RunRecord::new("acme", "r1", "planner"))?;
+//! store.put_run(RunRecord::new(RunKey::new("acme", "r1"), "planner"))?;
 //! let page = store.changes(&scope, at, 100)?;
 //! assert_eq!(page.changes.len(), 1);
 //! at = page.next;
@@ -217,7 +217,7 @@ pub enum Changed {
         /// The alarm.
         alarm: Alarm,
     },
-    /// An instance's alarm was acknowledged or released.
+    /// An instance's alarm was acknowledged.
     AlarmDeleted {
         /// Whose alarm.
         instance: InstanceKey,

@@ -355,7 +355,8 @@ pub fn f3_feeds_are_scoped(make: FeedFactory<'_>) {
         "F3: an env's feed holds its trays only"
     );
 
-    // Deletes: a tray, an acknowledged alarm, and a release.
+    // Deletes: a tray and an acknowledged alarm; then a release, which
+    // unmarks the instance's trays (T4) and leaves its alarm.
     ok(s.delete_tray(&i.tray("q", "2"), 1), "F3: delete a tray");
     ok(s.ack_alarm(&i, 1, 5_000), "F3: ack");
     let (all, _) = drain(s, &FeedScope::trays(), head_trays, 1000, "F3 trays");
@@ -372,14 +373,20 @@ pub fn f3_feeds_are_scoped(make: FeedFactory<'_>) {
     assert_eq!(
         kinds(&mine),
         vec!["-tray i/2", "alarm i@6000", "tray i/1"],
-        "F3: a release (which unmarks the trays) moves each tray it changed, once"
+        "F3: one change per tray and alarm, a release's unmarked tray last"
     );
-    let Changed::Tray { tray: released, .. } = &mine[2].item else {
+    let Changed::Tray { tray: got, .. } = &mine[2].item else {
         unreachable!()
     };
     assert!(
-        !released.marked,
-        "F3: the released tray's change holds it unmarked"
+        !got.marked,
+        "F3: a released tray's change holds it unmarked"
+    );
+    let (in_a, _) = drain(s, &FeedScope::trays_in(&env_a), head_a, 1000, "F3 env a");
+    assert_eq!(
+        kinds(&in_a),
+        vec!["tray i/1"],
+        "F3: a released tray stays in its env's feed"
     );
     let (in_b, _) = drain(
         s,

@@ -17,7 +17,7 @@ use super::runs::{
     Reply, decode_run, decode_session, num, outcome, run_head, run_tail, seal, session_head,
     session_tail, text,
 };
-use super::scripts::{BUDGETS, IMPORT, PRUNE, PURGE, READ_PAGES};
+use super::scripts::{BUDGETS, FEED, IMPORT, PRUNE, PURGE, READ_PAGES};
 use super::trays::{TrayCall, decode_tray};
 use super::{Conn, RedisStore, keys};
 
@@ -446,12 +446,16 @@ impl RedisStore {
     }
 
     /// P1: `SCAN` for the tenant's keys (one prefix, one hash tag), each
-    /// batch deleted by one script; the tenant's entry in the tenants
-    /// index last. Running it again finishes a purge cut short.
+    /// batch deleted by one script; then the feed's horizon moved past
+    /// every position (its counter and horizon are the keys the purge
+    /// keeps), and the tenant's entry in the tenants index last. Running
+    /// it again finishes a purge cut short.
     async fn purge_tenant_impl(&self, tenant: &str) -> Result<u64> {
         check_id("tenant", tenant)?;
         let p = keys::tenant(tenant);
         let pattern = scan_pattern(&p);
+        let fd = keys::feed(&p);
+        let kept = [keys::feed_counter(&fd), keys::feed_horizon(&fd)];
         let mut conn = self.conn().await?;
         let mut counted = 0u64;
         // Until a whole SCAN finds nothing: keys written while it ran are
@@ -468,6 +472,7 @@ impl RedisStore {
                     .arg(1000)
                     .query_on(&mut conn)
                     .await?;
+                let batch: Vec<Vec<u8>> = batch.into_iter().filter(|k| !kept.contains(k)).collect();
                 if !batch.is_empty() {
                     found += batch.len();
                     let mut inv = PURGE.prepare_invoke();
@@ -487,6 +492,7 @@ impl RedisStore {
                 break;
             }
         }
+        let _: Vec<Vec<u8>> = FEED.key(&fd).arg("purged").invoke(&mut conn).await?;
         let _: i64 = cmd("ZREM")
             .arg(keys::TENANTS)
             .arg(tenant)
@@ -744,6 +750,7 @@ impl RedisStore {
                     .arg(v)
                     .arg(s.version.to_string())
                     .arg(s.created_at.to_string())
+                    .arg(&p)
                     .invoke(&mut conn)
                     .await?;
                 outcome(reply, || record, 0)?;

@@ -61,6 +61,10 @@ impl std::fmt::Debug for Auth {
 #[derive(Debug)]
 pub(crate) struct Dialer {
     client: ::redis::Client,
+    /// For the change feed's subscriber connection (`open_pubsub`): the
+    /// URL as given, credentials and database included, which redis-rs
+    /// sends itself (a subscriber connection takes no other command).
+    pubsub: ::redis::Client,
     auth: Option<Auth>,
     db: i64,
     connect_timeout: Duration,
@@ -87,6 +91,13 @@ impl Dialer {
             }
         }
         let settings = info.redis_settings().clone();
+        // The subscriber speaks RESP2 whatever the URL says (redis-rs'
+        // `PubSub` is a RESP2 connection).
+        let full = info.clone().set_redis_settings(
+            settings
+                .clone()
+                .set_protocol(::redis::ProtocolVersion::RESP2),
+        );
         let (auth, db, info) = if settings.protocol().supports_resp3() {
             // HELLO carries AUTH under RESP3, and keeps the server's reply.
             (None, 0, info)
@@ -103,14 +114,14 @@ impl Dialer {
             }
             (auth, settings.db(), info.set_redis_settings(plain))
         };
-        let client = match &opts.tls {
+        if opts.tls.is_some() && !tls {
+            return Err(StateError::invalid(format!(
+                "redis url {server}: TLS certificates were given (RedisOptions::tls_ca_pem / \
+                 tls_client_pem) but the url is not rediss://"
+            )));
+        }
+        let build = |info: ::redis::ConnectionInfo| match &opts.tls {
             Some(pems) => {
-                if !tls {
-                    return Err(StateError::invalid(format!(
-                        "redis url {server}: TLS certificates were given (RedisOptions::tls_ca_pem / \
-                         tls_client_pem) but the url is not rediss://"
-                    )));
-                }
                 let certs = ::redis::TlsCertificates {
                     client_tls: pems
                         .client
@@ -123,13 +134,16 @@ impl Dialer {
                 };
                 ::redis::Client::build_with_tls(info, certs).map_err(|e| {
                     StateError::invalid(format!("redis {server}: TLS certificates: {e}"))
-                })?
+                })
             }
             None => ::redis::Client::open(info)
-                .map_err(|e| StateError::invalid(format!("redis url {server}: {e}")))?,
+                .map_err(|e| StateError::invalid(format!("redis url {server}: {e}"))),
         };
+        let client = build(info)?;
+        let pubsub = build(full)?;
         Ok(Dialer {
             client,
+            pubsub,
             auth,
             db,
             connect_timeout: opts.connect_timeout,
@@ -151,6 +165,26 @@ impl Dialer {
                 ),
             ))),
         }
+    }
+
+    /// Opens a subscriber connection (RESP2 pub/sub: TCP, TLS, `AUTH` and
+    /// `SELECT` as the URL says), within the connect timeout. Like
+    /// [`open`](Self::open), call it on the store's runtime.
+    pub(crate) async fn open_pubsub(
+        &self,
+    ) -> std::result::Result<::redis::aio::PubSub, RedisError> {
+        match tokio::time::timeout(self.connect_timeout, self.pubsub.get_async_pubsub()).await {
+            Ok(r) => r,
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no subscriber connection within the connect timeout",
+            ))),
+        }
+    }
+
+    /// How long one command may take to answer.
+    pub(crate) fn io_timeout(&self) -> Duration {
+        self.io_timeout
     }
 
     async fn open_untimed(&self) -> std::result::Result<MultiplexedConnection, RedisError> {

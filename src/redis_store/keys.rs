@@ -181,6 +181,45 @@ pub(crate) fn tray_idem_order(ns: &str) -> Vec<u8> {
     join(TRAYS, &[b"io:", ns.as_bytes()])
 }
 
+/// A tenant's change feed (see `lua/lib.lua`): its runs' and sessions'
+/// members by position; the counter, horizon and channel are named after
+/// it ([`feed_counter`], [`feed_horizon`], [`feed_channel`]).
+pub(crate) fn feed(p: &[u8]) -> Vec<u8> {
+    join(p, &[b"fd"])
+}
+/// The trays feed: every tray's and alarm's member by position.
+pub(crate) fn trays_feed() -> Vec<u8> {
+    join(TRAYS, &[b"fd"])
+}
+/// One env's trays by position (positions of the trays feed).
+pub(crate) fn env_feed(env: &str) -> Vec<u8> {
+    join(TRAYS, &[b"fd:e:", env.as_bytes()])
+}
+/// The counter a feed's positions are taken from.
+pub(crate) fn feed_counter(fd: &[u8]) -> Vec<u8> {
+    join(fd, &[b":n"])
+}
+/// A feed's horizon: a position before it may have lost tombstones.
+pub(crate) fn feed_horizon(fd: &[u8]) -> Vec<u8> {
+    join(fd, &[b":h"])
+}
+/// The channel a commit that changes a feed publishes on.
+pub(crate) fn feed_channel(fd: &[u8]) -> Vec<u8> {
+    join(fd, &[b":c"])
+}
+/// The channel of one env's trays.
+pub(crate) fn env_channel(env: &str) -> Vec<u8> {
+    join(TRAYS, &[b"fd:c:", env.as_bytes()])
+}
+/// The prefix of a tenant's run hashes (`run` without the id).
+pub(crate) fn run_base(p: &[u8]) -> Vec<u8> {
+    join(p, &[b"r:"])
+}
+/// The prefix of the instance hashes (an instance member follows).
+pub(crate) fn instance_base() -> Vec<u8> {
+    join(TRAYS, &[b"i:"])
+}
+
 /// Reads an instance member back (`inst`), returning the rest.
 pub(crate) fn read_inst(m: &[u8]) -> crate::error::Result<(InstanceKey, &[u8])> {
     let mut r = crate::kv::key::KeyReader::new(m, b'i')?;

@@ -43,6 +43,12 @@
 //! | `as:{trays}:a` | sorted set | alarms by (due_at, ns, id) |
 //! | `as:{trays}:insts` | sorted set | every instance with an epoch, tray or alarm |
 //! | `as:{trays}:ik:<ns>`, `:io:<ns>` | hash, sorted set | an instance namespace's idempotency keys, as a tenant's |
+//! | `as:{t…}:fd`, `as:{trays}:fd` | sorted set | a change feed (`feed.rs`): run and session members, or tray and alarm members, by position |
+//! | `…:fd:n`, `…:fd:h` | string | a feed's counter (`INCR`), its horizon (kept by a purge) |
+//! | `as:{trays}:fd:e:<env>`, `:fd:g` | sorted set, hash | one env's trays by position; a deleted tray's last env |
+//!
+//! A write that changes a feed also publishes on `…:fd:c` (an env's trays
+//! on `as:{trays}:fd:c:<env>`), a channel, not a key.
 //!
 //! The idempotency keys are no records: no index names them, so export,
 //! `verify` and `stats` (which walk the indexes) never see them.
@@ -65,6 +71,7 @@ mod admin;
 mod budgets;
 mod connect;
 mod core;
+mod feed;
 mod keys;
 mod runs;
 mod scripts;
@@ -370,6 +377,8 @@ pub struct RedisStore {
     server: String,
     /// Tenants this handle has put in the registry already.
     registered: Mutex<HashSet<String>>,
+    /// The change feed's subscriber connection and its waiters.
+    hub: feed::Hub,
     /// The store's runtime (dropped last: the connections' tasks live on it).
     bridge: Bridge,
 }
@@ -386,6 +395,7 @@ impl std::fmt::Debug for RedisStore {
 /// What connecting found, before the store is put together.
 struct Dialed {
     pool: connect::Pool,
+    dialer: std::sync::Arc<Dialer>,
     opts: RedisOptions,
     secret: [u8; 16],
     persistence: Persistence,
@@ -457,9 +467,10 @@ impl RedisStore {
         let secret = load_secret(&mut first)
             .await
             .map_err(|e| with_server(e, &server))?;
-        let pool = connect::Pool::new(dialer, &opts, first, bridge.handle());
+        let pool = connect::Pool::new(dialer.clone(), &opts, first, bridge.handle());
         Ok(Dialed {
             pool,
+            dialer,
             opts,
             secret,
             persistence,
@@ -475,6 +486,7 @@ impl RedisStore {
             persistence: d.persistence,
             server: d.server,
             registered: Mutex::new(HashSet::new()),
+            hub: feed::Hub::new(d.dialer),
             bridge,
         }
     }

@@ -659,6 +659,7 @@ impl RedisStore {
             .arg(crc.to_string())
             .arg(self.now().to_string())
             .arg(max.to_string())
+            .arg(&p)
             .invoke(&mut conn)
             .await?;
         let rest = outcome(

@@ -91,6 +91,8 @@ script!(PRUNE, "prune.lua");
 script!(PURGE, "purge.lua");
 script!(LIST_RUNS, "list_runs.lua", read_only);
 script!(READ_PAGES, "read_pages.lua", read_only);
+script!(FEED, "feed.lua");
+script!(FEED_READ, "feed_read.lua", read_only);
 script!(BUDGETS, "budgets.lua", keyed);
 
 /// A keyed call's idempotency arguments: its scope's keys (on the scope's

@@ -105,7 +105,8 @@ impl TrayCall {
             .key(keys::trays_of(&self.inst))
             .key(keys::marked_of(&self.inst))
             .key(keys::marked())
-            .key(keys::due());
+            .key(keys::due())
+            .key(keys::trays_feed());
         for a in &self.args {
             inv.arg(a);
         }

@@ -225,4 +225,27 @@ mod redis {
     }
 
     agentstate::conformance_tests!(factory);
+
+    /// The change-feed rules (F1–F8) on the shared server too: every check
+    /// reads the trays feed after its own head or keeps to its own
+    /// namespaces, so the other tests' writes do not disturb it.
+    mod feed {
+        use super::*;
+        use agentstate::conformance::FeedConformanceStore;
+
+        fn factory(clock: Arc<ManualClock>) -> Arc<dyn FeedConformanceStore> {
+            let url = crate::redis_server::shared_url(0);
+            Arc::new(
+                agentstate::RedisStore::connect_with(
+                    &url,
+                    agentstate::RedisOptions::new()
+                        .options(agentstate::Options::new().clock(clock))
+                        .pool_size(16),
+                )
+                .expect("connect to the test redis-server"),
+            )
+        }
+
+        agentstate::feed_conformance_tests!(factory);
+    }
 }

@@ -438,7 +438,10 @@ fn the_change_feed_has_a_stable_json_shape() {
         &ChangePage::new(
             vec![
                 Change::new(Position::from_u128(1), Changed::Run { run: run_record() }),
-                Change::new(Position::from_u128(2), Changed::RunDeleted { key: run_key() }),
+                Change::new(
+                    Position::from_u128(2),
+                    Changed::RunDeleted { key: run_key() },
+                ),
                 Change::new(
                     Position::from_u128(3),
                     Changed::Session {

@@ -1662,3 +1662,383 @@ mod labels {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// The change feed beyond its rules (F1–F8 run in `conformance.rs`): a
+// waiter woken by another process, the subscriber connection's password
+// and database, and the store-wide trays feed pruned on a database of its
+// own (pruning the shared database's would break the other tests'
+// feeds).
+
+mod feed {
+    use std::path::Path;
+    use std::process::Command;
+    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+    use agentstate::{
+        Changed, FeedScope, FeedStore, InstanceKey, Position, RedisStore, RunKey, RunRecord,
+        StateError, StateStore, Tray, TrayOp, TrayStore,
+    };
+
+    use crate::redis_server::{Server, flush, shared_url, temp_dir};
+
+    fn micros_now() -> u128 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_micros()
+    }
+
+    /// Waits until `path` exists (another process writes it), and reads it.
+    fn await_file(path: &Path) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(s) = std::fs::read_to_string(path)
+                && s.ends_with('\n')
+            {
+                return s.trim().to_string();
+            }
+            assert!(Instant::now() < deadline, "{} never came", path.display());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    const ROUNDS: usize = 3;
+
+    /// A waiter in this process is woken by a write from a second OS
+    /// process (this test binary run again) well under a second after the
+    /// write began, each of several rounds: the write's script publishes,
+    /// the store's subscriber connection hears it. (Re-reading the feed on
+    /// its own happens only every 2 s.)
+    #[test]
+    fn a_write_from_another_process_wakes_a_waiter() {
+        const ROLE: &str = "AGENTSTATE_REDIS_FEED_WRITER";
+        if let Ok(dir) = std::env::var(ROLE) {
+            // The writer: for each round, once the waiter says it is about
+            // to wait, a pause, then one write, and when it began.
+            let dir = Path::new(&dir);
+            let url = std::env::var("AGENTSTATE_REDIS_FEED_URL").expect("url");
+            let tenant = std::env::var("AGENTSTATE_REDIS_FEED_TENANT").expect("tenant");
+            let store = RedisStore::connect(&url).expect("the writer connects");
+            for round in 0..ROUNDS {
+                await_file(&dir.join(format!("wait-{round}")));
+                std::thread::sleep(Duration::from_millis(300));
+                let began = micros_now();
+                store
+                    .put_run(RunRecord::new(
+                        RunKey::new(&tenant, format!("r{round}")),
+                        "writer",
+                    ))
+                    .expect("the writer's write");
+                std::fs::write(dir.join(format!("wrote-{round}")), format!("{began}\n"))
+                    .expect("note the write");
+            }
+            return;
+        }
+        let url = shared_url(0);
+        let tenant = super::fresh_tenant("feed-wake");
+        let scope = FeedScope::tenant(&tenant);
+        let store = RedisStore::connect(&url).expect("connect");
+        let dir = temp_dir("feed-wake");
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut child = Command::new(std::env::current_exe().expect("exe"))
+            .args([
+                "--exact",
+                "redis::feed::a_write_from_another_process_wakes_a_waiter",
+                "--test-threads",
+                "1",
+            ])
+            .env(ROLE, &dir)
+            .env("AGENTSTATE_REDIS_FEED_URL", &url)
+            .env("AGENTSTATE_REDIS_FEED_TENANT", &tenant)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn the writer");
+        let mut at = store.feed_head(&scope).expect("head");
+        let mut lags = Vec::new();
+        for round in 0..ROUNDS {
+            std::fs::write(dir.join(format!("wait-{round}")), "go\n").expect("signal");
+            let page = store
+                .wait_changes(&scope, at, 10, Duration::from_secs(30))
+                .expect("wait");
+            let woke = micros_now();
+            let began: u128 = await_file(&dir.join(format!("wrote-{round}")))
+                .parse()
+                .expect("a time");
+            assert_eq!(page.changes.len(), 1, "round {round}: {page:?}");
+            let Changed::Run { run } = &page.changes[0].item else {
+                panic!("round {round}: {page:?}")
+            };
+            assert_eq!(run.key.run_id, format!("r{round}"));
+            assert!(page.next > at, "round {round}: the position moves on");
+            at = page.next;
+            lags.push(Duration::from_micros(
+                woke.saturating_sub(began).try_into().expect("small"),
+            ));
+        }
+        assert!(child.wait().expect("writer").success(), "the writer failed");
+        eprintln!("woken after the other process's write began: {lags:?}");
+        for (round, lag) in lags.iter().enumerate() {
+            assert!(
+                *lag < Duration::from_millis(500),
+                "round {round}: woken {lag:?} after the write began"
+            );
+        }
+    }
+
+    /// `redis-cli` on `url`, its output.
+    fn cli(url: &str, args: &[&str]) -> String {
+        redis_cli(&["-u", url], args)
+    }
+
+    /// `redis-cli` with connection arguments `to`, its output.
+    fn redis_cli(to: &[&str], args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(to)
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        assert!(out.status.success(), "redis-cli {args:?} failed");
+        String::from_utf8(out.stdout)
+            .expect("text")
+            .trim()
+            .to_string()
+    }
+
+    /// The subscriber connection logs in with the URL's password and
+    /// selects its database (a waiter there is woken at once), and it is
+    /// one connection for the store whatever the number of waiters.
+    #[test]
+    fn the_subscriber_uses_the_urls_password_and_database() {
+        let server = Server::start(&temp_dir("feed-auth"), &["--requirepass", "feed-pw-3391"]);
+        let url = format!("redis://:feed-pw-3391@127.0.0.1:{}/5", server.port);
+        let store = RedisStore::connect(&url).expect("connect");
+        let port = server.port.to_string();
+        let to = ["-p", &port, "-a", "feed-pw-3391", "--no-auth-warning"];
+        let clients = || redis_cli(&to, &["CLIENT", "LIST"]);
+        let scopes: Vec<FeedScope> = (0..3).map(|n| FeedScope::tenant(format!("t{n}"))).collect();
+        let subscribers = || {
+            clients()
+                .lines()
+                .filter(|l| l.contains(" sub=") && !l.contains(" sub=0 "))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        std::thread::scope(|sc| {
+            let waiters: Vec<_> = scopes
+                .iter()
+                .map(|scope| {
+                    let store = &store;
+                    sc.spawn(move || {
+                        let head = store.feed_head(scope).expect("head");
+                        let page = store
+                            .wait_changes(scope, head, 10, Duration::from_secs(20))
+                            .expect("wait");
+                        (page, Instant::now())
+                    })
+                })
+                .collect();
+            // Every waiter subscribed, all on one connection, in db 5.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let subs = loop {
+                let subs = subscribers();
+                if subs.len() == 1 && subs[0].contains(" sub=3 ") {
+                    break subs;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "no subscriber: {subs:?} in {}",
+                    clients()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            assert!(subs[0].contains(" db=5 "), "{subs:?}");
+            let wrote = Instant::now();
+            for (n, scope) in scopes.iter().enumerate() {
+                let FeedScope::Tenant { tenant } = scope else {
+                    unreachable!()
+                };
+                store
+                    .put_run(RunRecord::new(RunKey::new(tenant, format!("r{n}")), "a"))
+                    .expect("write");
+            }
+            for w in waiters {
+                let (page, woke) = w.join().expect("waiter");
+                assert_eq!(page.changes.len(), 1, "{page:?}");
+                let lag = woke.duration_since(wrote);
+                assert!(lag < Duration::from_millis(500), "woken after {lag:?}");
+            }
+        });
+    }
+
+    /// An ACL user without channels (`resetchannels`, Redis 7's default
+    /// for a new user): its writes succeed (their publish is refused
+    /// without failing them), and its waiters, refused a subscription,
+    /// poll: woken soon after a write, and back at their timeout when
+    /// nothing comes.
+    #[test]
+    fn without_channels_writes_work_and_waiters_poll() {
+        let server = Server::start(
+            &temp_dir("feed-nochan"),
+            &[
+                "--user",
+                "nochan",
+                "on",
+                ">nochan-pw-8812",
+                "~*",
+                "resetchannels",
+                "+@all",
+            ],
+        );
+        let url = format!("redis://nochan:nochan-pw-8812@127.0.0.1:{}/0", server.port);
+        let store = RedisStore::connect(&url).expect("connect");
+        let scope = FeedScope::tenant("nochan");
+        let head = store.feed_head(&scope).expect("head");
+        let began = Instant::now();
+        let page = store
+            .wait_changes(&scope, head, 10, Duration::from_millis(300))
+            .expect("wait for nothing");
+        let took = began.elapsed();
+        assert!(page.changes.is_empty(), "{page:?}");
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+            "a 300 ms wait took {took:?}"
+        );
+        std::thread::scope(|sc| {
+            let store = &store;
+            let w = sc.spawn(move || {
+                store
+                    .wait_changes(&scope, head, 10, Duration::from_secs(20))
+                    .map(|p| (p, Instant::now()))
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            let wrote = Instant::now();
+            store
+                .put_run(RunRecord::new(RunKey::new("nochan", "r"), "a"))
+                .expect("a write without channels");
+            let (page, woke) = w.join().expect("waiter").expect("wait");
+            assert_eq!(page.changes.len(), 1, "{page:?}");
+            let lag = woke.duration_since(wrote);
+            assert!(lag < Duration::from_millis(500), "woken after {lag:?}");
+        });
+    }
+
+    fn tray(env: &str) -> Tray {
+        Tray {
+            marked: true,
+            doc: b"doc".to_vec(),
+            env: env.into(),
+            hostname: "h".into(),
+        }
+    }
+
+    fn puts(env: &str, ids: impl Iterator<Item = String>) -> Vec<TrayOp> {
+        ids.map(|id| TrayOp::Put {
+            tray_ns: "t".into(),
+            tray_id: id,
+            tray: tray(env),
+        })
+        .collect()
+    }
+
+    fn deletes(ids: impl Iterator<Item = String>) -> Vec<TrayOp> {
+        ids.map(|id| TrayOp::Delete {
+            tray_ns: "t".into(),
+            tray_id: id,
+        })
+        .collect()
+    }
+
+    /// `prune_changes` on the trays feed (database 9, which no other test
+    /// uses): tombstones of trays and alarms go, from the env feeds too,
+    /// in batches past the script's (1000 entries); live records stay; the
+    /// horizon moves to `through` (and no further than the head), and a
+    /// position before it is `FeedPruned`; an env's feed is pruned only
+    /// with the trays feed.
+    #[test]
+    fn prune_the_trays_feed() {
+        let url = shared_url(9);
+        flush(&url);
+        let s = RedisStore::connect(&url).expect("connect");
+        let trays = FeedScope::trays();
+        let (a, b) = ("prune-a", "prune-b");
+        let (i, j) = (InstanceKey::new("pr", "i"), InstanceKey::new("pr", "j"));
+        let zcard = |key: &str| -> u64 { cli(&url, &["ZCARD", key]).parse().expect("a count") };
+        let env_set = |env: &str| format!("as:{{trays}}:fd:e:{env}");
+
+        s.apply_batch(&i, 1, puts(a, (0..1200).map(|n| format!("a{n}"))))
+            .expect("env a's trays");
+        s.apply_batch(&i, 1, puts(b, (0..10).map(|n| format!("b{n}"))))
+            .expect("env b's trays");
+        s.set_alarm(&i, 1, 5_000).expect("alarm");
+        s.set_alarm(&j, 1, 6_000).expect("another alarm");
+        let before_deletes = s.feed_head(&trays).expect("head");
+        assert_eq!(before_deletes, Position::from_u128(1212));
+
+        // Tombstones: 600 of a's, 4 of b's (b0 is written again, into env
+        // a, so it is no tombstone), and i's alarm.
+        s.apply_batch(&i, 1, deletes((0..600).map(|n| format!("a{n}"))))
+            .expect("delete a's");
+        s.apply_batch(&i, 1, deletes((0..5).map(|n| format!("b{n}"))))
+            .expect("delete b's");
+        s.write_tray(&i.tray("t", "b0"), 1, tray(a))
+            .expect("b0 again, in a");
+        s.ack_alarm(&i, 1, 5_000).expect("ack");
+        let head = s.feed_head(&trays).expect("head");
+        assert_eq!(zcard(&env_set(a)), 1201, "a's trays and b0");
+        assert_eq!(zcard(&env_set(b)), 9, "b's, b0 gone to a");
+        assert_eq!(zcard("as:{trays}:fd"), 1212);
+
+        // Nothing to drop before the deletes; the horizon moves all the same.
+        assert_eq!(s.prune_changes(&trays, before_deletes).expect("prune"), 0);
+        match s.changes(&trays, Position::START, 10) {
+            Err(StateError::FeedPruned { horizon, scope }) => {
+                assert_eq!((horizon, scope), (before_deletes, trays.clone()))
+            }
+            other => panic!("a position before the horizon: {other:?}"),
+        }
+        let page = s
+            .changes(&trays, before_deletes, 1000)
+            .expect("from the horizon");
+        assert_eq!(page.changes.len(), 605 + 1, "the tombstones and b0");
+
+        // An env's feed is pruned only with the trays feed's.
+        assert!(matches!(
+            s.prune_changes(&FeedScope::trays_in(a), head),
+            Err(StateError::Invalid { .. })
+        ));
+
+        // Past the head: pruned through the head, no further.
+        let dropped = s
+            .prune_changes(&trays, Position::from_u128(u128::MAX))
+            .expect("prune");
+        assert_eq!(dropped, 605);
+        for scope in [
+            trays.clone(),
+            FeedScope::trays_in(a),
+            FeedScope::trays_in(b),
+        ] {
+            match s.changes(&scope, before_deletes, 10) {
+                Err(StateError::FeedPruned { horizon, .. }) => assert_eq!(horizon, head),
+                other => panic!("{scope}: a position before the horizon: {other:?}"),
+            }
+            let page = s.changes(&scope, head, 10).expect("at the horizon");
+            assert!(page.changes.is_empty(), "{scope}: {page:?}");
+        }
+        assert_eq!(zcard(&env_set(a)), 601, "a's live trays and b0");
+        assert_eq!(zcard(&env_set(b)), 5, "b5..b9");
+        assert_eq!(
+            zcard("as:{trays}:fd"),
+            601 + 5 + 1,
+            "live trays and j's alarm"
+        );
+        assert_eq!(cli(&url, &["HLEN", "as:{trays}:fd:g"]), "0");
+        // New writes follow the horizon; live records keep their entries.
+        s.write_tray(&i.tray("t", "new"), 1, tray(b))
+            .expect("a write");
+        let page = s.changes(&trays, head, 10).expect("the write");
+        assert_eq!(page.changes.len(), 1, "{page:?}");
+        assert_eq!(s.prune_changes(&trays, page.next).expect("prune"), 0);
+        assert_eq!(zcard("as:{trays}:fd"), 601 + 5 + 1 + 1);
+    }
+}

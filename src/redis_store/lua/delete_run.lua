@@ -1,6 +1,6 @@
 -- delete_run: deletes one run at the caller's version, or, with none
 -- stated, only when it is finished (R10); its indexes and live holds go
--- with it, in one step. What it spent stays spent against its budget.
+-- with it, and it stays in its tenant's feed as a tombstone, in one step. What it spent stays spent against its budget.
 --
 -- KEYS: 1 run hash, 2 runs by seq
 -- ARGV: 1 tenant key prefix, 2 run id, 3 expected version ('' for none)
@@ -19,4 +19,5 @@ redis.call('DEL', run)
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZREM', prefix .. 'st:' .. s[3], id)
 if s[4] and s[4] ~= '' then redis.call('ZREM', prefix .. 'ss:' .. s[4], id) end
+feed_note(prefix .. 'fd', run_member(id))
 return {'ok', s[1]}

@@ -1,5 +1,6 @@
 -- delete_session: refuses while the session has unfinished runs (S2), or
--- with cascade deletes the session and all its runs (S3), in one step.
+-- with cascade deletes the session and all its runs (S3), in one step; each
+-- is a tombstone in the tenant's feed.
 --
 -- KEYS: 1 session hash, 2 the tenant's sessions, 3 the session's runs,
 --       4 runs by seq
@@ -23,6 +24,7 @@ if not cascade then
   end
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[2], id)
+  feed_note(prefix .. 'fd', session_member(id))
   return {'ok'}
 end
 for i, run_id in ipairs(runs) do
@@ -32,8 +34,10 @@ for i, run_id in ipairs(runs) do
   redis.call('DEL', prefix .. 'r:' .. run_id)
   redis.call('ZREM', KEYS[4], run_id)
   redis.call('ZREM', prefix .. 'st:' .. states[i], run_id)
+  feed_note(prefix .. 'fd', run_member(run_id))
 end
 redis.call('DEL', KEYS[1], KEYS[3])
 redis.call('ZREM', KEYS[2], id)
+feed_note(prefix .. 'fd', session_member(id))
 table.insert(runs, 1, 'ok')
 return runs

@@ -13,12 +13,14 @@
 --          lib.lua)
 -- Session: KEYS 1 session hash, 2 the tenant's sessions
 --          ARGV 1 'session', 2 session id, 3 record, 4 version,
---          5 created_at
+--          5 created_at, 6 tenant key prefix
+-- Each record imported enters its tenant's feed.
 if ARGV[1] == 'session' then
   local ver = redis.call('HGET', KEYS[1], 'ver')
   if ver then return {'conflict', ver} end
   redis.call('HSET', KEYS[1], 'v', ARGV[3], 'ver', ARGV[4], 'ca', ARGV[5])
   redis.call('ZADD', KEYS[2], 0, ARGV[2])
+  feed_note(ARGV[6] .. 'fd', session_member(ARGV[2]))
   return {'ok'}
 end
 local prefix, id, seq, state, session = ARGV[2], ARGV[3], ARGV[8], ARGV[9], ARGV[10]
@@ -41,4 +43,5 @@ end
 redis.call('ZADD', KEYS[3], seq, id)
 redis.call('ZADD', prefix .. 'st:' .. state, seq, id)
 relabel(prefix, KEYS[1], id, seq, false, ARGV[21])
+feed_note(prefix .. 'fd', run_member(id))
 return {'ok'}

@@ -279,3 +279,72 @@ local function drop_labels(prefix, id, field)
     redis.call('ZREM', prefix .. 'lb:' .. s, id)
   end
 end
+
+-- The change feed (F1-F8). A scope's feed is the sorted set `fd` (a
+-- tenant's `as:{t…}:fd`, the store's trays' and alarms' `as:{trays}:fd`):
+-- each record's member once (its identity in the key codec), scored by
+-- the position of its last change, taken from the counter `fd .. ':n'`
+-- (one INCR per changed record, so positions strictly increase; Redis runs
+-- one script at a time, so no commit is ever seen out of order). A deleted
+-- record keeps its member (a tombstone): the reader finds it absent.
+-- `fd .. ':h'` is the horizon (positions before it read `FeedPruned`).
+-- Every script that changes a feed publishes on `fd .. ':c'` (once), which
+-- wakes the waiters. The trays feed also keeps each env's trays in
+-- `fd .. ':e:' .. env` (channel `fd .. ':c:' .. env`), and a deleted
+-- tray's last env in the hash `fd .. ':g'`, for the prune.
+
+-- A string component of the key codec (kv::key): NULs escaped, terminated.
+local function kc(s)
+  return (string.gsub(s, '%z', '\0\255')) .. '\0\1'
+end
+
+-- A run's and a session's member in their tenant's feed.
+local function run_member(id) return 'r' .. kc(id) end
+local function session_member(id) return 's' .. kc(id) end
+
+-- Publishes each feed channel once per script. A server that refuses
+-- (an ACL user without the channel) fails no write: `pcall` answers the
+-- error instead of raising it, and waiters poll (they cannot subscribe
+-- either).
+local feed_published = {}
+local function feed_publish(channel, pos)
+  if not feed_published[channel] then
+    feed_published[channel] = true
+    redis.pcall('PUBLISH', channel, pos)
+  end
+end
+
+-- Moves `member` to the next position of the feed `fd`; answers the
+-- position (a decimal string).
+local function feed_note(fd, member)
+  local pos = string.format('%.0f', redis.call('INCR', fd .. ':n'))
+  redis.call('ZADD', fd, pos, member)
+  feed_publish(fd .. ':c', pos)
+  return pos
+end
+
+-- A tray's change in the trays feed `fd` and its env's: `env` is its env
+-- now (nil once deleted), `old` the env of its last write (nil when it did
+-- not exist). A tray that changed env leaves the old env's feed (so does
+-- a tombstone written again in another env); a deleted one stays in its
+-- last env's, as a tombstone.
+local function feed_tray(fd, member, env, old)
+  local pos = feed_note(fd, member)
+  if env and old and old ~= env then redis.call('ZREM', fd .. ':e:' .. old, member) end
+  local e = env or old
+  if e then
+    redis.call('ZADD', fd .. ':e:' .. e, pos, member)
+    feed_publish(fd .. ':c:' .. e, pos)
+  end
+  if not env and old then
+    redis.call('HSET', fd .. ':g', member, old)
+  elseif env and not old then
+    -- Written again after a delete: its tombstone leaves the env it
+    -- was deleted in, when that was another.
+    local was = redis.call('HGET', fd .. ':g', member)
+    if was then
+      redis.call('HDEL', fd .. ':g', member)
+      if was ~= env then redis.call('ZREM', fd .. ':e:' .. was, member) end
+    end
+  end
+end

@@ -50,5 +50,6 @@ if hold then
 end
 spend_on_budget(prefix, budget, ARGV[5], sat_add(ARGV[3], ARGV[4]), ARGV[6])
 purge_holds(prefix, run_id, budget, now)
+feed_note(prefix .. 'fd', run_member(run_id))
 if hold then return {'ok', v, hold[1], hold[2], hold[3], hold[4], hold[5]} end
 return {'ok', v}

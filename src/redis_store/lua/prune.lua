@@ -1,6 +1,7 @@
 -- prune: deletes the given runs of a tenant that are still finished and
 -- were last written before the cut-off; re-checked here, so a run revived
--- or rewritten since the client chose it stays.
+-- or rewritten since the client chose it stays. Each deleted run is a
+-- tombstone in the tenant's feed.
 --
 -- KEYS: 1 runs by seq
 -- ARGV: 1 tenant key prefix, 2 finished_before, 3.. run ids
@@ -19,6 +20,7 @@ for i = 3, #ARGV do
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZREM', prefix .. 'st:' .. r[1], id)
     if r[3] then redis.call('ZREM', prefix .. 'ss:' .. r[3], id) end
+    feed_note(prefix .. 'fd', run_member(id))
     n = n + 1
   end
 end

@@ -1,5 +1,6 @@
 -- put_run: create (expected version 0) or versioned update of one run
--- (R2, R6, R8, R9), its indexes and the tenant's seq, in one step.
+-- (R2, R6, R8, R9), its indexes, the tenant's seq and its feed, in one
+-- step.
 --
 -- KEYS: 1 run hash, 2 tenant seq counter, 3 runs by seq, 4 session hash,
 --       5 session's runs by seq (4 and 5 only read/written with a session)
@@ -53,6 +54,7 @@ if not stored[1] then
     spend_on_budget(prefix, budget, amounts[4], sat_add(amounts[2], amounts[3]), amounts[5])
     purge_holds(prefix, id, budget, now)
   end
+  feed_note(prefix .. 'fd', run_member(id))
   return {'ok', v}
 end
 
@@ -93,4 +95,5 @@ if old_state ~= state then
 end
 -- R11: a put replaces the labels whole.
 relabel(prefix, run, id, seq, stored[13], labels)
+feed_note(prefix .. 'fd', run_member(id))
 return {'ok', v}

@@ -2,7 +2,7 @@
 --
 -- KEYS: 1 session hash, 2 the tenant's sessions (by id)
 -- ARGV: 1 session id, 2 expected version, 3 head bytes, 4 head CRC, 5 now,
---       6 largest record in bytes
+--       6 largest record in bytes, 7 tenant key prefix
 local key, id, expected, head, head_crc, now = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local max = tonumber(ARGV[6])
 local s = redis.call('HMGET', key, 'ver', 'ca')
@@ -20,4 +20,5 @@ local v = seal(head, head_crc, varint(ver) .. varint(ca) .. varint(now))
 if #v > max then return {'toolarge', tostring(#v)} end
 redis.call('HSET', key, 'v', v, 'ver', ver, 'ca', ca)
 redis.call('ZADD', KEYS[2], 0, id)
+feed_note(ARGV[7] .. 'fd', session_member(id))
 return {'ok', v}

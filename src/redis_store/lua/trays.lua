@@ -5,15 +5,16 @@
 -- KEYS: 1 instance hash (ep: epoch, al: due_at, am: its due-index member),
 --       2 instance index, 3 the instance's trays (by member),
 --       4 the instance's marked trays, 5 all marked trays,
---       6 alarms by due
+--       6 alarms by due, 7 the trays feed (see lib.lua)
 -- ARGV: 1 operation, 2 instance member, 3 caller's epoch, 4 prefix of the
 --       instance's tray hashes, 5 prefix of the per-env marked indexes,
 --       then the operation's own arguments from 6
 local ikey, insts, trays, imarked, marked, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local fd = KEYS[7]
 local op, inst, epoch, tbase, mebase = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
--- Writes (head given) or deletes (head nil) one tray and its indexes;
--- true when it existed.
+-- Writes (head given) or deletes (head nil) one tray, its indexes and its
+-- feed entries; true when it existed.
 local function set_tray(member, head, hc, m, env, host)
   local tk = tbase .. member
   local old = redis.call('HMGET', tk, 'm', 'e')
@@ -34,9 +35,11 @@ local function set_tray(member, head, hc, m, env, host)
       redis.call('ZADD', marked, 0, inst .. member)
       redis.call('ZADD', mebase .. env, 0, inst .. member)
     end
+    feed_tray(fd, inst .. member, env, existed and old[2] or nil)
   elseif existed then
     redis.call('DEL', tk)
     redis.call('ZREM', trays, member)
+    feed_tray(fd, inst .. member, nil, old[2])
   end
   return existed
 end
@@ -58,6 +61,7 @@ elseif op == 'import_alarm' then
   redis.call('ZADD', due, 0, ARGV[6])
   redis.call('HSET', ikey, 'al', ARGV[7], 'am', ARGV[6])
   redis.call('ZADD', insts, 0, inst)
+  feed_note(fd, inst)
   return {'ok'}
 end
 
@@ -104,6 +108,7 @@ elseif op == 'release' then
     redis.call('HSET', tk, 'v', seal(head, t[3], '\0'), 'm', '0')
     redis.call('ZREM', marked, inst .. member)
     redis.call('ZREM', mebase .. t[4], inst .. member)
+    feed_tray(fd, inst .. member, t[4], t[4])
   end
   redis.call('DEL', imarked)
   return {'ok'}
@@ -123,6 +128,7 @@ elseif op == 'alarm' then
   redis.call('ZADD', due, 0, ARGV[6])
   redis.call('HSET', ikey, 'al', ARGV[7], 'am', ARGV[6])
   redis.call('ZADD', insts, 0, inst)
+  feed_note(fd, inst)
   return {'ok'}
 elseif op == 'ack' then
   -- A3: an ack for a due_at that has since been replaced removes nothing.
@@ -130,6 +136,7 @@ elseif op == 'ack' then
   if s[1] ~= ARGV[6] then return {'ok', '0'} end
   redis.call('ZREM', due, s[2])
   redis.call('HDEL', ikey, 'al', 'am')
+  feed_note(fd, inst)
   return {'ok', '1'}
 elseif op == 'fence' then
   return {'ok'}
