@@ -518,7 +518,12 @@ impl Committer {
             return;
         }
         let mut next_feed = counters.next_feed;
-        if let Err(e) = crate::kv::feed::note(sink.engine(), &mut overlay, &mut next_feed) {
+        if let Err(e) = crate::kv::feed::note(
+            sink.engine(),
+            &mut overlay,
+            &mut next_feed,
+            counters.next_seq,
+        ) {
             let make = move || e.replicate();
             for job in jobs.drain(..) {
                 job.finish(Some(&make));

@@ -167,7 +167,15 @@ fn is_record_key(key: &[u8]) -> bool {
 /// `next`, and gives every horizon a purge asked for a position of its
 /// own (before the group's entries). A purge deletes its records' entries
 /// (`FEED_AT`) in its own job, so its deletes leave no tombstone.
-pub(crate) fn note(engine: &dyn Engine, overlay: &mut Overlay, next: &mut u64) -> Result<()> {
+///
+/// A run whose seq is `new_runs_from` or later was created in the group:
+/// it has no entry to move, and its `FEED_AT` is not read.
+pub(crate) fn note(
+    engine: &dyn Engine,
+    overlay: &mut Overlay,
+    next: &mut u64,
+    new_runs_from: u64,
+) -> Result<()> {
     let mut records = Vec::new();
     let mut purged = Vec::new();
     overlay.for_each(|k, v| {
@@ -189,8 +197,10 @@ pub(crate) fn note(engine: &dyn Engine, overlay: &mut Overlay, next: &mut u64) -
         let Some(scope) = record_scope(&key)? else {
             continue;
         };
+        let created = key[0] == table::RUN && position_of(&key)? >= new_runs_from;
         let at = at_key(&key);
         let old: Option<At> = match overlay.get(&at) {
+            _ if created => None,
             Some(v) => v.clone(),
             None => engine.get(&at)?,
         }
@@ -504,6 +514,88 @@ impl KvStore {
                 _ => return Ok(dropped),
             }
         }
+    }
+
+    /// `verify`'s feed checks: every record has its one entry (once the
+    /// feed is filled), every entry is where its record's `FEED_AT` says,
+    /// a tray's also in its env's feed, and no position is past the
+    /// counter.
+    pub(crate) fn verify_feed(&self, rep: &mut crate::admin::VerifyReport) -> Result<()> {
+        let next = self.committer.counters().next_feed;
+        let filled = self.engine.get(meta::FEED_FILLED)?.is_some();
+        let mut problems = Vec::new();
+        if filled {
+            for (t, what) in [
+                (table::RUN, "runs"),
+                (table::SESSION, "sessions"),
+                (table::TRAY, "trays"),
+                (table::ALARM, "alarms"),
+            ] {
+                let mut missing = 0u64;
+                self.walk(t, |k, _| {
+                    if self.engine.get(&at_key(k))?.is_none() {
+                        missing += 1;
+                    }
+                    Ok(())
+                })?;
+                if missing > 0 {
+                    problems.push(format!("{missing} {what} have no change-feed entry"));
+                }
+            }
+        }
+        self.walk(table::FEED_AT, |k, v| {
+            rep.entries += 1;
+            let check = || -> Result<Option<String>> {
+                let at: At = value::decode(v, "feed position")?;
+                let record = &k[1..];
+                let Some(scope) = record_scope(record)? else {
+                    return Ok(Some("a feed position of no record table".into()));
+                };
+                if at.position >= next {
+                    return Ok(Some(format!(
+                        "a feed position {} past the counter {next}",
+                        at.position
+                    )));
+                }
+                let mut places = vec![entry_key(&scope, at.position)];
+                if !at.env.is_empty() {
+                    places.push(entry_key(&env_prefix(&at.env), at.position));
+                }
+                for place in places {
+                    match self.engine.get(&place)? {
+                        Some(e) if value::decode::<Entry>(&e, "feed entry")?.record == record => {}
+                        _ => {
+                            return Ok(Some(
+                                "a record's feed entry is missing or names another".into(),
+                            ));
+                        }
+                    }
+                }
+                Ok(None)
+            };
+            match check() {
+                Ok(None) => {}
+                Ok(Some(why)) => problems.push(why),
+                Err(e) => problems.push(format!("feed: {e}")),
+            }
+            Ok(())
+        })?;
+        self.walk(table::FEED, |k, v| {
+            rep.entries += 1;
+            let check = || -> Result<bool> {
+                let e: Entry = value::decode(v, "feed entry")?;
+                let Some(at) = self.engine.get(&at_key(&e.record))? else {
+                    return Ok(false);
+                };
+                Ok(value::decode::<At>(&at, "feed position")?.position == position_of(k)?)
+            };
+            if !matches!(check(), Ok(true)) {
+                problems.push("a feed entry that is not its record's".to_string());
+            }
+            Ok(())
+        })?;
+        rep.problems.extend(problems);
+        Ok(())
     }
 
     /// At the open of a store from before the feed: every record is

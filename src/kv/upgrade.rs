@@ -81,6 +81,10 @@ impl KvStore {
         // limit: the upgrade refuses nothing the store already holds.
         let max = usize::MAX;
         let mut done = 0u64;
+        // The moved runs are written here, outside the commit path: the
+        // open's `fill_feed` gives them their feed entries after.
+        self.engine
+            .commit(vec![(meta::FEED_FILLED.to_vec(), None)])?;
         progress(UpgradeProgress { done, total });
         loop {
             // Moved runs leave the old table, so the next batch starts at
@@ -165,10 +169,14 @@ impl KvStore {
             batch.push((meta::NEXT_SEQ.to_vec(), Some(value::encode(&next))));
             self.engine.commit(batch)?;
         }
-        self.engine.commit(vec![(
-            meta::FORMAT.to_vec(),
-            Some(value::encode(&STORE_FORMAT_OLDEST)),
-        )])?;
+        self.engine.commit(vec![
+            (
+                meta::FORMAT.to_vec(),
+                Some(value::encode(&STORE_FORMAT_OLDEST)),
+            ),
+            // Release 0.1 had no change feed.
+            (meta::FEED_FILLED.to_vec(), None),
+        ])?;
         self.engine.sync()
     }
 }

@@ -168,6 +168,7 @@ impl KvStore {
         })?;
         rep.entries = entries;
         rep.problems.extend(problems);
+        self.verify_feed(&mut rep)?;
         self.verify_budgets(&mut rep)?;
         Ok(rep)
     }
