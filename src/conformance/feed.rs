@@ -355,7 +355,8 @@ pub fn f3_feeds_are_scoped(make: FeedFactory<'_>) {
         "F3: an env's feed holds its trays only"
     );
 
-    // Deletes: a tray, an acknowledged alarm, and a release.
+    // Deletes (a tray, an acknowledged alarm), then a release, which
+    // deletes nothing.
     ok(s.delete_tray(&i.tray("q", "2"), 1), "F3: delete a tray");
     ok(s.ack_alarm(&i, 1, 5_000), "F3: ack");
     let (all, _) = drain(s, &FeedScope::trays(), head_trays, 1000, "F3 trays");
@@ -369,11 +370,18 @@ pub fn f3_feeds_are_scoped(make: FeedFactory<'_>) {
     ok(s.release(&i, 1), "F3: release");
     let (all, _) = drain(s, &FeedScope::trays(), head_trays, 1000, "F3 trays");
     let mine: Vec<Change> = all.into_iter().filter(ours).collect();
-    let got = kinds(&mine);
-    assert_eq!(got.len(), 3, "F3: one change per tray and alarm: {got:?}");
+    assert_eq!(
+        kinds(&mine),
+        vec!["-tray i/2", "alarm i@6000", "tray i/1"],
+        "F3: a release unmarks the instance's trays (T4) and leaves its alarm (A4): \
+         one change per tray and alarm"
+    );
+    let Changed::Tray { tray: released, .. } = &mine[2].item else {
+        unreachable!()
+    };
     assert!(
-        got.contains(&"-tray i/1".to_string()) && got.contains(&"-alarm i".to_string()),
-        "F3: a release deletes the instance's trays and alarm: {got:?}"
+        !released.marked,
+        "F3: a released tray's change holds it unmarked"
     );
     let (in_b, _) = drain(
         s,
@@ -635,7 +643,11 @@ pub fn f7_the_head_splits_before_from_after(make: FeedFactory<'_>) {
     ok(s.patch_run(&a.key, delta(1)), "F7: patch");
     put(s, RunRecord::new(RunKey::new(&t, "b"), "agent"), "F7");
     let (after, _) = drain(s, &scope, head, 100, "F7");
-    assert_eq!(kinds(&after), vec!["run a@2", "run b@1"], "F7: writes after the head");
+    assert_eq!(
+        kinds(&after),
+        vec!["run a@2", "run b@1"],
+        "F7: writes after the head"
+    );
     let head2 = ok(s.feed_head(&scope), "F7: head again");
     assert!(head2 >= head, "F7: the head never moves back");
     let empty = FeedScope::tenant(unique("f7e"));
