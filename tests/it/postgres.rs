@@ -146,7 +146,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
     );
     s.setup().expect("setup");
     s.setup().expect("setup again");
-    assert_eq!(s.schema_version().expect("version"), Some(6));
+    assert_eq!(s.schema_version().expect("version"), Some(7));
     s.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
         .expect("put");
     // A newer release wrote version 9: refused, and nothing is changed.
@@ -165,7 +165,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
             e,
             StateError::UnsupportedFormat {
                 found: 9,
-                supported: 6
+                supported: 7
             }
         ),
         "{e:?}"
@@ -211,7 +211,7 @@ fn setup_upgrades_a_version_1_database() {
             });
         }
     });
-    assert_eq!(s.schema_version().expect("version"), Some(6));
+    assert_eq!(s.schema_version().expect("version"), Some(7));
     assert_eq!(s.get_run(&old.key).expect("get"), Some(old.clone()));
     use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
     s.put_budget(BudgetRecord::new(
@@ -449,7 +449,7 @@ fn setup_upgrades_the_golden_schema_2_database() {
             .expect("connect");
     assert_eq!(s.schema_version().expect("version"), Some(2));
     s.setup().expect("upgrade");
-    assert_eq!(s.schema_version().expect("version"), Some(6));
+    assert_eq!(s.schema_version().expect("version"), Some(7));
     let r1 = s
         .get_run(&RunKey::new("acme", "r1"))
         .expect("get")
@@ -688,7 +688,7 @@ fn setup_from_8_processes_at_once() {
             assert_eq!(child_lines(c, &format!("setup child {i}")), ["ok"]);
         }
         let s = PostgresStore::connect(&dsn).expect("connect");
-        assert_eq!(s.schema_version().expect("version"), Some(6));
+        assert_eq!(s.schema_version().expect("version"), Some(7));
         let r = s
             .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
             .expect("put after setup");
@@ -2444,7 +2444,7 @@ mod native {
             },
         )
         .expect("sync patch");
-        assert_eq!(sync.schema_version_async().await.expect("version"), Some(6));
+        assert_eq!(sync.schema_version_async().await.expect("version"), Some(7));
         assert!(
             sync.list_sessions(&key.tenant, &PageRequest::new(10))
                 .is_ok()
