@@ -10,14 +10,14 @@
 //! changed, not to the writes.
 //!
 //! ```
-//! use agentstate::{FeedScope, FeedStore, MemoryStore, RunKey, RunRecord, StateStore};
+//! use agentstate::{FeedScope, FeedStore, MemoryStore, Position, RunRecord, StateStore};
 //!
 //! let store = MemoryStore::new();
 //! let scope = FeedScope::tenant("acme");
 //! // List-then-watch: take the head first, then read the current state
 //! // (here: nothing), then follow the feed from the head.
 //! let mut at = store.feed_head(&scope)?;
-//! store.put_run(RunRecord::new(RunKey::new("acme", "r1"), "planner"))?;
+//! store.put_run(RunRecord::new("acme", "r1", "planner"))?;
 //! let page = store.changes(&scope, at, 100)?;
 //! assert_eq!(page.changes.len(), 1);
 //! at = page.next;
@@ -97,43 +97,42 @@ impl fmt::Display for FeedScope {
 /// consumer keeps the position it has read up to. Positions of one scope
 /// of one store are ordered; compare no others. [`Position::START`] is
 /// before every change. Its text (and JSON) is a decimal number.
-// Two u64s rather than one u128: 8-byte alignment keeps `StateError`,
-// which carries one, small. The derived order is the number's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Position {
-    hi: u64,
-    lo: u64,
-}
+// Two u64s, high first (ordered as the u128), not a u128: its 16-byte
+// alignment would grow `StateError`, which holds one in `FeedPruned`, past
+// clippy's `result_large_err` bound.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Position([u64; 2]);
 
 impl Position {
     /// Before every change.
-    pub const START: Position = Position { hi: 0, lo: 0 };
+    pub const START: Position = Position([0, 0]);
 
     /// The position as a number (for storing it beside the consumer's own
     /// state).
     pub fn as_u128(self) -> u128 {
-        (u128::from(self.hi) << 64) | u128::from(self.lo)
+        (u128::from(self.0[0]) << 64) | u128::from(self.0[1])
     }
 
     /// A position from [`as_u128`](Self::as_u128).
     pub fn from_u128(n: u128) -> Self {
-        Position {
-            hi: (n >> 64) as u64,
-            lo: n as u64,
-        }
+        Position([(n >> 64) as u64, n as u64])
     }
 
     /// A position made of two 64-bit parts, `hi` more significant (a
     /// server's transaction id and the change's number within it).
-    #[allow(dead_code)] // the PostgreSQL feed's (transaction id, number)
     pub(crate) fn from_parts(hi: u64, lo: u64) -> Self {
-        Position { hi, lo }
+        Position([hi, lo])
     }
 
     /// The two 64-bit parts of [`from_parts`](Self::from_parts).
-    #[allow(dead_code)]
     pub(crate) fn parts(self) -> (u64, u64) {
-        (self.hi, self.lo)
+        (self.0[0], self.0[1])
+    }
+}
+
+impl fmt::Debug for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Position({})", self.as_u128())
     }
 }
 
@@ -207,7 +206,7 @@ pub enum Changed {
         /// The tray.
         tray: Tray,
     },
-    /// A tray was deleted.
+    /// A tray was deleted (or released with its instance).
     TrayDeleted {
         /// Which tray.
         key: TrayKey,
@@ -217,7 +216,7 @@ pub enum Changed {
         /// The alarm.
         alarm: Alarm,
     },
-    /// An instance's alarm was acknowledged.
+    /// An instance's alarm was acknowledged or released.
     AlarmDeleted {
         /// Whose alarm.
         instance: InstanceKey,
@@ -322,7 +321,9 @@ pub(crate) fn check_call(scope: &FeedScope, limit: usize, timeout: Option<Durati
         FeedScope::Trays { env: None } => {}
     }
     crate::rules::check::check_limit(limit)?;
-    if let Some(t) = timeout.filter(|t| *t > FEED_WAIT_MAX) {
+    if let Some(t) = timeout
+        && t > FEED_WAIT_MAX
+    {
         return Err(StateError::invalid(format!(
             "wait of {t:?} is longer than the longest wait, {FEED_WAIT_MAX:?}"
         )));
@@ -340,6 +341,10 @@ mod tests {
         let p = Position::from_parts(7, 3);
         assert_eq!(p.to_string().parse::<Position>().unwrap(), p);
         assert_eq!(p.parts(), (7, 3));
+        assert_eq!(p.as_u128(), (7 << 64) | 3);
+        assert_eq!(Position::from_u128(p.as_u128()), p);
+        assert!(Position::from_parts(7, u64::MAX) < Position::from_parts(8, 0));
+        assert_eq!(format!("{p:?}"), format!("Position({})", p.as_u128()));
         for bad in [
             "",
             "01",

@@ -808,8 +808,9 @@ impl PostgresStore {
 
     /// P1 in bounded batches, each its own transaction: holds, runs (the
     /// holds of any run written meanwhile go with it by the foreign key),
-    /// sessions, budgets, the seq counter, the idempotency scope. A purge
-    /// cut short is finished by running it again.
+    /// sessions, budgets, the seq counter, the idempotency scope, then the
+    /// tenant's feed (its tombstones dropped, its horizon moved past them).
+    /// A purge cut short is finished by running it again.
     pub(super) async fn do_purge_tenant(&self, tenant: &str) -> Result<u64> {
         check_id("tenant", tenant)?;
         self.runs_seen.forget_tenant(tenant);
@@ -864,6 +865,8 @@ impl PostgresStore {
                 }
             }
         }
+        // The feed last: the deletes above left tombstones.
+        self.purge_feed(tenant).await?;
         Ok(counted)
     }
 

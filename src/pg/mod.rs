@@ -21,6 +21,7 @@ mod admin;
 mod budgets;
 pub(crate) mod conn;
 mod core;
+mod feed;
 mod fields;
 pub(crate) mod idempotency;
 mod runs;
@@ -47,6 +48,7 @@ const SCHEMA: &[&str] = &[
     include_str!("schema/v4.sql"),
     include_str!("schema/v5.sql"),
     include_str!("schema/v6.sql"),
+    include_str!("schema/v7.sql"),
 ];
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: u8 = SCHEMA.len() as u8;
@@ -330,6 +332,8 @@ pub struct PostgresStore {
     /// one round trip (see `runs.rs`). Only a hint: a stale entry costs a
     /// failed swap and the locked path.
     pub(crate) runs_seen: runs::Seen,
+    /// The change feed's listener and its waiters (`feed.rs`).
+    feed: Arc<feed::Hub>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -538,6 +542,7 @@ impl PostgresStore {
             secret: OnceLock::new(),
             display,
             runs_seen: runs::Seen::default(),
+            feed: Arc::default(),
         })
     }
 

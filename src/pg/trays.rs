@@ -145,7 +145,7 @@ async fn fence_commit(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<
     })
 }
 
-fn tray_of(row: &Row) -> Tray {
+pub(super) fn tray_of(row: &Row) -> Tray {
     Tray {
         marked: row.get("marked"),
         doc: row.get("doc"),
@@ -154,7 +154,7 @@ fn tray_of(row: &Row) -> Tray {
     }
 }
 
-fn unescape_tray(mut t: Tray) -> Result<Tray> {
+pub(super) fn unescape_tray(mut t: Tray) -> Result<Tray> {
     t.env = id_out(t.env)?;
     t.hostname = id_out(t.hostname)?;
     Ok(t)

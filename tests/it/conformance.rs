@@ -203,6 +203,21 @@ mod postgres {
     }
 
     agentstate::conformance_tests!(factory);
+
+    /// The change-feed rules (F1–F8) on the same server and schema.
+    mod feed {
+        use super::*;
+
+        fn factory(
+            clock: Arc<ManualClock>,
+        ) -> Arc<dyn agentstate::conformance::FeedConformanceStore> {
+            Arc::new(crate::postgres::store(
+                agentstate::Options::new().clock(clock),
+            ))
+        }
+
+        agentstate::feed_conformance_tests!(factory);
+    }
 }
 
 #[cfg(feature = "redis")]

@@ -146,7 +146,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
     );
     s.setup().expect("setup");
     s.setup().expect("setup again");
-    assert_eq!(s.schema_version().expect("version"), Some(6));
+    assert_eq!(s.schema_version().expect("version"), Some(7));
     s.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
         .expect("put");
     // A newer release wrote version 9: refused, and nothing is changed.
@@ -165,7 +165,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
             e,
             StateError::UnsupportedFormat {
                 found: 9,
-                supported: 6
+                supported: 7
             }
         ),
         "{e:?}"
@@ -211,7 +211,7 @@ fn setup_upgrades_a_version_1_database() {
             });
         }
     });
-    assert_eq!(s.schema_version().expect("version"), Some(6));
+    assert_eq!(s.schema_version().expect("version"), Some(7));
     assert_eq!(s.get_run(&old.key).expect("get"), Some(old.clone()));
     use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
     s.put_budget(BudgetRecord::new(
@@ -264,6 +264,7 @@ fn schema_files(version: u8) -> String {
         include_str!("../../src/pg/schema/v3.sql"),
         include_str!("../../src/pg/schema/v4.sql"),
         include_str!("../../src/pg/schema/v5.sql"),
+        include_str!("../../src/pg/schema/v6.sql"),
     ][..usize::from(version)]
         .concat()
 }
@@ -296,20 +297,29 @@ fn old_layout(c: &mut postgres::Client, from: &str, to: &str, version: u8) {
         let cols: String = c
             .query_one(
                 "SELECT string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position) \
-                 FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2",
+                 FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 \
+                 AND is_generated = 'NEVER'",
                 &[&to, &t],
             )
             .expect("columns")
             .get(0);
+        // From schema 5 the alarms' trigger has written their tray rows.
         c.batch_execute(&format!(
-            "INSERT INTO \"{to}\".{t} ({cols}) SELECT {cols} FROM \"{from}\".{t}"
+            "INSERT INTO \"{to}\".{t} ({cols}) SELECT {cols} FROM \"{from}\".{t} \
+             ON CONFLICT DO NOTHING"
         ))
         .expect("copy");
     }
     // Alarm rows (schema 5) are not trays of an older layout.
+    if version < 5 {
+        c.batch_execute(&format!(
+            "DELETE FROM \"{to}\".pinned_tray_index WHERE tray_ns = 'pinned' AND tray_id = 'alarm'"
+        ))
+        .expect("alarm rows");
+    }
     c.batch_execute(&format!(
-        "DELETE FROM \"{to}\".pinned_tray_index WHERE tray_ns = 'pinned' AND tray_id = 'alarm'; \
-         INSERT INTO \"{to}\".agentstate_meta (name, value) VALUES ('schema_version', '{version}'); \
+        "INSERT INTO \"{to}\".agentstate_meta (name, value) VALUES ('schema_version', '{version}') \
+         ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value; \
          INSERT INTO \"{to}\".agentstate_meta (name, value) \
          SELECT name, value FROM \"{from}\".agentstate_meta WHERE name = 'cursor_secret'"
     ))
@@ -449,7 +459,7 @@ fn setup_upgrades_the_golden_schema_2_database() {
             .expect("connect");
     assert_eq!(s.schema_version().expect("version"), Some(2));
     s.setup().expect("upgrade");
-    assert_eq!(s.schema_version().expect("version"), Some(6));
+    assert_eq!(s.schema_version().expect("version"), Some(7));
     let r1 = s
         .get_run(&RunKey::new("acme", "r1"))
         .expect("get")
@@ -688,7 +698,7 @@ fn setup_from_8_processes_at_once() {
             assert_eq!(child_lines(c, &format!("setup child {i}")), ["ok"]);
         }
         let s = PostgresStore::connect(&dsn).expect("connect");
-        assert_eq!(s.schema_version().expect("version"), Some(6));
+        assert_eq!(s.schema_version().expect("version"), Some(7));
         let r = s
             .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
             .expect("put after setup");
@@ -2444,7 +2454,7 @@ mod native {
             },
         )
         .expect("sync patch");
-        assert_eq!(sync.schema_version_async().await.expect("version"), Some(6));
+        assert_eq!(sync.schema_version_async().await.expect("version"), Some(7));
         assert!(
             sync.list_sessions(&key.tenant, &PageRequest::new(10))
                 .is_ok()
@@ -3082,4 +3092,299 @@ fn reserve_and_settle_without_a_right_budget_guess() {
         b.settle(&free, "h", StateDelta::default()),
         Err(StateError::NotFound(_))
     ));
+}
+
+/// The high half of a feed position: the server's transaction id.
+fn xid_of(p: agentstate::Position) -> u64 {
+    (p.as_u128() >> 64) as u64
+}
+
+fn unix_micros() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros()
+}
+
+/// The feed never passes a transaction still open (F4 across processes):
+/// transaction A, a create in another OS process, takes its place (its
+/// seq, and so its transaction id) and then stalls before it commits;
+/// transaction B, a patch of another run of the same tenant, starts after
+/// it and commits. A consumer following the feed reads nothing of B while
+/// A is open (reading B would move its position past A's, and skip A),
+/// not even when woken by B's commit; once A commits, the consumer,
+/// continuing from where it was, reads A's run, then B's. On a server of
+/// its own: its open transaction would hold back every feed of the shared
+/// one.
+#[test]
+fn feed_never_passes_a_transaction_open_in_another_process() {
+    use agentstate::{FeedScope, FeedStore};
+    if role().as_deref() == Some("feed-late") {
+        let s = PostgresStore::connect(&env("AGENTSTATE_PG_DSN")).expect("connect");
+        let r = s
+            .put_run(RunRecord::new(
+                RunKey::new(env("AGENTSTATE_PG_PREFIX"), "late"),
+                "a",
+            ))
+            .expect("A commits");
+        println!("@@ {}", r.seq);
+        return;
+    }
+    let server = PgServer::start(false);
+    let dsn = server.dsn("postgres");
+    let s = PostgresStore::connect(&dsn).expect("connect");
+    s.setup().expect("setup");
+    let tenant = unique("feedlate");
+    let scope = FeedScope::tenant(&tenant);
+    let b = s
+        .put_run(RunRecord::new(RunKey::new(&tenant, "b"), "a"))
+        .expect("b");
+    // The consumer has read everything so far.
+    let first = s
+        .changes(&scope, agentstate::Position::START, 100)
+        .expect("read");
+    assert_eq!(first.changes.len(), 1, "{first:?}");
+    let at = first.next;
+    // A blocker row with A's key: A's insert waits on it, after A took
+    // its seq (and its transaction id).
+    let mut raw = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
+    let mut blocker = raw.transaction().expect("begin");
+    blocker
+        .execute(
+            "INSERT INTO public.agentstate_runs (tenant, run_id, seq, state, agent_name, updated_at, record) \
+             VALUES ($1, 'late', 999999, 'pending', 'x', 0, '\\x00')",
+            &[&tenant],
+        )
+        .expect("blocker row");
+    let blocker_xid: String = blocker
+        .query_one(
+            "SELECT (pg_current_xact_id()::text::numeric % 4294967296)::text",
+            &[],
+        )
+        .expect("blocker xid")
+        .get(0);
+    let child = spawn_child(
+        "postgres::feed_never_passes_a_transaction_open_in_another_process",
+        &[
+            ("AGENTSTATE_PG_ROLE", "feed-late".into()),
+            ("AGENTSTATE_PG_PREFIX", tenant.clone()),
+            ("AGENTSTATE_PG_DSN", dsn.clone()),
+        ],
+    );
+    // A waits on the blocker: it has its transaction id.
+    let mut watch = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
+    let began = Instant::now();
+    loop {
+        let waiting: i64 = watch
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted \
+                 AND locktype = 'transactionid' AND transactionid::text = $1",
+                &[&blocker_xid],
+            )
+            .expect("locks")
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "A never reached its insert"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // B: starts after A and commits first.
+    let b2 = s
+        .patch_run(&b.key, StateDelta::default())
+        .expect("B commits");
+    assert_eq!(b2.version, 2);
+    let page = s.changes(&scope, at, 100).expect("read while A is open");
+    assert!(
+        page.changes.is_empty(),
+        "B is read while A, below it, is open: {page:?}"
+    );
+    assert_eq!(page.next, at, "the position stays before A");
+    let waited = Instant::now();
+    let page = s
+        .wait_changes(&scope, at, 100, Duration::from_millis(300))
+        .expect("wait while A is open");
+    assert!(
+        page.changes.is_empty() && page.next == at,
+        "a waiter woken by B's commit reads B while A is open: {page:?}"
+    );
+    assert!(waited.elapsed() >= Duration::from_millis(250));
+    blocker.rollback().expect("release A");
+    let lines = child_lines(child, "transaction A's process");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    // The consumer goes on from where it was: A, then B.
+    let mut got = Vec::new();
+    let mut next = at;
+    loop {
+        let page = s.changes(&scope, next, 1).expect("read after A");
+        if page.changes.is_empty() {
+            break;
+        }
+        next = page.next;
+        got.extend(page.changes);
+    }
+    let names: Vec<String> = got
+        .iter()
+        .map(|c| match &c.item {
+            agentstate::Changed::Run { run } => format!("{}@{}", run.key.run_id, run.version),
+            other => panic!("not a run: {other:?}"),
+        })
+        .collect();
+    assert_eq!(names, ["late@1", "b@2"], "A's change is read, before B's");
+    assert!(
+        xid_of(got[0].position) < xid_of(got[1].position),
+        "A's transaction began first"
+    );
+    eprintln!(
+        "feed across processes: consumer at {at}, A at {}, B at {}",
+        got[0].position, got[1].position
+    );
+}
+
+/// F5 across processes: `wait_changes` here is woken by a commit of
+/// another OS process within well under a second (the listener's
+/// notification), each time.
+#[test]
+fn wait_changes_is_woken_by_a_commit_in_another_process() {
+    use agentstate::{FeedScope, FeedStore};
+    const ROUNDS: usize = 5;
+    if role().as_deref() == Some("feed-writer") {
+        let s = store(Options::new());
+        let tenant = env("AGENTSTATE_PG_PREFIX");
+        // Connected before the clock starts.
+        s.get_run(&RunKey::new(&tenant, "none")).expect("warm");
+        wait_for_start();
+        for i in 0..ROUNDS {
+            std::thread::sleep(Duration::from_millis(400));
+            let before = unix_micros();
+            s.put_run(RunRecord::new(RunKey::new(&tenant, format!("r{i}")), "a"))
+                .expect("put");
+            println!("@@ {before}");
+        }
+        return;
+    }
+    let s = store(Options::new());
+    let tenant = unique("feedwake");
+    let scope = FeedScope::tenant(&tenant);
+    let mut at = s.feed_head(&scope).expect("head");
+    // The first wait dials the listener.
+    let page = s
+        .wait_changes(&scope, at, 10, Duration::from_millis(100))
+        .expect("first wait");
+    assert!(page.changes.is_empty());
+    let child = spawn_child(
+        "postgres::wait_changes_is_woken_by_a_commit_in_another_process",
+        &[
+            ("AGENTSTATE_PG_ROLE", "feed-writer".into()),
+            ("AGENTSTATE_PG_PREFIX", tenant.clone()),
+            ("AGENTSTATE_PG_START", start_in(1500)),
+            ("AGENTSTATE_TEST_PG_DSN", shared_dsn().to_string()),
+            ("AGENTSTATE_PG_SCHEMA", schema().to_string()),
+        ],
+    );
+    let mut woke = Vec::new();
+    for i in 0..ROUNDS {
+        let page = s
+            .wait_changes(&scope, at, 10, Duration::from_secs(30))
+            .expect("wait");
+        woke.push(unix_micros());
+        assert_eq!(
+            page.changes.len(),
+            1,
+            "round {i}: one commit, one change: {page:?}"
+        );
+        at = page.next;
+    }
+    let sent: Vec<u128> = child_lines(child, "the writing process")
+        .iter()
+        .map(|l| l.parse().expect("a time"))
+        .collect();
+    assert_eq!(sent.len(), ROUNDS);
+    // From before the other process's put_run to the waiter's return.
+    let mut ms: Vec<f64> = woke
+        .iter()
+        .zip(&sent)
+        .map(|(w, s)| w.saturating_sub(*s) as f64 / 1000.0)
+        .collect();
+    eprintln!("wait_changes woken across processes after (ms): {ms:?}");
+    ms.sort_by(f64::total_cmp);
+    assert!(
+        ms[ROUNDS / 2] < 250.0,
+        "the median wake took {} ms: {ms:?}",
+        ms[ROUNDS / 2]
+    );
+    assert!(
+        ms[ROUNDS - 1] < 5_000.0,
+        "a wake took {} ms: {ms:?}",
+        ms[ROUNDS - 1]
+    );
+}
+
+/// A database a schema-6 build wrote is upgraded by `setup()`: the feed
+/// then holds every record it had, once, in its current state (trays by
+/// env too), and the writes after the upgrade follow them.
+#[test]
+fn setup_backfills_the_feed_of_a_schema_6_database() {
+    use agentstate::{Changed, FeedScope, FeedStore, Position, SessionKey, SessionRecord};
+    let dsn = fresh_db("feed6");
+    let mut c = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
+    let cur = PostgresStore::connect_with(&dsn, PgOptions::new().schema("cur")).expect("connect");
+    cur.setup().expect("setup");
+    let r1 = cur
+        .put_run(RunRecord::new(RunKey::new("t", "r1"), "a"))
+        .expect("r1");
+    cur.put_run(RunRecord::new(RunKey::new("t", "r2"), "a"))
+        .expect("r2");
+    cur.put_session(SessionRecord::new(SessionKey::new("t", "s1")))
+        .expect("s1");
+    let w = InstanceKey::new("w", "1");
+    let tray = |env: &str| Tray {
+        marked: true,
+        doc: b"doc".to_vec(),
+        env: env.into(),
+        hostname: "h".into(),
+    };
+    cur.write_tray(&w.tray("q", "a"), 1, tray("e1"))
+        .expect("tray a");
+    cur.write_tray(&w.tray("q", "b"), 1, tray("e2"))
+        .expect("tray b");
+    cur.set_alarm(&w, 1, 5_000).expect("alarm");
+    old_layout(&mut c, "cur", "public", 6);
+    let s = PostgresStore::connect(&dsn).expect("connect");
+    assert_eq!(s.schema_version().expect("version"), Some(6));
+    s.setup().expect("upgrade");
+    assert_eq!(s.schema_version().expect("version"), Some(7));
+    let kinds = |scope: &FeedScope, after: Position| -> (Vec<String>, Position) {
+        let page = s.changes(scope, after, 100).expect("changes");
+        let k = page
+            .changes
+            .iter()
+            .map(|c| match &c.item {
+                Changed::Run { run } => format!("run {}@{}", run.key.run_id, run.version),
+                Changed::Session { session } => format!("session {}", session.key.session_id),
+                Changed::Tray { key, tray } => format!("tray {} {}", key.tray_id, tray.env),
+                Changed::Alarm { alarm } => format!("alarm {}", alarm.due_at),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        (k, page.next)
+    };
+    let (got, end) = kinds(&FeedScope::tenant("t"), Position::START);
+    assert_eq!(got, ["run r1@1", "run r2@1", "session s1"]);
+    assert_eq!(
+        kinds(&FeedScope::trays(), Position::START).0,
+        ["tray a e1", "tray b e2", "alarm 5000"]
+    );
+    assert_eq!(
+        kinds(&FeedScope::trays_in("e2"), Position::START).0,
+        ["tray b e2"]
+    );
+    // The writes after the upgrade follow.
+    s.patch_run(&r1.key, StateDelta::default()).expect("patch");
+    assert_eq!(kinds(&FeedScope::tenant("t"), end).0, ["run r1@2"]);
+    let report = s.verify().expect("verify");
+    assert!(report.is_ok(), "{:?}", report.problems);
 }
