@@ -3,6 +3,7 @@
 use crate::admin::StoreAdmin;
 use crate::budget::BudgetStore;
 use crate::error::Result;
+use crate::feed::FeedStore;
 use crate::idempotency::IdempotencyKey;
 use crate::page::{Page, PageRequest, Pages};
 use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
@@ -126,6 +127,6 @@ pub trait TrayStore: Send + Sync {
 /// A whole backend: runs and sessions, trays, spend caps, and the operator
 /// functions. The CLI and [`AsyncStore`](crate) hold one as
 /// `Arc<dyn Store>`; every backend is one.
-pub trait Store: StateStore + TrayStore + BudgetStore + StoreAdmin {}
+pub trait Store: StateStore + TrayStore + BudgetStore + StoreAdmin + FeedStore {}
 
-impl<T: StateStore + TrayStore + BudgetStore + StoreAdmin + ?Sized> Store for T {}
+impl<T: StateStore + TrayStore + BudgetStore + StoreAdmin + FeedStore + ?Sized> Store for T {}

@@ -20,10 +20,11 @@ use std::sync::Arc;
 
 use crate::admin::{StoreStats, VerifyReport};
 use crate::api::Store;
-use crate::async_stream::PageStream;
+use crate::async_stream::{ChangeStream, PageStream};
 use crate::budget::{BudgetKey, BudgetRecord, BudgetStatus, Hold, HoldRecord, RunSpend, Settled};
 use crate::entry::Entry;
 use crate::error::{Result, StateError};
+use crate::feed::{ChangePage, FeedScope, Position};
 use crate::idempotency::IdempotencyKey;
 use crate::kv::{FileStore, MemoryStore};
 use crate::options::Options;
@@ -591,6 +592,69 @@ impl AsyncStore {
         native!(self.run_spend(run));
         let run = run.clone();
         self.run(move |s| s.run_spend(&run)).await
+    }
+
+    // --- the change feed ------------------------------------------------
+
+    /// [`FeedStore::changes`](crate::FeedStore::changes).
+    pub async fn changes(
+        &self,
+        scope: &FeedScope,
+        after: Position,
+        limit: usize,
+    ) -> Result<ChangePage> {
+        native!(self.changes(scope, after, limit));
+        let scope = scope.clone();
+        self.run(move |s| s.changes(&scope, after, limit)).await
+    }
+
+    /// [`FeedStore::wait_changes`](crate::FeedStore::wait_changes). A
+    /// server backend's wait is awaited natively (its listener wakes the
+    /// task); an embedded store's waits on a thread of tokio's blocking
+    /// pool, so many waiters hold as many threads: follow one feed with
+    /// [`watch`](Self::watch) and fan out in the application. A dropped
+    /// future stops waiting (a blocking-pool wait ends at its timeout).
+    pub async fn wait_changes(
+        &self,
+        scope: &FeedScope,
+        after: Position,
+        limit: usize,
+        timeout: std::time::Duration,
+    ) -> Result<ChangePage> {
+        native!(self.wait_changes(scope, after, limit, timeout));
+        let scope = scope.clone();
+        let store = Arc::clone(self.store());
+        blocking(move || store.wait_changes(&scope, after, limit, timeout)).await
+    }
+
+    /// [`FeedStore::feed_head`](crate::FeedStore::feed_head).
+    pub async fn feed_head(&self, scope: &FeedScope) -> Result<Position> {
+        native!(self.feed_head(scope));
+        let scope = scope.clone();
+        self.run(move |s| s.feed_head(&scope)).await
+    }
+
+    /// [`FeedStore::prune_changes`](crate::FeedStore::prune_changes).
+    pub async fn prune_changes(&self, scope: &FeedScope, through: Position) -> Result<u64> {
+        native!(self.prune_changes(scope, through));
+        let scope = scope.clone();
+        self.run(move |s| s.prune_changes(&scope, through)).await
+    }
+
+    /// Follows `scope`'s feed from `after`, without end: every change, in
+    /// position order, as a [`Stream`](futures_core::Stream), waiting (in
+    /// [`wait_changes`](Self::wait_changes) of up to a minute at a time)
+    /// whenever it is caught up. Read 100 changes at a time.
+    pub fn watch(&self, scope: &FeedScope, after: Position) -> ChangeStream {
+        let (store, scope) = (self.clone(), scope.clone());
+        ChangeStream::new(after, move |at| {
+            let (store, scope) = (store.clone(), scope.clone());
+            async move {
+                store
+                    .wait_changes(&scope, at, 100, std::time::Duration::from_secs(60))
+                    .await
+            }
+        })
     }
 
     // --- walks and read-modify-write ------------------------------------

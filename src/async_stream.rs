@@ -145,3 +145,118 @@ impl<T> Stream for PageStream<T> {
         }
     }
 }
+
+type ChangeFut = Pin<Box<dyn Future<Output = Result<crate::feed::ChangePage>> + Send>>;
+type Wait = Box<dyn FnMut(crate::feed::Position) -> ChangeFut + Send>;
+
+/// A feed followed without end: a [`Stream`] of `Result<Change>` that
+/// waits for the next commit of its scope whenever it has handed out
+/// every change (rules F1–F5). It never ends by itself; after an error
+/// (`FeedPruned`, a lost server) it yields nothing more. Keep
+/// [`position`](Self::position) to resume from where it got to.
+///
+/// Made by [`AsyncStore::watch`](crate::AsyncStore::watch).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> agentstate::Result<()> {
+/// use agentstate::{AsyncStore, Changed, FeedScope, RunKey, RunRecord};
+/// let store = AsyncStore::memory();
+/// let scope = FeedScope::tenant("acme");
+/// let mut feed = store.watch(&scope, store.feed_head(&scope).await?);
+/// store.put_run(RunRecord::new(RunKey::new("acme", "r1"), "planner")).await?;
+/// let change = feed.next().await.expect("a watch never ends")?;
+/// assert!(matches!(change.item, Changed::Run { .. }));
+/// assert_eq!(feed.position(), change.position);
+/// # Ok(())
+/// # }
+/// ```
+pub struct ChangeStream {
+    wait: Wait,
+    /// Where the next read starts: the last page's `next`.
+    at: crate::feed::Position,
+    /// The position of the last change handed out.
+    handed: crate::feed::Position,
+    buf: VecDeque<crate::feed::Change>,
+    pending: Option<ChangeFut>,
+    failed: bool,
+}
+
+impl Unpin for ChangeStream {}
+
+impl std::fmt::Debug for ChangeStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChangeStream")
+            .field("position", &self.position())
+            .field("buffered", &self.buf.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChangeStream {
+    pub(crate) fn new<F, Fut>(after: crate::feed::Position, mut wait: F) -> Self
+    where
+        F: FnMut(crate::feed::Position) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<crate::feed::ChangePage>> + Send + 'static,
+    {
+        ChangeStream {
+            wait: Box::new(move |at| Box::pin(wait(at))),
+            at: after,
+            handed: after,
+            buf: VecDeque::new(),
+            pending: None,
+            failed: false,
+        }
+    }
+
+    /// Where a later watch resumes so that it misses nothing this one has
+    /// not handed out: the last change's position, or, once every change
+    /// read was handed out, the position the feed was read up to.
+    pub fn position(&self) -> crate::feed::Position {
+        if self.buf.is_empty() {
+            self.at
+        } else {
+            self.handed
+        }
+    }
+
+    /// The next change (waiting for one as long as it takes).
+    pub async fn next(&mut self) -> Option<Result<crate::feed::Change>> {
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
+    }
+}
+
+impl Stream for ChangeStream {
+    type Item = Result<crate::feed::Change>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if let Some(c) = this.buf.pop_front() {
+                this.handed = c.position;
+                return Poll::Ready(Some(Ok(c)));
+            }
+            if this.failed {
+                return Poll::Ready(None);
+            }
+            let at = this.at;
+            let fut = this.pending.get_or_insert_with(|| (this.wait)(at));
+            match fut.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(r) => {
+                    this.pending = None;
+                    match r {
+                        Ok(page) => {
+                            this.at = page.next;
+                            this.buf.extend(page.changes);
+                        }
+                        Err(e) => {
+                            this.failed = true;
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

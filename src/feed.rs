@@ -10,14 +10,14 @@
 //! changed, not to the writes.
 //!
 //! ```
-//! use agentstate::{FeedScope, FeedStore, MemoryStore, Position, RunRecord, StateStore};
+//! use agentstate::{FeedScope, FeedStore, MemoryStore, RunKey, RunRecord, StateStore};
 //!
 //! let store = MemoryStore::new();
 //! let scope = FeedScope::tenant("acme");
 //! // List-then-watch: take the head first, then read the current state
 //! // (here: nothing), then follow the feed from the head.
 //! let mut at = store.feed_head(&scope)?;
-//! store.put_run(RunRecord::new("acme", "r1", "planner"))?;
+//! store.put_run(RunRecord::new(RunKey::new("acme", "r1"), "planner"))?;
 //! let page = store.changes(&scope, at, 100)?;
 //! assert_eq!(page.changes.len(), 1);
 //! at = page.next;
@@ -310,6 +310,14 @@ pub trait FeedStore: Send + Sync {
     /// before `through` is `FeedPruned` (F6). Returns how many tombstones
     /// were dropped. Records that exist keep their entries.
     fn prune_changes(&self, scope: &FeedScope, through: Position) -> Result<u64>;
+}
+
+/// The tenant a scope names, for a call's span.
+pub(crate) fn tenant_of(scope: &FeedScope) -> Option<&str> {
+    match scope {
+        FeedScope::Tenant { tenant } => Some(tenant),
+        FeedScope::Trays { .. } => None,
+    }
 }
 
 /// Checks a feed call's arguments (F8): the scope's names, the page's

@@ -121,7 +121,7 @@ pub use api::{StateStore, Store, TrayStore};
 #[cfg(feature = "async")]
 pub use async_store::AsyncStore;
 #[cfg(feature = "async")]
-pub use async_stream::PageStream;
+pub use async_stream::{ChangeStream, PageStream};
 pub use budget::{
     Amount, BudgetKey, BudgetRecord, BudgetStatus, BudgetStore, CapLimit, CapScope, Caps, Hold,
     HoldRecord, RunSpend, Settled, Spend,

@@ -188,6 +188,29 @@ pub(crate) trait AsyncCore: Send + Sync {
         page: &PageRequest,
     ) -> impl Future<Output = Result<Page<SessionRecord>>> + Send;
 
+    fn changes(
+        &self,
+        scope: &crate::feed::FeedScope,
+        after: crate::feed::Position,
+        limit: usize,
+    ) -> impl Future<Output = Result<crate::feed::ChangePage>> + Send;
+    fn wait_changes(
+        &self,
+        scope: &crate::feed::FeedScope,
+        after: crate::feed::Position,
+        limit: usize,
+        timeout: std::time::Duration,
+    ) -> impl Future<Output = Result<crate::feed::ChangePage>> + Send;
+    fn feed_head(
+        &self,
+        scope: &crate::feed::FeedScope,
+    ) -> impl Future<Output = Result<crate::feed::Position>> + Send;
+    fn prune_changes(
+        &self,
+        scope: &crate::feed::FeedScope,
+        through: crate::feed::Position,
+    ) -> impl Future<Output = Result<u64>> + Send;
+
     fn read_tray(
         &self,
         key: &TrayKey,
@@ -330,6 +353,28 @@ pub(crate) trait DynCore: Send + Sync {
         tenant: &'a str,
         page: &'a PageRequest,
     ) -> BoxFut<'a, Page<SessionRecord>>;
+    fn changes<'a>(
+        &'a self,
+        scope: &'a crate::feed::FeedScope,
+        after: crate::feed::Position,
+        limit: usize,
+    ) -> BoxFut<'a, crate::feed::ChangePage>;
+    fn wait_changes<'a>(
+        &'a self,
+        scope: &'a crate::feed::FeedScope,
+        after: crate::feed::Position,
+        limit: usize,
+        timeout: std::time::Duration,
+    ) -> BoxFut<'a, crate::feed::ChangePage>;
+    fn feed_head<'a>(
+        &'a self,
+        scope: &'a crate::feed::FeedScope,
+    ) -> BoxFut<'a, crate::feed::Position>;
+    fn prune_changes<'a>(
+        &'a self,
+        scope: &'a crate::feed::FeedScope,
+        through: crate::feed::Position,
+    ) -> BoxFut<'a, u64>;
     fn read_tray<'a>(&'a self, key: &'a TrayKey, epoch: u64) -> BoxFut<'a, Option<Tray>>;
     fn write_tray<'a>(&'a self, key: &'a TrayKey, epoch: u64, tray: Tray) -> BoxFut<'a, ()>;
     fn delete_tray<'a>(&'a self, key: &'a TrayKey, epoch: u64) -> BoxFut<'a, bool>;
@@ -469,6 +514,36 @@ impl<T: AsyncCore> DynCore for T {
     ) -> BoxFut<'a, Page<SessionRecord>> {
         Box::pin(AsyncCore::list_sessions(self, tenant, page))
     }
+    fn changes<'a>(
+        &'a self,
+        scope: &'a crate::feed::FeedScope,
+        after: crate::feed::Position,
+        limit: usize,
+    ) -> BoxFut<'a, crate::feed::ChangePage> {
+        Box::pin(AsyncCore::changes(self, scope, after, limit))
+    }
+    fn wait_changes<'a>(
+        &'a self,
+        scope: &'a crate::feed::FeedScope,
+        after: crate::feed::Position,
+        limit: usize,
+        timeout: std::time::Duration,
+    ) -> BoxFut<'a, crate::feed::ChangePage> {
+        Box::pin(AsyncCore::wait_changes(self, scope, after, limit, timeout))
+    }
+    fn feed_head<'a>(
+        &'a self,
+        scope: &'a crate::feed::FeedScope,
+    ) -> BoxFut<'a, crate::feed::Position> {
+        Box::pin(AsyncCore::feed_head(self, scope))
+    }
+    fn prune_changes<'a>(
+        &'a self,
+        scope: &'a crate::feed::FeedScope,
+        through: crate::feed::Position,
+    ) -> BoxFut<'a, u64> {
+        Box::pin(AsyncCore::prune_changes(self, scope, through))
+    }
     fn read_tray<'a>(&'a self, key: &'a TrayKey, epoch: u64) -> BoxFut<'a, Option<Tray>> {
         Box::pin(AsyncCore::read_tray(self, key, epoch))
     }
@@ -600,6 +675,39 @@ impl<T: AsyncCore> DynCore for T {
 /// [`Bridge::block_on`]. (`StoreAdmin` stays the backend's own.)
 macro_rules! sync_over_async {
     ($t:ty) => {
+        impl $crate::FeedStore for $t {
+            fn changes(
+                &self,
+                scope: &$crate::FeedScope,
+                after: $crate::Position,
+                limit: usize,
+            ) -> $crate::Result<$crate::ChangePage> {
+                use $crate::native::AsyncCore as C;
+                C::bridge(self).block_on(C::changes(self, scope, after, limit))
+            }
+            fn wait_changes(
+                &self,
+                scope: &$crate::FeedScope,
+                after: $crate::Position,
+                limit: usize,
+                timeout: std::time::Duration,
+            ) -> $crate::Result<$crate::ChangePage> {
+                use $crate::native::AsyncCore as C;
+                C::bridge(self).block_on(C::wait_changes(self, scope, after, limit, timeout))
+            }
+            fn feed_head(&self, scope: &$crate::FeedScope) -> $crate::Result<$crate::Position> {
+                use $crate::native::AsyncCore as C;
+                C::bridge(self).block_on(C::feed_head(self, scope))
+            }
+            fn prune_changes(
+                &self,
+                scope: &$crate::FeedScope,
+                through: $crate::Position,
+            ) -> $crate::Result<u64> {
+                use $crate::native::AsyncCore as C;
+                C::bridge(self).block_on(C::prune_changes(self, scope, through))
+            }
+        }
         impl $crate::api::StateStore for $t {
             fn put_run(&self, record: $crate::RunRecord) -> $crate::Result<$crate::RunRecord> {
                 use $crate::native::AsyncCore as C;

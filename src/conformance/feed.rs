@@ -8,14 +8,14 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use super::helpers::{T0, ok, rounds, unique};
-use super::{FeedConformanceStore, FeedFactory};
+use super::{ConformanceStore, Factory};
 use crate::{
     Change, ChangePage, Changed, FEED_WAIT_MAX, FeedScope, InstanceKey, ManualClock, Position,
     RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError, StateQuery,
     Tray, TrayKey,
 };
 
-fn open(make: FeedFactory<'_>) -> Arc<dyn FeedConformanceStore> {
+fn open(make: Factory<'_>) -> Arc<dyn ConformanceStore> {
     make(Arc::new(ManualClock::new(T0)))
 }
 
@@ -24,7 +24,7 @@ fn open(make: FeedFactory<'_>) -> Arc<dyn FeedConformanceStore> {
 /// short of nothing (no empty page before the end) and that `next` is the
 /// last position read. Returns the changes and the final position.
 fn drain(
-    s: &dyn FeedConformanceStore,
+    s: &dyn ConformanceStore,
     scope: &FeedScope,
     after: Position,
     limit: usize,
@@ -112,7 +112,7 @@ impl Model {
 
     /// Panics unless the runs and sessions are the tenant's, record by
     /// record.
-    fn assert_is_tenant(&self, s: &dyn FeedConformanceStore, tenant: &str, ctx: &str) {
+    fn assert_is_tenant(&self, s: &dyn ConformanceStore, tenant: &str, ctx: &str) {
         let mut runs = BTreeMap::new();
         let q = StateQuery::new(tenant);
         for r in s.iter_runs(&q) {
@@ -152,7 +152,7 @@ fn kinds(changes: &[Change]) -> Vec<String> {
         .collect()
 }
 
-fn put(s: &dyn FeedConformanceStore, r: RunRecord, ctx: &str) -> RunRecord {
+fn put(s: &dyn ConformanceStore, r: RunRecord, ctx: &str) -> RunRecord {
     ok(s.put_run(r), format_args!("{ctx}: put_run"))
 }
 
@@ -166,7 +166,7 @@ fn delta(cost: u64) -> StateDelta {
 /// F1: every committed write of a scope's records is in its feed, once
 /// per record, in the record's current state at the position of its last
 /// change; a delete is a tombstone.
-pub fn f1_every_change_once_in_its_latest_state(make: FeedFactory<'_>) {
+pub fn f1_every_change_once_in_its_latest_state(make: Factory<'_>) {
     let s = &*open(make);
     let t = unique("f1");
     let scope = FeedScope::tenant(&t);
@@ -235,7 +235,7 @@ pub fn f1_every_change_once_in_its_latest_state(make: FeedFactory<'_>) {
 /// F2: a feed is read in pages in position order: positions strictly
 /// increase within and across pages, `next` continues exactly where the
 /// page ended, and any page size reads the same changes.
-pub fn f2_pages_continue_in_position_order(make: FeedFactory<'_>) {
+pub fn f2_pages_continue_in_position_order(make: Factory<'_>) {
     let s = &*open(make);
     let t = unique("f2");
     let scope = FeedScope::tenant(&t);
@@ -278,7 +278,7 @@ pub fn f2_pages_continue_in_position_order(make: FeedFactory<'_>) {
 
 /// F3: a tenant's feed holds its runs and sessions only; the trays feed
 /// holds trays and alarms, and with an env only that env's trays.
-pub fn f3_feeds_are_scoped(make: FeedFactory<'_>) {
+pub fn f3_feeds_are_scoped(make: Factory<'_>) {
     let s = &*open(make);
     let (t, u) = (unique("f3t"), unique("f3u"));
     let ns = unique("f3ns");
@@ -402,7 +402,7 @@ pub fn f3_feeds_are_scoped(make: FeedFactory<'_>) {
 /// writers race (creates, patches, deletes from several threads), and one
 /// that stops, falls behind and resumes from its last position, each end
 /// holding exactly the store's final state, record by record.
-pub fn f4_no_commit_is_ever_skipped(make: FeedFactory<'_>) {
+pub fn f4_no_commit_is_ever_skipped(make: Factory<'_>) {
     let store = open(make);
     let t = unique("f4");
     let scope = FeedScope::tenant(&t);
@@ -484,7 +484,7 @@ pub fn f4_no_commit_is_ever_skipped(make: FeedFactory<'_>) {
 /// F5: `wait_changes` answers at once when something is after the
 /// position, is woken by a commit to the scope (from another thread; on a
 /// server, another process), and at its timeout answers an empty page.
-pub fn f5_a_commit_wakes_a_waiter(make: FeedFactory<'_>) {
+pub fn f5_a_commit_wakes_a_waiter(make: Factory<'_>) {
     let store = open(make);
     let t = unique("f5");
     let scope = FeedScope::tenant(&t);
@@ -560,7 +560,7 @@ pub fn f5_a_commit_wakes_a_waiter(make: FeedFactory<'_>) {
 /// F6: tombstones stay until pruned; after `prune_changes` (and after a
 /// tenant is purged) a position before the horizon is `FeedPruned`, never
 /// a feed with deletes missing, and reading on from the horizon works.
-pub fn f6_pruned_feeds_say_so(make: FeedFactory<'_>) {
+pub fn f6_pruned_feeds_say_so(make: Factory<'_>) {
     let s = &*open(make);
     let t = unique("f6");
     let scope = FeedScope::tenant(&t);
@@ -634,7 +634,7 @@ fn e_retryable(horizon: Position, scope: &FeedScope) -> bool {
 /// server's head stays behind transactions still open when it was taken),
 /// always in the record's current state, so list-then-follow misses
 /// nothing and at worst reads a record twice.
-pub fn f7_the_head_splits_before_from_after(make: FeedFactory<'_>) {
+pub fn f7_the_head_splits_before_from_after(make: Factory<'_>) {
     let s = &*open(make);
     let t = unique("f7");
     let scope = FeedScope::tenant(&t);
@@ -664,7 +664,7 @@ pub fn f7_the_head_splits_before_from_after(make: FeedFactory<'_>) {
 /// F8: bad arguments are `Invalid` and change nothing: an empty or
 /// oversized limit, a bad tenant or env, a wait past the longest, and
 /// pruning one env's feed (tombstones are pruned store-wide).
-pub fn f8_bad_feed_arguments_are_invalid(make: FeedFactory<'_>) {
+pub fn f8_bad_feed_arguments_are_invalid(make: Factory<'_>) {
     let s = &*open(make);
     let t = unique("f8");
     let scope = FeedScope::tenant(&t);

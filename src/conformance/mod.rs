@@ -1,6 +1,7 @@
 //! The public conformance suite: every numbered rule of the contract
 //! (R runs, S sessions, L listings, X scrubbing, E errors, T trays, A alarms,
-//! B spend caps, K limits) as one function that checks it against a backend.
+//! B spend caps, K limits, and the project's I idempotency, P erasure and F
+//! change feed) as one function that checks it against a backend.
 //!
 //! Enabled by the `conformance` feature. A backend is done when every
 //! function in [`RULES`] passes against it; each panics with a message that
@@ -126,44 +127,6 @@ pub use trays::*;
 pub trait ConformanceStore: crate::Store {}
 impl<T: crate::Store + ?Sized> ConformanceStore for T {}
 
-/// A store the change-feed rules (F) can check: a [`ConformanceStore`]
-/// with a [`FeedStore`](crate::FeedStore).
-pub trait FeedConformanceStore: crate::Store + crate::FeedStore {}
-impl<T: crate::Store + crate::FeedStore + ?Sized> FeedConformanceStore for T {}
-
-/// Builds the store the change-feed rules check, like [`Factory`].
-pub type FeedFactory<'a> = &'a dyn Fn(Arc<ManualClock>) -> Arc<dyn FeedConformanceStore>;
-
-/// A change-feed rule's check.
-pub type FeedCheck = for<'a> fn(FeedFactory<'a>);
-
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __feed_rules {
-    ([$($callback:tt)*] $($args:tt)*) => {
-        $($callback)*! {
-            $($args)*
-            f1 f1_every_change_once_in_its_latest_state,
-            f2 f2_pages_continue_in_position_order,
-            f3 f3_feeds_are_scoped,
-            f4 f4_no_commit_is_ever_skipped,
-            f5 f5_a_commit_wakes_a_waiter,
-            f6 f6_pruned_feeds_say_so,
-            f7 f7_the_head_splits_before_from_after,
-            f8 f8_bad_feed_arguments_are_invalid,
-        }
-    };
-}
-
-/// One `#[test]` per change-feed rule (F1–F8) for a [`FeedFactory`], like
-/// [`conformance_tests!`](crate::conformance_tests).
-#[macro_export]
-macro_rules! feed_conformance_tests {
-    ($factory:expr $(,)?) => {
-        $crate::__feed_rules! { [$crate::__conformance_test_fns] ($factory) }
-    };
-}
-
 /// Makes a store whose clock is the given manual clock.
 ///
 /// The store may be shared with other checks (a PostgreSQL backend runs the
@@ -182,11 +145,8 @@ macro_rules! rule_table {
 }
 
 /// Every rule check, by rule id, in spec order (R, S, L, X, E, T, A, B, K,
-/// then the project's own families: I).
+/// then the project's own families: I, F).
 pub const RULES: &[(&str, Check)] = crate::__conformance_rules!([rule_table]);
-
-/// The change-feed rules (F), each `(rule id, check)`.
-pub const FEED_RULES: &[(&str, FeedCheck)] = crate::__feed_rules!([rule_table]);
 
 /// The rule list — the one place every rule of the suite is named, in spec
 /// order, as `id fn_name` pairs. Both [`RULES`] and
@@ -262,6 +222,14 @@ macro_rules! __conformance_rules {
             i5 i5_keys_are_kept_for_the_window_then_forgotten,
             i6 i6_racing_calls_with_one_key_apply_once,
             p1 p1_purge_tenant_erases_every_record,
+            f1 f1_every_change_once_in_its_latest_state,
+            f2 f2_pages_continue_in_position_order,
+            f3 f3_feeds_are_scoped,
+            f4 f4_no_commit_is_ever_skipped,
+            f5 f5_a_commit_wakes_a_waiter,
+            f6 f6_pruned_feeds_say_so,
+            f7 f7_the_head_splits_before_from_after,
+            f8 f8_bad_feed_arguments_are_invalid,
         }
     };
 }

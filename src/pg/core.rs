@@ -131,6 +131,48 @@ impl AsyncCore for PostgresStore {
         .await
     }
 
+    async fn changes(
+        &self,
+        scope: &crate::feed::FeedScope,
+        after: crate::feed::Position,
+        limit: usize,
+    ) -> Result<crate::feed::ChangePage> {
+        let tenant = crate::feed::tenant_of(scope);
+        call(PG, "changes", tenant, self.do_changes(scope, after, limit)).await
+    }
+
+    async fn wait_changes(
+        &self,
+        scope: &crate::feed::FeedScope,
+        after: crate::feed::Position,
+        limit: usize,
+        timeout: std::time::Duration,
+    ) -> Result<crate::feed::ChangePage> {
+        let tenant = crate::feed::tenant_of(scope);
+        let fut = self.do_wait_changes(scope, after, limit, timeout);
+        call(PG, "wait_changes", tenant, fut).await
+    }
+
+    async fn feed_head(&self, scope: &crate::feed::FeedScope) -> Result<crate::feed::Position> {
+        let tenant = crate::feed::tenant_of(scope);
+        call(PG, "feed_head", tenant, self.do_feed_head(scope)).await
+    }
+
+    async fn prune_changes(
+        &self,
+        scope: &crate::feed::FeedScope,
+        through: crate::feed::Position,
+    ) -> Result<u64> {
+        let tenant = crate::feed::tenant_of(scope);
+        call(
+            PG,
+            "prune_changes",
+            tenant,
+            self.do_prune_changes(scope, through),
+        )
+        .await
+    }
+
     async fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
         call(PG, "read_tray", None, self.do_read_tray(key, epoch)).await
     }

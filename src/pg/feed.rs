@@ -31,8 +31,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::error::{Result, StateError};
 use crate::feed::{Change, ChangePage, Changed, FeedScope, Position, check_call};
-use crate::native::AsyncCore;
-use crate::observe::{self, call};
+use crate::observe;
 use crate::record::{RunKey, SessionKey};
 use crate::tray::{Alarm, InstanceKey, TrayKey};
 
@@ -578,56 +577,6 @@ impl PostgresStore {
                 return Ok(());
             }
         }
-    }
-}
-
-impl crate::FeedStore for PostgresStore {
-    fn changes(&self, scope: &FeedScope, after: Position, limit: usize) -> Result<ChangePage> {
-        let fut = call(
-            PG,
-            "changes",
-            tenant_of(scope),
-            self.do_changes(scope, after, limit),
-        );
-        self.bridge().block_on(fut)
-    }
-
-    fn wait_changes(
-        &self,
-        scope: &FeedScope,
-        after: Position,
-        limit: usize,
-        timeout: Duration,
-    ) -> Result<ChangePage> {
-        let fut = call(
-            PG,
-            "wait_changes",
-            tenant_of(scope),
-            self.do_wait_changes(scope, after, limit, timeout),
-        );
-        self.bridge().block_on(fut)
-    }
-
-    fn feed_head(&self, scope: &FeedScope) -> Result<Position> {
-        let fut = call(PG, "feed_head", tenant_of(scope), self.do_feed_head(scope));
-        self.bridge().block_on(fut)
-    }
-
-    fn prune_changes(&self, scope: &FeedScope, through: Position) -> Result<u64> {
-        let fut = call(
-            PG,
-            "prune_changes",
-            tenant_of(scope),
-            self.do_prune_changes(scope, through),
-        );
-        self.bridge().block_on(fut)
-    }
-}
-
-fn tenant_of(scope: &FeedScope) -> Option<&str> {
-    match scope {
-        FeedScope::Tenant { tenant } => Some(tenant),
-        FeedScope::Trays { .. } => None,
     }
 }
 

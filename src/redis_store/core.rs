@@ -121,6 +121,48 @@ impl AsyncCore for RedisStore {
         .await
     }
 
+    async fn changes(
+        &self,
+        scope: &crate::feed::FeedScope,
+        after: crate::feed::Position,
+        limit: usize,
+    ) -> Result<crate::feed::ChangePage> {
+        let tenant = crate::feed::tenant_of(scope);
+        call(B, "changes", tenant, self.changes_impl(scope, after, limit)).await
+    }
+
+    async fn wait_changes(
+        &self,
+        scope: &crate::feed::FeedScope,
+        after: crate::feed::Position,
+        limit: usize,
+        timeout: std::time::Duration,
+    ) -> Result<crate::feed::ChangePage> {
+        let tenant = crate::feed::tenant_of(scope);
+        let fut = self.wait_changes_impl(scope, after, limit, timeout);
+        call(B, "wait_changes", tenant, fut).await
+    }
+
+    async fn feed_head(&self, scope: &crate::feed::FeedScope) -> Result<crate::feed::Position> {
+        let tenant = crate::feed::tenant_of(scope);
+        call(B, "feed_head", tenant, self.feed_head_impl(scope)).await
+    }
+
+    async fn prune_changes(
+        &self,
+        scope: &crate::feed::FeedScope,
+        through: crate::feed::Position,
+    ) -> Result<u64> {
+        let tenant = crate::feed::tenant_of(scope);
+        call(
+            B,
+            "prune_changes",
+            tenant,
+            self.prune_changes_impl(scope, through),
+        )
+        .await
+    }
+
     async fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
         call(B, "read_tray", None, self.read_tray_impl(key, epoch)).await
     }

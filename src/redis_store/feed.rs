@@ -34,7 +34,7 @@ use ::redis::aio::PubSubSink;
 use tokio::sync::watch;
 
 use crate::error::{Result, StateError};
-use crate::feed::{Change, ChangePage, Changed, FeedScope, FeedStore, Position, check_call};
+use crate::feed::{Change, ChangePage, Changed, FeedScope, Position, check_call};
 use crate::kv::key::KeyReader;
 use crate::record::{RunKey, SessionKey};
 use crate::tray::Alarm;
@@ -560,56 +560,5 @@ async fn read(
         *conn = None;
         hub.chans.lock().clear();
         *hub.retry_at.lock() = Some(Instant::now() + REDIAL);
-    }
-}
-
-impl FeedStore for RedisStore {
-    fn changes(&self, scope: &FeedScope, after: Position, limit: usize) -> Result<ChangePage> {
-        self.bridge.block_on(crate::observe::call(
-            "redis",
-            "changes",
-            tenant_of(scope),
-            self.changes_impl(scope, after, limit),
-        ))
-    }
-
-    fn wait_changes(
-        &self,
-        scope: &FeedScope,
-        after: Position,
-        limit: usize,
-        timeout: Duration,
-    ) -> Result<ChangePage> {
-        self.bridge.block_on(crate::observe::call(
-            "redis",
-            "wait_changes",
-            tenant_of(scope),
-            self.wait_changes_impl(scope, after, limit, timeout),
-        ))
-    }
-
-    fn feed_head(&self, scope: &FeedScope) -> Result<Position> {
-        self.bridge.block_on(crate::observe::call(
-            "redis",
-            "feed_head",
-            tenant_of(scope),
-            self.feed_head_impl(scope),
-        ))
-    }
-
-    fn prune_changes(&self, scope: &FeedScope, through: Position) -> Result<u64> {
-        self.bridge.block_on(crate::observe::call(
-            "redis",
-            "prune_changes",
-            tenant_of(scope),
-            self.prune_changes_impl(scope, through),
-        ))
-    }
-}
-
-fn tenant_of(scope: &FeedScope) -> Option<&str> {
-    match scope {
-        FeedScope::Tenant { tenant } => Some(tenant),
-        FeedScope::Trays { .. } => None,
     }
 }

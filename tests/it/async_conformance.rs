@@ -241,6 +241,42 @@ impl BudgetStore for ViaAsync {
     }
 }
 
+impl agentstate::FeedStore for ViaAsync {
+    fn changes(
+        &self,
+        scope: &agentstate::FeedScope,
+        after: agentstate::Position,
+        limit: usize,
+    ) -> Result<agentstate::ChangePage> {
+        let scope = scope.clone();
+        fwd!(self, |s| s.changes(&scope, after, limit).await)
+    }
+    fn wait_changes(
+        &self,
+        scope: &agentstate::FeedScope,
+        after: agentstate::Position,
+        limit: usize,
+        timeout: std::time::Duration,
+    ) -> Result<agentstate::ChangePage> {
+        let scope = scope.clone();
+        fwd!(self, |s| s
+            .wait_changes(&scope, after, limit, timeout)
+            .await)
+    }
+    fn feed_head(&self, scope: &agentstate::FeedScope) -> Result<agentstate::Position> {
+        let scope = scope.clone();
+        fwd!(self, |s| s.feed_head(&scope).await)
+    }
+    fn prune_changes(
+        &self,
+        scope: &agentstate::FeedScope,
+        through: agentstate::Position,
+    ) -> Result<u64> {
+        let scope = scope.clone();
+        fwd!(self, |s| s.prune_changes(&scope, through).await)
+    }
+}
+
 impl StoreAdmin for ViaAsync {
     fn list_sessions(&self, tenant: &str, page: &PageRequest) -> Result<Page<SessionRecord>> {
         let (tenant, page) = (tenant.to_owned(), page.clone());

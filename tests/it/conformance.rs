@@ -22,19 +22,6 @@ mod memory {
 
     agentstate::conformance_tests!(factory);
 
-    mod feed {
-        use super::*;
-        use agentstate::conformance::FeedConformanceStore;
-
-        fn factory(clock: Arc<ManualClock>) -> Arc<dyn FeedConformanceStore> {
-            Arc::new(agentstate::MemoryStore::with_options(
-                agentstate::Options::new().clock(clock),
-            ))
-        }
-
-        agentstate::feed_conformance_tests!(factory);
-    }
-
     /// `RULES` names every rule of the contract the suite covers (R, S, L,
     /// X, E, T, A, B, K — D and W live in other harnesses), once each, in spec
     /// order; and every entry passes on the memory store.
@@ -54,6 +41,7 @@ mod memory {
             ("k", 6),
             ("i", 6),
             ("p", 1),
+            ("f", 8),
         ];
         let want: Vec<String> = FAMILIES
             .iter()
@@ -147,20 +135,6 @@ mod file {
     }
 
     agentstate::conformance_tests!(factory);
-
-    mod feed {
-        use super::*;
-        use agentstate::conformance::FeedConformanceStore;
-
-        fn factory(clock: Arc<ManualClock>) -> Arc<dyn FeedConformanceStore> {
-            Arc::new(super::super::file_stores::open_file(
-                clock,
-                agentstate::FileEngine::Fjall,
-            ))
-        }
-
-        agentstate::feed_conformance_tests!(factory);
-    }
 }
 
 #[cfg(feature = "sled")]
@@ -173,20 +147,6 @@ mod sled {
     }
 
     agentstate::conformance_tests!(factory);
-
-    mod feed {
-        use super::*;
-        use agentstate::conformance::FeedConformanceStore;
-
-        fn factory(clock: Arc<ManualClock>) -> Arc<dyn FeedConformanceStore> {
-            Arc::new(super::super::file_stores::open_file(
-                clock,
-                agentstate::FileEngine::Sled,
-            ))
-        }
-
-        agentstate::feed_conformance_tests!(factory);
-    }
 }
 
 #[cfg(feature = "postgres")]
@@ -203,21 +163,6 @@ mod postgres {
     }
 
     agentstate::conformance_tests!(factory);
-
-    /// The change-feed rules (F1–F8) on the same server and schema.
-    mod feed {
-        use super::*;
-
-        fn factory(
-            clock: Arc<ManualClock>,
-        ) -> Arc<dyn agentstate::conformance::FeedConformanceStore> {
-            Arc::new(crate::postgres::store(
-                agentstate::Options::new().clock(clock),
-            ))
-        }
-
-        agentstate::feed_conformance_tests!(factory);
-    }
 }
 
 #[cfg(feature = "redis")]
@@ -240,27 +185,4 @@ mod redis {
     }
 
     agentstate::conformance_tests!(factory);
-
-    /// The change-feed rules (F1–F8) on the shared server too: every check
-    /// reads the trays feed after its own head or keeps to its own
-    /// namespaces, so the other tests' writes do not disturb it.
-    mod feed {
-        use super::*;
-        use agentstate::conformance::FeedConformanceStore;
-
-        fn factory(clock: Arc<ManualClock>) -> Arc<dyn FeedConformanceStore> {
-            let url = crate::redis_server::shared_url(0);
-            Arc::new(
-                agentstate::RedisStore::connect_with(
-                    &url,
-                    agentstate::RedisOptions::new()
-                        .options(agentstate::Options::new().clock(clock))
-                        .pool_size(16),
-                )
-                .expect("connect to the test redis-server"),
-            )
-        }
-
-        agentstate::feed_conformance_tests!(factory);
-    }
 }
