@@ -14,6 +14,7 @@ mod open;
 mod output;
 mod time;
 mod transfer;
+mod watch;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -137,6 +138,41 @@ enum Command {
         /// told whether it was cut short).
         #[arg(long)]
         allow_untrailed: bool,
+    },
+    /// Follow a change feed: one line per change (each record once, at its
+    /// last change), waiting for new commits. With --sweep, the sweeper:
+    /// each marked tray named the moment its mark commits, each alarm at
+    /// its due time.
+    Watch {
+        /// A tenant's runs and sessions.
+        #[arg(long, required_unless_present = "trays", conflicts_with = "trays")]
+        tenant: Option<String>,
+        /// The store's trays and alarms.
+        #[arg(long)]
+        trays: bool,
+        /// With --trays: only this env's trays (and no alarms).
+        #[arg(long, requires = "trays")]
+        env: Option<String>,
+        /// Where to start: "head" (what commits from now on), "start"
+        /// (every record, then what follows), or a position an earlier
+        /// watch printed.
+        #[arg(long, default_value = "head", value_parser = watch::parse_from)]
+        from: watch::From,
+        /// Stop after this many lines.
+        #[arg(long)]
+        count: Option<u64>,
+        /// Stop after this many seconds with nothing new.
+        #[arg(long, value_name = "SECS")]
+        idle: Option<f64>,
+        /// The sweeper (needs --trays): name marked trays and due alarms.
+        #[arg(long, requires = "trays")]
+        sweep: bool,
+        /// With --sweep: acknowledge each alarm as it comes due.
+        #[arg(long, requires = "sweep")]
+        ack: bool,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
     },
     /// Retention: delete a tenant's finished runs (completed, failed,
     /// cancelled) last written before a time. Unfinished runs are never
@@ -594,6 +630,41 @@ fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
             &cli.connect()?,
             out,
         ),
+        Command::Watch {
+            tenant,
+            trays,
+            env,
+            from,
+            count,
+            idle,
+            sweep,
+            ack,
+            json,
+        } => {
+            let scope = match (tenant, trays, env) {
+                (Some(t), _, _) => agentstate::FeedScope::tenant(t),
+                (None, true, Some(e)) => agentstate::FeedScope::trays_in(e),
+                (None, _, None) => agentstate::FeedScope::trays(),
+                (None, false, Some(_)) => return Err(CliError::usage("--env needs --trays")),
+            };
+            let idle = match idle {
+                Some(s) if !(s.is_finite() && *s >= 0.0) => {
+                    return Err(CliError::usage("--idle: a number of seconds"));
+                }
+                Some(s) => Some(std::time::Duration::from_secs_f64(*s)),
+                None => None,
+            };
+            let w = watch::Watch {
+                scope,
+                from: *from,
+                json: *json,
+                count: *count,
+                idle,
+                sweep: *sweep,
+                ack: *ack,
+            };
+            watch::run(&*cli.open(Open::Existing)?, &w, out)
+        }
         Command::Prune {
             tenant,
             finished_before,

@@ -1657,3 +1657,114 @@ fn cli_redis_without_config_needs_redis_assume() {
         assert!(!out.contains("cli-pw-7731"), "a password was shown: {out}");
     }
 }
+
+/// `watch`: a tenant's feed from the start (each record once, in position
+/// order), from the head (nothing), the sweeper on the trays feed (marked
+/// trays named, due alarms named and acked), and its usage errors.
+#[test]
+fn cli_watch_follows_feeds_and_sweeps() {
+    let (_dir, db) = fixture_dir();
+    let db = p(&db);
+    // JSON: the library's Change shape, one per record of the tenant.
+    let out = ok(&[
+        "--db", db, "watch", "--tenant", "acme", "--from", "start", "--json", "--idle", "0.2",
+    ]);
+    let changes: Vec<agentstate::Change> = json_lines(&out);
+    let mut got: Vec<String> = changes
+        .iter()
+        .map(|c| match &c.item {
+            agentstate::Changed::Run { run } => run.key.run_id.clone(),
+            agentstate::Changed::Session { session } => session.key.session_id.clone(),
+            other => panic!("acme's feed holds {other:?}"),
+        })
+        .collect();
+    assert!(
+        changes.windows(2).all(|w| w[0].position < w[1].position),
+        "positions increase"
+    );
+    got.sort();
+    assert_eq!(got, ["r1", "r2", "r3", "r4", "r5", "s1", "s2"]);
+    // Text, stopped by --count.
+    let out = ok(&[
+        "--db", db, "watch", "--tenant", "acme", "--from", "start", "--count", "2",
+    ]);
+    let lines = out.lines().collect::<Vec<_>>();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines.iter().any(|l| l.contains("session acme/s1 v1")),
+        "{out}"
+    );
+    // Resuming after the second change reads the other five.
+    let second = lines[1].split_whitespace().next().unwrap();
+    let out = ok(&[
+        "--db", db, "watch", "--tenant", "acme", "--from", second, "--idle", "0.2",
+    ]);
+    assert_eq!(out.lines().collect::<Vec<_>>().len(), 5, "{out}");
+    assert!(out.contains("run acme/r1 v2 running"), "{out}");
+    // From the head: nothing has committed since.
+    let out = ok(&["--db", db, "watch", "--tenant", "acme", "--idle", "0.2"]);
+    assert_eq!(out, "");
+
+    // The sweeper: both marked trays named; both alarms (due in 2023)
+    // named at once and, with --ack, acknowledged.
+    let out = ok(&[
+        "--db", db, "watch", "--trays", "--from", "start", "--sweep", "--ack", "--json", "--idle",
+        "0.3",
+    ]);
+    let actions: Vec<serde_json::Value> = json_lines(&out);
+    let wakes: Vec<String> = actions
+        .iter()
+        .filter(|a| a["action"] == "wake")
+        .map(|a| {
+            format!(
+                "{}/{}",
+                a["key"]["id"].as_str().unwrap(),
+                a["env"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(wakes, ["room-1/prod", "room-2/staging"], "{out}");
+    let dues: Vec<(String, bool)> = actions
+        .iter()
+        .filter(|a| a["action"] == "due")
+        .map(|a| {
+            (
+                a["instance"]["id"].as_str().unwrap().to_string(),
+                a["acked"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        dues,
+        [("room-1".to_string(), true), ("room-2".to_string(), true)],
+        "{out}"
+    );
+    let out = ok(&["--db", db, "alarms", "due", "--now", "2100-01-01T00:00:00Z"]);
+    assert!(!out.contains("room-"), "acked alarms are gone: {out}");
+    // One env's trays; the tray feed's tombstones of the acked alarms.
+    let out = ok(&[
+        "--db", db, "watch", "--trays", "--env", "staging", "--from", "start", "--idle", "0.2",
+    ]);
+    assert_eq!(out.lines().collect::<Vec<_>>().len(), 1, "{out}");
+    assert!(
+        out.contains("tray chat/room-2/state/main marked env=staging"),
+        "{out}"
+    );
+    let out = ok(&[
+        "--db", db, "watch", "--trays", "--from", "start", "--idle", "0.2",
+    ]);
+    assert!(out.contains("alarm chat/room-1 deleted"), "{out}");
+
+    // Usage: a sweep of a tenant's feed, a bad position, no scope.
+    for args in [
+        vec!["watch", "--tenant", "acme", "--sweep"],
+        vec!["watch", "--tenant", "acme", "--from", "yesterday"],
+        vec!["watch"],
+        vec!["watch", "--tenant", "acme", "--idle", "-1"],
+    ] {
+        let mut full = vec!["--db", db];
+        full.extend(args.iter());
+        let r = cli(&full);
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+    }
+}

@@ -166,3 +166,45 @@ fn copy_file_to_postgres_and_back() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// `watch` over `postgres://` is woken by another process's commit: the
+/// CLI waits in LISTEN; this test process writes; the CLI prints the run
+/// and exits (`--count 1`).
+#[test]
+fn watch_is_woken_by_another_process_commit() {
+    let pg = fresh_db("watch");
+    let store = PostgresStore::connect(&pg).expect("connect");
+    store.setup().expect("setup");
+    let child = Command::new(env!("CARGO_BIN_EXE_agentstate"))
+        .env_remove("AGENTSTATE_DB")
+        .args([
+            "--db", &pg, "watch", "--tenant", "acme", "--count", "1", "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    // The watch takes its head before it waits: give it time to start.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    store
+        .put_run(RunRecord::new(RunKey::new("acme", "woken"), "planner"))
+        .expect("put");
+    let began = std::time::Instant::now();
+    let out = child.wait_with_output().expect("the watch ends");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8(out.stdout).expect("UTF-8");
+    let change: agentstate::Change = serde_json::from_str(line.trim()).expect("one Change");
+    assert!(
+        matches!(&change.item, agentstate::Changed::Run { run } if run.key.run_id == "woken"),
+        "{line}"
+    );
+    assert!(
+        began.elapsed() < std::time::Duration::from_secs(10),
+        "woken after {:?}",
+        began.elapsed()
+    );
+}
