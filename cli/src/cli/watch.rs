@@ -153,18 +153,18 @@ pub fn run(store: &dyn Store, w: &Watch, out: &mut dyn Write) -> Result<(), CliE
                 continue;
             }
             match &c.item {
-                Changed::Tray { key, tray } if tray.marked => {
-                    if named.insert(key.clone()) {
-                        let a = Action::Wake {
-                            position: c.position,
-                            key,
-                            env: &tray.env,
-                            hostname: &tray.hostname,
-                        };
-                        print_action(out, w.json, &a)?;
-                        done += 1;
-                    }
+                Changed::Tray { key, tray } if tray.marked && !named.contains(key) => {
+                    named.insert(key.clone());
+                    let a = Action::Wake {
+                        position: c.position,
+                        key,
+                        env: &tray.env,
+                        hostname: &tray.hostname,
+                    };
+                    print_action(out, w.json, &a)?;
+                    done += 1;
                 }
+                Changed::Tray { tray, .. } if tray.marked => {}
                 Changed::Tray { key, .. } | Changed::TrayDeleted { key } => {
                     named.remove(key);
                 }
