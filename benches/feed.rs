@@ -12,9 +12,15 @@
 //! - **writers with a consumer**: creates per second from 1 and 8 writers
 //!   with no consumer and with one following the feed (target: ≤ 10% lost).
 //!
+//! With the `postgres` and `redis` features, the same wake latency and
+//! writer figures on a throwaway PostgreSQL server (fsync on) and
+//! redis-server on loopback, the consumer woken across connections
+//! (LISTEN/NOTIFY, pub/sub); on PostgreSQL also writers with the feed's
+//! triggers dropped (the feed's own cost; target ≤ 10%).
+//!
 //! ```text
 //! cargo bench --bench feed
-//! cargo bench --bench feed -- --quick
+//! cargo bench --bench feed --features postgres,redis -- --quick
 //! ```
 //!
 //! Prints one `RESULT name=value` line per figure; no test asserts a time.
@@ -214,6 +220,105 @@ fn writers(
     rate
 }
 
+// The test servers (their TLS variants unused here).
+#[cfg(all(feature = "postgres", feature = "redis"))]
+#[allow(dead_code)]
+#[path = "../tests/it/certs.rs"]
+mod certs;
+#[cfg(all(feature = "postgres", feature = "redis"))]
+#[allow(dead_code)]
+#[path = "../tests/it/pg_server.rs"]
+mod pg_server;
+#[cfg(all(feature = "postgres", feature = "redis"))]
+#[allow(dead_code)]
+#[path = "../tests/it/redis_server.rs"]
+mod redis_server;
+
+/// Writers with and without a consumer (and, given `bare`, on a store
+/// whose feed is switched off), median of three rounds each.
+fn writer_figures(
+    name: &str,
+    make: &mut dyn FnMut() -> Arc<dyn FeedAndStore>,
+    bare: Option<&mut dyn FnMut() -> Arc<dyn FeedAndStore>>,
+    secs: f64,
+) {
+    let mut bare = bare;
+    for w in [1, 8] {
+        let (mut without, mut with, mut off) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..3 {
+            let store = make();
+            let tag = format!("{name}{round}");
+            without.push(writers(store.clone(), &tag, w, false, secs));
+            with.push(writers(store, &tag, w, true, secs));
+            if let Some(b) = bare.as_mut() {
+                off.push(writers(b(), &format!("{tag}off"), w, false, secs));
+            }
+        }
+        let (a, b) = (percentile(&mut without, 0.5), percentile(&mut with, 0.5));
+        println!(
+            "{w} writer(s) on {name}: {a:.0} creates/s without a consumer, {b:.0} with one (ratio {:.2})",
+            b / a
+        );
+        println!(
+            "RESULT feed_writers_{name}_{w}_with_over_without={:.2}",
+            b / a
+        );
+        if !off.is_empty() {
+            let o = percentile(&mut off, 0.5);
+            println!(
+                "{w} writer(s) on {name}: {o:.0} creates/s with the feed's triggers dropped: the feed costs {:.0}%",
+                (1.0 - a / o) * 100.0
+            );
+            println!("RESULT feed_writers_{name}_{w}_feed_over_none={:.2}", a / o);
+        }
+    }
+}
+
+#[cfg(all(feature = "postgres", feature = "redis"))]
+fn servers(wakes: usize, secs: f64) {
+    use agentstate::{PgOptions, PostgresStore, RedisOptions, RedisStore};
+    let pg = pg_server::PgServer::start(true);
+    let dsn = pg.dsn("postgres");
+    let schemas = std::cell::Cell::new(0);
+    let pg_store = |feed: bool| -> Arc<dyn FeedAndStore> {
+        schemas.set(schemas.get() + 1);
+        let schema = format!("feedbench{}", schemas.get());
+        let store =
+            PostgresStore::connect_with(&dsn, PgOptions::new().schema(&schema).pool_size(16))
+                .expect("connect");
+        store.setup().expect("setup");
+        if !feed {
+            let mut c = postgres::Client::connect(&dsn, postgres::NoTls).expect("connect");
+            for t in [
+                "agentstate_runs",
+                "agentstate_sessions",
+                "pinned_tray_index",
+                "agentstate_alarms",
+            ] {
+                c.batch_execute(&format!("DROP TRIGGER agentstate_feed ON \"{schema}\".{t}"))
+                    .expect("drop the feed's trigger");
+            }
+        }
+        Arc::new(store)
+    };
+    wake_latency("postgres", pg_store(true), wakes);
+    let dir = redis_server::temp_dir("feed-bench");
+    let redis = redis_server::Server::start(&dir, &[]);
+    let mut db = 0;
+    let mut redis_store = || -> Arc<dyn FeedAndStore> {
+        db = (db + 1) % 16;
+        let url = format!("redis://127.0.0.1:{}/{db}", redis.port);
+        Arc::new(
+            RedisStore::connect_with(&url, RedisOptions::new().pool_size(16)).expect("connect"),
+        )
+    };
+    wake_latency("redis", redis_store(), wakes);
+    let mut pg_bare = || pg_store(false);
+    let mut pg_fed = || pg_store(true);
+    writer_figures("postgres", &mut pg_fed, Some(&mut pg_bare), secs);
+    writer_figures("redis", &mut redis_store, None, secs);
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let dir = tempfile::tempdir().unwrap();
@@ -243,28 +348,8 @@ fn main() {
     catch_up("file", file(Durability::Buffered), records, writes);
 
     let secs = if quick { 1.0 } else { 3.0 };
-    for (name, durability) in [("memory", None), ("file", Some(Durability::Immediate))] {
-        for w in [1, 8] {
-            let mut without = Vec::new();
-            let mut with = Vec::new();
-            for round in 0..3 {
-                let store = match durability {
-                    None => memory(),
-                    Some(d) => file(d),
-                };
-                let tag = format!("{name}{round}");
-                without.push(writers(store.clone(), &tag, w, false, secs));
-                with.push(writers(store, &tag, w, true, secs));
-            }
-            let (a, b) = (percentile(&mut without, 0.5), percentile(&mut with, 0.5));
-            println!(
-                "{w} writer(s) on {name}: {a:.0} creates/s without a consumer, {b:.0} with one (ratio {:.2})",
-                b / a
-            );
-            println!(
-                "RESULT feed_writers_{name}_{w}_with_over_without={:.2}",
-                b / a
-            );
-        }
-    }
+    writer_figures("memory", &mut || memory(), None, secs);
+    writer_figures("file", &mut || file(Durability::Immediate), None, secs);
+    #[cfg(all(feature = "postgres", feature = "redis"))]
+    servers(wakes / 5, secs);
 }

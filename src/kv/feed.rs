@@ -148,8 +148,16 @@ fn position_of(key: &[u8]) -> Result<u64> {
 fn record_scope(key: &[u8]) -> Result<Option<Vec<u8>>> {
     match key.first() {
         Some(&t) if t == table::RUN || t == table::SESSION => {
-            let tenant = KeyReader::new(key, t)?.str()?;
-            Ok(Some(tenant_prefix(&tenant)))
+            // The tenant's component as the key holds it (escaped and
+            // terminated) is what `tenant_prefix` writes.
+            let end = key[1..]
+                .windows(2)
+                .position(|w| w == [0x00, 0x01])
+                .ok_or_else(|| StateError::corrupt("record key's tenant not terminated"))?;
+            let mut p = Vec::with_capacity(end + 5 + 8);
+            p.extend_from_slice(&[table::FEED, SCOPE_TENANT]);
+            p.extend_from_slice(&key[1..end + 3]);
+            Ok(Some(p))
         }
         Some(&t) if t == table::TRAY || t == table::ALARM => {
             Ok(Some(KeyBuf::table(table::FEED).u8(SCOPE_TRAYS).done()))
@@ -178,13 +186,22 @@ pub(crate) fn note(
 ) -> Result<()> {
     let mut records = Vec::new();
     let mut purged = Vec::new();
+    let mut bad = None;
+    // A written record's run id (runs) and env (trays) are read here, from
+    // the pending value, so no value is copied.
     overlay.for_each(|k, v| {
         if is_record_key(k) {
-            records.push((k.to_vec(), v.cloned()));
+            match v.map(|v| identity(k, v)).transpose() {
+                Ok(id) => records.push((k.to_vec(), id)),
+                Err(e) => bad = Some(e),
+            }
         } else if k.first() == Some(&table::FEED_HORIZON) && v.is_some_and(|v| v.is_empty()) {
             purged.push(k.to_vec());
         }
     });
+    if let Some(e) = bad {
+        return Err(e);
+    }
     if records.is_empty() && purged.is_empty() {
         return Ok(());
     }
@@ -193,7 +210,7 @@ pub(crate) fn note(
         *next += 1;
     }
     records.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    for (key, v) in records {
+    for (key, id) in records {
         let Some(scope) = record_scope(&key)? else {
             continue;
         };
@@ -210,10 +227,7 @@ pub(crate) fn note(
             // A record with no entry yet: a new one, or (deleted) one that
             // never had an entry because it was made and deleted in this
             // group: nothing to read, no tombstone.
-            if v.is_none() {
-                continue;
-            }
-            let (run_id, env) = identity(&key, v.as_deref())?;
+            let Some((run_id, env)) = id else { continue };
             write(overlay, &scope, key, run_id, env, next);
             continue;
         };
@@ -221,20 +235,14 @@ pub(crate) fn note(
         if !old.env.is_empty() {
             overlay.insert(entry_key(&env_prefix(&old.env), old.position), None);
         }
-        let (run_id, env) = match v.as_deref() {
-            Some(bytes) => identity(&key, Some(bytes))?,
-            None => (old.run_id, old.env),
-        };
+        let (run_id, env) = id.unwrap_or((old.run_id, old.env));
         write(overlay, &scope, key, run_id, env, next);
     }
     Ok(())
 }
 
 /// A written record's run id (runs) and env (trays).
-fn identity(key: &[u8], v: Option<&[u8]>) -> Result<(String, String)> {
-    let Some(v) = v else {
-        return Ok((String::new(), String::new()));
-    };
+fn identity(key: &[u8], v: &[u8]) -> Result<(String, String)> {
     match key[0] {
         t if t == table::RUN => Ok((value::run_id_of(v)?, String::new())),
         t if t == table::TRAY => {
@@ -274,58 +282,55 @@ fn write(
 }
 
 /// Wakes the waiters of `wait_changes` after each commit.
+///
+/// A commit costs its writer one atomic add, and a lock and a wake-up
+/// only while a waiter sleeps: a consumer busy reading the feed costs the
+/// writers nothing. No wake-up is lost: a waiter counts itself asleep
+/// before it looks at `commits` a last time, and a writer adds to
+/// `commits` before it looks at `asleep` (both `SeqCst`), so one of the
+/// two sees the other.
 #[derive(Debug, Default)]
 pub(crate) struct Wake {
-    waiters: std::sync::atomic::AtomicUsize,
-    commits: std::sync::Mutex<u64>,
+    commits: std::sync::atomic::AtomicU64,
+    asleep: std::sync::atomic::AtomicUsize,
+    lock: std::sync::Mutex<()>,
     cv: std::sync::Condvar,
 }
 
 impl Wake {
     /// After a group committed.
     pub(crate) fn committed(&self) {
-        if self.waiters.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-            *self.commits.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        use std::sync::atomic::Ordering::SeqCst;
+        self.commits.fetch_add(1, SeqCst);
+        if self.asleep.load(SeqCst) > 0 {
+            // Taking the lock waits out a waiter between its last look and
+            // its sleep.
+            drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()));
             self.cv.notify_all();
         }
     }
 
     fn seen(&self) -> u64 {
-        *self.commits.lock().unwrap_or_else(|e| e.into_inner())
+        self.commits.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Waits until a commit after `seen` or `deadline`.
+    /// Waits until a commit after `seen`, or `deadline`.
     fn wait(&self, seen: u64, deadline: Instant) {
-        let mut c = self.commits.lock().unwrap_or_else(|e| e.into_inner());
-        while *c == seen {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.asleep.fetch_add(1, SeqCst);
+        while self.commits.load(SeqCst) == seen {
             let now = Instant::now();
             if now >= deadline {
-                return;
+                break;
             }
-            c = self
+            guard = self
                 .cv
-                .wait_timeout(c, deadline - now)
+                .wait_timeout(guard, deadline - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-    }
-}
-
-/// Counts a waiter while it lives.
-struct Waiting<'a>(&'a Wake);
-
-impl<'a> Waiting<'a> {
-    fn new(w: &'a Wake) -> Self {
-        w.waiters.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Waiting(w)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0
-            .waiters
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.asleep.fetch_sub(1, SeqCst);
     }
 }
 
@@ -433,7 +438,6 @@ impl KvStore {
     ) -> Result<ChangePage> {
         check_call(scope, limit, Some(timeout))?;
         let deadline = Instant::now() + timeout;
-        let _waiting = Waiting::new(&self.feed_wake);
         loop {
             let seen = self.feed_wake.seen();
             let page = self.changes(scope, after, limit)?;
