@@ -226,7 +226,6 @@ fn writers(
 #[path = "../tests/it/certs.rs"]
 mod certs;
 #[cfg(all(feature = "postgres", feature = "redis"))]
-#[allow(dead_code)]
 #[path = "../tests/it/pg_server.rs"]
 mod pg_server;
 #[cfg(all(feature = "postgres", feature = "redis"))]
