@@ -138,6 +138,11 @@ fn build(py: Python<'_>, e: StateError) -> PyResult<PyErr> {
             kw.set_item("asked", asked)?;
             "BudgetExceededError"
         }
+        StateError::FeedPruned { scope, horizon } => {
+            kw.set_item("scope", crate::feed::FeedScope::from(scope))?;
+            kw.set_item("horizon", horizon.as_u128())?;
+            "StateFeedPrunedError"
+        }
         StateError::Invalid { .. } => "StateInvalidError",
         StateError::Corrupt { .. } => "StateCorruptError",
         StateError::UnsupportedFormat { found, supported } => {

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 mod clock;
 mod errors;
+mod feed;
 mod rt;
 mod store;
 mod types;
@@ -59,6 +60,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HoldRecord>()?;
     m.add_class::<Settled>()?;
     m.add_class::<RunSpend>()?;
+    m.add_class::<feed::FeedScope>()?;
+    m.add_class::<feed::Change>()?;
+    m.add_class::<feed::ChangePage>()?;
+    m.add_class::<feed::ChangeStream>()?;
+    m.add_class::<feed::SyncChangeStream>()?;
     m.add_function(wrap_pyfunction!(redact_connection_string, m)?)?;
     m.add_function(wrap_pyfunction!(rt::_quiesce, m)?)?;
     m.add_function(wrap_pyfunction!(scrub_arguments, m)?)?;

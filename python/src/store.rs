@@ -11,6 +11,9 @@ use pyo3::prelude::*;
 
 use crate::clock::clock_of;
 use crate::errors;
+use crate::feed::{
+    ChangePageOut, ChangeStream, FeedScope, Pos, SyncChangeStream, pos_or_start, wait_of,
+};
 use crate::rt;
 use crate::types::*;
 
@@ -26,19 +29,29 @@ pub struct StateStore {
     label: String,
     /// PostgreSQL: the DSN and options `setup()` connects with.
     pg: Option<(String, a::PgOptions)>,
+    /// The wait of each read of `watch`: short on the embedded stores,
+    /// whose waits run on a blocking thread that a cancelled watch leaves
+    /// waiting until the wait ends.
+    watch_wait: Duration,
 }
 
 impl StateStore {
-    fn new(store: AsyncStore, label: String, pg: Option<(String, a::PgOptions)>) -> Self {
+    fn new(
+        store: AsyncStore,
+        label: String,
+        pg: Option<(String, a::PgOptions)>,
+        watch_wait: Duration,
+    ) -> Self {
         StateStore {
             inner: Mutex::new(Some(store)),
             pid: std::process::id(),
             label,
             pg,
+            watch_wait,
         }
     }
 
-    fn handle(&self, py: Python<'_>) -> PyResult<AsyncStore> {
+    pub(crate) fn handle(&self, py: Python<'_>) -> PyResult<AsyncStore> {
         if std::process::id() != self.pid {
             return Err(errors::forked(py, &self.label));
         }
@@ -74,6 +87,12 @@ impl Drop for StateStore {
     }
 }
 
+/// The wait of each read of `watch` on a memory or file store.
+const EMBEDDED_WAIT: Duration = Duration::from_secs(5);
+/// The wait of each read of `watch` on PostgreSQL or Redis (as the
+/// crate's `AsyncStore::watch`).
+const SERVER_WAIT: Duration = Duration::from_secs(60);
+
 fn options(
     clock: Option<&Bound<'_, PyAny>>,
     record_bytes_max: Option<usize>,
@@ -105,10 +124,13 @@ impl MemoryStateStore {
             clock,
             record_bytes_max,
         )?));
-        Ok(
-            PyClassInitializer::from(StateStore::new(store, "MemoryStateStore()".into(), None))
-                .add_subclass(MemoryStateStore),
-        )
+        Ok(PyClassInitializer::from(StateStore::new(
+            store,
+            "MemoryStateStore()".into(),
+            None,
+            EMBEDDED_WAIT,
+        ))
+        .add_subclass(MemoryStateStore))
     }
 }
 
@@ -132,10 +154,13 @@ impl FileStateStore {
         let store = py
             .detach(|| a::FileStore::open_with(&path, opts))
             .map_err(errors::to_py)?;
-        Ok(
-            PyClassInitializer::from(StateStore::new(AsyncStore::from(store), label, None))
-                .add_subclass(FileStateStore),
-        )
+        Ok(PyClassInitializer::from(StateStore::new(
+            AsyncStore::from(store),
+            label,
+            None,
+            EMBEDDED_WAIT,
+        ))
+        .add_subclass(FileStateStore))
     }
 }
 
@@ -182,10 +207,13 @@ impl PostgresStateStore {
             })
             .map_err(errors::to_py)?;
         let setup = pg.pool_size(1);
-        Ok(
-            PyClassInitializer::from(StateStore::new(store, label, Some((dsn, setup))))
-                .add_subclass(PostgresStateStore),
-        )
+        Ok(PyClassInitializer::from(StateStore::new(
+            store,
+            label,
+            Some((dsn, setup)),
+            SERVER_WAIT,
+        ))
+        .add_subclass(PostgresStateStore))
     }
 }
 
@@ -231,7 +259,7 @@ impl RedisStateStore {
             })
             .map_err(errors::to_py)?;
         Ok(
-            PyClassInitializer::from(StateStore::new(store, label, None))
+            PyClassInitializer::from(StateStore::new(store, label, None, SERVER_WAIT))
                 .add_subclass(RedisStateStore),
         )
     }
@@ -477,6 +505,77 @@ store_api! {
     #[pyo3(signature = (run))]
     fn run_spend(s, run: RunKey) -> Option<RunSpend> {
         s.run_spend(&run.into()).await.map(|r| r.map(Into::into))
+    }
+    /// Up to `limit` changes of the scope after position `after` (None:
+    /// the start), in position order, each record once in its current
+    /// state (or its tombstone); the page's `next` is the next call's
+    /// `after`. StateFeedPrunedError when `after` is before what
+    /// prune_changes dropped.
+    #[pyo3(signature = (scope, after=None, limit=100))]
+    fn changes(s, scope: FeedScope, after: Option<Pos>, limit: usize) -> ChangePageOut {
+        s.changes(&scope.inner, pos_or_start(after), limit).await.map(ChangePageOut)
+    }
+    /// Like changes, but when nothing is after `after` waits up to
+    /// `timeout` seconds for a commit to the scope; at the timeout, an
+    /// empty page whose `next` is `after`.
+    #[pyo3(signature = (scope, after=None, limit=100, timeout=30.0))]
+    fn wait_changes(s, scope: FeedScope, after: Option<Pos>, limit: usize, timeout: f64) -> ChangePageOut {
+        let wait = wait_of(timeout)?;
+        s.wait_changes(&scope.inner, pos_or_start(after), limit, wait).await.map(ChangePageOut)
+    }
+    /// The position to follow the scope from after listing its current
+    /// state: every change committed after this call is after it.
+    #[pyo3(signature = (scope))]
+    fn feed_head(s, scope: FeedScope) -> u128 {
+        s.feed_head(&scope.inner).await.map(|p| p.as_u128())
+    }
+    /// Drops the scope's tombstones at or before `through`; reading
+    /// after an older position is then StateFeedPrunedError. Returns how
+    /// many were dropped.
+    #[pyo3(signature = (scope, through))]
+    fn prune_changes(s, scope: FeedScope, through: Pos) -> u64 {
+        s.prune_changes(&scope.inner, through.0).await
+    }
+}
+
+#[pymethods]
+impl StateStore {
+    /// Every change of the scope after `after` (None: the start), without
+    /// end, as an async iterator (`async for change in store.watch(...)`).
+    #[pyo3(signature = (scope, after=None))]
+    fn watch(
+        slf: &Bound<'_, Self>,
+        scope: FeedScope,
+        after: Option<Pos>,
+    ) -> PyResult<ChangeStream> {
+        let me = slf.get();
+        me.handle(slf.py())?;
+        Ok(ChangeStream::new(
+            slf.clone().unbind(),
+            scope.inner,
+            pos_or_start(after),
+            me.watch_wait,
+        ))
+    }
+}
+
+#[pymethods]
+impl SyncStateStore {
+    /// Every change of the scope after `after` (None: the start), without
+    /// end, as a blocking iterator.
+    #[pyo3(signature = (scope, after=None))]
+    fn watch(
+        &self,
+        py: Python<'_>,
+        scope: FeedScope,
+        after: Option<Pos>,
+    ) -> PyResult<SyncChangeStream> {
+        self.0.get().handle(py)?;
+        Ok(SyncChangeStream::new(
+            self.0.clone_ref(py),
+            scope.inner,
+            pos_or_start(after),
+        ))
     }
 }
 

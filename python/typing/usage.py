@@ -9,6 +9,10 @@ from typing import AsyncIterator, List, Optional, Tuple
 from agentstate_rs import (
     Alarm,
     BudgetStatus,
+    Change,
+    ChangePage,
+    ChangeStream,
+    FeedScope,
     FenceLostError,
     FileStateStore,
     InstanceKey,
@@ -23,8 +27,10 @@ from agentstate_rs import (
     SessionRecord,
     StateConflictError,
     StateDelta,
+    StateFeedPrunedError,
     StateQuery,
     StateStore,
+    SyncChangeStream,
     Tray,
     TrayKey,
     TrayOp,
@@ -89,6 +95,30 @@ async def walks(store: StateStore, inst: InstanceKey) -> int:
     return len(ids) + len(due) + len(spend)
 
 
+async def feed(store: StateStore) -> Optional[int]:
+    scope = FeedScope.tenant("acme")
+    at: int = await store.feed_head(scope)
+    try:
+        page: ChangePage = await store.changes(scope, at, 100)
+    except StateFeedPrunedError as pruned:
+        horizon: int = pruned.horizon
+        page = await store.changes(scope, after=horizon)
+    runs: List[RunRecord] = [c.run for c in page.changes if c.run is not None]
+    page = await store.wait_changes(FeedScope.trays(env="prod"), page.next, limit=10, timeout=1.5)
+    dropped: int = await store.prune_changes(scope, through=page.next)
+    feed: ChangeStream = store.watch(FeedScope.trays(), after=None)
+    async for change in feed:
+        c: Change = change
+        if c.kind == "alarm_deleted" and isinstance(c.key, InstanceKey) and not c.deleted:
+            return c.position + len(runs) + dropped
+        if c.tray is not None:
+            return feed.position
+    blocking: SyncChangeStream = store.sync().watch(scope)
+    for change in blocking:
+        return change.position
+    return None
+
+
 class TestMine(StateStoreConformance):
     def make_store(self) -> StateStore:
         return MemoryStateStore(clock=self.clock)
@@ -98,7 +128,11 @@ def scripts() -> None:
     s = FileStateStore("/tmp/x", clock=ManualClock(5)).sync()
     r: RunRecord = s.put_run(RunRecord(run_id="r", tenant="t", agent_name="p"))
     s.patch_run(r.key, StateDelta(messages_read=1))
+    head: int = s.feed_head(FeedScope("tenant", "acme"))
+    for c in s.changes(FeedScope.tenant("acme"), head).changes:
+        print(c.kind, c.key, c.record)
     s.close()
     PostgresStateStore("postgres://u@h/db", pool_size=8)
     RedisStateStore("redis://h:6379/0", clock=lambda: 0)
     asyncio.run(main(MemoryStateStore()))
+    asyncio.run(feed(MemoryStateStore()))

@@ -9,6 +9,16 @@ file store, PostgreSQL or Redis (the Rust crate ``agentstate``).
 Every paged listing also walks as an async iterator, page after page to the
 end: ``iter_runs``, ``iter_sessions``, ``iter_trays``, ``iter_marked_trays``,
 ``iter_due_alarms``, ``iter_budgets``.
+
+The change feed (rules F1-F8): what changed since a position, each record
+once in its current state (or its tombstone), in commit order::
+
+    scope = FeedScope.tenant("acme")      # or FeedScope.trays(), FeedScope.trays(env="prod")
+    at = await store.feed_head(scope)     # positions are ints; None is the start
+    page = await store.changes(scope, at, limit=100)   # ChangePage: .changes, .next
+    page = await store.wait_changes(scope, page.next, timeout=30.0)
+    async for change in store.watch(scope, after=page.next):   # without end
+        change.kind, change.key, change.run  # "run", RunKey(...), RunRecord(...)
 """
 
 from __future__ import annotations
@@ -25,6 +35,10 @@ from ._native import (
     BudgetRecord,
     BudgetStatus,
     Caps,
+    Change,
+    ChangePage,
+    ChangeStream,
+    FeedScope,
     FileStateStore,
     Hold,
     HoldRecord,
@@ -46,6 +60,7 @@ from ._native import (
     StateDelta,
     StateQuery,
     StateStore,
+    SyncChangeStream,
     SyncStateStore,
     ToolCall,
     Tray,
@@ -62,6 +77,7 @@ from .errors import (
     StateConflictError,
     StateCorruptError,
     StateError,
+    StateFeedPrunedError,
     StateInUseError,
     StateInvalidError,
     StateLockedError,
@@ -87,6 +103,10 @@ __all__ = [
     "BudgetRecord",
     "BudgetStatus",
     "Caps",
+    "Change",
+    "ChangePage",
+    "ChangeStream",
+    "FeedScope",
     "FenceLostError",
     "FileStateStore",
     "Hold",
@@ -111,6 +131,7 @@ __all__ = [
     "StateCorruptError",
     "StateDelta",
     "StateError",
+    "StateFeedPrunedError",
     "StateInUseError",
     "StateInvalidError",
     "StateLockedError",
@@ -120,6 +141,7 @@ __all__ = [
     "StateStore",
     "StateUnsupportedFormatError",
     "StoreForkedError",
+    "SyncChangeStream",
     "SyncStateStore",
     "ToolCall",
     "Tray",

@@ -8,3 +8,14 @@ from typing import Any, Dict
 
 async def defer(store: Any, name: str, kwargs: Dict[str, Any]) -> Any:
     return await getattr(store, name)(**kwargs)
+
+
+async def next_change(stream: Any) -> Any:
+    """One step of ``store.watch(...)``: the next change the watch holds,
+    reading until it holds one. Handing a change out is one step after the
+    read, so a cancelled step loses nothing (the watch keeps what it read)."""
+    while True:
+        change = stream._pop()  # StopAsyncIteration once the watch has ended
+        if change is not None:
+            return change
+        await stream._read()

@@ -18,6 +18,7 @@ __all__ = [
     "StateInUseError",
     "FenceLostError",
     "BudgetExceededError",
+    "StateFeedPrunedError",
     "StateInvalidError",
     "StateCorruptError",
     "StateUnsupportedFormatError",
@@ -145,6 +146,18 @@ class BudgetExceededError(StateError):
         self.asked = asked
         self.run = run
         self.budget = budget
+
+
+class StateFeedPrunedError(StateError):
+    """The feed position is before what ``prune_changes`` dropped (or
+    before a tenant purge): deletes may be missing after it. Re-list the
+    ``scope`` (a ``FeedScope``), then follow on from ``horizon`` (an int
+    position)."""
+
+    def __init__(self, message: str = "", *, scope: Any = None, horizon: int = 0) -> None:
+        super().__init__(message or f"the feed of {scope} was pruned through position {horizon}")
+        self.scope = scope
+        self.horizon = horizon
 
 
 class StateInvalidError(StateError, ValueError):
