@@ -35,6 +35,10 @@ def by_hand() -> List[BaseException]:
         A.FenceLostError("fence lost: caller epoch 4 < stored epoch 5", caller_epoch=4, stored_epoch=5),
         A.BudgetExceededError(scope="budget", amount="cost_micros", max=1_000, spent=800, held=100, asked=300, budget=budget),
         A.BudgetExceededError("run cap", scope="run", amount="tokens", max=10, spent=0, held=0, asked=11, run=run),
+        A.StateFeedPrunedError(
+            'the feed of tenant "acme" was pruned through position 42', scope=A.FeedScope.tenant("acme"), horizon=42
+        ),
+        A.StateFeedPrunedError(scope=A.FeedScope.trays(env="prod"), horizon=2**100),  # the default message
         A.StateInvalidError("invalid input: limit: must be 1..=1000, got 0"),
         A.StateCorruptError("corrupt: checksum mismatch in segment 3"),
         A.StateUnsupportedFormatError("format 9, this build reads up to 4", found=9, supported=4),
@@ -63,7 +67,7 @@ def assert_same(got: BaseException, want: BaseException) -> None:
 
 def test_the_cases_cover_every_exported_exception_class() -> None:
     classes = exported_exception_classes()
-    assert len(classes) == 13, sorted(c.__name__ for c in classes)
+    assert len(classes) == 14, sorted(c.__name__ for c in classes)
     assert {type(e) for e in by_hand()} == classes
 
 
@@ -105,6 +109,9 @@ def test_the_keys_they_carry_pickle() -> None:
         A.BudgetKey("t", "b"),
         A.InstanceKey("ns", "i"),
         A.TrayKey("ns", "i", "tns", "tid"),
+        A.FeedScope.tenant("t"),
+        A.FeedScope.trays(),
+        A.FeedScope.trays(env="prod"),
     ]
     for k in keys:
         for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
@@ -146,6 +153,12 @@ def raise_from_store(kind: str, path: str = "") -> None:
         b = store.put_run(A.RunRecord(run_id="rb", tenant="t", agent_name="p", budget="team"))
         store.reserve(b.key, A.Hold("h1", 60_000, cost_micros=800))
         store.reserve(b.key, A.Hold("h2", 60_000, cost_micros=300))
+    elif kind == "feed_pruned":
+        scope = A.FeedScope.tenant("t")
+        store.put_session(A.SessionRecord("gone", "t"))
+        store.delete_session(A.SessionKey("t", "gone"))
+        store.prune_changes(scope, store.feed_head(scope))
+        store.changes(scope, 0)
     elif kind == "invalid":
         store.list_sessions("t", limit=0)
     elif kind == "closed":
@@ -179,6 +192,7 @@ REAL: Dict[str, Tuple[type, Callable[[Any], bool]]] = {
         A.BudgetExceededError,
         lambda e: (e.scope, e.amount, e.max, e.held, e.asked, e.budget, e.run) == ("budget", "cost_micros", 1_000, 800, 300, A.BudgetKey("t", "team"), None),
     ),
+    "feed_pruned": (A.StateFeedPrunedError, lambda e: e.scope == A.FeedScope.tenant("t") and e.horizon > 0),
     "invalid": (A.StateInvalidError, lambda e: "limit" in str(e)),
     "closed": (A.StateClosedError, lambda e: "closed" in str(e)),
     "locked": (A.StateLockedError, lambda e: e.this_process is True and e.path.endswith("locked-store")),

@@ -17,7 +17,7 @@ It covers the version rules, patch commutativity under concurrency (asyncio
 tasks and threads), scrubbing, cursor paging that visits every record
 exactly once while others write, tenant isolation on reads and listings,
 sessions, and the tray rules (fencing, batches, release, the sweeper's
-listing), alarms, idempotency keys and spend caps.
+listing), alarms, idempotency keys, spend caps and the change feed.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Type
 
 from ._native import (
     Caps,
+    FeedScope,
     Hold,
     InstanceKey,
     ManualClock,
@@ -649,5 +650,55 @@ class StateStoreConformance:
 
             won = sum(await asyncio.gather(*(grab(i) for i in range(12))))
             assert won == 7, f"{won} holds of 100 fit under 1000 - 300 spent"
+
+        self._run(body)
+
+    # --- the change feed (F) -----------------------------------------------
+
+    def test_f_feed_reads_each_record_once_then_its_tombstone(self) -> None:
+        async def body(store: Any) -> None:
+            t = unique("f")
+            scope = FeedScope.tenant(t)
+            other = FeedScope.tenant(unique("f-other"))
+            head, other_head = await store.feed_head(scope), await store.feed_head(other)
+
+            async def read(after: int, limit: int) -> List[Any]:
+                """The feed after `after`, `limit` a page, to its end (F2)."""
+                out: List[Any] = []
+                while True:
+                    page = await store.changes(scope, after, limit)
+                    if not page.changes:
+                        assert page.next == after, "an empty page moves the position"
+                        return out
+                    positions = [c.position for c in page.changes]
+                    assert positions == sorted(set(positions)) and positions[0] > after, f"positions not increasing: {positions}"
+                    assert len(page.changes) <= limit and page.next == positions[-1]
+                    out.extend(page.changes)
+                    after = page.next
+                    assert len(out) < 10_000, "the feed does not end"
+
+            await store.put_session(SessionRecord("s", t))
+            run = await store.put_run(RunRecord(run_id="r", tenant=t, agent_name="p", session_id="s"))
+            for _ in range(4):
+                run = await store.patch_run(run.key, StateDelta(iterations=1))
+            await store.put_run(RunRecord(run_id="r2", tenant=t, agent_name="p"))
+            changes = await read(head, 1)
+            # F1: each record once, in its current state, at its last write.
+            assert [(c.kind, c.key) for c in changes] == [
+                ("session", SessionKey(t, "s")),
+                ("run", run.key),
+                ("run", RunKey(t, "r2")),
+            ], f"the feed is not one change per record in commit order: {changes}"
+            assert changes[1].run.version == 5 and changes[1].run.iterations == 4, "a change holds the record as it is now"
+            assert [c.position for c in await read(head, 100)] == [c.position for c in changes], "page sizes read different feeds"
+            # Deletes are tombstones (the cascaded run's too).
+            await store.delete_session(SessionKey(t, "s"), cascade=True)
+            gone = await read(changes[-1].position, 100)
+            assert sorted((c.kind, c.deleted, c.record is None) for c in gone) == [
+                ("run_deleted", True, True),
+                ("session_deleted", True, True),
+            ], f"deletes are not tombstones: {gone}"
+            # F3: another tenant's feed holds none of it.
+            assert len(await store.changes(other, other_head)) == 0, "another tenant's feed shows this tenant's writes"
 
         self._run(body)
