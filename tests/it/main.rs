@@ -14,6 +14,7 @@ mod errors;
 mod exactly_once;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod fault_proxy;
+mod feed;
 mod fuzz_regressions;
 mod hardening;
 mod json_shapes;
