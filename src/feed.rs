@@ -120,11 +120,13 @@ impl Position {
 
     /// A position made of two 64-bit parts, `hi` more significant (a
     /// server's transaction id and the change's number within it).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn from_parts(hi: u64, lo: u64) -> Self {
         Position([hi, lo])
     }
 
     /// The two 64-bit parts of [`from_parts`](Self::from_parts).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn parts(self) -> (u64, u64) {
         (self.0[0], self.0[1])
     }
@@ -313,6 +315,7 @@ pub trait FeedStore: Send + Sync {
 }
 
 /// The tenant a scope names, for a call's span.
+#[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
 pub(crate) fn tenant_of(scope: &FeedScope) -> Option<&str> {
     match scope {
         FeedScope::Tenant { tenant } => Some(tenant),
