@@ -50,6 +50,14 @@ struct Entry {
     run_id: String,
 }
 
+/// [`Entry`] borrowed, for writing: the same encoding (postcard writes a
+/// byte slice as it writes a `Vec<u8>`), without copying the key.
+#[derive(Serialize)]
+struct EntryRef<'a> {
+    record: &'a [u8],
+    run_id: &'a str,
+}
+
 /// A record's `FEED_AT` value.
 #[derive(Debug, Serialize, Deserialize)]
 struct At {
@@ -228,7 +236,7 @@ pub(crate) fn note(
             // never had an entry because it was made and deleted in this
             // group: nothing to read, no tombstone.
             let Some((run_id, env)) = id else { continue };
-            write(overlay, &scope, key, run_id, env, next);
+            write(overlay, &scope, at, run_id, env, next);
             continue;
         };
         overlay.insert(entry_key(&scope, old.position), None);
@@ -236,7 +244,7 @@ pub(crate) fn note(
             overlay.insert(entry_key(&env_prefix(&old.env), old.position), None);
         }
         let (run_id, env) = id.unwrap_or((old.run_id, old.env));
-        write(overlay, &scope, key, run_id, env, next);
+        write(overlay, &scope, at, run_id, env, next);
     }
     Ok(())
 }
@@ -256,23 +264,24 @@ fn identity(key: &[u8], v: &[u8]) -> Result<(String, String)> {
 fn write(
     overlay: &mut Overlay,
     scope: &[u8],
-    key: Vec<u8>,
+    at: Vec<u8>,
     run_id: String,
     env: String,
     next: &mut u64,
 ) {
     let position = *next;
     *next += 1;
-    let entry = value::encode(&Entry {
-        record: key.clone(),
-        run_id: run_id.clone(),
+    // `at` is the record's key after the `FEED_AT` byte.
+    let entry = value::encode(&EntryRef {
+        record: &at[1..],
+        run_id: &run_id,
     });
     if !env.is_empty() {
         overlay.insert(entry_key(&env_prefix(&env), position), Some(entry.clone()));
     }
     overlay.insert(entry_key(scope, position), Some(entry));
     overlay.insert(
-        at_key(&key),
+        at,
         Some(value::encode(&At {
             position,
             run_id,
