@@ -30,12 +30,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use agentstate::{
-    Changed, Durability, FeedScope, FeedStore, FileStore, MemoryStore, Options, Position, RunKey,
-    RunRecord, StateDelta, StateQuery, Store,
+    Changed, Durability, FeedScope, FileStore, MemoryStore, Options, Position, RunKey, RunRecord,
+    StateDelta, StateQuery, Store,
 };
-
-trait FeedAndStore: Store + FeedStore {}
-impl<T: Store + FeedStore> FeedAndStore for T {}
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -50,7 +47,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 }
 
 /// Commit → waiting consumer woken, per change (µs).
-fn wake_latency(name: &str, store: Arc<dyn FeedAndStore>, n: usize) {
+fn wake_latency(name: &str, store: Arc<dyn Store>, n: usize) {
     let tenant = format!("wake-{name}");
     let scope = FeedScope::tenant(&tenant);
     let head = store.feed_head(&scope).unwrap();
@@ -111,7 +108,7 @@ fn wake_latency(name: &str, store: Arc<dyn FeedAndStore>, n: usize) {
 }
 
 /// A consumer `writes` behind over `records` runs, against a listing.
-fn catch_up(name: &str, store: Arc<dyn FeedAndStore>, records: usize, writes: usize) {
+fn catch_up(name: &str, store: Arc<dyn Store>, records: usize, writes: usize) {
     let tenant = format!("catch-{name}");
     let scope = FeedScope::tenant(&tenant);
     let keys: Vec<RunKey> = (0..records)
@@ -167,13 +164,7 @@ fn catch_up(name: &str, store: Arc<dyn FeedAndStore>, records: usize, writes: us
 
 /// Creates per second from `writers` threads for `secs`, with or without
 /// a consumer following the tenant's feed.
-fn writers(
-    store: Arc<dyn FeedAndStore>,
-    tag: &str,
-    writers: usize,
-    consumer: bool,
-    secs: f64,
-) -> f64 {
+fn writers(store: Arc<dyn Store>, tag: &str, writers: usize, consumer: bool, secs: f64) -> f64 {
     let tenant = format!("w-{tag}-{writers}-{consumer}");
     let scope = FeedScope::tenant(&tenant);
     let stop = Arc::new(AtomicBool::new(false));
@@ -237,8 +228,8 @@ mod redis_server;
 /// whose feed is switched off), median of three rounds each.
 fn writer_figures(
     name: &str,
-    make: &mut dyn FnMut() -> Arc<dyn FeedAndStore>,
-    bare: Option<&mut dyn FnMut() -> Arc<dyn FeedAndStore>>,
+    make: &mut dyn FnMut() -> Arc<dyn Store>,
+    bare: Option<&mut dyn FnMut() -> Arc<dyn Store>>,
     secs: f64,
 ) {
     let mut bare = bare;
@@ -279,7 +270,7 @@ fn servers(wakes: usize, secs: f64) {
     let pg = pg_server::PgServer::start(true);
     let dsn = pg.dsn("postgres");
     let schemas = std::cell::Cell::new(0);
-    let pg_store = |feed: bool| -> Arc<dyn FeedAndStore> {
+    let pg_store = |feed: bool| -> Arc<dyn Store> {
         schemas.set(schemas.get() + 1);
         let schema = format!("feedbench{}", schemas.get());
         let store =
@@ -304,7 +295,7 @@ fn servers(wakes: usize, secs: f64) {
     let dir = redis_server::temp_dir("feed-bench");
     let redis = redis_server::Server::start(&dir, &[]);
     let mut db = 0;
-    let mut redis_store = || -> Arc<dyn FeedAndStore> {
+    let mut redis_store = || -> Arc<dyn Store> {
         db = (db + 1) % 16;
         let url = format!("redis://127.0.0.1:{}/{db}", redis.port);
         Arc::new(
@@ -321,9 +312,9 @@ fn servers(wakes: usize, secs: f64) {
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let dir = tempfile::tempdir().unwrap();
-    let memory = || -> Arc<dyn FeedAndStore> { Arc::new(MemoryStore::new()) };
+    let memory = || -> Arc<dyn Store> { Arc::new(MemoryStore::new()) };
     let mut n = 0;
-    let mut file = |durability: Durability| -> Arc<dyn FeedAndStore> {
+    let mut file = |durability: Durability| -> Arc<dyn Store> {
         n += 1;
         Arc::new(
             FileStore::open_with(

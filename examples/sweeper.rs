@@ -21,12 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use agentstate::{
-    Changed, FeedScope, FeedStore, FileStore, InstanceKey, MemoryStore, PageRequest, Position,
-    Store, Tray, TrayKey,
+    Changed, FeedScope, FileStore, InstanceKey, MemoryStore, PageRequest, Position, Store, Tray,
+    TrayKey,
 };
-
-trait SweptStore: Store + FeedStore {}
-impl<T: Store + FeedStore> SweptStore for T {}
 
 const WORKERS: usize = 20;
 
@@ -49,7 +46,7 @@ struct Report {
 }
 
 fn sweeper(
-    store: Arc<dyn SweptStore>,
+    store: Arc<dyn Store>,
     stop: Arc<AtomicBool>,
     marked_at: Arc<std::sync::Mutex<BTreeMap<TrayKey, Instant>>>,
 ) -> Report {
@@ -145,7 +142,7 @@ fn sweeper(
 
 /// Wakes a marked tray: a new worker takes the instance over (the next
 /// epoch) and unmarks the tray once it has the work.
-fn wake(store: &dyn SweptStore, key: &TrayKey, tray: &Tray) {
+fn wake(store: &dyn Store, key: &TrayKey, tray: &Tray) {
     let instance = InstanceKey::new(&key.ns, &key.id);
     let epoch = store.epoch(&instance).expect("epoch") + 1;
     let mut taken = tray.clone();
@@ -159,7 +156,7 @@ fn wake(store: &dyn SweptStore, key: &TrayKey, tray: &Tray) {
 fn main() {
     let memory = std::env::args().any(|a| a == "memory");
     let dir = tempfile::tempdir().expect("temp dir");
-    let store: Arc<dyn SweptStore> = if memory {
+    let store: Arc<dyn Store> = if memory {
         Arc::new(MemoryStore::new())
     } else {
         Arc::new(FileStore::open(dir.path().join("store")).expect("open the file store"))

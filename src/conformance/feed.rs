@@ -7,16 +7,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use super::helpers::{T0, ok, rounds, unique};
+use super::helpers::{ok, rounds, unique};
 use super::{ConformanceStore, Factory};
 use crate::{
-    Change, ChangePage, Changed, FEED_WAIT_MAX, FeedScope, InstanceKey, ManualClock, Position,
-    RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError, StateQuery,
-    Tray, TrayKey,
+    Change, ChangePage, Changed, FEED_WAIT_MAX, FeedScope, InstanceKey, Position, RunKey,
+    RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateError, StateQuery, Tray,
+    TrayKey,
 };
 
 fn open(make: Factory<'_>) -> Arc<dyn ConformanceStore> {
-    make(Arc::new(ManualClock::new(T0)))
+    super::helpers::open(make).store
 }
 
 /// Every change of `scope` after `after`, page by page (`limit` each),
