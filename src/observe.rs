@@ -16,6 +16,7 @@
 //! | `agentstate_retries_total`           | counter   | `backend`, `why`               |
 //! | `agentstate_group_commit_size`       | histogram | (embedded stores)              |
 //! | `agentstate_pool_connections`        | gauge     | `backend`, `state` (in_use, idle) |
+//! | `agentstate_fast_path_declined_total`| counter   | `backend`, `op`                |
 //!
 //! Events: `debug` for a conflict, a refused budget and a serialization
 //! retry; `info` for a lost fence (a worker was replaced); `warn` for a
@@ -142,6 +143,16 @@ pub(crate) fn skipped_row(
 ) {
     tracing::warn!(backend, op, row, %error, "row left out of a listing");
     metrics::counter!("agentstate_rows_skipped_total", "backend" => backend, "op" => op)
+        .increment(1);
+}
+
+/// A one-round-trip write whose guess the server declined (another
+/// writer came first, or the call would be refused): the call goes on by
+/// the locked path, one round trip dearer.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn fast_path_declined(backend: &'static str, op: &'static str) {
+    tracing::debug!(backend, op, "the one-round-trip guess was declined");
+    metrics::counter!("agentstate_fast_path_declined_total", "backend" => backend, "op" => op)
         .increment(1);
 }
 

@@ -814,6 +814,7 @@ impl PostgresStore {
     pub(super) async fn do_purge_tenant(&self, tenant: &str) -> Result<u64> {
         check_id("tenant", tenant)?;
         self.runs_seen.forget_tenant(tenant);
+        self.spend_seen.forget_tenant(tenant);
         let t = id_in(tenant);
         const BATCH: u64 = 1000;
         let mut counted = 0u64;

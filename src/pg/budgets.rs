@@ -8,26 +8,44 @@
 //! locked, so once a call holds that lock, the budget's holds it reads are
 //! the ones that count.
 //!
-//! **Round trips.** `reserve` and `settle` send their reads at once
-//! ([`around`]): the run's row locked, the hold (settle), the budget's row
-//! locked and the holds around. The server runs them in that order, each
-//! on a snapshot taken after the locks before it, so they read what the
-//! sequential reads did. The budget is named by the run, so it is guessed
-//! from the run as this store last saw it (a run's budget is fixed at
-//! create); a wrong guess (or none) reads the budget in the old order.
-//! The writes go out with `COMMIT`: 2 round trips each, budget or not.
+//! **One round trip** (schema 8). `reserve` and `settle` first try the
+//! server's `agentstate_reserve` / `agentstate_settle` (v8.sql), sent with
+//! `BEGIN` and `COMMIT` as one pipeline: the store decides against the run,
+//! budget and hold as it last saw them ([`Seen`], `runs::Seen`), and the
+//! function writes that decision only if, under the same locks in the same
+//! order, those rows still hold exactly the bytes decided on and the caps
+//! still fit the holds as they are now (summed by the server from their
+//! amount columns). It writes nothing and answers false otherwise, and the
+//! call takes the locked path below, which decides again on fresh reads
+//! (and gives a refusal its facts): so the fast path can agree with the
+//! locked path but never allow what it would refuse. Keyed calls take the
+//! locked path.
+//!
+//! **The locked path.** Its reads go out at once ([`around`]): the run's
+//! row locked, the hold (settle), the budget's row locked and the holds
+//! around. The server runs them in that order, each on a snapshot taken
+//! after the locks before it, so they read what sequential reads did. The
+//! budget is named by the run, so it is guessed from the run as this store
+//! last saw it (a run's budget is fixed at create); a wrong guess (or none)
+//! reads the budget in the old order. The writes go out with `COMMIT`: 2
+//! round trips each, budget or not, and what it read becomes what the
+//! store has seen.
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use crate::budget::{
-    BudgetKey, BudgetRecord, BudgetStatus, Hold, HoldRecord, RunSpend, Settled, Spend,
+    Amount, BudgetKey, BudgetRecord, BudgetStatus, Caps, Hold, HoldRecord, RunSpend, Settled, Spend,
 };
 use crate::codec::cursor::{self as cursor_codec, Listing};
 use crate::codec::value;
 use crate::error::{RecordKey, Result, StateError};
 use crate::idempotency::{IdempotencyKey, Keyed};
 use crate::kv::key::KeyBuf;
+use crate::limits::HOLDS_PER_RUN_MAX;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, StateDelta};
 use crate::rules::{
@@ -38,11 +56,92 @@ use crate::rules::{
 
 use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
-use super::runs::{LOCK_RUN, decode_run_at, read_run, write_run};
-use super::{PostgresStore, id_in, id_out, num, own};
+use super::runs::{LOCK_RUN, decode_run_at, read_run, stored_bytes, write_run};
+use super::{PostgresStore, fields, id_in, id_out, num, own};
 
 /// A hold's place: its run's id and its own.
 type HoldAt = (String, String);
+
+/// Most budgets, and most holds, a store remembers the bytes of; past
+/// either, an arbitrary entry is forgotten for each new one.
+const SEEN_BUDGETS_MAX: usize = 4096;
+const SEEN_HOLDS_MAX: usize = 16384;
+
+/// The bytes of the budgets (record, spent) and holds this store last read
+/// or wrote: the guesses of the one-round-trip `reserve` and `settle`
+/// (with `runs::Seen` for the runs). A hint only: the server checks each
+/// guess against the locked row before anything is written.
+#[derive(Default)]
+pub(crate) struct Seen(parking_lot::Mutex<SeenMaps>);
+
+#[derive(Default)]
+struct SeenMaps {
+    budgets: HashMap<BudgetKey, (Arc<[u8]>, Arc<[u8]>)>,
+    holds: HashMap<(RunKey, String), Arc<[u8]>>,
+}
+
+/// Inserts into a map of at most `max` entries.
+fn bounded_put<K: Clone + Eq + std::hash::Hash, V>(m: &mut HashMap<K, V>, max: usize, k: K, v: V) {
+    while m.len() >= max
+        && !m.contains_key(&k)
+        && let Some(old) = m.keys().next().cloned()
+    {
+        m.remove(&old);
+    }
+    m.insert(k, v);
+}
+
+impl Seen {
+    fn budget(&self, k: &BudgetKey) -> Option<(Arc<[u8]>, Arc<[u8]>)> {
+        self.0.lock().budgets.get(k).cloned()
+    }
+    fn put_budget(&self, k: &BudgetKey, record: Arc<[u8]>, spent: Arc<[u8]>) {
+        bounded_put(
+            &mut self.0.lock().budgets,
+            SEEN_BUDGETS_MAX,
+            k.clone(),
+            (record, spent),
+        );
+    }
+    fn forget_budget(&self, k: &BudgetKey) {
+        self.0.lock().budgets.remove(k);
+    }
+    fn hold(&self, run: &RunKey, id: &str) -> Option<Arc<[u8]>> {
+        self.0
+            .lock()
+            .holds
+            .get(&(run.clone(), id.to_string()))
+            .cloned()
+    }
+    fn put_hold(&self, run: &RunKey, id: &str, bytes: Arc<[u8]>) {
+        bounded_put(
+            &mut self.0.lock().holds,
+            SEEN_HOLDS_MAX,
+            (run.clone(), id.to_string()),
+            bytes,
+        );
+    }
+    fn forget_hold(&self, run: &RunKey, id: &str) {
+        self.0.lock().holds.remove(&(run.clone(), id.to_string()));
+    }
+    /// Forgets every budget and hold of `tenant` (a purge).
+    pub(crate) fn forget_tenant(&self, tenant: &str) {
+        let m = &mut *self.0.lock();
+        m.budgets.retain(|k, _| k.tenant != tenant);
+        m.holds.retain(|(k, _), _| k.tenant != tenant);
+    }
+}
+
+/// A [`Spend`] as the `numeric[]` a function of v8.sql takes (cost_micros,
+/// tokens, iterations).
+fn amounts(s: Spend) -> Vec<String> {
+    vec![num(s.cost_micros), num(s.tokens), num(s.iterations)]
+}
+
+/// [`Caps`] as the same, NULL where an amount is not capped.
+fn maxes(c: &Caps) -> Vec<Option<String>> {
+    Amount::ALL.iter().map(|a| c.max(*a).map(num)).collect()
+}
 
 /// The budget a run draws from, if any.
 pub(crate) fn budget_of(run: &RunRecord) -> Option<BudgetKey> {
@@ -120,6 +219,15 @@ const BUDGET_HOLDS: &str = "SELECT run_id, hold_id, record FROM {s}agentstate_ho
 const HOLD: &str =
     "SELECT record FROM {s}agentstate_holds WHERE tenant = $1 AND run_id = $2 AND hold_id = $3";
 
+/// A budget as this store last saw it: its row's bytes, decoded.
+struct SeenBudget {
+    key: BudgetKey,
+    record_bytes: Arc<[u8]>,
+    spent_bytes: Arc<[u8]>,
+    record: BudgetRecord,
+    spent: Spend,
+}
+
 /// What a reserve or settle reads before deciding.
 struct Around {
     /// The run, its row locked.
@@ -131,6 +239,10 @@ struct Around {
     holds: Vec<(HoldAt, HoldRecord)>,
     /// The hold asked for's row, when one was.
     hold: Option<Vec<Row>>,
+    /// The run's row as read: its bytes and seq column.
+    run_row: (Arc<[u8]>, i64),
+    /// The budget's row as read (record, spent), when the guess was right.
+    budget_row: Option<(Arc<[u8]>, Arc<[u8]>)>,
 }
 
 /// The reads of a reserve (`hold_id` `None`) or settle, pipelined (see
@@ -164,14 +276,23 @@ async fn around(
         return Ok(None);
     };
     let rec = decode_run_at(row.get(0), run, row.get(1))?;
+    let run_row = (Arc::<[u8]>::from(row.get::<_, &[u8]>(0)), row.get(1));
     let hold = hold_id.map(|_| next());
+    let mut budget_row = None;
     let (budget, holds) = match guess {
         Some(name) if rec.budget.as_deref() == Some(name) => {
             let bk = BudgetKey::new(run.tenant.clone(), name);
-            let b = next()
+            let rows = next();
+            let b = rows
                 .first()
                 .map(|r| decode_budget(r.get(0), r.get(1), &bk))
                 .transpose()?;
+            budget_row = rows.first().map(|r| {
+                (
+                    Arc::<[u8]>::from(r.get::<_, &[u8]>(0)),
+                    Arc::<[u8]>::from(r.get::<_, &[u8]>(1)),
+                )
+            });
             (Some(b), hold_rows(&next())?)
         }
         None if rec.budget.is_none() => (None, hold_rows(&next())?),
@@ -189,6 +310,8 @@ async fn around(
         budget,
         holds,
         hold,
+        run_row,
+        budget_row,
     }))
 }
 
@@ -287,8 +410,10 @@ pub(crate) async fn after_patch(
 pub(crate) async fn insert_hold(tx: &mut Tx<'_>, run: &RunRecord, h: &HoldRecord) -> TxResult<()> {
     let budget = run.budget.as_deref().map(own);
     tx.defer(
-        "INSERT INTO {s}agentstate_holds (tenant, run_id, hold_id, budget, expires_at, record) \
-         VALUES ($1, $2, $3, $4, $5::text::numeric, $6)",
+        "INSERT INTO {s}agentstate_holds \
+         (tenant, run_id, hold_id, budget, expires_at, record, cost_micros, tokens, iterations) \
+         VALUES ($1, $2, $3, $4, $5::text::numeric, $6, \
+         $7::text::numeric, $8::text::numeric, $9::text::numeric)",
         params![
             own(&run.key.tenant),
             own(&run.key.run_id),
@@ -296,6 +421,9 @@ pub(crate) async fn insert_hold(tx: &mut Tx<'_>, run: &RunRecord, h: &HoldRecord
             budget,
             num(h.expires_at),
             value::encode(h),
+            num(h.amounts.cost_micros),
+            num(h.amounts.tokens),
+            num(h.amounts.iterations),
         ],
     )
     .await?;
@@ -396,7 +524,8 @@ impl PostgresStore {
         check_budget_key(&record.key)?;
         let now = self.now();
         let max = self.max();
-        txn!(self, |tx| {
+        let mut wrote = None;
+        let out = txn!(self, |tx| {
             let k = &record.key;
             let stored = lock_budget(tx, k).await?;
             let new = next_budget(stored.as_ref().map(|(r, _)| r), record.clone(), now)?;
@@ -418,13 +547,22 @@ impl PostgresStore {
                 "UPDATE {s}agentstate_budgets SET record = $3, spent = $4 \
                  WHERE tenant = $1 AND name = $2"
             };
+            wrote = Some((
+                Arc::<[u8]>::from(&bytes[..]),
+                Arc::<[u8]>::from(&spent_bytes[..]),
+            ));
             tx.defer(
                 sql,
                 params![own(&k.tenant), own(&k.name), bytes, spent_bytes],
             )
             .await?;
             Ok(new)
-        })
+        });
+        match (&out, wrote) {
+            (Ok(b), Some((record, spent))) => self.spend_seen.put_budget(&b.key, record, spent),
+            _ => self.spend_seen.forget_budget(&record.key),
+        }
+        out
     }
 
     pub(super) async fn do_get_budget(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
@@ -552,13 +690,20 @@ impl PostgresStore {
         check_run_key(run)?;
         check_hold(&hold)?;
         let now = self.now();
+        if keyed.is_none()
+            && let Some(h) = self.fast_reserve(run, &hold, now).await?
+        {
+            return Ok(h);
+        }
         let guess = self.runs_seen.budget_of(run).flatten();
-        txn_keyed!(self, keyed, |tx| {
+        let mut read = None;
+        let out = txn_keyed!(self, keyed, |tx| {
             // The budget's row is locked before its holds are read (and
             // after the run's row: the one lock order).
             let Some(a) = around(tx, run, guess.as_deref(), None).await? else {
                 return Err(StateError::NotFound(RecordKey::Run(run.clone())).into());
             };
+            read = Some((a.run_row.clone(), a.budget_row.clone()));
             let (r, holds) = (a.run, a.holds);
             let budget = match (budget_of(&r), a.budget) {
                 (Some(b), Some(found)) => Some(found.ok_or(b)),
@@ -587,7 +732,218 @@ impl PostgresStore {
             purge_expired(tx, &run.tenant, &holds, now).await?;
             insert_hold(tx, &r, &rec).await?;
             Ok(rec)
-        })
+        });
+        if let (Ok(h), Some(((bytes, seq), budget))) = (&out, read) {
+            self.runs_seen.put(run, bytes.clone(), seq);
+            self.saw_budget_of(&bytes, run, seq, budget);
+            self.spend_seen
+                .put_hold(run, &h.id, value::encode(h).into());
+        }
+        out
+    }
+
+    /// Remembers a budget row the locked path read for the run `bytes`.
+    fn saw_budget_of(
+        &self,
+        bytes: &[u8],
+        run: &RunKey,
+        seq: i64,
+        budget: Option<(Arc<[u8]>, Arc<[u8]>)>,
+    ) {
+        if let (Ok(r), Some((record, spent))) = (decode_run_at(bytes, run, seq), budget)
+            && let Some(b) = budget_of(&r)
+        {
+            self.spend_seen.put_budget(&b, record, spent);
+        }
+    }
+
+    /// The one-round-trip reserve (the module's notes): `None` when not
+    /// taken (the run or its budget not seen) or declined by the server.
+    async fn fast_reserve(
+        &self,
+        run: &RunKey,
+        hold: &Hold,
+        now: Millis,
+    ) -> Result<Option<HoldRecord>> {
+        let Some((seen, seq)) = self.runs_seen.get(run) else {
+            return Ok(None);
+        };
+        let Ok(r) = decode_run_at(&seen, run, seq) else {
+            return Ok(None);
+        };
+        let Some(b) = self.seen_budget(&r) else {
+            return Ok(None);
+        };
+        let Ok(h) = new_hold(hold, now) else {
+            return Ok(None);
+        };
+        let bytes = value::encode(&h);
+        let (t, rid, hid) = (id_in(&run.tenant), id_in(&run.run_id), id_in(&h.id));
+        let bname = b.as_ref().map(|b| own(&b.key.name));
+        let (brec, bspent): (Option<&[u8]>, Option<&[u8]>) = match &b {
+            Some(b) => (Some(&b.record_bytes), Some(&b.spent_bytes)),
+            None => (None, None),
+        };
+        let (bused, bmax) = match &b {
+            Some(b) => (amounts(b.spent), maxes(&b.record.caps)),
+            None => (Vec::new(), Vec::new()),
+        };
+        let (asked, run_spent, run_max) = (
+            amounts(h.amounts),
+            amounts(Spend::of_run(&r)),
+            maxes(&r.caps),
+        );
+        let (expires, at) = (num(h.expires_at), num(now));
+        let holds_max = HOLDS_PER_RUN_MAX as i64;
+        let seen_bytes: &[u8] = &seen;
+        let done = txn!(self, |tx| {
+            let rows = tx
+                .query_commit(
+                    "SELECT {s}agentstate_reserve($1, $2, $3, $4, $5, $6, $7, $8, \
+                     $9::text::numeric, $10::text::numeric, $11::text[]::numeric[], \
+                     $12::text[]::numeric[], $13::text[]::numeric[], $14::text[]::numeric[], \
+                     $15::text[]::numeric[], $16)",
+                    &[
+                        &t,
+                        &rid,
+                        &seen_bytes,
+                        &bname,
+                        &brec,
+                        &bspent,
+                        &hid,
+                        &bytes,
+                        &expires,
+                        &at,
+                        &asked,
+                        &run_spent,
+                        &run_max,
+                        &bused,
+                        &bmax,
+                        &holds_max,
+                    ],
+                    false,
+                )
+                .await?;
+            Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+        })?;
+        if done {
+            self.spend_seen.put_hold(run, &h.id, bytes.into());
+            return Ok(Some(h));
+        }
+        self.declined("reserve", &r);
+        Ok(None)
+    }
+
+    /// The budget `r` draws from as this store last saw it: `Some(None)`
+    /// when it draws from none, `None` when the budget was not seen.
+    fn seen_budget(&self, r: &RunRecord) -> Option<Option<SeenBudget>> {
+        let Some(key) = budget_of(r) else {
+            return Some(None);
+        };
+        let (record_bytes, spent_bytes) = self.spend_seen.budget(&key)?;
+        let (record, spent) = decode_budget(&record_bytes, &spent_bytes, &key).ok()?;
+        Some(Some(SeenBudget {
+            key,
+            record_bytes,
+            spent_bytes,
+            record,
+            spent,
+        }))
+    }
+
+    /// After the server declined a guess: the budget is read afresh by the
+    /// locked path (the run's bytes are replaced by what it reads).
+    fn declined(&self, op: &'static str, r: &RunRecord) {
+        crate::observe::fast_path_declined("postgres", op);
+        if let Some(b) = budget_of(r) {
+            self.spend_seen.forget_budget(&b);
+        }
+    }
+
+    /// The one-round-trip settle (the module's notes): `None` when not
+    /// taken (the run, its budget or the hold not seen, a refusal) or
+    /// declined by the server.
+    async fn fast_settle(
+        &self,
+        run: &RunKey,
+        hold_id: &str,
+        spent: &StateDelta,
+        now: Millis,
+    ) -> Result<Option<Settled>> {
+        let Some((seen, seq)) = self.runs_seen.get(run) else {
+            return Ok(None);
+        };
+        let Some(hold_bytes) = self.spend_seen.hold(run, hold_id) else {
+            return Ok(None);
+        };
+        let (Ok(old), Ok(h)) = (
+            decode_run_at(&seen, run, seq),
+            decode_hold(&hold_bytes, hold_id),
+        ) else {
+            return Ok(None);
+        };
+        if !h.is_live(now) {
+            return Ok(None);
+        }
+        let Some(b) = self.seen_budget(&old) else {
+            return Ok(None);
+        };
+        let Ok(new) = patched_run(&old, spent, now) else {
+            return Ok(None);
+        };
+        let bytes = stored_bytes(&new);
+        if check_size("run record", bytes.len(), self.max()).is_err() {
+            return Ok(None);
+        }
+        let new_spent = b
+            .as_ref()
+            .map(|b| value::encode(&budget_spent(b.spent, spent)));
+        let (t, rid, hid) = (id_in(&run.tenant), id_in(&run.run_id), id_in(hold_id));
+        let bname = b.as_ref().map(|b| own(&b.key.name));
+        let (brec, bspent): (Option<&[u8]>, Option<&[u8]>) = match &b {
+            Some(b) => (Some(&b.record_bytes), Some(&b.spent_bytes)),
+            None => (None, None),
+        };
+        let (at, updated, cols) = (num(now), num(new.updated_at), fields::run_text(&new));
+        let (seen_bytes, hold_seen): (&[u8], &[u8]) = (&seen, &hold_bytes);
+        let done = txn!(self, |tx| {
+            let rows = tx
+                .query_commit(
+                    "SELECT {s}agentstate_settle($1, $2, $3, $4, $5, $6, $7, $8, \
+                     $9::text::numeric, $10, $11, $12::text::numeric, $13)",
+                    &[
+                        &t,
+                        &rid,
+                        &seen_bytes,
+                        &bname,
+                        &brec,
+                        &bspent,
+                        &hid,
+                        &hold_seen,
+                        &at,
+                        &bytes,
+                        &cols,
+                        &updated,
+                        &new_spent,
+                    ],
+                    false,
+                )
+                .await?;
+            Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+        })?;
+        if !done {
+            self.declined("settle", &old);
+            return Ok(None);
+        }
+        self.runs_seen.put(run, bytes.into(), seq);
+        self.spend_seen.forget_hold(run, hold_id);
+        if let (Some(b), Some(s)) = (b, new_spent) {
+            self.spend_seen.put_budget(&b.key, b.record_bytes, s.into());
+        }
+        Ok(Some(Settled {
+            overshoot: overshoot(&h, spent),
+            record: new,
+        }))
     }
 
     /// `settle`, under `keyed`'s idempotency key when there is one.
@@ -601,8 +957,14 @@ impl PostgresStore {
         check_run_key(run)?;
         check_id("hold id", hold_id)?;
         let now = self.now();
+        if keyed.is_none()
+            && let Some(s) = self.fast_settle(run, hold_id, &spent, now).await?
+        {
+            return Ok(s);
+        }
         let max = self.max();
         let guess = self.runs_seen.budget_of(run).flatten();
+        let mut read = None;
         let out = txn_keyed!(self, keyed, |tx| {
             let Some(a) = around(tx, run, guess.as_deref(), Some(hold_id)).await? else {
                 return Err(StateError::NotFound(RecordKey::Run(run.clone())).into());
@@ -615,17 +977,23 @@ impl PostgresStore {
             // B3, B5, B6 as `after_patch`, on what was read: the holds
             // read before the settled one's delete count it, but it was
             // live, so it is not purged twice.
+            let mut total_bytes = None;
             if let Some(b) = budget_of(&new) {
                 let Some(Some((_, was))) = a.budget else {
                     return Err(StateError::NotFound(RecordKey::Budget(b)).into());
                 };
-                let total = budget_spent(was, &spent);
+                let total = value::encode(&budget_spent(was, &spent));
                 tx.defer(
                     "UPDATE {s}agentstate_budgets SET spent = $3 WHERE tenant = $1 AND name = $2",
-                    params![own(&b.tenant), own(&b.name), value::encode(&total)],
+                    params![own(&b.tenant), own(&b.name), total.clone()],
                 )
                 .await?;
+                total_bytes = Some(total);
             }
+            read = a
+                .budget_row
+                .zip(total_bytes)
+                .map(|((record, _), total)| (record, Arc::<[u8]>::from(total)));
             purge_expired(tx, &run.tenant, &a.holds, now).await?;
             Ok(Settled {
                 record: new,
@@ -634,6 +1002,10 @@ impl PostgresStore {
         });
         if let Ok(s) = &out {
             self.runs_seen.put_run(&s.record);
+            self.spend_seen.forget_hold(run, hold_id);
+            if let (Some(b), Some((record, total))) = (budget_of(&s.record), read) {
+                self.spend_seen.put_budget(&b, record, total);
+            }
         }
         out
     }
@@ -648,7 +1020,7 @@ impl PostgresStore {
         check_run_key(run)?;
         check_id("hold id", hold_id)?;
         let now = self.now();
-        txn_keyed!(self, keyed, |tx| {
+        let out = txn_keyed!(self, keyed, |tx| {
             let Some(r) = read_run(tx, run, true).await? else {
                 return Err(StateError::NotFound(RecordKey::Run(run.clone())).into());
             };
@@ -660,6 +1032,10 @@ impl PostgresStore {
             delete_hold(tx, run, hold_id).await?;
             let holds = holds_around(tx, &r).await?;
             purge_expired(tx, &run.tenant, &holds, now).await
-        })
+        });
+        if out.is_ok() {
+            self.spend_seen.forget_hold(run, hold_id);
+        }
+        out
     }
 }

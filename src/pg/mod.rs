@@ -49,6 +49,7 @@ const SCHEMA: &[&str] = &[
     include_str!("schema/v5.sql"),
     include_str!("schema/v6.sql"),
     include_str!("schema/v7.sql"),
+    include_str!("schema/v8.sql"),
 ];
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: u8 = SCHEMA.len() as u8;
@@ -332,6 +333,8 @@ pub struct PostgresStore {
     /// one round trip (see `runs.rs`). Only a hint: a stale entry costs a
     /// failed swap and the locked path.
     pub(crate) runs_seen: runs::Seen,
+    /// The budgets and holds it last read or wrote (`budgets.rs`).
+    pub(crate) spend_seen: budgets::Seen,
     /// The change feed's listener and its waiters (`feed.rs`).
     feed: Arc<feed::Hub>,
 }
@@ -542,6 +545,7 @@ impl PostgresStore {
             secret: OnceLock::new(),
             display,
             runs_seen: runs::Seen::default(),
+            spend_seen: budgets::Seen::default(),
             feed: Arc::default(),
         })
     }

@@ -63,11 +63,11 @@ const SEEN_BYTES_MAX: usize = 16 << 20;
 const SEEN_RECORD_MAX: usize = 64 << 10;
 
 impl Seen {
-    fn get(&self, k: &RunKey) -> Option<(Arc<[u8]>, i64)> {
+    pub(crate) fn get(&self, k: &RunKey) -> Option<(Arc<[u8]>, i64)> {
         self.0.lock().runs.get(k).cloned()
     }
 
-    fn put(&self, k: &RunKey, bytes: Arc<[u8]>, seq: i64) {
+    pub(crate) fn put(&self, k: &RunKey, bytes: Arc<[u8]>, seq: i64) {
         let mut m = self.0.lock();
         if let Some((old, _)) = m.runs.remove(k) {
             m.bytes -= old.len();
@@ -613,6 +613,7 @@ impl PostgresStore {
             self.runs_seen.put(key, bytes.into(), seq);
             Ok(Some(new))
         } else {
+            crate::observe::fast_path_declined("postgres", "run_write");
             self.runs_seen.forget(key);
             Ok(None)
         }

@@ -146,7 +146,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
     );
     s.setup().expect("setup");
     s.setup().expect("setup again");
-    assert_eq!(s.schema_version().expect("version"), Some(7));
+    assert_eq!(s.schema_version().expect("version"), Some(8));
     s.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
         .expect("put");
     // A newer release wrote version 9: refused, and nothing is changed.
@@ -165,7 +165,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
             e,
             StateError::UnsupportedFormat {
                 found: 9,
-                supported: 7
+                supported: 8
             }
         ),
         "{e:?}"
@@ -211,7 +211,7 @@ fn setup_upgrades_a_version_1_database() {
             });
         }
     });
-    assert_eq!(s.schema_version().expect("version"), Some(7));
+    assert_eq!(s.schema_version().expect("version"), Some(8));
     assert_eq!(s.get_run(&old.key).expect("get"), Some(old.clone()));
     use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
     s.put_budget(BudgetRecord::new(
@@ -459,7 +459,7 @@ fn setup_upgrades_the_golden_schema_2_database() {
             .expect("connect");
     assert_eq!(s.schema_version().expect("version"), Some(2));
     s.setup().expect("upgrade");
-    assert_eq!(s.schema_version().expect("version"), Some(7));
+    assert_eq!(s.schema_version().expect("version"), Some(8));
     let r1 = s
         .get_run(&RunKey::new("acme", "r1"))
         .expect("get")
@@ -698,7 +698,7 @@ fn setup_from_8_processes_at_once() {
             assert_eq!(child_lines(c, &format!("setup child {i}")), ["ok"]);
         }
         let s = PostgresStore::connect(&dsn).expect("connect");
-        assert_eq!(s.schema_version().expect("version"), Some(7));
+        assert_eq!(s.schema_version().expect("version"), Some(8));
         let r = s
             .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
             .expect("put after setup");
@@ -2454,7 +2454,7 @@ mod native {
             },
         )
         .expect("sync patch");
-        assert_eq!(sync.schema_version_async().await.expect("version"), Some(7));
+        assert_eq!(sync.schema_version_async().await.expect("version"), Some(8));
         assert!(
             sync.list_sessions(&key.tenant, &PageRequest::new(10))
                 .is_ok()
@@ -3020,8 +3020,8 @@ fn round_trips_per_call() {
         .expect("create");
     });
     got.push(("put_run (create, labels)", c, 1));
-    // Not one round trip: counted, so a change shows (a reserve and a
-    // settle: 2 each, their reads pipelined).
+    // A reserve and a settle: one round trip each (schema 8's functions),
+    // with a budget, and on a capped run without one.
     let mut h = 0u64;
     let c = count("reserve + settle (budget)", times, &mut |_| {
         h += 1;
@@ -3030,7 +3030,18 @@ fn round_trips_per_call() {
             .expect("reserve");
         s.settle(&brun, &id, delta).expect("settle");
     });
-    got.push(("reserve + settle (budget)", c, 4));
+    got.push(("reserve + settle (budget)", c, 2));
+    let crun = RunKey::new(tenant.clone(), "rc");
+    s.put_run(RunRecord::new(crun.clone(), "a").with_caps(Caps::new().cost_micros(1 << 40)))
+        .expect("capped run");
+    let c = count("reserve + settle (capped run)", times, &mut |_| {
+        h += 1;
+        let id = format!("h{h}");
+        s.reserve(&crun, Hold::new(id.clone(), 60_000).cost_micros(2))
+            .expect("reserve");
+        s.settle(&crun, &id, delta).expect("settle");
+    });
+    got.push(("reserve + settle (capped run)", c, 2));
     for (what, median, most) in got {
         assert!(
             median <= most,
@@ -3356,7 +3367,7 @@ fn setup_backfills_the_feed_of_a_schema_6_database() {
     let s = PostgresStore::connect(&dsn).expect("connect");
     assert_eq!(s.schema_version().expect("version"), Some(6));
     s.setup().expect("upgrade");
-    assert_eq!(s.schema_version().expect("version"), Some(7));
+    assert_eq!(s.schema_version().expect("version"), Some(8));
     let kinds = |scope: &FeedScope, after: Position| -> (Vec<String>, Position) {
         let page = s.changes(scope, after, 100).expect("changes");
         let k = page
