@@ -24,8 +24,8 @@ use std::sync::{Arc, Barrier, mpsc};
 use std::time::{Duration, Instant};
 
 use agentstate::{
-    Hold, InstanceKey, PgOptions, PostgresStore, RedisOptions, RedisStore, RunKey, RunRecord,
-    StateDelta, Store, Tray, TrayOp,
+    BudgetKey, BudgetRecord, Caps, Hold, InstanceKey, PgOptions, PostgresStore, RedisOptions,
+    RedisStore, RunKey, RunRecord, StateDelta, Store, Tray, TrayOp,
 };
 
 // The test servers (their TLS variants unused here).
@@ -132,16 +132,31 @@ enum Op {
     WriteTray,
     ApplyBatch,
     ReserveSettle,
+    /// The same on runs drawing from a budget, one budget per worker.
+    ReserveSettleBudget,
+    /// The same, every worker's runs drawing from one shared budget (the
+    /// budget's row serializes them; the store's guesses go stale).
+    ReserveSettleShared,
 }
 
-const OPS: [Op; 6] = [
+const OPS: [Op; 8] = [
     Op::Create,
     Op::Put,
     Op::Patch,
     Op::WriteTray,
     Op::ApplyBatch,
     Op::ReserveSettle,
+    Op::ReserveSettleBudget,
+    Op::ReserveSettleShared,
 ];
+
+/// Is `op` a reserve and a settle (two calls)?
+fn pairs(op: Op) -> bool {
+    matches!(
+        op,
+        Op::ReserveSettle | Op::ReserveSettleBudget | Op::ReserveSettleShared
+    )
+}
 
 fn op_name(op: Op) -> &'static str {
     match op {
@@ -151,6 +166,8 @@ fn op_name(op: Op) -> &'static str {
         Op::WriteTray => "write_tray",
         Op::ApplyBatch => "apply_batch",
         Op::ReserveSettle => "reserve+settle",
+        Op::ReserveSettleBudget => "res+set budget",
+        Op::ReserveSettleShared => "res+set shared",
     }
 }
 
@@ -178,17 +195,30 @@ fn ours(
     let handles: Vec<_> = (0..workers)
         .map(|w| {
             let (store, barrier) = (Arc::clone(store), Arc::clone(&barrier));
-            let tenant = format!("{tag}-{w}");
+            let tenant = if matches!(op, Op::ReserveSettleShared) {
+                format!("{tag}-shared")
+            } else {
+                format!("{tag}-{w}")
+            };
             std::thread::spawn(move || {
                 let keys: Vec<RunKey> = (0..n)
-                    .map(|i| RunKey::new(tenant.clone(), format!("run-{i}")))
+                    .map(|i| RunKey::new(tenant.clone(), format!("run-{w}-{i}")))
                     .collect();
                 let inst = InstanceKey::new(tenant.clone(), "worker");
                 // Setup outside the timed part.
                 let mut runs = Vec::new();
+                let budgeted = matches!(op, Op::ReserveSettleBudget | Op::ReserveSettleShared);
+                if budgeted {
+                    let b = BudgetKey::new(tenant.clone(), "b");
+                    // Every worker of the shared budget puts it; one wins.
+                    let _ =
+                        store.put_budget(BudgetRecord::new(b, Caps::new().cost_micros(1 << 50)));
+                }
                 if !matches!(op, Op::Create) {
                     for k in &keys {
-                        runs.push(store.put_run(RunRecord::new(k.clone(), "bench")).unwrap());
+                        let r = RunRecord::new(k.clone(), "bench");
+                        let r = if budgeted { r.with_budget("b") } else { r };
+                        runs.push(store.put_run(r).unwrap());
                     }
                 }
                 barrier.wait();
@@ -231,7 +261,7 @@ fn ours(
                                 .collect();
                             store.apply_batch(&inst, 1, ops).unwrap();
                         }
-                        Op::ReserveSettle => {
+                        Op::ReserveSettle | Op::ReserveSettleBudget | Op::ReserveSettleShared => {
                             let hold = store
                                 .reserve(&keys[i], Hold::new("h", 60_000).cost_micros(10))
                                 .unwrap();
@@ -259,11 +289,7 @@ fn ours(
     for h in handles {
         h.join().unwrap();
     }
-    let per = if matches!(op, Op::ReserveSettle) {
-        2
-    } else {
-        1
-    };
+    let per = if pairs(op) { 2 } else { 1 };
     ((per * workers * n) as f64 / secs, after - before)
 }
 
@@ -310,7 +336,7 @@ fn print(lines: &[Line]) {
         );
     }
     for l in lines {
-        let name = op_name(l.op).replace('+', "_");
+        let name = op_name(l.op).replace(['+', ' '], "_");
         println!(
             "RESULT net_{}_{}_w{}_vs_floor={:.3}",
             l.backend,
@@ -345,11 +371,7 @@ fn section(
             n,
             &|| proxy.turns(),
         );
-        let calls = if matches!(op, Op::ReserveSettle) {
-            2 * n
-        } else {
-            n
-        };
+        let calls = if pairs(op) { 2 * n } else { n };
         let turns = turns as f64 / calls as f64;
         lines.push(Line {
             backend,

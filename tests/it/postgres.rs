@@ -3399,3 +3399,210 @@ fn setup_backfills_the_feed_of_a_schema_6_database() {
     let report = s.verify().expect("verify");
     assert!(report.is_ok(), "{:?}", report.problems);
 }
+
+/// Schema 8's one-round-trip `reserve` and `settle` decide against what
+/// the store last saw of the run, its budget and the hold; the server
+/// declines a guess another store made stale, and the locked path answers
+/// exactly, refusals' facts included. Two stores on one database, one
+/// clock, each change made by one and seen by the other.
+#[test]
+fn reserve_and_settle_with_stale_guesses_keep_the_caps_exactly() {
+    use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold, ManualClock};
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let (a, b) = (
+        store(Options::new().clock(clock.clone())),
+        store(Options::new().clock(clock.clone())),
+    );
+    let tenant = unique("stale");
+    let bk = BudgetKey::new(tenant.clone(), "b");
+    a.put_budget(BudgetRecord::new(bk.clone(), Caps::new().cost_micros(100)))
+        .expect("budget");
+    let (r1, r2) = (
+        RunKey::new(tenant.clone(), "r1"),
+        RunKey::new(tenant.clone(), "r2"),
+    );
+    for r in [&r1, &r2] {
+        a.put_run(RunRecord::new(r.clone(), "x").with_budget("b"))
+            .expect("run");
+    }
+    b.get_run(&r2).expect("b sees r2");
+    let cost = |c: u64| StateDelta {
+        cost_micros: c,
+        ..Default::default()
+    };
+    let spent_held = |s: &PostgresStore| {
+        let st = s.get_budget(&bk).expect("status").expect("budget");
+        (st.spent.cost_micros, st.held.cost_micros)
+    };
+    // Warm: `a` has seen the run, the budget and its holds.
+    a.reserve(&r1, Hold::new("h1", 60_000).cost_micros(30))
+        .expect("reserve");
+    a.settle(&r1, "h1", cost(30)).expect("settle");
+    a.reserve(&r1, Hold::new("h2", 60_000).cost_micros(30))
+        .expect("reserve, warm");
+    // `b` holds 30 more (the budget's bytes unchanged: only its holds):
+    // `a` counts it.
+    b.reserve(&r2, Hold::new("g1", 60_000).cost_micros(30))
+        .expect("b reserves");
+    match a.reserve(&r1, Hold::new("h3", 60_000).cost_micros(11)) {
+        Err(StateError::BudgetExceeded {
+            spent, held, asked, ..
+        }) => assert_eq!((spent, held, asked), (30, 60, 11)),
+        other => panic!("spent 30 + held 60 + 11 > 100 must be refused: {other:?}"),
+    }
+    // `b` settles: the budget's spent moves under `a`'s guess.
+    b.settle(&r2, "g1", cost(10)).expect("b settles");
+    assert_eq!(spent_held(&a), (40, 30));
+    a.reserve(&r1, Hold::new("h3", 60_000).cost_micros(30))
+        .expect("40 + 30 + 30 fits exactly");
+    match a.reserve(&r1, Hold::new("h4", 60_000).cost_micros(1)) {
+        Err(StateError::BudgetExceeded {
+            spent, held, asked, ..
+        }) => assert_eq!((spent, held, asked), (40, 60, 1)),
+        other => panic!("at the cap: {other:?}"),
+    }
+    a.settle(&r1, "h2", cost(5)).expect("settle");
+    assert_eq!(spent_held(&b), (45, 30));
+    // `b` patches r1: `a`'s run bytes go stale.
+    b.patch_run(&r1, cost(1)).expect("b patches");
+    let s = a.settle(&r1, "h3", cost(2)).expect("settle a stale run");
+    assert_eq!(s.record.cost_micros, 30 + 5 + 1 + 2);
+    assert_eq!(s.record.version, b.get_run(&r1).unwrap().unwrap().version);
+    assert_eq!(spent_held(&b), (48, 0));
+    // `b` releases a hold `a` reserved: `a`'s settle finds it gone.
+    a.reserve(&r1, Hold::new("h5", 60_000).cost_micros(10))
+        .expect("reserve");
+    b.release_hold(&r1, "h5").expect("b releases");
+    assert!(
+        matches!(a.settle(&r1, "h5", cost(1)), Err(StateError::NotFound(_))),
+        "a released hold is not settled"
+    );
+    // A hold that expired stops counting, and the next reserve removes it.
+    a.reserve(&r1, Hold::new("h6", 1_000).cost_micros(50))
+        .expect("reserve");
+    assert_eq!(spent_held(&b), (48, 50));
+    clock.advance(1_000);
+    assert!(
+        matches!(a.settle(&r1, "h6", cost(1)), Err(StateError::NotFound(_))),
+        "an expired hold is not settled"
+    );
+    a.reserve(&r1, Hold::new("h7", 60_000).cost_micros(52))
+        .expect("the expired hold no longer counts: 48 + 52");
+    let spend = b.run_spend(&r1).expect("spend").expect("run");
+    let ids: Vec<&str> = spend.holds.iter().map(|h| h.id.as_str()).collect();
+    assert_eq!(ids, ["h7"], "the expired hold was removed");
+    assert_eq!(spent_held(&b), (48, 52));
+}
+
+/// A hold written before schema 8 (or by an older build during a rolling
+/// upgrade) has no amount columns: the server cannot sum it, declines,
+/// and the locked path counts it from its record.
+#[test]
+fn holds_without_amount_columns_still_count() {
+    use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
+    let s = store(Options::new());
+    let tenant = unique("nulls");
+    let bk = BudgetKey::new(tenant.clone(), "b");
+    s.put_budget(BudgetRecord::new(bk.clone(), Caps::new().cost_micros(100)))
+        .expect("budget");
+    let (run, capped) = (
+        RunKey::new(tenant.clone(), "r"),
+        RunKey::new(tenant.clone(), "c"),
+    );
+    s.put_run(RunRecord::new(run.clone(), "x").with_budget("b"))
+        .expect("run");
+    s.put_run(RunRecord::new(capped.clone(), "x").with_caps(Caps::new().cost_micros(100)))
+        .expect("capped run");
+    for r in [&run, &capped] {
+        s.reserve(r, Hold::new("old", 60_000).cost_micros(60))
+            .expect("reserve");
+    }
+    let mut raw = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
+    let n = raw
+        .execute(
+            &format!(
+                "UPDATE \"{}\".agentstate_holds SET cost_micros = NULL, tokens = NULL, \
+                 iterations = NULL WHERE tenant = $1",
+                schema()
+            ),
+            &[&tenant],
+        )
+        .expect("clear the columns");
+    assert_eq!(n, 2);
+    for r in [&run, &capped] {
+        // Summed without the old hold, 60 would fit.
+        assert!(
+            matches!(
+                s.reserve(r, Hold::new("new", 60_000).cost_micros(60)),
+                Err(StateError::BudgetExceeded { held: 60, .. })
+            ),
+            "the hold without columns counts"
+        );
+        s.reserve(r, Hold::new("new", 60_000).cost_micros(40))
+            .expect("60 + 40 fits");
+        s.settle(
+            r,
+            "old",
+            StateDelta {
+                cost_micros: 60,
+                ..Default::default()
+            },
+        )
+        .expect("settle the old hold");
+    }
+}
+
+/// Workers on two stores (so each one's guesses go stale under the
+/// other's writes) race reserve-then-settle against one budget until it
+/// refuses: every reserve that was allowed fit, so the budget ends spent
+/// exactly to its cap, never past it.
+#[test]
+fn racing_reserves_on_two_stores_spend_a_shared_budget_exactly() {
+    use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
+    let stores = [
+        Arc::new(store(Options::new())),
+        Arc::new(store(Options::new())),
+    ];
+    let tenant = unique("race8");
+    let bk = BudgetKey::new(tenant.clone(), "b");
+    let (unit, cap) = (100u64, 6_000u64);
+    stores[0]
+        .put_budget(BudgetRecord::new(bk.clone(), Caps::new().cost_micros(cap)))
+        .expect("budget");
+    let handles: Vec<_> = (0..6)
+        .map(|w| {
+            let s = stores[w % 2].clone();
+            let run = RunKey::new(tenant.clone(), format!("r{w}"));
+            std::thread::spawn(move || {
+                s.put_run(RunRecord::new(run.clone(), "x").with_budget("b"))
+                    .expect("run");
+                let mut n = 0u64;
+                loop {
+                    // Past the cap alone: the caps did not hold.
+                    assert!(n * unit <= cap, "worker {w} spent past the cap");
+                    let id = format!("h{n}");
+                    match s.reserve(&run, Hold::new(id.clone(), 60_000).cost_micros(unit)) {
+                        Ok(_) => {}
+                        Err(StateError::BudgetExceeded { .. }) => return n,
+                        Err(e) => panic!("reserve: {e:?}"),
+                    }
+                    s.settle(
+                        &run,
+                        &id,
+                        StateDelta {
+                            cost_micros: unit,
+                            ..Default::default()
+                        },
+                    )
+                    .expect("settle");
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    let settled: u64 = handles.into_iter().map(|h| h.join().expect("worker")).sum();
+    let st = stores[1].get_budget(&bk).expect("status").expect("budget");
+    assert_eq!(st.spent.cost_micros, settled * unit);
+    assert_eq!(st.spent.cost_micros, cap, "spent exactly to the cap");
+    assert_eq!(st.held.cost_micros, 0);
+}
