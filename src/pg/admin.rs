@@ -418,7 +418,8 @@ async fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
     }
     for r in tx
         .query(
-            "SELECT h.tenant, h.run_id, h.hold_id, h.budget, h.record, r.record \
+            "SELECT h.tenant, h.run_id, h.hold_id, h.budget, h.record, r.record, \
+         h.cost_micros::text, h.tokens::text, h.iterations::text \
          FROM {s}agentstate_holds h JOIN {s}agentstate_runs r \
          ON r.tenant = h.tenant AND r.run_id = h.run_id",
             &[],
@@ -429,7 +430,26 @@ async fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
         let run = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
         let id = id_out(r.get(2))?;
         let check = || -> Result<()> {
-            decode_hold(r.get(4), &id)?;
+            let h = decode_hold(r.get(4), &id)?;
+            // Its amount columns (schema 8; NULL on a hold from before),
+            // which the one-round-trip reserve sums, are its record's.
+            let cols: [Option<&str>; 3] = [r.get(6), r.get(7), r.get(8)];
+            let want = [
+                h.amounts.cost_micros,
+                h.amounts.tokens,
+                h.amounts.iterations,
+            ];
+            if cols.iter().any(Option::is_some)
+                && cols
+                    != want
+                        .map(|n| n.to_string())
+                        .each_ref()
+                        .map(|s| Some(s.as_str()))
+            {
+                return Err(StateError::corrupt(format!(
+                    "its amount columns {cols:?} differ from its record's {want:?}"
+                )));
+            }
             let owner = decode_run(r.get(5), &run)?;
             let budget = r.get::<_, Option<String>>(3).map(id_out).transpose()?;
             if budget != owner.budget {

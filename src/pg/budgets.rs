@@ -31,7 +31,6 @@
 //! round trips each, budget or not, and what it read becomes what the
 //! store has seen.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio_postgres::Row;
@@ -56,79 +55,64 @@ use crate::rules::{
 
 use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
+use super::recent::Recent;
 use super::runs::{LOCK_RUN, decode_run_at, read_run, stored_bytes, write_run};
 use super::{PostgresStore, fields, id_in, id_out, num, own};
 
 /// A hold's place: its run's id and its own.
 type HoldAt = (String, String);
 
-/// Most budgets, and most holds, a store remembers the bytes of; past
-/// either, an arbitrary entry is forgotten for each new one.
+/// Most budgets, and most holds, a store remembers the bytes of.
 const SEEN_BUDGETS_MAX: usize = 4096;
 const SEEN_HOLDS_MAX: usize = 16384;
+/// Most bytes of either (records are small; this bounds a hostile size).
+const SEEN_BYTES_MAX: usize = 8 << 20;
 
 /// The bytes of the budgets (record, spent) and holds this store last read
 /// or wrote: the guesses of the one-round-trip `reserve` and `settle`
 /// (with `runs::Seen` for the runs). A hint only: the server checks each
 /// guess against the locked row before anything is written.
-#[derive(Default)]
-pub(crate) struct Seen(parking_lot::Mutex<SeenMaps>);
-
-#[derive(Default)]
-struct SeenMaps {
-    budgets: HashMap<BudgetKey, (Arc<[u8]>, Arc<[u8]>)>,
-    holds: HashMap<(RunKey, String), Arc<[u8]>>,
+pub(crate) struct Seen {
+    budgets: parking_lot::Mutex<Recent<BudgetKey, (Arc<[u8]>, Arc<[u8]>)>>,
+    holds: parking_lot::Mutex<Recent<(RunKey, String), Arc<[u8]>>>,
 }
 
-/// Inserts into a map of at most `max` entries.
-fn bounded_put<K: Clone + Eq + std::hash::Hash, V>(m: &mut HashMap<K, V>, max: usize, k: K, v: V) {
-    while m.len() >= max
-        && !m.contains_key(&k)
-        && let Some(old) = m.keys().next().cloned()
-    {
-        m.remove(&old);
+impl Default for Seen {
+    fn default() -> Self {
+        Seen {
+            budgets: parking_lot::Mutex::new(Recent::new(SEEN_BUDGETS_MAX, SEEN_BYTES_MAX)),
+            holds: parking_lot::Mutex::new(Recent::new(SEEN_HOLDS_MAX, SEEN_BYTES_MAX)),
+        }
     }
-    m.insert(k, v);
 }
 
 impl Seen {
     fn budget(&self, k: &BudgetKey) -> Option<(Arc<[u8]>, Arc<[u8]>)> {
-        self.0.lock().budgets.get(k).cloned()
+        self.budgets.lock().get(k)
     }
     fn put_budget(&self, k: &BudgetKey, record: Arc<[u8]>, spent: Arc<[u8]>) {
-        bounded_put(
-            &mut self.0.lock().budgets,
-            SEEN_BUDGETS_MAX,
-            k.clone(),
-            (record, spent),
-        );
+        let w = record.len() + spent.len();
+        self.budgets.lock().insert(k.clone(), (record, spent), w);
     }
-    fn forget_budget(&self, k: &BudgetKey) {
-        self.0.lock().budgets.remove(k);
+    pub(crate) fn forget_budget(&self, k: &BudgetKey) {
+        self.budgets.lock().remove(k);
     }
     fn hold(&self, run: &RunKey, id: &str) -> Option<Arc<[u8]>> {
-        self.0
-            .lock()
-            .holds
-            .get(&(run.clone(), id.to_string()))
-            .cloned()
+        self.holds.lock().get(&(run.clone(), id.to_string()))
     }
     fn put_hold(&self, run: &RunKey, id: &str, bytes: Arc<[u8]>) {
-        bounded_put(
-            &mut self.0.lock().holds,
-            SEEN_HOLDS_MAX,
-            (run.clone(), id.to_string()),
-            bytes,
-        );
+        let w = bytes.len();
+        self.holds
+            .lock()
+            .insert((run.clone(), id.to_string()), bytes, w);
     }
     fn forget_hold(&self, run: &RunKey, id: &str) {
-        self.0.lock().holds.remove(&(run.clone(), id.to_string()));
+        self.holds.lock().remove(&(run.clone(), id.to_string()));
     }
     /// Forgets every budget and hold of `tenant` (a purge).
     pub(crate) fn forget_tenant(&self, tenant: &str) {
-        let m = &mut *self.0.lock();
-        m.budgets.retain(|k, _| k.tenant != tenant);
-        m.holds.retain(|(k, _), _| k.tenant != tenant);
+        self.budgets.lock().retain(|k| k.tenant != tenant);
+        self.holds.lock().retain(|(k, _)| k.tenant != tenant);
     }
 }
 
@@ -299,7 +283,22 @@ async fn around(
         // A wrong guess: the budget's row locked, then its holds read.
         _ => {
             let budget = match budget_of(&rec) {
-                Some(b) => Some(lock_budget(tx, &b).await?),
+                Some(b) => {
+                    let rows = tx
+                        .query(LOCK_BUDGET, &[&id_in(&b.tenant), &id_in(&b.name)])
+                        .await?;
+                    budget_row = rows.first().map(|r| {
+                        (
+                            Arc::<[u8]>::from(r.get::<_, &[u8]>(0)),
+                            Arc::<[u8]>::from(r.get::<_, &[u8]>(1)),
+                        )
+                    });
+                    Some(
+                        rows.first()
+                            .map(|r| decode_budget(r.get(0), r.get(1), &b))
+                            .transpose()?,
+                    )
+                }
                 None => None,
             };
             (budget, holds_around(tx, &rec).await?)
@@ -1003,8 +1002,11 @@ impl PostgresStore {
         if let Ok(s) = &out {
             self.runs_seen.put_run(&s.record);
             self.spend_seen.forget_hold(run, hold_id);
-            if let (Some(b), Some((record, total))) = (budget_of(&s.record), read) {
-                self.spend_seen.put_budget(&b, record, total);
+            if let Some(b) = budget_of(&s.record) {
+                match read {
+                    Some((record, total)) => self.spend_seen.put_budget(&b, record, total),
+                    None => self.spend_seen.forget_budget(&b),
+                }
             }
         }
         out

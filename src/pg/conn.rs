@@ -62,10 +62,12 @@
 //! | `put_run` (create)                                  | 3           |
 //! | `read_tray`, `write_tray`, `delete_tray`,           | 2 → 1       |
 //! | `apply_batch`, `release`, `set_alarm`, `ack_alarm`  |             |
-//! | `reserve` (no budget; with a budget): its reads     | 3 → 2;      |
-//! | pipelined, the budget guessed (`budgets.rs`)        | 4 → 2       |
-//! | `settle` (no budget; with a budget), the same       | 4 → 2;      |
-//! |                                                     | 5 → 2       |
+//! | `reserve`, `settle` (budget or not): the run, its   | 3–5 → 1     |
+//! | budget and the hold as this store last saw them,    |             |
+//! | checked and written by a function of schema 8       |             |
+//! | (`budgets.rs`)                                      |             |
+//! | the same, when another writer came first: the       | 2 → 3       |
+//! | locked path, its reads pipelined                    |             |
 //! | a keyed call (`*_idempotent`)                       | as before   |
 //!
 //! (`tests/it/postgres.rs` `round_trips_per_call` counts them through a

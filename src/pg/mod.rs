@@ -24,6 +24,7 @@ mod core;
 mod feed;
 mod fields;
 pub(crate) mod idempotency;
+mod recent;
 mod runs;
 mod tls;
 mod trays;

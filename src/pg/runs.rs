@@ -14,7 +14,6 @@
 //! that write the run's row alone take the swap: a run with a budget or
 //! caps, a create, and a keyed call take the locked path.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio_postgres::Row;
@@ -32,28 +31,28 @@ use crate::rules::{
     check_version, created_run, next_session, patched_run, updated_run,
 };
 
-use crate::budget::BudgetKey;
+use crate::budget::{BudgetKey, Spend};
 
-use super::budgets::{after_patch, lock_budget};
+use super::budgets::{after_patch, budget_of, lock_budget};
 use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
+use super::recent::Recent;
 use super::{PostgresStore, fields, id_in, id_out, num, own};
 
-/// Most runs a store remembers the bytes of; past it, an arbitrary one is
-/// forgotten for each new one.
-const SEEN_MAX: usize = 4096;
+/// Most runs a store remembers the bytes of.
+const SEEN_MAX: usize = 8192;
 
 /// The last stored bytes of each run a store read or wrote (a hint, see
-/// the module's notes).
-#[derive(Default)]
-pub(crate) struct Seen(parking_lot::Mutex<SeenMap>);
+/// the module's notes): a run's stored bytes and its seq column.
+pub(crate) struct Seen(parking_lot::Mutex<Recent<RunKey, (Arc<[u8]>, i64)>>);
 
-/// The entries (a run's stored bytes and its seq column) and the bytes
-/// they hold.
-#[derive(Default)]
-pub(crate) struct SeenMap {
-    runs: HashMap<RunKey, (Arc<[u8]>, i64)>,
-    bytes: usize,
+impl Default for Seen {
+    fn default() -> Self {
+        Seen(parking_lot::Mutex::new(Recent::new(
+            SEEN_MAX,
+            SEEN_BYTES_MAX,
+        )))
+    }
 }
 
 /// The most bytes the hint holds in all, and the largest record it keeps
@@ -64,26 +63,17 @@ const SEEN_RECORD_MAX: usize = 64 << 10;
 
 impl Seen {
     pub(crate) fn get(&self, k: &RunKey) -> Option<(Arc<[u8]>, i64)> {
-        self.0.lock().runs.get(k).cloned()
+        self.0.lock().get(k)
     }
 
     pub(crate) fn put(&self, k: &RunKey, bytes: Arc<[u8]>, seq: i64) {
         let mut m = self.0.lock();
-        if let Some((old, _)) = m.runs.remove(k) {
-            m.bytes -= old.len();
-        }
         if bytes.len() > SEEN_RECORD_MAX {
+            m.remove(k);
             return;
         }
-        while (m.runs.len() >= SEEN_MAX || m.bytes + bytes.len() > SEEN_BYTES_MAX)
-            && let Some(old) = m.runs.keys().next().cloned()
-        {
-            if let Some((v, _)) = m.runs.remove(&old) {
-                m.bytes -= v.len();
-            }
-        }
-        m.bytes += bytes.len();
-        m.runs.insert(k.clone(), (bytes, seq));
+        let w = bytes.len();
+        m.insert(k.clone(), (bytes, seq), w);
     }
 
     /// The budget the run draws from, as last seen (fixed at create): a
@@ -101,24 +91,12 @@ impl Seen {
     }
 
     fn forget(&self, k: &RunKey) {
-        let mut m = self.0.lock();
-        if let Some((old, _)) = m.runs.remove(k) {
-            m.bytes -= old.len();
-        }
+        self.0.lock().remove(k);
     }
 
     /// Forgets every run of `tenant` (a purge).
     pub(crate) fn forget_tenant(&self, tenant: &str) {
-        let m = &mut *self.0.lock();
-        let mut freed = 0;
-        m.runs.retain(|k, (v, _)| {
-            let keep = k.tenant != tenant;
-            if !keep {
-                freed += v.len();
-            }
-            keep
-        });
-        m.bytes -= freed;
+        self.0.lock().retain(|k| k.tenant != tenant);
     }
 }
 
@@ -352,6 +330,7 @@ impl PostgresStore {
             self.saw(&record.key, &Ok(new.clone()));
             return Ok(new);
         }
+        let mut created_with = None;
         let out = txn_keyed!(self, keyed, |tx| {
             let stored = read_run(tx, &record.key, true).await?;
             check_version(record.version, stored.as_ref().map(|s| s.version), || {
@@ -402,10 +381,14 @@ impl PostgresStore {
                     messages_read: 0,
                 };
                 after_patch(tx, &new, &delta, now).await?;
+                created_with = Some(delta);
             }
             Ok(new)
         });
         self.saw(&record.key, &out);
+        if let (Ok(r), Some(delta)) = (&out, created_with) {
+            self.spent_moved(r, &delta);
+        }
         out
     }
 
@@ -497,6 +480,9 @@ impl PostgresStore {
             Ok(new)
         });
         self.saw(key, &out);
+        if let Ok(r) = &out {
+            self.spent_moved(r, &delta);
+        }
         out
     }
 }
@@ -551,6 +537,17 @@ impl PostgresStore {
         match out {
             Ok(r) => self.runs_seen.put_run(r),
             Err(_) => self.runs_seen.forget(key),
+        }
+    }
+
+    /// After a write that added `delta` to the budget `r` draws from: the
+    /// budget's spent moved, so the next reserve or settle reads it afresh
+    /// (rather than have its guess declined).
+    fn spent_moved(&self, r: &RunRecord, delta: &StateDelta) {
+        if let Some(b) = budget_of(r)
+            && !Spend::of_delta(delta).is_zero()
+        {
+            self.spend_seen.forget_budget(&b);
         }
     }
 

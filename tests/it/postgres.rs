@@ -3042,6 +3042,27 @@ fn round_trips_per_call() {
         s.settle(&crun, &id, delta).expect("settle");
     });
     got.push(("reserve + settle (capped run)", c, 2));
+    // A budget and run another store wrote: the first (locked) reserve and
+    // settle read them, and the calls after are one round trip each.
+    let other = store(Options::new());
+    other
+        .put_budget(BudgetRecord::new(
+            BudgetKey::new(tenant.clone(), "b2"),
+            Caps::new().cost_micros(1 << 40),
+        ))
+        .expect("budget");
+    let orun = RunKey::new(tenant.clone(), "ro");
+    other
+        .put_run(RunRecord::new(orun.clone(), "a").with_budget("b2"))
+        .expect("run");
+    let c = count("reserve + settle (written elsewhere)", times, &mut |_| {
+        h += 1;
+        let id = format!("h{h}");
+        s.reserve(&orun, Hold::new(id.clone(), 60_000).cost_micros(2))
+            .expect("reserve");
+        s.settle(&orun, &id, delta).expect("settle");
+    });
+    got.push(("reserve + settle (written elsewhere)", c, 2));
     for (what, median, most) in got {
         assert!(
             median <= most,
@@ -3518,6 +3539,29 @@ fn holds_without_amount_columns_still_count() {
             .expect("reserve");
     }
     let mut raw = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
+    // `verify` names a hold whose columns disagree with its record.
+    let mine = |s: &PostgresStore| -> Vec<String> {
+        let report = s.verify().expect("verify");
+        report
+            .problems
+            .into_iter()
+            .filter(|p| p.contains(&tenant))
+            .collect()
+    };
+    assert_eq!(mine(&s), Vec::<String>::new());
+    raw.execute(
+        &format!(
+            "UPDATE \"{}\".agentstate_holds SET cost_micros = 1 WHERE tenant = $1 AND run_id = 'r'",
+            schema()
+        ),
+        &[&tenant],
+    )
+    .expect("tamper");
+    let found = mine(&s);
+    assert!(
+        found.len() == 1 && found[0].contains("amount columns"),
+        "{found:?}"
+    );
     let n = raw
         .execute(
             &format!(
@@ -3529,6 +3573,7 @@ fn holds_without_amount_columns_still_count() {
         )
         .expect("clear the columns");
     assert_eq!(n, 2);
+    assert_eq!(mine(&s), Vec::<String>::new(), "NULL: from before schema 8");
     for r in [&run, &capped] {
         // Summed without the old hold, 60 would fit.
         assert!(
