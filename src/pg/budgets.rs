@@ -55,12 +55,15 @@ use crate::rules::{
 
 use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
-use super::recent::Recent;
+use super::recent::{Recent, Shared};
 use super::runs::{LOCK_RUN, decode_run_at, read_run, stored_bytes, write_run};
 use super::{PostgresStore, fields, id_in, id_out, num, own};
 
 /// A hold's place: its run's id and its own.
 type HoldAt = (String, String);
+
+/// A budget's row as stored: its record's bytes and its spent's.
+type BudgetRow = (Arc<[u8]>, Arc<[u8]>);
 
 /// Most budgets, and most holds, a store remembers the bytes of.
 const SEEN_BUDGETS_MAX: usize = 4096;
@@ -73,8 +76,8 @@ const SEEN_BYTES_MAX: usize = 8 << 20;
 /// (with `runs::Seen` for the runs). A hint only: the server checks each
 /// guess against the locked row before anything is written.
 pub(crate) struct Seen {
-    budgets: parking_lot::Mutex<Recent<BudgetKey, (Arc<[u8]>, Arc<[u8]>)>>,
-    holds: parking_lot::Mutex<Recent<(RunKey, String), Arc<[u8]>>>,
+    budgets: Shared<BudgetKey, BudgetRow>,
+    holds: Shared<(RunKey, String), Arc<[u8]>>,
 }
 
 impl Default for Seen {
@@ -87,7 +90,7 @@ impl Default for Seen {
 }
 
 impl Seen {
-    fn budget(&self, k: &BudgetKey) -> Option<(Arc<[u8]>, Arc<[u8]>)> {
+    fn budget(&self, k: &BudgetKey) -> Option<BudgetRow> {
         self.budgets.lock().get(k)
     }
     fn put_budget(&self, k: &BudgetKey, record: Arc<[u8]>, spent: Arc<[u8]>) {
@@ -226,7 +229,7 @@ struct Around {
     /// The run's row as read: its bytes and seq column.
     run_row: (Arc<[u8]>, i64),
     /// The budget's row as read (record, spent), when the guess was right.
-    budget_row: Option<(Arc<[u8]>, Arc<[u8]>)>,
+    budget_row: Option<BudgetRow>,
 }
 
 /// The reads of a reserve (`hold_id` `None`) or settle, pipelined (see
@@ -742,13 +745,7 @@ impl PostgresStore {
     }
 
     /// Remembers a budget row the locked path read for the run `bytes`.
-    fn saw_budget_of(
-        &self,
-        bytes: &[u8],
-        run: &RunKey,
-        seq: i64,
-        budget: Option<(Arc<[u8]>, Arc<[u8]>)>,
-    ) {
+    fn saw_budget_of(&self, bytes: &[u8], run: &RunKey, seq: i64, budget: Option<BudgetRow>) {
         if let (Ok(r), Some((record, spent))) = (decode_run_at(bytes, run, seq), budget)
             && let Some(b) = budget_of(&r)
         {

@@ -14,6 +14,9 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
+/// A [`Recent`] shared by a store's calls.
+pub(crate) type Shared<K, V> = parking_lot::Mutex<Recent<K, V>>;
+
 /// A bounded map of recently seen entries, each with a weight (its bytes).
 pub(crate) struct Recent<K, V> {
     young: HashMap<K, (V, usize)>,

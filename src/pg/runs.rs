@@ -36,7 +36,7 @@ use crate::budget::{BudgetKey, Spend};
 use super::budgets::{after_patch, budget_of, lock_budget};
 use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
-use super::recent::Recent;
+use super::recent::{Recent, Shared};
 use super::{PostgresStore, fields, id_in, id_out, num, own};
 
 /// Most runs a store remembers the bytes of.
@@ -44,7 +44,7 @@ const SEEN_MAX: usize = 8192;
 
 /// The last stored bytes of each run a store read or wrote (a hint, see
 /// the module's notes): a run's stored bytes and its seq column.
-pub(crate) struct Seen(parking_lot::Mutex<Recent<RunKey, (Arc<[u8]>, i64)>>);
+pub(crate) struct Seen(Shared<RunKey, (Arc<[u8]>, i64)>);
 
 impl Default for Seen {
     fn default() -> Self {
