@@ -215,6 +215,21 @@ struct SeenBudget {
     spent: Spend,
 }
 
+impl SeenBudget {
+    /// The budget's name and the bytes it was seen with, as a function of
+    /// schema 8 takes them (NULL: the run draws from no budget).
+    fn params(b: Option<&SeenBudget>) -> (Option<String>, Option<&[u8]>, Option<&[u8]>) {
+        match b {
+            Some(b) => (
+                Some(own(&b.key.name)),
+                Some(&b.record_bytes),
+                Some(&b.spent_bytes),
+            ),
+            None => (None, None, None),
+        }
+    }
+}
+
 /// What a reserve or settle reads before deciding.
 struct Around {
     /// The run, its row locked.
@@ -775,11 +790,7 @@ impl PostgresStore {
         };
         let bytes = value::encode(&h);
         let (t, rid, hid) = (id_in(&run.tenant), id_in(&run.run_id), id_in(&h.id));
-        let bname = b.as_ref().map(|b| own(&b.key.name));
-        let (brec, bspent): (Option<&[u8]>, Option<&[u8]>) = match &b {
-            Some(b) => (Some(&b.record_bytes), Some(&b.spent_bytes)),
-            None => (None, None),
-        };
+        let (bname, brec, bspent) = SeenBudget::params(b.as_ref());
         let (bused, bmax) = match &b {
             Some(b) => (amounts(b.spent), maxes(&b.record.caps)),
             None => (Vec::new(), Vec::new()),
@@ -792,42 +803,48 @@ impl PostgresStore {
         let (expires, at) = (num(h.expires_at), num(now));
         let holds_max = HOLDS_PER_RUN_MAX as i64;
         let seen_bytes: &[u8] = &seen;
-        let done = txn!(self, |tx| {
-            let rows = tx
-                .query_commit(
-                    "SELECT {s}agentstate_reserve($1, $2, $3, $4, $5, $6, $7, $8, \
+        let done = self
+            .guessed(
+                "SELECT {s}agentstate_reserve($1, $2, $3, $4, $5, $6, $7, $8, \
                      $9::text::numeric, $10::text::numeric, $11::text[]::numeric[], \
                      $12::text[]::numeric[], $13::text[]::numeric[], $14::text[]::numeric[], \
                      $15::text[]::numeric[], $16)",
-                    &[
-                        &t,
-                        &rid,
-                        &seen_bytes,
-                        &bname,
-                        &brec,
-                        &bspent,
-                        &hid,
-                        &bytes,
-                        &expires,
-                        &at,
-                        &asked,
-                        &run_spent,
-                        &run_max,
-                        &bused,
-                        &bmax,
-                        &holds_max,
-                    ],
-                    false,
-                )
-                .await?;
-            Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
-        })?;
+                &[
+                    &t,
+                    &rid,
+                    &seen_bytes,
+                    &bname,
+                    &brec,
+                    &bspent,
+                    &hid,
+                    &bytes,
+                    &expires,
+                    &at,
+                    &asked,
+                    &run_spent,
+                    &run_max,
+                    &bused,
+                    &bmax,
+                    &holds_max,
+                ],
+            )
+            .await?;
         if done {
             self.spend_seen.put_hold(run, &h.id, bytes.into());
             return Ok(Some(h));
         }
         self.declined("reserve", &r);
         Ok(None)
+    }
+
+    /// Runs one of schema 8's functions (`sql`) in one round trip: true
+    /// when it wrote, the guess holding; false when it declined, having
+    /// written nothing.
+    async fn guessed(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<bool> {
+        txn!(self, |tx| {
+            let rows = tx.query_commit(sql, params, false).await?;
+            Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+        })
     }
 
     /// The budget `r` draws from as this store last saw it: `Some(None)`
@@ -895,38 +912,30 @@ impl PostgresStore {
             .as_ref()
             .map(|b| value::encode(&budget_spent(b.spent, spent)));
         let (t, rid, hid) = (id_in(&run.tenant), id_in(&run.run_id), id_in(hold_id));
-        let bname = b.as_ref().map(|b| own(&b.key.name));
-        let (brec, bspent): (Option<&[u8]>, Option<&[u8]>) = match &b {
-            Some(b) => (Some(&b.record_bytes), Some(&b.spent_bytes)),
-            None => (None, None),
-        };
+        let (bname, brec, bspent) = SeenBudget::params(b.as_ref());
         let (at, updated, cols) = (num(now), num(new.updated_at), fields::run_text(&new));
         let (seen_bytes, hold_seen): (&[u8], &[u8]) = (&seen, &hold_bytes);
-        let done = txn!(self, |tx| {
-            let rows = tx
-                .query_commit(
-                    "SELECT {s}agentstate_settle($1, $2, $3, $4, $5, $6, $7, $8, \
+        let done = self
+            .guessed(
+                "SELECT {s}agentstate_settle($1, $2, $3, $4, $5, $6, $7, $8, \
                      $9::text::numeric, $10, $11, $12::text::numeric, $13)",
-                    &[
-                        &t,
-                        &rid,
-                        &seen_bytes,
-                        &bname,
-                        &brec,
-                        &bspent,
-                        &hid,
-                        &hold_seen,
-                        &at,
-                        &bytes,
-                        &cols,
-                        &updated,
-                        &new_spent,
-                    ],
-                    false,
-                )
-                .await?;
-            Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
-        })?;
+                &[
+                    &t,
+                    &rid,
+                    &seen_bytes,
+                    &bname,
+                    &brec,
+                    &bspent,
+                    &hid,
+                    &hold_seen,
+                    &at,
+                    &bytes,
+                    &cols,
+                    &updated,
+                    &new_spent,
+                ],
+            )
+            .await?;
         if !done {
             self.declined("settle", &old);
             return Ok(None);
