@@ -857,6 +857,18 @@ pub(crate) fn unavailable(e: &PgError) -> StateError {
             "postgres: {} (run PostgresStore::setup() first)",
             db.message()
         ),
+        // A database set up by an older build: this one's columns and
+        // functions come with its schema version.
+        Some(db)
+            if *db.code() == SqlState::UNDEFINED_FUNCTION
+                || *db.code() == SqlState::UNDEFINED_COLUMN =>
+        {
+            format!(
+                "postgres: {} (the database's schema is older than this build: run \
+                 PostgresStore::setup() to upgrade it)",
+                db.message()
+            )
+        }
         Some(db) if *db.code() == SqlState::QUERY_CANCELED => {
             format!("postgres: {} (the statement timeout)", db.message())
         }

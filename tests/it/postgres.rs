@@ -3651,3 +3651,61 @@ fn racing_reserves_on_two_stores_spend_a_shared_budget_exactly() {
     assert_eq!(st.spent.cost_micros, cap, "spent exactly to the cap");
     assert_eq!(st.held.cost_micros, 0);
 }
+
+/// A database a schema-7 build set up and holds a live hold in: this
+/// build's reserve names `setup()` (its function and columns are missing),
+/// `setup()` upgrades it in place, and the old hold (no amount columns)
+/// still counts against the caps.
+#[test]
+fn setup_upgrades_a_schema_7_database_with_live_holds() {
+    use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
+    let dsn = fresh_db("v7");
+    let s = PostgresStore::connect(&dsn).expect("connect");
+    s.setup().expect("setup");
+    let bk = BudgetKey::new("t", "b");
+    s.put_budget(BudgetRecord::new(bk.clone(), Caps::new().cost_micros(100)))
+        .expect("budget");
+    let run = RunKey::new("t", "r");
+    s.put_run(RunRecord::new(run.clone(), "x").with_budget("b"))
+        .expect("run");
+    s.reserve(&run, Hold::new("old", 60_000).cost_micros(70))
+        .expect("reserve");
+    drop(s);
+    // Back to schema 7's layout.
+    let mut c = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
+    c.batch_execute(
+        "DROP FUNCTION public.agentstate_reserve, public.agentstate_settle, \
+         public.agentstate_lock_seen, public.agentstate_live_holds, \
+         public.agentstate_purge_expired, public.agentstate_fits; \
+         ALTER TABLE public.agentstate_holds DROP COLUMN cost_micros, DROP COLUMN tokens, \
+         DROP COLUMN iterations; \
+         UPDATE public.agentstate_meta SET value = '7' WHERE name = 'schema_version'",
+    )
+    .expect("schema 7");
+    let s = PostgresStore::connect(&dsn).expect("connect");
+    let e = s
+        .reserve(&run, Hold::new("new", 60_000).cost_micros(10))
+        .expect_err("schema 7 has no amount columns");
+    assert!(e.to_string().contains("setup()"), "{e}");
+    s.setup().expect("upgrade");
+    assert_eq!(s.schema_version().expect("version"), Some(8));
+    assert!(
+        matches!(
+            s.reserve(&run, Hold::new("new", 60_000).cost_micros(31)),
+            Err(StateError::BudgetExceeded { held: 70, .. })
+        ),
+        "the schema-7 hold counts"
+    );
+    s.reserve(&run, Hold::new("new", 60_000).cost_micros(30))
+        .expect("70 + 30 fits");
+    let cost = |c: u64| StateDelta {
+        cost_micros: c,
+        ..Default::default()
+    };
+    s.settle(&run, "old", cost(70))
+        .expect("settle the old hold");
+    s.settle(&run, "new", cost(30)).expect("settle the new one");
+    let st = s.get_budget(&bk).expect("status").expect("budget");
+    assert_eq!((st.spent.cost_micros, st.held.cost_micros), (100, 0));
+    assert!(s.verify().expect("verify").is_ok());
+}
