@@ -3521,7 +3521,10 @@ fn reserve_and_settle_with_stale_guesses_keep_the_caps_exactly() {
 #[test]
 fn holds_without_amount_columns_still_count() {
     use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
-    let s = store(Options::new());
+    // A database of its own: `verify` reads all of it.
+    let dsn = fresh_db("nulls");
+    let s = PostgresStore::connect(&dsn).expect("connect");
+    s.setup().expect("setup");
     let tenant = unique("nulls");
     let bk = BudgetKey::new(tenant.clone(), "b");
     s.put_budget(BudgetRecord::new(bk.clone(), Caps::new().cost_micros(100)))
@@ -3538,7 +3541,7 @@ fn holds_without_amount_columns_still_count() {
         s.reserve(r, Hold::new("old", 60_000).cost_micros(60))
             .expect("reserve");
     }
-    let mut raw = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
+    let mut raw = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
     // `verify` names a hold whose columns disagree with its record.
     let mine = |s: &PostgresStore| -> Vec<String> {
         let report = s.verify().expect("verify");
@@ -3550,10 +3553,7 @@ fn holds_without_amount_columns_still_count() {
     };
     assert_eq!(mine(&s), Vec::<String>::new());
     raw.execute(
-        &format!(
-            "UPDATE \"{}\".agentstate_holds SET cost_micros = 1 WHERE tenant = $1 AND run_id = 'r'",
-            schema()
-        ),
+        "UPDATE public.agentstate_holds SET cost_micros = 1 WHERE tenant = $1 AND run_id = 'r'",
         &[&tenant],
     )
     .expect("tamper");
@@ -3564,11 +3564,8 @@ fn holds_without_amount_columns_still_count() {
     );
     let n = raw
         .execute(
-            &format!(
-                "UPDATE \"{}\".agentstate_holds SET cost_micros = NULL, tokens = NULL, \
-                 iterations = NULL WHERE tenant = $1",
-                schema()
-            ),
+            "UPDATE public.agentstate_holds SET cost_micros = NULL, tokens = NULL, \
+             iterations = NULL WHERE tenant = $1",
             &[&tenant],
         )
         .expect("clear the columns");
