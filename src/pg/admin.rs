@@ -438,13 +438,10 @@ async fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
                 h.amounts.cost_micros,
                 h.amounts.tokens,
                 h.amounts.iterations,
-            ];
+            ]
+            .map(|n| n.to_string());
             if cols.iter().any(Option::is_some)
-                && cols
-                    != want
-                        .map(|n| n.to_string())
-                        .each_ref()
-                        .map(|s| Some(s.as_str()))
+                && cols.iter().zip(&want).any(|(c, w)| *c != Some(w.as_str()))
             {
                 return Err(StateError::corrupt(format!(
                     "its amount columns {cols:?} differ from its record's {want:?}"

@@ -65,6 +65,9 @@ type HoldAt = (String, String);
 /// A budget's row as stored: its record's bytes and its spent's.
 type BudgetRow = (Arc<[u8]>, Arc<[u8]>);
 
+/// A budget's row decoded.
+type BudgetRead = (BudgetRecord, Spend);
+
 /// Most budgets, and most holds, a store remembers the bytes of.
 const SEEN_BUDGETS_MAX: usize = 4096;
 const SEEN_HOLDS_MAX: usize = 16384;
@@ -247,6 +250,19 @@ struct Around {
     budget_row: Option<BudgetRow>,
 }
 
+/// A budget's row read by [`LOCK_BUDGET`], decoded and as stored (`None`
+/// both: no such budget).
+fn budget_in(rows: &[Row], key: &BudgetKey) -> Result<(Option<BudgetRead>, Option<BudgetRow>)> {
+    let Some(r) = rows.first() else {
+        return Ok((None, None));
+    };
+    let (record, spent): (&[u8], &[u8]) = (r.get(0), r.get(1));
+    Ok((
+        Some(decode_budget(record, spent, key)?),
+        Some((record.into(), spent.into())),
+    ))
+}
+
 /// The reads of a reserve (`hold_id` `None`) or settle, pipelined (see
 /// the module's notes): `guess` names the run's budget (`None`: no
 /// budget). `None`: the run does not exist.
@@ -284,17 +300,8 @@ async fn around(
     let (budget, holds) = match guess {
         Some(name) if rec.budget.as_deref() == Some(name) => {
             let bk = BudgetKey::new(run.tenant.clone(), name);
-            let rows = next();
-            let b = rows
-                .first()
-                .map(|r| decode_budget(r.get(0), r.get(1), &bk))
-                .transpose()?;
-            budget_row = rows.first().map(|r| {
-                (
-                    Arc::<[u8]>::from(r.get::<_, &[u8]>(0)),
-                    Arc::<[u8]>::from(r.get::<_, &[u8]>(1)),
-                )
-            });
+            let (b, row) = budget_in(&next(), &bk)?;
+            budget_row = row;
             (Some(b), hold_rows(&next())?)
         }
         None if rec.budget.is_none() => (None, hold_rows(&next())?),
@@ -305,17 +312,9 @@ async fn around(
                     let rows = tx
                         .query(LOCK_BUDGET, &[&id_in(&b.tenant), &id_in(&b.name)])
                         .await?;
-                    budget_row = rows.first().map(|r| {
-                        (
-                            Arc::<[u8]>::from(r.get::<_, &[u8]>(0)),
-                            Arc::<[u8]>::from(r.get::<_, &[u8]>(1)),
-                        )
-                    });
-                    Some(
-                        rows.first()
-                            .map(|r| decode_budget(r.get(0), r.get(1), &b))
-                            .transpose()?,
-                    )
+                    let (found, row) = budget_in(&rows, &b)?;
+                    budget_row = row;
+                    Some(found)
                 }
                 None => None,
             };
@@ -720,7 +719,10 @@ impl PostgresStore {
             let Some(a) = around(tx, run, guess.as_deref(), None).await? else {
                 return Err(StateError::NotFound(RecordKey::Run(run.clone())).into());
             };
-            read = Some((a.run_row.clone(), a.budget_row.clone()));
+            read = Some((
+                a.run_row.clone(),
+                budget_of(&a.run).zip(a.budget_row.clone()),
+            ));
             let (r, holds) = (a.run, a.holds);
             let budget = match (budget_of(&r), a.budget) {
                 (Some(b), Some(found)) => Some(found.ok_or(b)),
@@ -751,21 +753,14 @@ impl PostgresStore {
             Ok(rec)
         });
         if let (Ok(h), Some(((bytes, seq), budget))) = (&out, read) {
-            self.runs_seen.put(run, bytes.clone(), seq);
-            self.saw_budget_of(&bytes, run, seq, budget);
+            self.runs_seen.put(run, bytes, seq);
+            if let Some((b, (record, spent))) = budget {
+                self.spend_seen.put_budget(&b, record, spent);
+            }
             self.spend_seen
                 .put_hold(run, &h.id, value::encode(h).into());
         }
         out
-    }
-
-    /// Remembers a budget row the locked path read for the run `bytes`.
-    fn saw_budget_of(&self, bytes: &[u8], run: &RunKey, seq: i64, budget: Option<BudgetRow>) {
-        if let (Ok(r), Some((record, spent))) = (decode_run_at(bytes, run, seq), budget)
-            && let Some(b) = budget_of(&r)
-        {
-            self.spend_seen.put_budget(&b, record, spent);
-        }
     }
 
     /// The one-round-trip reserve (the module's notes): `None` when not
