@@ -1,4 +1,4 @@
-//! Named limits, checked on entry (rules K1–K5).
+//! Named limits, checked on entry (rules K1–K5, K7).
 
 /// Ids are 1..=256 bytes of UTF-8 (K1).
 pub const ID_BYTES_MAX: usize = 256;
@@ -12,6 +12,12 @@ pub const PAGE_ITEMS_DEFAULT: usize = 100;
 pub const BATCH_OPS_MAX: usize = 10_000;
 /// Most pending tool calls per run (K5).
 pub const PENDING_TOOL_CALLS_MAX: usize = 1024;
+/// The largest epoch a tray call may carry (rule K7): `i64::MAX`, the
+/// largest value of the `bigint` column the seeds' PostgreSQL store keeps
+/// epochs in (`pinned_epoch.epoch`), so an epoch every backend accepts is
+/// one every backend can store. Past it a call is `Invalid` and changes
+/// nothing.
+pub const EPOCH_MAX: u64 = i64::MAX as u64;
 /// Most requests one group commit takes at once.
 pub const GROUP_JOBS_MAX: usize = 512;
 

@@ -1,11 +1,13 @@
 //! K — limits: id lengths, record and doc sizes, page limits, batch size,
-//! pending tool calls, an injective key encoding (K1–K6).
+//! pending tool calls, an injective key encoding, the epoch bound (K1–K7).
 
 use std::collections::BTreeSet;
 
 use super::Factory;
 use super::helpers::*;
-use crate::limits::{BATCH_OPS_MAX, ID_BYTES_MAX, PAGE_ITEMS_MAX, PENDING_TOOL_CALLS_MAX};
+use crate::limits::{
+    BATCH_OPS_MAX, EPOCH_MAX, ID_BYTES_MAX, PAGE_ITEMS_MAX, PENDING_TOOL_CALLS_MAX,
+};
 use crate::{
     Alarm, InstanceKey, PageRequest, PersistenceReason, Result, RunKey, RunRecord, SessionKey,
     SessionRecord, StateDelta, StateError, StateQuery, Tray, TrayKey, TrayOp,
@@ -949,4 +951,144 @@ pub fn k6_key_encoding_injective(make: Factory<'_>) {
         .map(|(n, i)| alarm(i, 1_000 + n as u64))
         .collect();
     assert_eq!(due, want, "K6: every instance has exactly its own alarm");
+}
+
+/// K7: every epoch a tray call carries is at most `EPOCH_MAX` (`i64::MAX`,
+/// the seeds' `bigint` epoch column). Past it every tray and alarm call
+/// (reads, writes, deletes, batches keyed or not, release, the instance
+/// listings, set and ack of the alarm) is `Invalid` naming the epoch and
+/// the bound, and nothing changes: no tray, no alarm, no mark, and the
+/// fence does not advance — neither on a new instance nor past a stored
+/// `EPOCH_MAX`.
+pub fn k7_epochs_at_most_epoch_max(make: Factory<'_>) {
+    let c = open(make);
+    let s = &*c.store;
+    let ns = unique("k7");
+    let env = unique("k7env");
+    let i = InstanceKey::new(&ns, "i");
+    let fresh = InstanceKey::new(&ns, "fresh");
+    let k = i.tray("t", "1");
+    let idem = ok(crate::IdempotencyKey::new(unique("k7key")), "K7: a key");
+    type Call<'a> = (
+        &'static str,
+        Box<dyn Fn(&InstanceKey, u64) -> Result<()> + 'a>,
+    );
+    let calls: Vec<Call<'_>> = vec![
+        (
+            "read_tray",
+            Box::new(|i, e| s.read_tray(&i.tray("t", "1"), e).map(|_| ())),
+        ),
+        (
+            "write_tray",
+            Box::new(|i, e| s.write_tray(&i.tray("t", "2"), e, tray(true, "w", &env))),
+        ),
+        (
+            "delete_tray",
+            Box::new(|i, e| s.delete_tray(&i.tray("t", "1"), e).map(|_| ())),
+        ),
+        (
+            "apply_batch",
+            Box::new(|i, e| {
+                s.apply_batch(
+                    i,
+                    e,
+                    vec![TrayOp::Delete {
+                        tray_ns: "t".into(),
+                        tray_id: "1".into(),
+                    }],
+                )
+            }),
+        ),
+        (
+            "an empty batch",
+            Box::new(|i, e| s.apply_batch(i, e, Vec::new())),
+        ),
+        (
+            "apply_batch_idempotent",
+            Box::new(|i, e| {
+                s.apply_batch_idempotent(
+                    i,
+                    e,
+                    vec![TrayOp::Put {
+                        tray_ns: "t".into(),
+                        tray_id: "3".into(),
+                        tray: tray(true, "k", &env),
+                    }],
+                    &idem,
+                )
+            }),
+        ),
+        ("release", Box::new(|i, e| s.release(i, e))),
+        (
+            "list_trays",
+            Box::new(|i, e| s.list_trays(i, e, &PageRequest::new(10)).map(|_| ())),
+        ),
+        ("set_alarm", Box::new(|i, e| s.set_alarm(i, e, 50))),
+        (
+            "ack_alarm",
+            Box::new(|i, e| s.ack_alarm(i, e, 100).map(|_| ())),
+        ),
+    ];
+    // An instance with a marked tray and an alarm, at epoch 5.
+    ok(
+        s.write_tray(&k, 5, tray(true, "doc", &env)),
+        "K7: fixture tray",
+    );
+    ok(s.set_alarm(&i, 5, 100), "K7: fixture alarm");
+    let state = |inst: &InstanceKey| {
+        (
+            tray_state(s, inst),
+            due_of(s, 1_000, &ns, 100),
+            marked_of(s, Some(&env), &ns, 100),
+        )
+    };
+    let over = |inst: &InstanceKey, stage: &str| {
+        let before = state(inst);
+        for (what, call) in &calls {
+            for e in [EPOCH_MAX + 1, EPOCH_MAX + 2, u64::MAX - 1, u64::MAX] {
+                let err = expect_err!(
+                    call(inst, e),
+                    StateError::Invalid { .. },
+                    "K7: {what} at epoch {e} ({stage})"
+                );
+                assert_names(&err, &["epoch"], format_args!("K7: {what} at epoch {e}"));
+                assert!(
+                    err.to_string().contains(&EPOCH_MAX.to_string()),
+                    "K7: {what} at epoch {e}: the error must name the bound {EPOCH_MAX}, got {err}"
+                );
+                assert_eq!(
+                    state(inst),
+                    before,
+                    "K7/E6: {what} at epoch {e} ({stage}) changed the instance or moved its epoch"
+                );
+            }
+        }
+    };
+    over(&i, "stored epoch 5");
+    assert_eq!(epoch_of(s, &i), 5, "K7: the fence did not advance");
+    // A new instance gets no epoch from a refused call.
+    over(&fresh, "a new instance");
+    assert_eq!(epoch_of(s, &fresh), 0, "K7: a new instance keeps epoch 0");
+
+    // At the bound every call runs and stores it.
+    for (what, call) in &calls {
+        ok(call(&i, EPOCH_MAX), format_args!("K7: {what} at EPOCH_MAX"));
+        assert_eq!(
+            epoch_of(s, &i),
+            EPOCH_MAX,
+            "K7: {what} at EPOCH_MAX stores it"
+        );
+    }
+    // Past a stored EPOCH_MAX: still `Invalid`, never a fence past it.
+    over(&i, "stored EPOCH_MAX");
+    assert_eq!(
+        epoch_of(s, &i),
+        EPOCH_MAX,
+        "K7: the fence stays at EPOCH_MAX"
+    );
+    expect_err!(
+        s.write_tray(&k, EPOCH_MAX - 1, tray(false, "x", &env)),
+        StateError::FenceLost { caller, stored: EPOCH_MAX, .. } if caller == EPOCH_MAX - 1,
+        "K7: below a stored EPOCH_MAX"
+    );
 }

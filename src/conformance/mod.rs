@@ -215,6 +215,7 @@ macro_rules! __conformance_rules {
             k4 k4_batch_at_most_10000_ops,
             k5 k5_at_most_1024_pending_tool_calls,
             k6 k6_key_encoding_injective,
+            k7 k7_epochs_at_most_epoch_max,
             i1 i1_keyed_writes_apply_once_and_repeats_answer_the_first_outcome,
             i2 i2_a_repeated_put_answers_its_own_write_not_a_conflict,
             i3 i3_a_key_reused_for_other_arguments_is_invalid,

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::helpers::*;
 use super::{ConformanceStore, Factory};
+use crate::limits::EPOCH_MAX;
 use crate::{
     InstanceKey, MarkedTray, PageRequest, PersistenceReason, Result, StateError, Tray, TrayKey,
     TrayOp,
@@ -131,7 +132,7 @@ pub fn t1_tray_holds_marked_doc_env_hostname(make: Factory<'_>) {
 
 /// T2: each instance has a stored epoch (0 when none); every tray operation
 /// at or above it advances it and runs; below it, `FenceLost` and nothing
-/// changes. Epochs are per instance, and `u64::MAX` is an epoch.
+/// changes. Epochs are per instance, and `EPOCH_MAX` (K7) is an epoch.
 pub fn t2_epoch_fences_every_tray_operation(make: Factory<'_>) {
     let c = open(make);
     let s = &*c.store;
@@ -274,25 +275,25 @@ pub fn t2_epoch_fences_every_tray_operation(make: Factory<'_>) {
         "T2: another tray of the instance at an older epoch"
     );
 
-    // The top of the range.
+    // The top of the range (K7: `EPOCH_MAX`, the seeds' bigint).
     ok(
-        s.write_tray(&k, u64::MAX, tray(false, "max", &env)),
-        "T2: epoch u64::MAX",
+        s.write_tray(&k, EPOCH_MAX, tray(false, "max", &env)),
+        "T2: epoch EPOCH_MAX",
     );
-    assert_eq!(epoch_of(s, &i), u64::MAX, "T2: the epoch is u64::MAX");
+    assert_eq!(epoch_of(s, &i), EPOCH_MAX, "T2: the epoch is EPOCH_MAX");
     ok(
-        s.write_tray(&k, u64::MAX, tray(false, "max again", &env)),
-        "T2: u64::MAX again",
+        s.write_tray(&k, EPOCH_MAX, tray(false, "max again", &env)),
+        "T2: EPOCH_MAX again",
     );
     expect_err!(
-        s.write_tray(&k, u64::MAX - 1, tray(false, "x", &env)),
-        StateError::FenceLost { caller, stored: u64::MAX, .. } if caller == u64::MAX - 1,
-        "T2: below u64::MAX"
+        s.write_tray(&k, EPOCH_MAX - 1, tray(false, "x", &env)),
+        StateError::FenceLost { caller, stored: EPOCH_MAX, .. } if caller == EPOCH_MAX - 1,
+        "T2: below EPOCH_MAX"
     );
     assert_eq!(
-        read_tray(s, &k, u64::MAX).map(|t| t.doc),
+        read_tray(s, &k, EPOCH_MAX).map(|t| t.doc),
         Some(b"max again".to_vec()),
-        "T2: the last write at u64::MAX"
+        "T2: the last write at EPOCH_MAX"
     );
 }
 
@@ -820,7 +821,7 @@ pub fn t6_fence_check_and_write_are_atomic(make: Factory<'_>) {
         let i = InstanceKey::new(&ns, format!("r{round}"));
         let k = i.tray("t", "doc");
         let e: u64 = if round % 50 == 49 {
-            u64::MAX - 1
+            EPOCH_MAX - 1
         } else {
             round as u64 * 2 + 1
         };

@@ -14,7 +14,7 @@ use crate::error::{Result, StateError};
 use crate::kv::key::{KeyBuf, KeyReader, prefix_end, table};
 use crate::page::{Page, PageRequest};
 use crate::record::Millis;
-use crate::rules::{check_batch, check_instance, check_tray, check_tray_key};
+use crate::rules::{check_batch, check_epoch, check_instance, check_tray, check_tray_key};
 use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 
 use super::commit::Txn;
@@ -215,6 +215,7 @@ fn set_tray(txn: &mut Txn<'_>, k: &TrayKey, new: Option<&Tray>) -> Result<bool> 
 impl TrayStore for KvStore {
     fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
         check_tray_key(key)?;
+        check_epoch(epoch)?;
         let key = key.clone();
         self.submit(move |txn| {
             fence(txn, &key.instance(), epoch)?;
@@ -224,6 +225,7 @@ impl TrayStore for KvStore {
 
     fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
         check_tray_key(key)?;
+        check_epoch(epoch)?;
         check_tray(&tray, self.opts.record_bytes_max)?;
         let key = key.clone();
         self.submit(move |txn| {
@@ -234,6 +236,7 @@ impl TrayStore for KvStore {
 
     fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
         check_tray_key(key)?;
+        check_epoch(epoch)?;
         let key = key.clone();
         self.submit(move |txn| {
             fence(txn, &key.instance(), epoch)?;
@@ -257,6 +260,7 @@ impl TrayStore for KvStore {
 
     fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
         check_instance(instance)?;
+        check_epoch(epoch)?;
         let instance = instance.clone();
         self.submit(move |txn| {
             // T4: an older placement's release is a no-op, not an error.
@@ -294,6 +298,7 @@ impl TrayStore for KvStore {
         page: &PageRequest,
     ) -> Result<Page<(TrayKey, Tray)>> {
         check_instance(instance)?;
+        check_epoch(epoch)?;
         check_limit(page.limit)?;
         let prefix = instance_trays(instance);
         // E6: a cursor of another listing fails before the fence below can
@@ -365,6 +370,7 @@ impl TrayStore for KvStore {
 
     fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
         check_instance(instance)?;
+        check_epoch(epoch)?;
         let instance = instance.clone();
         let _lowered = self.alarm_floor.lower(due_at);
         self.submit(move |txn| {
@@ -422,6 +428,7 @@ impl TrayStore for KvStore {
 
     fn ack_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<bool> {
         check_instance(instance)?;
+        check_epoch(epoch)?;
         let instance = instance.clone();
         self.submit(move |txn| {
             fence(txn, &instance, epoch)?;
@@ -463,6 +470,7 @@ impl KvStore {
         keyed: Option<Keyed<'_>>,
     ) -> Result<()> {
         check_batch(instance, &ops, self.opts.record_bytes_max)?;
+        check_epoch(epoch)?;
         let instance = instance.clone();
         self.submit_keyed(keyed, move |txn| {
             fence(txn, &instance, epoch)?;

@@ -10,7 +10,7 @@ use crate::error::{RecordKey, Result, StateError};
 use crate::page::{Page, PageRequest};
 use crate::record::Millis;
 use crate::rules::{
-    check_batch, check_id, check_instance, check_limit, check_tray, check_tray_key,
+    check_batch, check_epoch, check_id, check_instance, check_limit, check_tray, check_tray_key,
 };
 use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 
@@ -125,6 +125,7 @@ impl RedisStore {
         keyed: Option<Keyed<'_>>,
     ) -> Result<()> {
         check_batch(instance, &ops, self.max())?;
+        check_epoch(epoch)?;
         let mut call = TrayCall::new(instance, "batch", epoch).idem(self.idem(keyed));
         for op in &ops {
             call = match op {
@@ -152,6 +153,7 @@ impl RedisStore {
 impl RedisStore {
     pub(super) async fn read_tray_impl(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
         check_tray_key(key)?;
+        check_epoch(epoch)?;
         let reply = TrayCall::new(&key.instance(), "read", epoch)
             .arg(keys::tray_member_of(key))
             .run(self)
@@ -174,6 +176,7 @@ impl RedisStore {
     ) -> Result<()> {
         check_tray_key(key)?;
         check_tray(&tray, self.max())?;
+        check_epoch(epoch)?;
         let reply = TrayCall::new(&key.instance(), "write", epoch)
             .tray(keys::tray_member_of(key), &tray)
             .run(self)
@@ -183,6 +186,7 @@ impl RedisStore {
 
     pub(super) async fn delete_tray_impl(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
         check_tray_key(key)?;
+        check_epoch(epoch)?;
         let reply = TrayCall::new(&key.instance(), "delete", epoch)
             .arg(keys::tray_member_of(key))
             .run(self)
@@ -214,6 +218,7 @@ impl RedisStore {
 
     pub(super) async fn release_impl(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
         check_instance(instance)?;
+        check_epoch(epoch)?;
         let reply = TrayCall::new(instance, "release", epoch).run(self).await?;
         outcome(reply, || RecordKey::Instance(instance.clone()), epoch).map(|_| ())
     }
@@ -225,6 +230,7 @@ impl RedisStore {
         page: &PageRequest,
     ) -> Result<Page<(TrayKey, Tray)>> {
         check_instance(instance)?;
+        check_epoch(epoch)?;
         check_limit(page.limit)?;
         let inst = keys::inst(instance);
         // E6: a cursor of another listing fails before the fence can
@@ -351,6 +357,7 @@ impl RedisStore {
         due_at: Millis,
     ) -> Result<()> {
         check_instance(instance)?;
+        check_epoch(epoch)?;
         let reply = TrayCall::new(instance, "alarm", epoch)
             .arg(keys::alarm_member(due_at, instance))
             .arg(due_at.to_string())
@@ -427,6 +434,7 @@ impl RedisStore {
         due_at: Millis,
     ) -> Result<bool> {
         check_instance(instance)?;
+        check_epoch(epoch)?;
         let reply = TrayCall::new(instance, "ack", epoch)
             .arg(due_at.to_string())
             .run(self)

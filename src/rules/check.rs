@@ -3,7 +3,9 @@
 
 use crate::error::{Result, StateError};
 use crate::labels::check_labels;
-use crate::limits::{BATCH_OPS_MAX, ID_BYTES_MAX, PAGE_ITEMS_MAX, PENDING_TOOL_CALLS_MAX};
+use crate::limits::{
+    BATCH_OPS_MAX, EPOCH_MAX, ID_BYTES_MAX, PAGE_ITEMS_MAX, PENDING_TOOL_CALLS_MAX,
+};
 use crate::record::{RunKey, RunRecord, SessionKey, SessionRecord};
 use crate::tray::{InstanceKey, Tray, TrayKey, TrayOp};
 
@@ -71,6 +73,18 @@ pub(crate) fn check_record(r: &RunRecord) -> Result<()> {
 pub(crate) fn check_session(s: &SessionRecord) -> Result<()> {
     check_session_key(&s.key)?;
     check_labels(&s.labels)
+}
+
+/// K7: an epoch a tray call carries is at most `EPOCH_MAX` (`i64::MAX`,
+/// the seeds' `bigint`). Checked before the fence, so a refused call
+/// never advances the stored epoch.
+pub(crate) fn check_epoch(epoch: u64) -> Result<()> {
+    if epoch > EPOCH_MAX {
+        return Err(StateError::invalid(format!(
+            "epoch: must be at most {EPOCH_MAX} (i64::MAX, the bigint epochs are stored in), got {epoch}"
+        )));
+    }
+    Ok(())
 }
 
 pub(crate) fn check_instance(i: &InstanceKey) -> Result<()> {
