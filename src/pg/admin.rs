@@ -18,8 +18,8 @@ use crate::tray::{InstanceKey, Tray, TrayKey};
 use super::budgets::{budget_of, decode_budget, decode_hold, insert_budget, insert_hold};
 use super::conn::{Tx, TxResult, txn};
 use super::runs::{decode_run, decode_run_at, decode_session, read_run, seq_col, write_run};
-use super::trays::put_tray;
-use super::{PostgresStore, id_in, id_out, num, num_out};
+use super::trays::{in_tray, put_tray};
+use super::{Col, PostgresStore, epoch_in, epoch_out, id_in, id_out, id_read, num, num_out};
 
 /// The tables of an export, in order; each is walked in key order (the
 /// same order as every other backend's export).
@@ -51,7 +51,9 @@ impl Table {
             .find(|t| *t as u8 == b)
             .ok_or_else(|| StateError::invalid("cursor: bad position"))
     }
-    /// The key columns, and the statement reading rows after a key.
+    /// The key columns, and the statement reading rows after a key. The
+    /// tray tables (pinned's, in the database's collation) are walked in
+    /// byte order all the same (`COLLATE "C"`, schema 9's indexes).
     fn sql(self, first: bool) -> String {
         let (cols, key, table, filter) = match self {
             Table::Runs => ("tenant, run_id, record, seq", 2, "agentstate_runs", ""),
@@ -59,17 +61,28 @@ impl Table {
             Table::Sessions => ("tenant, session_id, record", 2, "agentstate_sessions", ""),
             Table::Budgets => ("tenant, name, record, spent", 2, "agentstate_budgets", ""),
             // An epoch row at 0 reads like no row (T2); it is not a record.
-            Table::Epochs => ("ns, id, epoch::text", 2, "pinned_epoch", "epoch > 0"),
+            Table::Epochs => ("ns, id, epoch", 2, "pinned_epoch", "epoch > 0"),
             // The alarm rows (A4) are the alarms' own, exported as alarms.
             Table::Trays => (
-                "ns, id, tray_ns, tray_id, marked, doc, env, hostname",
+                "ns, id, tray_ns, tray_id, marked, {s}agentstate_doc_out(doc, doc_raw), env, hostname",
                 4,
                 "pinned_tray_index",
                 "NOT (tray_ns = 'pinned' AND tray_id = 'alarm')",
             ),
             Table::Alarms => ("ns, id, due_at::text", 2, "agentstate_alarms", ""),
         };
-        let names: Vec<&str> = cols.split(", ").take(key).collect();
+        let bytes = matches!(self, Table::Epochs | Table::Trays);
+        let names: Vec<String> = cols
+            .split(", ")
+            .take(key)
+            .map(|n| {
+                if bytes {
+                    format!("{n} COLLATE \"C\"")
+                } else {
+                    n.to_string()
+                }
+            })
+            .collect();
         let names = names.join(", ");
         let mut conds: Vec<String> = Vec::new();
         if !filter.is_empty() {
@@ -88,19 +101,27 @@ impl Table {
     }
 }
 
-/// An export entry and its key, as read from a row of `t`.
+/// An export entry and its key, as read from a row of `t`. Ids of the
+/// tray tables, which pinned shares, read as their text when not in this
+/// store's escaped form ([`id_read`]).
 fn entry_of(t: Table, r: &tokio_postgres::Row) -> Result<(Vec<String>, Entry)> {
-    let s = |i: usize| id_out(r.get(i));
+    let s = |i: usize| -> Result<String> {
+        let text: String = r.col(i)?;
+        Ok(match t {
+            Table::Epochs | Table::Trays => id_read(text),
+            _ => id_out(text)?,
+        })
+    };
     Ok(match t {
         Table::Runs => {
             let key = RunKey::new(s(0)?, s(1)?);
-            let run = decode_run_at(r.get(2), &key, r.get(3))?;
+            let run = decode_run_at(r.col(2)?, &key, r.col(3)?)?;
             (vec![key.tenant, key.run_id], Entry::Run(run))
         }
         Table::Holds => {
             let run = RunKey::new(s(0)?, s(1)?);
             let hold_id = s(2)?;
-            let hold = decode_hold(r.get(3), &hold_id)?;
+            let hold = decode_hold(r.col(3)?, &hold_id)?;
             (
                 vec![run.tenant.clone(), run.run_id.clone(), hold_id],
                 Entry::Hold { run, hold },
@@ -108,17 +129,17 @@ fn entry_of(t: Table, r: &tokio_postgres::Row) -> Result<(Vec<String>, Entry)> {
         }
         Table::Budgets => {
             let key = BudgetKey::new(s(0)?, s(1)?);
-            let (budget, spent) = decode_budget(r.get(2), r.get(3), &key)?;
+            let (budget, spent) = decode_budget(r.col(2)?, r.col(3)?, &key)?;
             (vec![key.tenant, key.name], Entry::Budget { budget, spent })
         }
         Table::Sessions => {
             let key = SessionKey::new(s(0)?, s(1)?);
-            let sess = decode_session(r.get(2), &key)?;
+            let sess = decode_session(r.col(2)?, &key)?;
             (vec![key.tenant, key.session_id], Entry::Session(sess))
         }
         Table::Epochs => {
             let instance = InstanceKey::new(s(0)?, s(1)?);
-            let epoch = num_out(r.get(2), "pinned_epoch.epoch")?;
+            let epoch = epoch_out(r.col(2)?);
             (
                 vec![instance.ns.clone(), instance.id.clone()],
                 Entry::Epoch { instance, epoch },
@@ -132,8 +153,8 @@ fn entry_of(t: Table, r: &tokio_postgres::Row) -> Result<(Vec<String>, Entry)> {
                 tray_id: s(3)?,
             };
             let tray = Tray {
-                marked: r.get(4),
-                doc: r.get(5),
+                marked: r.col(4).map_err(in_tray(&key))?,
+                doc: r.col(5).map_err(in_tray(&key))?,
                 env: s(6)?,
                 hostname: s(7)?,
             };
@@ -149,7 +170,7 @@ fn entry_of(t: Table, r: &tokio_postgres::Row) -> Result<(Vec<String>, Entry)> {
         }
         Table::Alarms => {
             let instance = InstanceKey::new(s(0)?, s(1)?);
-            let due_at = num_out(r.get(2), "agentstate_alarms.due_at")?;
+            let due_at = num_out(r.col(2)?, "agentstate_alarms.due_at")?;
             (
                 vec![instance.ns.clone(), instance.id.clone()],
                 Entry::Alarm { instance, due_at },
@@ -209,7 +230,7 @@ impl PostgresStore {
                             &[&id_in(&r.key.tenant), &id_in(&r.key.run_id)],
                         ).await?;
                         if let Some(row) = rows.first() {
-                            let s = decode_run(row.get(0), &r.key)?;
+                            let s = decode_run(row.col(0)?, &r.key)?;
                             return Err(StateError::Conflict {
                                 record: e.record_key(),
                                 expected: 0,
@@ -259,6 +280,7 @@ impl PostgresStore {
                         ).await?;
                     }
                     Entry::Epoch { instance, epoch } => {
+                        let e = epoch_in(*epoch)?;
                         if Self::exists(
                             tx,
                             "SELECT 1 FROM {s}pinned_epoch WHERE ns = $1 AND id = $2 AND epoch > 0",
@@ -269,10 +291,11 @@ impl PostgresStore {
                             return Err(taken().into());
                         }
                         tx.execute(
-                            "INSERT INTO {s}pinned_epoch (ns, id, epoch) VALUES ($1, $2, $3::text::numeric) \
+                            "INSERT INTO {s}pinned_epoch (ns, id, epoch) VALUES ($1, $2, $3) \
                              ON CONFLICT (ns, id) DO UPDATE SET epoch = EXCLUDED.epoch",
-                            &[&id_in(&instance.ns), &id_in(&instance.id), &num(*epoch)],
-                        ).await?;
+                            &[&id_in(&instance.ns), &id_in(&instance.id), &e],
+                        )
+                        .await?;
                     }
                     Entry::Tray { key, tray } => {
                         if Self::exists(
@@ -346,8 +369,8 @@ async fn budget_stats(tx: &mut Tx<'_>, st: &mut StoreStats, now: Millis) -> TxRe
         )
         .await?
     {
-        let key = BudgetKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
-        let (rec, spent) = decode_budget(r.get(2), r.get(3), &key)?;
+        let key = BudgetKey::new(id_out(r.col(0)?)?, id_out(r.col(1)?)?);
+        let (rec, spent) = decode_budget(r.col(2)?, r.col(3)?, &key)?;
         st.tenants.entry(key.tenant.clone()).or_default().budgets += 1;
         budgets.insert(key, (rec.caps, spent, Vec::new()));
     }
@@ -359,13 +382,13 @@ async fn budget_stats(tx: &mut Tx<'_>, st: &mut StoreStats, now: Millis) -> TxRe
         )
         .await?
     {
-        let run = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
-        let h = decode_hold(r.get(4), &id_out(r.get(2))?)?;
+        let run = RunKey::new(id_out(r.col(0)?)?, id_out(r.col(1)?)?);
+        let h = decode_hold(r.col(4)?, &id_out(r.col(2)?)?)?;
         if !h.is_live(now) {
             continue;
         }
         st.tenants.entry(run.tenant.clone()).or_default().holds += 1;
-        if let Some(name) = r.get::<_, Option<String>>(3) {
+        if let Some(name) = r.col::<_, Option<String>>(3)? {
             let key = BudgetKey::new(run.tenant.clone(), id_out(name)?);
             if let Some(b) = budgets.get_mut(&key) {
                 b.2.push(h.clone());
@@ -382,8 +405,8 @@ async fn budget_stats(tx: &mut Tx<'_>, st: &mut StoreStats, now: Millis) -> TxRe
         )
         .await?
     {
-        let key = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
-        let run = decode_run(r.get(2), &key)?;
+        let key = RunKey::new(id_out(r.col(0)?)?, id_out(r.col(1)?)?);
+        let run = decode_run(r.col(2)?, &key)?;
         let run_held = held(runs.get(&key).into_iter().flatten(), now);
         let mut at = at_cap(&run.caps, Spend::of_run(&run), run_held);
         if let Some((caps, spent, holds)) = budget_of(&run).and_then(|b| budgets.get(&b)) {
@@ -411,8 +434,8 @@ async fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
         .await?
     {
         entries += 1;
-        let key = BudgetKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
-        if let Err(e) = decode_budget(r.get(2), r.get(3), &key) {
+        let key = BudgetKey::new(id_out(r.col(0)?)?, id_out(r.col(1)?)?);
+        if let Err(e) = decode_budget(r.col(2)?, r.col(3)?, &key) {
             problems.push(format!("budget {}/{}: {e}", key.tenant, key.name));
         }
     }
@@ -427,13 +450,13 @@ async fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
         .await?
     {
         entries += 1;
-        let run = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
-        let id = id_out(r.get(2))?;
+        let run = RunKey::new(id_out(r.col(0)?)?, id_out(r.col(1)?)?);
+        let id = id_out(r.col(2)?)?;
         let check = || -> Result<()> {
-            let h = decode_hold(r.get(4), &id)?;
+            let h = decode_hold(r.col(4)?, &id)?;
             // Its amount columns (schema 8; NULL on a hold from before),
             // which the one-round-trip reserve sums, are its record's.
-            let cols: [Option<&str>; 3] = [r.get(6), r.get(7), r.get(8)];
+            let cols: [Option<&str>; 3] = [r.col(6)?, r.col(7)?, r.col(8)?];
             let want = [
                 h.amounts.cost_micros,
                 h.amounts.tokens,
@@ -447,8 +470,8 @@ async fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
                     "its amount columns {cols:?} differ from its record's {want:?}"
                 )));
             }
-            let owner = decode_run(r.get(5), &run)?;
-            let budget = r.get::<_, Option<String>>(3).map(id_out).transpose()?;
+            let owner = decode_run(r.col(5)?, &run)?;
+            let budget = r.col::<_, Option<String>>(3)?.map(id_out).transpose()?;
             if budget != owner.budget {
                 return Err(StateError::corrupt(format!(
                     "its budget column {budget:?} differs from its run's budget {:?}",
@@ -468,8 +491,8 @@ async fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
         "SELECT tenant, run_id, record FROM {s}agentstate_runs r WHERE get_byte(record, 0) = $1",
         &[&i32::from(value::RUN_FORMAT_CAPS)],
     ).await? {
-        let key = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
-        let Ok(run) = decode_run(r.get(2), &key) else {
+        let key = RunKey::new(id_out(r.col(0)?)?, id_out(r.col(1)?)?);
+        let Ok(run) = decode_run(r.col(2)?, &key) else {
             continue; // reported with the runs
         };
         if let Some(b) = budget_of(&run)
@@ -520,8 +543,8 @@ impl PostgresStore {
         })?;
         let mut items = Vec::with_capacity(rows.len());
         for r in &rows {
-            let key = SessionKey::new(tenant, id_out(r.get(0))?);
-            items.push(decode_session(r.get(1), &key)?);
+            let key = SessionKey::new(tenant, id_out(r.col(0)?)?);
+            items.push(decode_session(r.col(1)?, &key)?);
         }
         let more = items.len() > page.limit;
         items.truncate(page.limit);
@@ -565,9 +588,9 @@ impl PostgresStore {
                 )
                 .await?
             {
-                let tenant = id_out(r.get(0))?;
-                let state: RunState = r.get::<_, String>(1).parse()?;
-                let n: i64 = r.get(2);
+                let tenant = id_out(r.col(0)?)?;
+                let state: RunState = r.col::<_, String>(1)?.parse()?;
+                let n: i64 = r.col(2)?;
                 st.tenants
                     .entry(tenant)
                     .or_default()
@@ -581,8 +604,8 @@ impl PostgresStore {
                 )
                 .await?
             {
-                let n: i64 = r.get(1);
-                st.tenants.entry(id_out(r.get(0))?).or_default().sessions = n as u64;
+                let n: i64 = r.col(1)?;
+                st.tenants.entry(id_out(r.col(0)?)?).or_default().sessions = n as u64;
             }
             let r = &tx
                 .query(
@@ -591,12 +614,12 @@ impl PostgresStore {
                     &[],
                 )
                 .await?[0];
-            st.trays = r.get::<_, i64>(0) as u64;
-            st.marked_trays = r.get::<_, i64>(1) as u64;
+            st.trays = r.col::<_, i64>(0)? as u64;
+            st.marked_trays = r.col::<_, i64>(1)? as u64;
             let r = &tx
                 .query("SELECT count(*) FROM {s}agentstate_alarms", &[])
                 .await?[0];
-            st.alarms = r.get::<_, i64>(0) as u64;
+            st.alarms = r.col::<_, i64>(0)? as u64;
             budget_stats(tx, &mut st, now).await?;
             s.tenants = st.tenants;
             s.trays = st.trays;
@@ -636,11 +659,11 @@ impl PostgresStore {
             })?;
             for r in &rows {
                 rep.entries += 1;
-                let key = RunKey::new(id_out(r.get(0))?, id_out(r.get(1))?);
+                let key = RunKey::new(id_out(r.col(0)?)?, id_out(r.col(1)?)?);
                 after = Some(vec![key.tenant.clone(), key.run_id.clone()]);
                 // The record's seq is 0 (this build) or its column's.
-                let seq: i64 = r.get(3);
-                let run = match decode_run_at(r.get(2), &key, seq) {
+                let seq: i64 = r.col(3)?;
+                let run = match decode_run_at(r.col(2)?, &key, seq) {
                     Ok(run) => run,
                     Err(e) => {
                         rep.problems
@@ -649,10 +672,10 @@ impl PostgresStore {
                     }
                 };
                 rep.runs += 1;
-                let state: String = r.get(4);
-                let session: Option<String> = r.get(5);
-                let agent: String = r.get(6);
-                let updated: String = r.get(7);
+                let state: String = r.col(4)?;
+                let session: Option<String> = r.col(5)?;
+                let agent: String = r.col(6)?;
+                let updated: String = r.col(7)?;
                 let session = session.map(id_out).transpose()?;
                 let mut bad = Vec::new();
                 if run.state.as_str() != state {
@@ -667,12 +690,12 @@ impl PostgresStore {
                 if run.updated_at.to_string() != updated {
                     bad.push("updated_at");
                 }
-                if !fields_agree(r.get(8), super::fields::run(&run)) {
+                if !fields_agree(r.col(8)?, super::fields::run(&run)) {
                     bad.push("fields");
                 }
                 // The label index holds exactly the run's labels, at its seq.
                 let rows: Vec<serde_json::Value> = r
-                    .get::<_, Vec<String>>(9)
+                    .col::<_, Vec<String>>(9)?
                     .iter()
                     .map(|t| serde_json::from_str(t).unwrap_or_default())
                     .collect();
@@ -705,17 +728,18 @@ impl PostgresStore {
                  LEFT JOIN {s}agentstate_counters c ON c.tenant = r.tenant GROUP BY r.tenant, c.next_seq",
                 &[],
             ).await? {
-                let max: i64 = r.get(1);
-                let next: Option<i64> = r.get(2);
+                let max: i64 = r.col(1)?;
+                let next: Option<i64> = r.col(2)?;
                 if next.is_none_or(|n| n <= max) {
                     problems.push(format!(
                         "tenant {}: seq counter {next:?} is not past the largest seq {max}",
-                        id_out(r.get(0))?
+                        id_out(r.col(0)?)?
                     ));
                 }
             }
-            // Tray rows whose text does not read back as ids (written by
-            // another program with plain SQL): the listings leave them out.
+            // Tray rows whose text is not in this store's escaped form
+            // (written by pinned or plain SQL): they read as their text,
+            // which a point read of that id does not reach.
             for r in tx
                 .query(
                     "SELECT ns, id, tray_ns, tray_id, env, hostname FROM {s}pinned_tray_index \
@@ -724,10 +748,14 @@ impl PostgresStore {
                 )
                 .await?
             {
-                let cols: [String; 6] = std::array::from_fn(|i| r.get(i));
+                let mut cols: Vec<String> = Vec::with_capacity(6);
+                for i in 0..6 {
+                    cols.push(r.col(i)?);
+                }
                 if let Some(e) = cols.iter().find_map(|c| id_out(c.clone()).err()) {
                     problems.push(format!(
-                        "tray {:?}: {e}; listings leave this row out",
+                        "tray {:?}: {e}; listings show this row under its text, and a point \
+                         read of those ids reaches another row",
                         &cols[..4]
                     ));
                 }
@@ -740,15 +768,16 @@ impl PostgresStore {
                      FROM {s}agentstate_alarms a FULL JOIN (SELECT * FROM {s}pinned_tray_index \
                      WHERE tray_ns = 'pinned' AND tray_id = 'alarm') t ON t.ns = a.ns AND t.id = a.id \
                      WHERE a.ns IS NULL OR t.ns IS NULL OR NOT t.marked \
-                     OR t.doc <> convert_to(a.due_at::text, 'UTF8')",
+                     OR t.doc IS DISTINCT FROM jsonb_build_object('due_at', a.due_at) \
+                     OR t.doc_raw IS NOT NULL",
                     &[],
                 )
                 .await?
             {
                 problems.push(format!(
                     "alarm {}/{}: its pinned_tray_index row (\"pinned\", \"alarm\") does not match it",
-                    id_out(r.get(0))?,
-                    id_out(r.get(1))?
+                    id_out(r.col(0)?)?,
+                    id_out(r.col(1)?)?
                 ));
             }
             let mut n = [0u64; 3];
@@ -764,9 +793,9 @@ impl PostgresStore {
                 let rows = tx.query(sql, &[]).await?;
                 if i == 0 {
                     for r in &rows {
-                        let key = SessionKey::new(id_out(r.get(1))?, id_out(r.get(2))?);
-                        match decode_session(r.get(0), &key) {
-                            Ok(s) if !fields_agree(r.get(3), super::fields::session(&s)) => {
+                        let key = SessionKey::new(id_out(r.col(1)?)?, id_out(r.col(2)?)?);
+                        match decode_session(r.col(0)?, &key) {
+                            Ok(s) if !fields_agree(r.col(3)?, super::fields::session(&s)) => {
                                 problems.push(format!(
                                     "session {}/{}: its fields disagree with its record",
                                     key.tenant, key.session_id
@@ -778,7 +807,7 @@ impl PostgresStore {
                         }
                     }
                 } else {
-                    n[i] = rows[0].get::<_, i64>(0) as u64;
+                    n[i] = rows[0].col::<_, i64>(0)? as u64;
                 }
             }
             Ok((problems, n))

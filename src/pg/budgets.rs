@@ -57,7 +57,7 @@ use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
 use super::recent::{Recent, Shared};
 use super::runs::{LOCK_RUN, decode_run_at, read_run, stored_bytes, write_run};
-use super::{PostgresStore, fields, id_in, id_out, num, own};
+use super::{Col, PostgresStore, fields, id_in, id_out, num, own};
 
 /// A hold's place: its run's id and its own.
 type HoldAt = (String, String);
@@ -177,7 +177,7 @@ async fn read_budget(
         .await?;
     Ok(rows
         .first()
-        .map(|r| decode_budget(r.get(0), r.get(1), key))
+        .map(|r| decode_budget(r.col(0)?, r.col(1)?, key))
         .transpose()?)
 }
 
@@ -192,9 +192,9 @@ pub(crate) async fn lock_budget(
 fn hold_rows(rows: &[Row]) -> Result<Vec<(HoldAt, HoldRecord)>> {
     rows.iter()
         .map(|r| {
-            let run_id = id_out(r.get(0))?;
-            let hold_id = id_out(r.get(1))?;
-            let h = decode_hold(r.get(2), &hold_id)?;
+            let run_id = id_out(r.col(0)?)?;
+            let hold_id = id_out(r.col(1)?)?;
+            let h = decode_hold(r.col(2)?, &hold_id)?;
             Ok(((run_id, hold_id), h))
         })
         .collect()
@@ -256,7 +256,7 @@ fn budget_in(rows: &[Row], key: &BudgetKey) -> Result<(Option<BudgetRead>, Optio
     let Some(r) = rows.first() else {
         return Ok((None, None));
     };
-    let (record, spent): (&[u8], &[u8]) = (r.get(0), r.get(1));
+    let (record, spent): (&[u8], &[u8]) = (r.col(0)?, r.col(1)?);
     Ok((
         Some(decode_budget(record, spent, key)?),
         Some((record.into(), spent.into())),
@@ -293,8 +293,8 @@ async fn around(
     let Some(row) = next().into_iter().next() else {
         return Ok(None);
     };
-    let rec = decode_run_at(row.get(0), run, row.get(1))?;
-    let run_row = (Arc::<[u8]>::from(row.get::<_, &[u8]>(0)), row.get(1));
+    let rec = decode_run_at(row.col(0)?, run, row.col(1)?)?;
+    let run_row = (Arc::<[u8]>::from(row.col::<_, &[u8]>(0)?), row.col(1)?);
     let hold = hold_id.map(|_| next());
     let mut budget_row = None;
     let (budget, holds) = match guess {
@@ -494,7 +494,7 @@ fn hold_in(rows: &[Row], run: &RunKey, hold_id: &str, now: Millis) -> Result<Hol
     let Some(row) = rows.first() else {
         return Err(missing());
     };
-    let h = decode_hold(row.get(0), hold_id)?;
+    let h = decode_hold(row.col(0)?, hold_id)?;
     if !h.is_live(now) {
         return Err(missing());
     }
@@ -618,8 +618,8 @@ impl PostgresStore {
             };
                 let mut items = Vec::with_capacity(rows.len());
                 for r in &rows {
-                    let key = BudgetKey::new(tenant, id_out(r.get(0))?);
-                    let (rec, spent) = decode_budget(r.get(1), r.get(2), &key)?;
+                    let key = BudgetKey::new(tenant, id_out(r.col(0)?)?);
+                    let (rec, spent) = decode_budget(r.col(1)?, r.col(2)?, &key)?;
                     items.push(status_in(tx, rec, spent, now).await?);
                 }
                 Ok(items)
@@ -838,7 +838,10 @@ impl PostgresStore {
     async fn guessed(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<bool> {
         txn!(self, |tx| {
             let rows = tx.query_commit(sql, params, false).await?;
-            Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+            Ok(match rows.first() {
+                Some(r) => r.col::<_, bool>(0)?,
+                None => false,
+            })
         })
     }
 

@@ -834,7 +834,16 @@ fn verdict(e: &PgError, began: bool) -> Verdict {
     match e.code() {
         Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE => Verdict::Again("serialization"),
         Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => Verdict::Again("deadlock"),
-        Some(c) if *c == SqlState::UNIQUE_VIOLATION => Verdict::Again("creation race"),
+        // A row, or (setup racing another program's `CREATE TABLE IF NOT
+        // EXISTS`) a table, index or type another transaction created
+        // first: the next try finds it.
+        Some(c)
+            if *c == SqlState::UNIQUE_VIOLATION
+                || *c == SqlState::DUPLICATE_TABLE
+                || *c == SqlState::DUPLICATE_OBJECT =>
+        {
+            Verdict::Again("creation race")
+        }
         Some(c) if *c == SqlState::ADMIN_SHUTDOWN && !began => Verdict::Redial,
         Some(_) => Verdict::Fail,
         None if !began => Verdict::Redial,
@@ -850,7 +859,34 @@ fn lost_statement(e: &PgError) -> bool {
     })
 }
 
-/// A server failure as the crate's error.
+/// True for a server error no retry can fix: a statement the server
+/// cannot run as written against the tables it found (SQLSTATE class 42:
+/// a type mismatch, a syntax error, a missing privilege) or a value it
+/// refuses (class 22: out of range, not valid in the encoding). Not the
+/// objects a database set up by an older build (or not set up yet) lacks
+/// (undefined table, column, function): another worker's `setup()` fixes
+/// those, so they stay `Unavailable`, naming `setup()`.
+fn deterministic(e: &PgError) -> bool {
+    let Some(c) = e.code() else {
+        return false;
+    };
+    let undefined = *c == SqlState::UNDEFINED_TABLE
+        || *c == SqlState::UNDEFINED_COLUMN
+        || *c == SqlState::UNDEFINED_FUNCTION;
+    let class = &c.code()[..2];
+    (class == "42" || class == "22") && !undefined
+}
+
+/// A server failure as the crate's error: `Refused` (not retryable) when
+/// [`deterministic`], else `Unavailable`.
+pub(crate) fn server_error(e: &PgError) -> StateError {
+    if deterministic(e) {
+        return StateError::refused(format!("postgres: {}", describe(e)), None);
+    }
+    unavailable(e)
+}
+
+/// A server failure as `Unavailable`.
 pub(crate) fn unavailable(e: &PgError) -> StateError {
     let detail = match e.as_db_error() {
         Some(db) if *db.code() == SqlState::UNDEFINED_TABLE => format!(
@@ -957,7 +993,7 @@ impl<'s> Attempts<'s> {
                 ),
                 Some(Box::new(e)),
             ))),
-            _ => ControlFlow::Break(Err(unavailable(&e))),
+            _ => ControlFlow::Break(Err(server_error(&e))),
         }
     }
 }

@@ -37,8 +37,8 @@ use crate::tray::{Alarm, InstanceKey, TrayKey};
 
 use super::conn::txn;
 use super::runs::{decode_run_at, decode_session};
-use super::trays::{tray_of, unescape_tray};
-use super::{PostgresStore, id_in, id_out, num_out};
+use super::trays::{TRAY_COLS, in_tray, tray_of};
+use super::{Col, PostgresStore, id_in, id_read, num_out};
 
 const PG: &str = "postgres";
 
@@ -208,9 +208,10 @@ fn page_sql(scope: &FeedScope) -> String {
             "LEFT JOIN {s}pinned_tray_index t ON x.kind = 3 AND t.ns = x.k1 AND t.id = x.k2 \
              AND t.tray_ns = x.k3 AND t.tray_id = x.k4 \
              LEFT JOIN {s}agentstate_alarms a ON x.kind = 4 AND a.ns = x.k1 AND a.id = x.k2",
-            "t.marked, t.doc, t.env, t.hostname, a.due_at::text AS due",
+            "{TRAY_COLS}, a.due_at::text AS due",
         ),
     };
+    let cols = cols.replace("{TRAY_COLS}", TRAY_COLS);
     let w = filter.replace("x.", "w.");
     format!(
         "SELECT h.xid::text AS hx, h.n AS hn, \
@@ -245,21 +246,23 @@ fn position_params(p: Position) -> (String, i64) {
 
 /// What one change row holds: its record's current state, or a tombstone.
 fn change_of(r: &Row) -> Result<Changed> {
-    let kind: i16 = r.get("kind");
-    let k = |c: &str| id_out(r.get(c));
+    let kind: i16 = r.col("kind")?;
+    // Ids as the tray tables hold them: a row pinned wrote reads as its
+    // text (see `id_read`).
+    let k = |c: &str| r.col(c).map(id_read);
     Ok(match kind {
         1 => {
             let key = RunKey::new(k("k1")?, k("k2")?);
-            match r.get::<_, Option<&[u8]>>("run_record") {
+            match r.col::<_, Option<&[u8]>>("run_record")? {
                 Some(b) => Changed::Run {
-                    run: decode_run_at(b, &key, r.get("run_seq"))?,
+                    run: decode_run_at(b, &key, r.col("run_seq")?)?,
                 },
                 None => Changed::RunDeleted { key },
             }
         }
         2 => {
             let key = SessionKey::new(k("k1")?, k("k2")?);
-            match r.get::<_, Option<&[u8]>>("session_record") {
+            match r.col::<_, Option<&[u8]>>("session_record")? {
                 Some(b) => Changed::Session {
                     session: decode_session(b, &key)?,
                 },
@@ -273,18 +276,19 @@ fn change_of(r: &Row) -> Result<Changed> {
                 tray_ns: k("k3")?,
                 tray_id: k("k4")?,
             };
-            if r.get::<_, Option<bool>>("marked").is_some() {
-                Changed::Tray {
-                    key,
-                    tray: unescape_tray(tray_of(r))?,
-                }
+            if r.col::<_, Option<bool>>("marked")
+                .map_err(in_tray(&key))?
+                .is_some()
+            {
+                let tray = tray_of(r).map_err(in_tray(&key))?;
+                Changed::Tray { key, tray }
             } else {
                 Changed::TrayDeleted { key }
             }
         }
         4 => {
             let instance = InstanceKey::new(k("k1")?, k("k2")?);
-            match r.get::<_, Option<&str>>("due") {
+            match r.col::<_, Option<&str>>("due")? {
                 Some(due) => Changed::Alarm {
                     alarm: Alarm {
                         instance,
@@ -322,8 +326,8 @@ impl PostgresStore {
             let first = rows
                 .first()
                 .ok_or_else(|| StateError::corrupt("changes: no answer row"))?;
-            if let Some(hx) = first.get::<_, Option<&str>>("hx") {
-                let horizon = position(hx, first.get("hn"), "agentstate_feed_horizons")?;
+            if let Some(hx) = first.col::<_, Option<&str>>("hx")? {
+                let horizon = position(hx, first.col("hn")?, "agentstate_feed_horizons")?;
                 if after < horizon {
                     return Err(StateError::FeedPruned {
                         scope: scope.clone(),
@@ -331,15 +335,15 @@ impl PostgresStore {
                     });
                 }
             }
-            let held: bool = first.get("held");
+            let held: bool = first.col("held")?;
             let mut changes = Vec::new();
             let mut read = 0usize;
             for r in &rows {
-                let Some(cx) = r.get::<_, Option<&str>>("cx") else {
+                let Some(cx) = r.col::<_, Option<&str>>("cx")? else {
                     continue;
                 };
                 read += 1;
-                let pos = position(cx, r.get("cn"), "agentstate_changes")?;
+                let pos = position(cx, r.col("cn")?, "agentstate_changes")?;
                 at = pos;
                 match change_of(r) {
                     Ok(item) => changes.push(Change::new(pos, item)),
@@ -482,11 +486,11 @@ impl PostgresStore {
             Ok(rows.into_iter().next())
         })?;
         let row = row.ok_or_else(|| StateError::corrupt("feed_head: no answer row"))?;
-        let head = Position::from_parts(num_out(row.get(0), "xmin")?, 0);
+        let head = Position::from_parts(num_out(row.col(0)?, "xmin")?, 0);
         // Never before the horizon (a purge may have moved it past the
         // xmin of a snapshot with an older transaction open).
-        Ok(match row.get::<_, Option<&str>>(1) {
-            Some(hx) => head.max(position(hx, row.get(2), "agentstate_feed_horizons")?),
+        Ok(match row.col::<_, Option<&str>>(1)? {
+            Some(hx) => head.max(position(hx, row.col(2)?, "agentstate_feed_horizons")?),
             None => head,
         })
     }
@@ -514,7 +518,10 @@ impl PostgresStore {
                     true,
                 )
                 .await?;
-            Ok(rows[0].get::<_, String>(0))
+            let row = rows
+                .first()
+                .ok_or_else(|| StateError::corrupt("prune_changes: no answer row"))?;
+            Ok(row.col::<_, String>(0)?)
         })?;
         let through = through.min(Position::from_parts(num_out(&xmin, "xmin")?, 0));
         let (xid, n) = position_params(through);
@@ -571,7 +578,10 @@ impl PostgresStore {
                         &[&t, &BATCH],
                     )
                     .await?;
-                Ok(rows[0].get::<_, i64>(0))
+                let row = rows
+                    .first()
+                    .ok_or_else(|| StateError::corrupt("purge_feed: no answer row"))?;
+                Ok(row.col::<_, i64>(0)?)
             })?;
             if gone < BATCH {
                 return Ok(());

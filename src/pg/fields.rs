@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::conn::txn;
 use super::runs::{decode_run, decode_session};
-use super::{PostgresStore, id_out, own as text};
+use super::{Col, PostgresStore, id_out, own as text};
 use crate::error::Result;
 use crate::record::{RunKey, RunRecord, SessionKey, SessionRecord};
 
@@ -116,7 +116,10 @@ impl PostgresStore {
         let flag = "SELECT value FROM {s}agentstate_meta WHERE name = 'fields_filled'";
         let filled_already = txn!(self, |tx| {
             let rows = tx.query(flag, &[]).await?;
-            let done = rows.first().is_some_and(|r| r.get::<_, &str>(0) == "true");
+            let done = match rows.first() {
+                Some(r) => r.col::<_, &str>(0)? == "true",
+                None => false,
+            };
             if !done {
                 tx.execute(
                     "UPDATE {s}agentstate_meta SET value = 'scanning' WHERE name = 'fields_filled'",
@@ -149,8 +152,8 @@ impl PostgresStore {
                     let mut cols: (Vec<String>, Vec<String>, Vec<String>) = Default::default();
                     let mut last = None;
                     for r in &rows {
-                        let (tenant, key): (String, String) = (r.get(0), r.get(1));
-                        if let Some(f) = table.fields_of(&tenant, &key, r.get(2)) {
+                        let (tenant, key): (String, String) = (r.col(0)?, r.col(1)?);
+                        if let Some(f) = table.fields_of(&tenant, &key, r.col(2)?) {
                             cols.0.push(tenant.clone());
                             cols.1.push(key.clone());
                             cols.2.push(f);

@@ -31,7 +31,7 @@ use crate::options::IdempotencyWindow;
 use crate::record::Millis;
 
 use super::conn::{Fail, Tx, TxResult, params};
-use super::{PostgresStore, id_in, num, num_out};
+use super::{Col, PostgresStore, id_in, num, num_out};
 
 /// Where a key's row is, as stored (escaped like every id).
 struct At {
@@ -166,7 +166,7 @@ async fn claim(
             )
             .await?;
         if let Some(row) = rows.first() {
-            let bytes: Option<&[u8]> = row.get(0);
+            let bytes: Option<&[u8]> = row.col(0)?;
             let bytes = bytes.ok_or_else(|| {
                 StateError::corrupt("agentstate_idempotency: a committed key has no outcome")
             })?;
@@ -201,8 +201,8 @@ async fn remember(
             &[&at.kind, &at.scope],
         )
         .await?;
-    let ordinal: i64 = rows[0].get(0);
-    let mut kept: i64 = rows[0].get(1);
+    let ordinal: i64 = rows[0].col(0)?;
+    let mut kept: i64 = rows[0].col(1)?;
     // The oldest kept keys (this call's own has no ordinal yet).
     let oldest = tx
         .query(
@@ -213,12 +213,12 @@ async fn remember(
         .await?;
     let mut gone: Vec<String> = Vec::new();
     for row in &oldest {
-        let first = num_out(row.get(1), "agentstate_idempotency.created_at")?;
+        let first = num_out(row.col(1)?, "agentstate_idempotency.created_at")?;
         let expired = first.saturating_add(window.ttl_millis) <= now;
         if !(expired || u64::try_from(kept).unwrap_or(0) >= window.keys_max) {
             break;
         }
-        gone.push(row.get(0));
+        gone.push(row.col(0)?);
         kept = (kept - 1).max(0);
     }
     let remembered = Remembered {

@@ -51,7 +51,11 @@ const SCHEMA: &[&str] = &[
     include_str!("schema/v6.sql"),
     include_str!("schema/v7.sql"),
     include_str!("schema/v8.sql"),
+    include_str!("schema/v9.sql"),
 ];
+/// The seeds' two tray tables as pinned creates them, run before
+/// `SCHEMA[0]` on a database this store never set up (see the file).
+const PINNED_TABLES: &str = include_str!("schema/pinned.sql");
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: u8 = SCHEMA.len() as u8;
 
@@ -556,6 +560,13 @@ impl PostgresStore {
     /// transaction under an advisory lock). Records the schema version; a
     /// database whose schema is newer than this build knows is refused with
     /// `UnsupportedFormat` and not touched.
+    ///
+    /// The tray tables `pinned_epoch` and `pinned_tray_index` are the
+    /// seeds' own (pinned's `PostgresStateStore`), shared with it: either
+    /// may set the database up first, or both at once. Tables of those
+    /// names whose columns are not what pinned creates (say a `doc` of
+    /// type text, made by another tool) are refused, `Refused` naming
+    /// table, column and both types, and nothing is changed.
     pub fn setup(&self) -> Result<()> {
         self.bridge.block_on(self.setup_async())
     }
@@ -588,6 +599,10 @@ impl PostgresStore {
                     supported: SCHEMA_VERSION,
                 }
                 .into());
+            }
+            check_pinned_tables(tx, &schema, found).await?;
+            if found == 0 {
+                tx.batch(&PINNED_TABLES.replace("{s}", &prefix)).await?;
             }
             for sql in &SCHEMA[found as usize..] {
                 tx.batch(&sql.replace("{s}", &prefix)).await?;
@@ -651,7 +666,8 @@ impl PostgresStore {
                 )
                 .await?
                 .first()
-                .map(|r| r.get(0)))
+                .map(|r| r.col(0))
+                .transpose()?)
         })?;
         let hex = hex.ok_or_else(|| {
             StateError::unavailable(
@@ -667,10 +683,13 @@ impl PostgresStore {
 /// The schema version stored under `prefix`, 0 when none.
 async fn schema_version_in(tx: &mut Tx<'_>, prefix: &str) -> std::result::Result<u8, conn::Fail> {
     let table = format!("{prefix}agentstate_meta");
-    let exists: bool = tx
+    let rows = tx
         .query_text("SELECT to_regclass($1) IS NOT NULL", &[&table])
-        .await?[0]
-        .get(0);
+        .await?;
+    let exists: bool = match rows.first() {
+        Some(r) => r.col(0)?,
+        None => false,
+    };
     if !exists {
         return Ok(0);
     }
@@ -683,7 +702,7 @@ async fn schema_version_in(tx: &mut Tx<'_>, prefix: &str) -> std::result::Result
     let Some(row) = rows.first() else {
         return Ok(0);
     };
-    let v: String = row.get(0);
+    let v: String = row.col(0)?;
     Ok(v.parse::<u8>().map_err(|_| {
         StateError::corrupt(format!(
             "agentstate_meta: schema_version {v:?} is not a number"
@@ -721,6 +740,18 @@ pub(crate) fn id_in(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// An id of a row another program may have written (the seeds' store,
+/// plain SQL), as read back: [`id_out`] when the text is in this store's
+/// escaped form, else the text as it is. Such a row is then listed under
+/// that text (never dropped, never a failure); a point read with that id
+/// reaches the row this store would write for it, which is another.
+pub(crate) fn id_read(s: String) -> String {
+    if !s.contains('\u{1}') {
+        return s;
+    }
+    id_out(s.clone()).unwrap_or(s)
+}
+
 /// An id as read back (the inverse of [`id_in`]).
 pub(crate) fn id_out(s: String) -> Result<String> {
     if !s.contains('\u{1}') {
@@ -745,6 +776,151 @@ pub(crate) fn id_out(s: String) -> Result<String> {
 /// An id as stored, owned (a deferred write's parameter).
 pub(crate) fn own(s: &str) -> String {
     id_in(s).into_owned()
+}
+
+/// A caller's epoch as the bigint parameter of `pinned_epoch.epoch`; every
+/// tray call checks it first (`check_epoch`: at most `i64::MAX`).
+pub(crate) fn epoch_in(epoch: u64) -> Result<i64> {
+    crate::rules::check_epoch(epoch)?;
+    i64::try_from(epoch).map_err(|_| StateError::invalid(format!("epoch {epoch}: past i64::MAX")))
+}
+
+/// A stored epoch as the store reports it: pinned may store a negative
+/// one (its first acquire stores what its caller passed), which is below
+/// every epoch this store accepts and reads as 0, as no row does (T2).
+pub(crate) fn epoch_out(stored: i64) -> u64 {
+    u64::try_from(stored).unwrap_or(0)
+}
+
+/// Reading a column without a panic: a value of another type (or a NULL
+/// where one is not expected) is `Corrupt`, naming the column.
+pub(crate) trait Col {
+    fn col<'a, I, T>(&'a self, idx: I) -> Result<T>
+    where
+        I: tokio_postgres::row::RowIndex + std::fmt::Display + Copy,
+        T: tokio_postgres::types::FromSql<'a>;
+}
+
+impl Col for tokio_postgres::Row {
+    fn col<'a, I, T>(&'a self, idx: I) -> Result<T>
+    where
+        I: tokio_postgres::row::RowIndex + std::fmt::Display + Copy,
+        T: tokio_postgres::types::FromSql<'a>,
+    {
+        self.try_get(idx)
+            .map_err(|e| StateError::corrupt(format!("column {idx}: {e}")))
+    }
+}
+
+/// The expected columns of the seeds' tray tables: table, column, type
+/// (`format_type`), and the type schemas 1-8 gave it, which schema 9
+/// converts.
+const PINNED_COLUMNS: &[(&str, &str, &str, Option<&str>)] = &[
+    ("pinned_epoch", "ns", "text", None),
+    ("pinned_epoch", "id", "text", None),
+    ("pinned_epoch", "epoch", "bigint", Some("numeric(20,0)")),
+    ("pinned_tray_index", "ns", "text", None),
+    ("pinned_tray_index", "id", "text", None),
+    ("pinned_tray_index", "tray_ns", "text", None),
+    ("pinned_tray_index", "tray_id", "text", None),
+    ("pinned_tray_index", "marked", "boolean", None),
+    ("pinned_tray_index", "doc", "jsonb", Some("bytea")),
+    ("pinned_tray_index", "env", "text", None),
+    ("pinned_tray_index", "hostname", "text", None),
+];
+
+/// setup()'s check of the seeds' tray tables as it finds them (before it
+/// changes anything): each column pinned creates, of pinned's type (or,
+/// in a database at schema `found` 1-8, of the type this store gave it
+/// then), `doc_raw` (this store's) bytea, and pinned's primary keys. A
+/// table made by another tool that differs is `Refused` (not retryable:
+/// the table stays as it is), naming the table, the column, the type
+/// found and the type expected.
+async fn check_pinned_tables(tx: &mut Tx<'_>, schema: &str, found: u8) -> conn::TxResult<()> {
+    let refuse = |what: String| -> conn::Fail {
+        StateError::refused(
+            format!(
+                "postgres: schema {schema:?}: {what}; agentstate shares these tables with                  pinned's PostgresStateStore and needs them as pinned creates them                  (see src/pg/schema/pinned.sql): fix or rename the table, then run setup() again"
+            ),
+            None,
+        )
+        .into()
+    };
+    let rows = tx
+        .query_text(
+            "SELECT c.relname::text, c.relkind::text, a.attname::text,              format_type(a.atttypid, a.atttypmod)              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace              LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped              WHERE n.nspname = $1 AND c.relname IN ('pinned_epoch', 'pinned_tray_index')",
+            &[&schema],
+        )
+        .await?;
+    let mut tables: std::collections::BTreeMap<String, Vec<(String, String)>> =
+        std::collections::BTreeMap::new();
+    for r in &rows {
+        let table: String = r.col(0)?;
+        let kind: String = r.col(1)?;
+        if kind != "r" && kind != "p" {
+            return Err(refuse(format!("{table} is not a table (relkind {kind:?})")));
+        }
+        let cols = tables.entry(table).or_default();
+        if let (Some(name), Some(ty)) = (r.col::<_, Option<String>>(2)?, r.col(3)?) {
+            cols.push((name, ty));
+        }
+    }
+    let legacy_ok = (1..=8).contains(&found);
+    for (table, column, want, legacy) in PINNED_COLUMNS {
+        let Some(cols) = tables.get(*table) else {
+            continue;
+        };
+        match cols.iter().find(|(n, _)| n == column) {
+            None => {
+                return Err(refuse(format!(
+                    "{table} has no column {column} (expected {want})"
+                )));
+            }
+            Some((_, ty)) if ty == want => {}
+            Some((_, ty)) if legacy_ok && Some(ty.as_str()) == *legacy => {}
+            Some((_, ty)) => {
+                return Err(refuse(format!(
+                    "column {table}.{column} is of type {ty}, expected {want}"
+                )));
+            }
+        }
+    }
+    if let Some(cols) = tables.get("pinned_tray_index")
+        && let Some((_, ty)) = cols.iter().find(|(n, _)| n == "doc_raw")
+        && ty != "bytea"
+    {
+        return Err(refuse(format!(
+            "column pinned_tray_index.doc_raw is of type {ty}, expected bytea"
+        )));
+    }
+    let keys = tx
+        .query_text(
+            "SELECT c.relname::text, array_agg(a.attname::text ORDER BY k.ord)              FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid              JOIN pg_namespace n ON n.oid = c.relnamespace              CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)              JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum              WHERE n.nspname = $1 AND c.relname IN ('pinned_epoch', 'pinned_tray_index')              AND i.indisprimary GROUP BY c.relname",
+            &[&schema],
+        )
+        .await?;
+    for (table, want) in [
+        ("pinned_epoch", &["ns", "id"][..]),
+        ("pinned_tray_index", &["ns", "id", "tray_ns", "tray_id"][..]),
+    ] {
+        if !tables.contains_key(table) {
+            continue;
+        }
+        let mut got: Option<Vec<String>> = None;
+        for r in &keys {
+            if r.col::<_, String>(0)? == table {
+                got = Some(r.col(1)?);
+            }
+        }
+        if got.as_deref().is_none_or(|g| g != want) {
+            return Err(refuse(format!(
+                "{table}'s primary key is {}, expected ({})",
+                got.map_or("missing".to_string(), |g| format!("({})", g.join(", "))),
+                want.join(", ")
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A u64 as a numeric(20,0) parameter (`$n::text::numeric` in SQL).

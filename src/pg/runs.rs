@@ -37,7 +37,7 @@ use super::budgets::{after_patch, budget_of, lock_budget};
 use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
 use super::recent::{Recent, Shared};
-use super::{PostgresStore, fields, id_in, id_out, num, own};
+use super::{Col, PostgresStore, fields, id_in, id_out, num, own};
 
 /// Most runs a store remembers the bytes of.
 const SEEN_MAX: usize = 8192;
@@ -176,7 +176,7 @@ pub(crate) async fn read_run(
         .await?;
     Ok(rows
         .first()
-        .map(|r| decode_run_at(r.get(0), key, r.get(1)))
+        .map(|r| decode_run_at(r.col(0)?, key, r.col(1)?))
         .transpose()?)
 }
 
@@ -291,14 +291,14 @@ async fn next_seq(tx: &mut Tx<'_>, tenant: &str) -> TxResult<u64> {
             &[&id_in(tenant)],
         )
         .await?;
-    let seq: i64 = rows[0].get(0);
+    let seq: i64 = rows[0].col(0)?;
     Ok(u64::try_from(seq).map_err(|_| StateError::corrupt("negative seq counter"))?)
 }
 
 /// A run from a row of (run_id, record, seq).
 fn run_of(row: &Row, tenant: &str) -> Result<RunRecord> {
-    let run_id = id_out(row.get(0))?;
-    decode_run_at(row.get(1), &RunKey::new(tenant, run_id), row.get(2))
+    let run_id = id_out(row.col(0)?)?;
+    decode_run_at(row.col(1)?, &RunKey::new(tenant, run_id), row.col(2)?)
 }
 
 impl PostgresStore {
@@ -438,7 +438,10 @@ impl PostgresStore {
                     false,
                 )
                 .await?;
-            Ok(rows.first().and_then(|r| r.get::<_, Option<i64>>(0)))
+            Ok(match rows.first() {
+                Some(r) => r.col::<_, Option<i64>>(0)?,
+                None => None,
+            })
         })?;
         Ok(seq.map(|seq| {
             new.seq = seq as u64;
@@ -515,7 +518,7 @@ impl PostgresStore {
             Ok(rows
                 .first()
                 .map(|r| {
-                    let (b, seq): (&[u8], i64) = (r.get(0), r.get(1));
+                    let (b, seq): (&[u8], i64) = (r.col(0)?, r.col(1)?);
                     decode_run_at(b, key, seq).map(|run| (run, Arc::<[u8]>::from(b), seq))
                 })
                 .transpose()?)
@@ -740,7 +743,7 @@ impl PostgresStore {
                 .await?;
             let stored = rows
                 .first()
-                .map(|r| decode_session(r.get(0), k))
+                .map(|r| decode_session(r.col(0)?, k))
                 .transpose()?;
             let new = next_session(stored.as_ref(), record.clone(), now)?;
             let bytes = value::encode_session(&new);
@@ -777,7 +780,7 @@ impl PostgresStore {
                 .await?;
             Ok(rows
                 .first()
-                .map(|r| decode_session(r.get(0), key))
+                .map(|r| decode_session(r.col(0)?, key))
                 .transpose()?)
         })
     }

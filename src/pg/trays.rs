@@ -15,6 +15,21 @@
 //! `FenceLost` with the epoch that last statement read. The keyed
 //! `apply_batch`, `list_trays` lock the row and decide in Rust
 //! ([`fence`]).
+//!
+//! **Shared with pinned** (schema 9). The tables are pinned's own: epochs
+//! are bigint (a caller's epoch past `i64::MAX` is `Invalid` before any
+//! statement; a negative epoch pinned stored is below every epoch this
+//! store accepts, and reads as 0), docs jsonb. A doc goes in through the
+//! server function `agentstate_doc_in` (JSON bytes as their jsonb, other
+//! bytes as `{"agentstate:hex": …}`, and in `doc_raw` the bytes when the
+//! jsonb's text differs) and comes out through `agentstate_doc_out`
+//! ([`DOC`]), so a doc reads back byte for byte; [`doc_is_json`] only
+//! spares the server a parse it would refuse. Rows pinned or plain SQL
+//! wrote read as they are: ids not in this store's escaped form as their
+//! text ([`id_read`]); a row that still does not decode is `Corrupt`
+//! naming its key on a point read, and left out of a listing (reported).
+//! Listings order by byte (`COLLATE "C"`) over schema 9's expression
+//! indexes, whatever the database's collation.
 
 use std::collections::BTreeMap;
 
@@ -33,23 +48,25 @@ use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
 
 use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
-use super::{PostgresStore, id_in, id_out, num, num_out, own};
+use super::{Col, PostgresStore, epoch_in, epoch_out, id_in, id_read, num, num_out, own};
 use crate::observe;
 
 /// The stored epoch, locked for this transaction. An instance without a
 /// row gets one holding the caller's epoch, so that a racing holder waits
-/// on it too; a row at epoch 0 reads like no row (T2).
-async fn locked_epoch(tx: &mut Tx<'_>, i: &InstanceKey, caller: u64) -> TxResult<(u64, bool)> {
+/// on it too; a row at epoch 0 (or below: pinned's) reads like no row
+/// (T2). Returns the stored epoch as stored, and whether this call wrote
+/// the row.
+async fn locked_epoch(tx: &mut Tx<'_>, i: &InstanceKey, caller: i64) -> TxResult<(i64, bool)> {
     let (ns, id) = (id_in(&i.ns), id_in(&i.id));
-    let sel = "SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2 FOR UPDATE";
+    let sel = "SELECT epoch FROM {s}pinned_epoch WHERE ns = $1 AND id = $2 FOR UPDATE";
     if let Some(r) = tx.query(sel, &[&ns, &id]).await?.first() {
-        return Ok((num_out(r.get(0), "pinned_epoch.epoch")?, false));
+        return Ok((stored_epoch(r, i)?, false));
     }
     let inserted = tx
         .execute(
-            "INSERT INTO {s}pinned_epoch (ns, id, epoch) VALUES ($1, $2, $3::text::numeric) \
+            "INSERT INTO {s}pinned_epoch (ns, id, epoch) VALUES ($1, $2, $3) \
          ON CONFLICT (ns, id) DO NOTHING",
-            &[&ns, &id, &num(caller)],
+            &[&ns, &id, &caller],
         )
         .await?;
     if inserted == 1 {
@@ -61,24 +78,37 @@ async fn locked_epoch(tx: &mut Tx<'_>, i: &InstanceKey, caller: u64) -> TxResult
     let r = rows
         .first()
         .ok_or_else(|| StateError::corrupt("pinned_epoch row vanished under its lock"))?;
-    Ok((num_out(r.get(0), "pinned_epoch.epoch")?, false))
+    Ok((stored_epoch(r, i)?, false))
+}
+
+/// Column 0 of a row of `pinned_epoch` (or NULL: no row), naming the
+/// instance when it does not read.
+fn stored_epoch_opt(r: &Row, i: &InstanceKey) -> Result<Option<i64>> {
+    r.col(0)
+        .map_err(|e| StateError::corrupt(format!("pinned_epoch of instance {i}: {e}")))
+}
+
+fn stored_epoch(r: &Row, i: &InstanceKey) -> Result<i64> {
+    stored_epoch_opt(r, i)?
+        .ok_or_else(|| StateError::corrupt(format!("pinned_epoch of instance {i}: NULL")))
 }
 
 /// T2: below the stored epoch is `FenceLost`; above it advances it.
 async fn fence(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<()> {
-    let (stored, written) = locked_epoch(tx, i, epoch).await?;
-    if epoch < stored {
+    let caller = epoch_in(epoch)?;
+    let (stored, written) = locked_epoch(tx, i, caller).await?;
+    if caller < stored {
         return Err(StateError::FenceLost {
             instance: i.clone(),
             caller: epoch,
-            stored,
+            stored: epoch_out(stored),
         }
         .into());
     }
-    if epoch > stored && !written {
+    if caller > stored && !written {
         tx.defer(
-            "UPDATE {s}pinned_epoch SET epoch = $3::text::numeric WHERE ns = $1 AND id = $2",
-            params![own(&i.ns), own(&i.id), num(epoch)],
+            "UPDATE {s}pinned_epoch SET epoch = $3 WHERE ns = $1 AND id = $2",
+            params![own(&i.ns), own(&i.id), caller],
         )
         .await?;
     }
@@ -86,13 +116,15 @@ async fn fence(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<()> {
 }
 
 /// T2 decided in SQL, deferred (see the module's notes): the row is
-/// created at the caller's epoch, advanced to it when below, and locked
-/// either way (`ON CONFLICT DO UPDATE` locks the row it does not update).
+/// created at the caller's epoch, advanced to it when below (a negative
+/// epoch pinned stored included), and locked either way (`ON CONFLICT DO
+/// UPDATE` locks the row it does not update).
 async fn fence_sql(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<()> {
+    let caller = epoch_in(epoch)?;
     tx.defer(
-        "INSERT INTO {s}pinned_epoch AS e (ns, id, epoch) VALUES ($1, $2, $3::text::numeric) \
+        "INSERT INTO {s}pinned_epoch AS e (ns, id, epoch) VALUES ($1, $2, $3) \
          ON CONFLICT (ns, id) DO UPDATE SET epoch = EXCLUDED.epoch WHERE e.epoch < EXCLUDED.epoch",
-        params![own(&i.ns), own(&i.id), num(epoch)],
+        params![own(&i.ns), own(&i.id), caller],
     )
     .await
 }
@@ -100,7 +132,7 @@ async fn fence_sql(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<()>
 /// The guard of a write after [`fence_sql`]: the epoch row holds the
 /// caller's epoch (`$1`, `$2` the instance, `$E` the caller's epoch).
 const HELD: &str = "EXISTS (SELECT 1 FROM {s}pinned_epoch \
-     WHERE ns = $1 AND id = $2 AND epoch = $E::text::numeric)";
+     WHERE ns = $1 AND id = $2 AND epoch = $E::bigint)";
 
 /// A statement with [`HELD`] in place of `{held}`, `$E` as `$n`.
 fn held(sql: &str, n: usize) -> String {
@@ -111,19 +143,18 @@ fn held(sql: &str, n: usize) -> String {
 /// is the fence held, above is `FenceLost` naming the instance (and
 /// nothing was written).
 fn verdict(
-    stored: Option<&str>,
+    stored: Option<i64>,
     caller: u64,
     instance: impl FnOnce() -> InstanceKey,
 ) -> TxResult<()> {
-    let stored = match stored {
-        Some(t) => num_out(t, "pinned_epoch.epoch")?,
-        None => return Err(StateError::corrupt("pinned_epoch row vanished under its lock").into()),
+    let Some(stored) = stored else {
+        return Err(StateError::corrupt("pinned_epoch row vanished under its lock").into());
     };
-    if stored != caller {
+    if u64::try_from(stored).ok() != Some(caller) {
         return Err(StateError::FenceLost {
             instance: instance(),
             caller,
-            stored,
+            stored: epoch_out(stored),
         }
         .into());
     }
@@ -135,39 +166,63 @@ fn verdict(
 async fn fence_commit(tx: &mut Tx<'_>, i: &InstanceKey, epoch: u64) -> TxResult<()> {
     let rows = tx
         .query_commit(
-            "SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2",
+            "SELECT epoch FROM {s}pinned_epoch WHERE ns = $1 AND id = $2",
             &[&id_in(&i.ns), &id_in(&i.id)],
             false,
         )
         .await?;
-    verdict(rows.first().map(|r| r.get::<_, &str>(0)), epoch, || {
-        i.clone()
+    let stored = match rows.first() {
+        Some(r) => stored_epoch_opt(r, i)?,
+        None => None,
+    };
+    verdict(stored, epoch, || i.clone())
+}
+
+/// A tray's columns as read (`t` the row of `pinned_tray_index`): the doc
+/// through the read rule of schema 9 (the bytes written, or the jsonb's
+/// text). [`tray_of`] reads them.
+pub(super) const TRAY_COLS: &str =
+    "t.marked, {s}agentstate_doc_out(t.doc, t.doc_raw) AS doc, t.env, t.hostname";
+
+/// The tray of a row read with [`TRAY_COLS`]; `Corrupt` naming the column
+/// when one does not read (the caller names the tray).
+pub(super) fn tray_of(row: &Row) -> Result<Tray> {
+    Ok(Tray {
+        marked: row.col("marked")?,
+        doc: row.col("doc")?,
+        env: id_read(row.col("env")?),
+        hostname: id_read(row.col("hostname")?),
     })
 }
 
-pub(super) fn tray_of(row: &Row) -> Tray {
-    Tray {
-        marked: row.get("marked"),
-        doc: row.get("doc"),
-        env: row.get("env"),
-        hostname: row.get("hostname"),
+/// A failure to read the row of tray `key`, naming it.
+pub(super) fn in_tray(key: &TrayKey) -> impl FnOnce(StateError) -> StateError + '_ {
+    move |e| match e {
+        StateError::Corrupt { what } => StateError::corrupt(format!(
+            "pinned_tray_index row of tray {key} (ns, id, tray_ns, tray_id as read): {what}"
+        )),
+        e => e,
     }
 }
 
-pub(super) fn unescape_tray(mut t: Tray) -> Result<Tray> {
-    t.env = id_out(t.env)?;
-    t.hostname = id_out(t.hostname)?;
-    Ok(t)
+/// Whether a doc's bytes are worth offering to jsonb (UTF-8 that parses
+/// as one JSON document). The server decides (`agentstate_doc_in`: what
+/// jsonb refuses, a `\u0000` escape say, is stored as hex): this only
+/// spares it the attempt for bytes that are plainly not JSON.
+pub(crate) fn doc_is_json(doc: &[u8]) -> bool {
+    std::str::from_utf8(doc).is_ok() && serde_json::from_slice::<serde::de::IgnoredAny>(doc).is_ok()
 }
 
-const UPSERT_TRAY: &str = "INSERT INTO {s}pinned_tray_index \
-     (ns, id, tray_ns, tray_id, marked, doc, env, hostname) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-     ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
-     doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname";
-
+/// Writes one tray (import; the fenced calls write their own).
 pub(crate) async fn put_tray(tx: &mut Tx<'_>, k: &TrayKey, t: &Tray) -> TxResult<()> {
     tx.defer(
-        UPSERT_TRAY,
+        "INSERT INTO {s}pinned_tray_index \
+         (ns, id, tray_ns, tray_id, marked, doc, env, hostname, doc_raw) \
+         SELECT $1, $2, $3, $4, $5::boolean, d.doc, $7::text, $8::text, d.doc_raw \
+         FROM {s}agentstate_doc_in($6::bytea, $9::boolean) d \
+         ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
+         doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname, \
+         doc_raw = EXCLUDED.doc_raw",
         params![
             own(&k.ns),
             own(&k.id),
@@ -177,6 +232,7 @@ pub(crate) async fn put_tray(tx: &mut Tx<'_>, k: &TrayKey, t: &Tray) -> TxResult
             t.doc.clone(),
             own(&t.env),
             own(&t.hostname),
+            doc_is_json(&t.doc),
         ],
     )
     .await?;
@@ -188,8 +244,13 @@ pub(crate) async fn put_tray(tx: &mut Tx<'_>, k: &TrayKey, t: &Tray) -> TxResult
 /// decode ([`read_page`]).
 type StoredKey = [String; 4];
 
-fn stored_key(row: &Row) -> StoredKey {
-    ["ns", "id", "tray_ns", "tray_id"].map(|c| row.get(c))
+fn stored_key(row: &Row) -> Result<StoredKey> {
+    Ok([
+        row.col("ns")?,
+        row.col("id")?,
+        row.col("tray_ns")?,
+        row.col("tray_id")?,
+    ])
 }
 
 /// The position of a tray listing's page end: the stored key of the last
@@ -225,8 +286,8 @@ enum Step<T> {
 }
 
 /// One read of a listing's page, `limit + 1` rows after a stored position.
-/// A row that does not decode (one another program wrote with plain SQL,
-/// holding an escape [`id_out`] cannot read) is reported
+/// A row that does not decode (a column of another type than schema 9's,
+/// made by another tool after setup) is reported
 /// ([`observe::skipped_row`]) and left out; it never fails the page. The
 /// cursor keeps the stored key of the last row read, kept or not, so the
 /// walk passes such rows.
@@ -243,25 +304,34 @@ fn step<T>(
         match decode(r) {
             Ok(t) => items.push(t),
             Err(e @ StateError::Corrupt { .. }) => {
-                observe::skipped_row("postgres", what, &stored_key(r).join("/"), &e)
+                observe::skipped_row("postgres", what, &stored_key(r)?.join("/"), &e)
             }
             Err(e) => return Err(e),
         }
     }
-    let end = read.last().map(stored_key);
+    let end = read.last().map(stored_key).transpose()?;
     Ok(match end {
         Some(end) if more && items.is_empty() => Step::ReadOn(end),
         end => Step::Page(items, end.filter(|_| more)),
     })
 }
 
+/// A row's tray key (ids pinned or plain SQL wrote as their text: see
+/// [`id_read`]).
 fn key_of(row: &Row) -> Result<TrayKey> {
     Ok(TrayKey {
-        ns: id_out(row.get("ns"))?,
-        id: id_out(row.get("id"))?,
-        tray_ns: id_out(row.get("tray_ns"))?,
-        tray_id: id_out(row.get("tray_id"))?,
+        ns: id_read(row.col("ns")?),
+        id: id_read(row.col("id")?),
+        tray_ns: id_read(row.col("tray_ns")?),
+        tray_id: id_read(row.col("tray_id")?),
     })
+}
+
+/// A listed row: its key and tray.
+fn keyed_tray(r: &Row) -> Result<(TrayKey, Tray)> {
+    let key = key_of(r)?;
+    let tray = tray_of(r).map_err(in_tray(&key))?;
+    Ok((key, tray))
 }
 
 /// Items of a page read with one extra row, and the cursor to the next
@@ -280,17 +350,46 @@ fn finish<T>(
     Page::new(items, c)
 }
 
+/// The statement listing an instance's trays in byte order (`$1`, `$2`
+/// the instance, `$3` the limit; `after`: `$4`, `$5` the stored key to
+/// read after; `tray_ns`, `marked`: the filters, as `$n`), over the index
+/// `pinned_tray_index_bytes`. The alarm row (A4) is not a tray.
+fn instance_sql(after: bool, tray_ns: Option<usize>, marked: Option<usize>, limit: bool) -> String {
+    let mut sql = format!(
+        "SELECT t.ns, t.id, t.tray_ns, t.tray_id, {TRAY_COLS} FROM {{s}}pinned_tray_index t \
+         WHERE t.ns COLLATE \"C\" = $1 AND t.id COLLATE \"C\" = $2 \
+         AND NOT (t.tray_ns = 'pinned' AND t.tray_id = 'alarm')"
+    );
+    if after {
+        sql.push_str(" AND (t.tray_ns COLLATE \"C\", t.tray_id COLLATE \"C\") > ($4, $5)");
+    }
+    if let Some(n) = tray_ns {
+        sql.push_str(&format!(" AND t.tray_ns COLLATE \"C\" = ${n}"));
+    }
+    if let Some(n) = marked {
+        sql.push_str(&format!(" AND t.marked = ${n}"));
+    }
+    sql.push_str(" ORDER BY t.tray_ns COLLATE \"C\", t.tray_id COLLATE \"C\"");
+    if limit {
+        sql.push_str(" LIMIT $3");
+    }
+    sql
+}
+
 impl PostgresStore {
     pub(super) async fn do_read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
         check_tray_key(key)?;
+        epoch_in(epoch)?;
         txn!(self, |tx| {
             fence_sql(tx, &key.instance(), epoch).await?;
             let rows = tx
                 .query_commit(
-                    "SELECT e.epoch::text AS stored, t.marked, t.doc, t.env, t.hostname \
-                     FROM {s}pinned_epoch e LEFT JOIN {s}pinned_tray_index t \
-                     ON t.ns = e.ns AND t.id = e.id AND t.tray_ns = $3 AND t.tray_id = $4 \
-                     WHERE e.ns = $1 AND e.id = $2",
+                    &format!(
+                        "SELECT e.epoch AS stored, {TRAY_COLS} \
+                         FROM {{s}}pinned_epoch e LEFT JOIN {{s}}pinned_tray_index t \
+                         ON t.ns = e.ns AND t.id = e.id AND t.tray_ns = $3 AND t.tray_id = $4 \
+                         WHERE e.ns = $1 AND e.id = $2"
+                    ),
                     &[
                         &id_in(&key.ns),
                         &id_in(&key.id),
@@ -301,14 +400,20 @@ impl PostgresStore {
                 )
                 .await?;
             let row = rows.first();
-            verdict(row.map(|r| r.get::<_, &str>("stored")), epoch, || {
-                key.instance()
-            })?;
-            Ok(match row {
-                Some(r) if r.get::<_, Option<bool>>("marked").is_some() => {
-                    Some(unescape_tray(tray_of(r))?)
-                }
-                _ => None,
+            let stored = match row {
+                Some(r) => stored_epoch_opt(r, &key.instance())?,
+                None => None,
+            };
+            verdict(stored, epoch, || key.instance())?;
+            let Some(r) = row else { return Ok(None) };
+            let present = r
+                .col::<_, Option<bool>>("marked")
+                .map_err(in_tray(key))?
+                .is_some();
+            Ok(if present {
+                Some(tray_of(r).map_err(in_tray(key))?)
+            } else {
+                None
             })
         })
     }
@@ -316,16 +421,20 @@ impl PostgresStore {
     pub(super) async fn do_write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
         check_tray_key(key)?;
         check_tray(&tray, self.max())?;
+        let e = epoch_in(epoch)?;
+        let json = doc_is_json(&tray.doc);
         let i = key.instance();
         txn!(self, |tx| {
             fence_sql(tx, &i, epoch).await?;
             tx.defer(
                 &held(
                     "INSERT INTO {s}pinned_tray_index \
-                     (ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
-                     SELECT $1, $2, $3, $4, $5::boolean, $6::bytea, $7::text, $8::text WHERE {held} \
+                     (ns, id, tray_ns, tray_id, marked, doc, env, hostname, doc_raw) \
+                     SELECT $1, $2, $3, $4, $5::boolean, d.doc, $7::text, $8::text, d.doc_raw \
+                     FROM {s}agentstate_doc_in($6::bytea, $10::boolean) d WHERE {held} \
                      ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
-                     doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname",
+                     doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname, \
+                     doc_raw = EXCLUDED.doc_raw",
                     9,
                 ),
                 params![
@@ -337,7 +446,8 @@ impl PostgresStore {
                     tray.doc.clone(),
                     own(&tray.env),
                     own(&tray.hostname),
-                    num(epoch),
+                    e,
+                    json,
                 ],
             )
             .await?;
@@ -347,6 +457,7 @@ impl PostgresStore {
 
     pub(super) async fn do_delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
         check_tray_key(key)?;
+        let e = epoch_in(epoch)?;
         txn!(self, |tx| {
             fence_sql(tx, &key.instance(), epoch).await?;
             let rows = tx
@@ -355,7 +466,7 @@ impl PostgresStore {
                         "WITH d AS (DELETE FROM {s}pinned_tray_index \
                          WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4 AND {held} \
                          RETURNING 1) \
-                         SELECT (SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2), \
+                         SELECT (SELECT epoch FROM {s}pinned_epoch WHERE ns = $1 AND id = $2), \
                          (SELECT count(*) FROM d)",
                         5,
                     ),
@@ -364,7 +475,7 @@ impl PostgresStore {
                         &id_in(&key.id),
                         &id_in(&key.tray_ns),
                         &id_in(&key.tray_id),
-                        &num(epoch),
+                        &e,
                     ],
                     false,
                 )
@@ -372,8 +483,10 @@ impl PostgresStore {
             let row = rows
                 .first()
                 .ok_or_else(|| StateError::corrupt("delete_tray: no answer row"))?;
-            verdict(row.get::<_, Option<&str>>(0), epoch, || key.instance())?;
-            Ok(row.get::<_, i64>(1) == 1)
+            verdict(stored_epoch_opt(row, &key.instance())?, epoch, || {
+                key.instance()
+            })?;
+            Ok(row.col::<_, i64>(1)? == 1)
         })
     }
 
@@ -392,6 +505,7 @@ impl PostgresStore {
         ops: Vec<TrayOp>,
         key: &IdempotencyKey,
     ) -> Result<()> {
+        epoch_in(epoch)?;
         let keyed = Keyed::apply_batch(instance, epoch, &ops, key)?;
         self.apply_batch_with(instance, epoch, ops, Some(keyed))
             .await
@@ -399,6 +513,7 @@ impl PostgresStore {
 
     pub(super) async fn do_release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
         check_instance(instance)?;
+        let e = epoch_in(epoch)?;
         // T4: an older placement's release is a no-op, not an error: the
         // guard leaves its trays marked, and nothing is read back (all
         // sent with the COMMIT).
@@ -411,7 +526,7 @@ impl PostgresStore {
                      AND NOT (tray_ns = 'pinned' AND tray_id = 'alarm') AND {held}",
                     3,
                 ),
-                params![own(&instance.ns), own(&instance.id), num(epoch)],
+                params![own(&instance.ns), own(&instance.id), e],
             )
             .await?;
             Ok(())
@@ -426,6 +541,7 @@ impl PostgresStore {
     ) -> Result<Page<(TrayKey, Tray)>> {
         check_instance(instance)?;
         check_limit(page.limit)?;
+        epoch_in(epoch)?;
         let secret = self.secret().await?;
         let binding = KeyBuf::table(Listing::Trays as u8)
             .str(&instance.ns)
@@ -451,27 +567,19 @@ impl PostgresStore {
                 fence(tx, instance, epoch).await?;
                 match &after {
                     None => {
-                        tx.query(
-                            "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
-                             AND NOT (tray_ns = 'pinned' AND tray_id = 'alarm') \
-                             ORDER BY tray_ns, tray_id LIMIT $3",
-                            &[&ns, &id, &limit],
-                        )
-                        .await
+                        tx.query(&instance_sql(false, None, None, true), &[&ns, &id, &limit])
+                            .await
                     }
                     Some(k) => {
                         tx.query(
-                            "SELECT * FROM {s}pinned_tray_index WHERE ns = $1 AND id = $2 \
-                             AND NOT (tray_ns = 'pinned' AND tray_id = 'alarm') \
-                             AND (tray_ns, tray_id) > ($4, $5) ORDER BY tray_ns, tray_id LIMIT $3",
+                            &instance_sql(true, None, None, true),
                             &[&ns, &id, &limit, &k[2], &k[3]],
                         )
                         .await
                     }
                 }
             })?;
-            let decode = |r: &Row| Ok((key_of(r)?, unescape_tray(tray_of(r))?));
-            match step(&rows, page.limit, decode, "list_trays")? {
+            match step(&rows, page.limit, keyed_tray, "list_trays")? {
                 Step::Page(items, end) => break (items, end),
                 Step::ReadOn(k) => after = Some(k),
             }
@@ -512,35 +620,48 @@ impl PostgresStore {
             })
             .transpose()?;
         let env_col = env.map(id_in);
-        // The partial indexes on marked trays serve each shape (T5: O(page));
-        // the alarm rows (A4) are not trays.
+        // Schema 9's partial indexes on marked trays in byte order serve
+        // each shape (T5: O(page)); the alarm rows (A4) are not trays.
         let cols = "SELECT ns, id, tray_ns, tray_id, env, hostname FROM {s}pinned_tray_index \
                     WHERE marked AND NOT (tray_ns = 'pinned' AND tray_id = 'alarm')";
-        let order = "ORDER BY ns, id, tray_ns, tray_id LIMIT $1";
+        let key =
+            "(ns COLLATE \"C\", id COLLATE \"C\", tray_ns COLLATE \"C\", tray_id COLLATE \"C\")";
+        let order = "ORDER BY ns COLLATE \"C\", id COLLATE \"C\", tray_ns COLLATE \"C\", \
+                     tray_id COLLATE \"C\" LIMIT $1";
         let limit = (page.limit + 1) as i64;
         let mut after = after;
         let (items, end) = loop {
             let rows = txn!(self, |tx| {
                 match (&env_col, &after) {
-            (None, None) => tx.query(&format!("{cols} {order}"), &[&limit]).await,
-            (Some(e), None) => tx.query(&format!("{cols} AND env = $2 {order}"), &[&limit, e]).await,
-            (None, Some(a)) => tx.query(
-                &format!("{cols} AND (ns, id, tray_ns, tray_id) > ($2, $3, $4, $5) {order}"),
-                &[&limit, &a[0], &a[1], &a[2], &a[3]],
-            ).await,
-            (Some(e), Some(a)) => tx.query(
-                &format!(
-                    "{cols} AND env = $6 AND (ns, id, tray_ns, tray_id) > ($2, $3, $4, $5) {order}"
-                ),
-                &[&limit, &a[0], &a[1], &a[2], &a[3], e],
-            ).await,
-            }
+                    (None, None) => tx.query(&format!("{cols} {order}"), &[&limit]).await,
+                    (Some(e), None) => {
+                        tx.query(&format!("{cols} AND env = $2 {order}"), &[&limit, e])
+                            .await
+                    }
+                    (None, Some(a)) => {
+                        tx.query(
+                            &format!("{cols} AND {key} > ($2, $3, $4, $5) {order}"),
+                            &[&limit, &a[0], &a[1], &a[2], &a[3]],
+                        )
+                        .await
+                    }
+                    (Some(e), Some(a)) => {
+                        tx.query(
+                            &format!("{cols} AND env = $6 AND {key} > ($2, $3, $4, $5) {order}"),
+                            &[&limit, &a[0], &a[1], &a[2], &a[3], e],
+                        )
+                        .await
+                    }
+                }
             })?;
             let decode = |r: &Row| {
+                let key = key_of(r)?;
+                let env = r.col("env").map_err(in_tray(&key))?;
+                let hostname = r.col("hostname").map_err(in_tray(&key))?;
                 Ok(MarkedTray {
-                    key: key_of(r)?,
-                    env: id_out(r.get("env"))?,
-                    hostname: id_out(r.get("hostname"))?,
+                    key,
+                    env: id_read(env),
+                    hostname: id_read(hostname),
                 })
             };
             match step(&rows, page.limit, decode, "marked_trays")? {
@@ -564,13 +685,13 @@ impl PostgresStore {
         txn!(self, |tx| {
             let rows = tx
                 .query_commit(
-                    "SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2",
+                    "SELECT epoch FROM {s}pinned_epoch WHERE ns = $1 AND id = $2",
                     &[&id_in(&instance.ns), &id_in(&instance.id)],
                     true,
                 )
                 .await?;
             Ok(match rows.first() {
-                Some(r) => num_out(r.get(0), "pinned_epoch.epoch")?,
+                Some(r) => epoch_out(stored_epoch(r, instance)?),
                 None => 0,
             })
         })
@@ -583,6 +704,7 @@ impl PostgresStore {
         due_at: Millis,
     ) -> Result<()> {
         check_instance(instance)?;
+        let e = epoch_in(epoch)?;
         txn!(self, |tx| {
             fence_sql(tx, instance, epoch).await?;
             tx.defer(
@@ -592,12 +714,7 @@ impl PostgresStore {
                      ON CONFLICT (ns, id) DO UPDATE SET due_at = EXCLUDED.due_at",
                     4,
                 ),
-                params![
-                    own(&instance.ns),
-                    own(&instance.id),
-                    num(due_at),
-                    num(epoch)
-                ],
+                params![own(&instance.ns), own(&instance.id), num(due_at), e],
             )
             .await?;
             fence_commit(tx, instance, epoch).await
@@ -643,12 +760,16 @@ impl PostgresStore {
         let items = rows
             .iter()
             .map(|r| {
+                let instance = InstanceKey {
+                    ns: id_read(r.col(0)?),
+                    id: id_read(r.col(1)?),
+                };
+                let due: &str = r
+                    .col(2)
+                    .map_err(|e| StateError::corrupt(format!("alarm of {instance}: {e}")))?;
                 Ok(Alarm {
-                    instance: InstanceKey {
-                        ns: id_out(r.get(0))?,
-                        id: id_out(r.get(1))?,
-                    },
-                    due_at: num_out(r.get(2), "agentstate_alarms.due_at")?,
+                    due_at: num_out(due, "agentstate_alarms.due_at")?,
+                    instance,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -669,6 +790,7 @@ impl PostgresStore {
         due_at: Millis,
     ) -> Result<bool> {
         check_instance(instance)?;
+        let e = epoch_in(epoch)?;
         txn!(self, |tx| {
             fence_sql(tx, instance, epoch).await?;
             // A3: an ack for a replaced alarm removes nothing.
@@ -678,24 +800,19 @@ impl PostgresStore {
                         "WITH d AS (DELETE FROM {s}agentstate_alarms \
                          WHERE ns = $1 AND id = $2 AND due_at = $3::text::numeric AND {held} \
                          RETURNING 1) \
-                         SELECT (SELECT epoch::text FROM {s}pinned_epoch WHERE ns = $1 AND id = $2), \
+                         SELECT (SELECT epoch FROM {s}pinned_epoch WHERE ns = $1 AND id = $2), \
                          (SELECT count(*) FROM d)",
                         4,
                     ),
-                    &[
-                        &id_in(&instance.ns),
-                        &id_in(&instance.id),
-                        &num(due_at),
-                        &num(epoch),
-                    ],
+                    &[&id_in(&instance.ns), &id_in(&instance.id), &num(due_at), &e],
                     false,
                 )
                 .await?;
             let row = rows
                 .first()
                 .ok_or_else(|| StateError::corrupt("ack_alarm: no answer row"))?;
-            verdict(row.get::<_, Option<&str>>(0), epoch, || instance.clone())?;
-            Ok(row.get::<_, i64>(1) == 1)
+            verdict(stored_epoch_opt(row, instance)?, epoch, || instance.clone())?;
+            Ok(row.col::<_, i64>(1)? == 1)
         })
     }
 }
@@ -710,6 +827,7 @@ impl PostgresStore {
         keyed: Option<Keyed<'_>>,
     ) -> Result<()> {
         check_batch(instance, &ops, self.max())?;
+        let e = epoch_in(epoch)?;
         // Each op replaces its tray whole, so a batch comes to the last op
         // on each tray, applied in one transaction (T3).
         let mut last: BTreeMap<(&str, &str), Option<&Tray>> = BTreeMap::new();
@@ -724,24 +842,18 @@ impl PostgresStore {
             };
         }
         let (ns, id) = (id_in(&instance.ns), id_in(&instance.id));
-        let mut put = (
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-        );
+        let mut put = Puts::default();
         let mut del = (Vec::new(), Vec::new());
         for ((tns, tid), t) in &last {
             match t {
                 Some(t) => {
-                    put.0.push(id_in(tns).into_owned());
-                    put.1.push(id_in(tid).into_owned());
-                    put.2.push(t.marked);
-                    put.3.push(t.doc.clone());
-                    put.4.push(id_in(&t.env).into_owned());
-                    put.5.push(id_in(&t.hostname).into_owned());
+                    put.tray_ns.push(id_in(tns).into_owned());
+                    put.tray_id.push(id_in(tid).into_owned());
+                    put.marked.push(t.marked);
+                    put.doc.push(t.doc.clone());
+                    put.json.push(doc_is_json(&t.doc));
+                    put.env.push(id_in(&t.env).into_owned());
+                    put.hostname.push(id_in(&t.hostname).into_owned());
                 }
                 None => {
                     del.0.push(id_in(tns).into_owned());
@@ -775,33 +887,37 @@ impl PostgresStore {
                         id.to_string(),
                         del.0.clone(),
                         del.1.clone(),
-                        num(epoch)
+                        e
                     ],
                 )
                 .await?;
             }
-            if !put.0.is_empty() {
+            if !put.tray_ns.is_empty() {
                 tx.defer(
                     &held(
                         "INSERT INTO {s}pinned_tray_index \
-                         (ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
-                         SELECT $1, $2, u.* FROM unnest($3::text[], $4::text[], $5::bool[], \
-                         $6::bytea[], $7::text[], $8::text[]) \
-                         AS u(tray_ns, tray_id, marked, doc, env, hostname) WHERE {held} \
+                         (ns, id, tray_ns, tray_id, marked, doc, env, hostname, doc_raw) \
+                         SELECT $1, $2, u.tray_ns, u.tray_id, u.marked, d.doc, u.env, u.hostname, \
+                         d.doc_raw FROM unnest($3::text[], $4::text[], $5::bool[], \
+                         $6::bytea[], $7::text[], $8::text[], $10::bool[]) \
+                         AS u(tray_ns, tray_id, marked, raw, env, hostname, json) \
+                         CROSS JOIN LATERAL {s}agentstate_doc_in(u.raw, u.json) d WHERE {held} \
                          ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
-                         doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname",
+                         doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname, \
+                         doc_raw = EXCLUDED.doc_raw",
                         9,
                     ),
                     params![
                         ns.to_string(),
                         id.to_string(),
-                        put.0.clone(),
-                        put.1.clone(),
-                        put.2.clone(),
-                        put.3.clone(),
-                        put.4.clone(),
-                        put.5.clone(),
-                        num(epoch),
+                        put.tray_ns.clone(),
+                        put.tray_id.clone(),
+                        put.marked.clone(),
+                        put.doc.clone(),
+                        put.env.clone(),
+                        put.hostname.clone(),
+                        e,
+                        put.json.clone(),
                     ],
                 )
                 .await?;
@@ -813,4 +929,16 @@ impl PostgresStore {
             }
         })
     }
+}
+
+/// A batch's puts, column by column (the arrays of its one statement).
+#[derive(Default)]
+struct Puts {
+    tray_ns: Vec<String>,
+    tray_id: Vec<String>,
+    marked: Vec<bool>,
+    doc: Vec<Vec<u8>>,
+    json: Vec<bool>,
+    env: Vec<String>,
+    hostname: Vec<String>,
 }

@@ -146,13 +146,13 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
     );
     s.setup().expect("setup");
     s.setup().expect("setup again");
-    assert_eq!(s.schema_version().expect("version"), Some(8));
+    assert_eq!(s.schema_version().expect("version"), Some(9));
     s.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
         .expect("put");
-    // A newer release wrote version 9: refused, and nothing is changed.
+    // A newer release wrote version 10: refused, and nothing is changed.
     let mut c = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
     c.execute(
-        "UPDATE public.agentstate_meta SET value = '9' WHERE name = 'schema_version'",
+        "UPDATE public.agentstate_meta SET value = '10' WHERE name = 'schema_version'",
         &[],
     )
     .expect("bump");
@@ -164,8 +164,8 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
         matches!(
             e,
             StateError::UnsupportedFormat {
-                found: 9,
-                supported: 8
+                found: 10,
+                supported: 9
             }
         ),
         "{e:?}"
@@ -177,7 +177,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
         )
         .expect("read")
         .get(0);
-    assert_eq!(v, "9", "the newer schema is not touched");
+    assert_eq!(v, "10", "the newer schema is not touched");
     assert!(s.get_run(&RunKey::new("t", "r")).expect("get").is_some());
 }
 
@@ -211,7 +211,7 @@ fn setup_upgrades_a_version_1_database() {
             });
         }
     });
-    assert_eq!(s.schema_version().expect("version"), Some(8));
+    assert_eq!(s.schema_version().expect("version"), Some(9));
     assert_eq!(s.get_run(&old.key).expect("get"), Some(old.clone()));
     use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
     s.put_budget(BudgetRecord::new(
@@ -244,15 +244,15 @@ fn setup_upgrades_a_version_1_database() {
         .expect("list by label");
     let ids: Vec<&str> = page.items().iter().map(|r| r.key.run_id.as_str()).collect();
     assert_eq!(ids, ["old", "newer"], "the label filter after an upgrade");
-    let doc: Vec<u8> = c
+    let doc: String = c
         .query_one(
-            "SELECT doc FROM public.pinned_tray_index WHERE ns = 'w' AND id = '1' \
+            "SELECT doc::text FROM public.pinned_tray_index WHERE ns = 'w' AND id = '1' \
              AND tray_ns = 'pinned' AND tray_id = 'alarm' AND marked",
             &[],
         )
         .expect("the v1 alarm's row after the upgrade")
         .get(0);
-    assert_eq!(doc, b"1234");
+    assert_eq!(doc, r#"{"due_at": 1234}"#);
     assert!(s.verify().expect("verify").is_ok());
 }
 
@@ -303,9 +303,19 @@ fn old_layout(c: &mut postgres::Client, from: &str, to: &str, version: u8) {
             )
             .expect("columns")
             .get(0);
+        // Before schema 9 a doc was its bytes (and an epoch numeric,
+        // which a bigint converts to as it is).
+        let select = if t == "pinned_tray_index" {
+            cols.replace(
+                ", doc,",
+                &format!(", \"{from}\".agentstate_doc_out(doc, doc_raw),"),
+            )
+        } else {
+            cols.clone()
+        };
         // From schema 5 the alarms' trigger has written their tray rows.
         c.batch_execute(&format!(
-            "INSERT INTO \"{to}\".{t} ({cols}) SELECT {cols} FROM \"{from}\".{t} \
+            "INSERT INTO \"{to}\".{t} ({cols}) SELECT {select} FROM \"{from}\".{t} \
              ON CONFLICT DO NOTHING"
         ))
         .expect("copy");
@@ -459,7 +469,7 @@ fn setup_upgrades_the_golden_schema_2_database() {
             .expect("connect");
     assert_eq!(s.schema_version().expect("version"), Some(2));
     s.setup().expect("upgrade");
-    assert_eq!(s.schema_version().expect("version"), Some(8));
+    assert_eq!(s.schema_version().expect("version"), Some(9));
     let r1 = s
         .get_run(&RunKey::new("acme", "r1"))
         .expect("get")
@@ -509,15 +519,15 @@ fn setup_upgrades_the_golden_schema_2_database() {
         .expect("tray");
     assert_eq!(tray.doc, b"hello");
     // Schema 5: the alarm's row; schema 6: every row has its columns.
-    let doc: Vec<u8> = c
+    let doc: String = c
         .query_one(
-            "SELECT doc FROM public.pinned_tray_index WHERE ns = 'py' AND id = 'w1' \
+            "SELECT doc ->> 'due_at' FROM public.pinned_tray_index WHERE ns = 'py' AND id = 'w1' \
              AND tray_ns = 'pinned' AND tray_id = 'alarm' AND marked",
             &[],
         )
         .expect("the alarm's row")
         .get(0);
-    assert_eq!(doc, (GOLDEN_NOW + 60_000).to_string().into_bytes());
+    assert_eq!(doc, (GOLDEN_NOW + 60_000).to_string());
     let unfilled: i64 = c
         .query_one(
             "SELECT (SELECT count(*) FROM public.agentstate_runs WHERE fields IS NULL) + \
@@ -698,7 +708,7 @@ fn setup_from_8_processes_at_once() {
             assert_eq!(child_lines(c, &format!("setup child {i}")), ["ok"]);
         }
         let s = PostgresStore::connect(&dsn).expect("connect");
-        assert_eq!(s.schema_version().expect("version"), Some(8));
+        assert_eq!(s.schema_version().expect("version"), Some(9));
         let r = s
             .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
             .expect("put after setup");
@@ -947,7 +957,7 @@ fn seq_never_lets_a_walk_skip_a_late_commit() {
 }
 
 /// The seed's sweeper reads `pinned_tray_index` with plain SQL and sees
-/// exactly the marked trays the store wrote.
+/// exactly the marked trays the store wrote, each JSON doc as its jsonb.
 #[test]
 fn sweeper_sql_sees_exactly_the_marked_trays() {
     let s = store(Options::new());
@@ -963,7 +973,7 @@ fn sweeper_sql_sees_exactly_the_marked_trays() {
                 tray_id: format!("t{j}"),
                 tray: Tray {
                     marked,
-                    doc: format!("{}/t{j}", inst.id).into_bytes(),
+                    doc: format!(r#"{{"tray":"{}/t{j}"}}"#, inst.id).into_bytes(),
                     env: format!("env{}", i % 2),
                     hostname: format!("host{i}"),
                 },
@@ -994,7 +1004,7 @@ fn sweeper_sql_sees_exactly_the_marked_trays() {
 
     let mut c = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
     let sql = format!(
-        "SELECT ns, id, tray_ns, tray_id, env, hostname, doc FROM \"{}\".pinned_tray_index \
+        "SELECT ns, id, tray_ns, tray_id, env, hostname, doc ->> 'tray' FROM \"{}\".pinned_tray_index \
          WHERE marked AND ns = $1 AND (id, tray_ns, tray_id) > ($2, $3, $4) \
          ORDER BY ns, id, tray_ns, tray_id LIMIT 7",
         schema()
@@ -1008,12 +1018,8 @@ fn sweeper_sql_sees_exactly_the_marked_trays() {
         for r in &rows {
             let (id, tns, tid): (String, String, String) = (r.get(1), r.get(2), r.get(3));
             assert_eq!(tns, "chat");
-            let doc: Vec<u8> = r.get(6);
-            assert_eq!(
-                doc,
-                format!("{id}/{tid}").into_bytes(),
-                "the doc as written"
-            );
+            let doc: String = r.get(6);
+            assert_eq!(doc, format!("{id}/{tid}"), "the doc as written");
             assert!(
                 got.insert((id.clone(), tid.clone(), r.get(4), r.get(5))),
                 "seen once"
@@ -1290,9 +1296,9 @@ fn example_queries_run_on_rows_the_store_wrote() {
 }
 
 /// A4 on PostgreSQL: a sweeper reading `pinned_tray_index` with the seeds'
-/// SQL finds each alarm as its marked `("pinned", "alarm")` row, the due
-/// time in the doc as ASCII decimal milliseconds, for exactly as long as
-/// the alarm is set; `release` does not unmark it.
+/// SQL finds each alarm as its marked `("pinned", "alarm")` row, its doc
+/// `{"due_at": <milliseconds>}`, for exactly as long as the alarm is set;
+/// `release` does not unmark it.
 #[test]
 fn a4_a_seed_sweeper_reads_alarms_as_rows() {
     let s = store(Options::new());
@@ -1300,7 +1306,8 @@ fn a4_a_seed_sweeper_reads_alarms_as_rows() {
     let mut c = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
     // What the seeds' sweeper reads: the marked ("pinned", "alarm") rows.
     let sql = format!(
-        "SELECT id, doc, env, hostname FROM \"{}\".pinned_tray_index WHERE marked AND ns = $1 \
+        "SELECT id, doc ->> 'due_at', env, hostname, doc::text FROM \"{}\".pinned_tray_index \
+         WHERE marked AND ns = $1 \
          AND tray_ns = 'pinned' AND tray_id = 'alarm' ORDER BY id",
         schema()
     );
@@ -1311,7 +1318,9 @@ fn a4_a_seed_sweeper_reads_alarms_as_rows() {
             .map(|r| {
                 let (env, host): (String, String) = (r.get(2), r.get(3));
                 assert_eq!((env.as_str(), host.as_str()), ("", ""));
-                (r.get(0), String::from_utf8(r.get(1)).expect("ASCII digits"))
+                let (due, doc): (String, String) = (r.get(1), r.get(4));
+                assert_eq!(doc, format!(r#"{{"due_at": {due}}}"#), "a JSON object");
+                (r.get(0), due)
             })
             .collect()
     };
@@ -1342,6 +1351,9 @@ fn a4_a_seed_sweeper_reads_alarms_as_rows() {
     assert!(rows(&mut c).is_empty());
 }
 
+/// Rows another program wrote with plain SQL, ids holding U+0001 outside
+/// this store's escaped form included, never fail a listing: each is
+/// listed under its text (an escaped one under its id), once per walk.
 #[test]
 fn foreign_rows_never_fail_a_listing() {
     let schema = unique("foreign").replace('-', "_");
@@ -1350,20 +1362,21 @@ fn foreign_rows_never_fail_a_listing() {
     s.setup().expect("setup");
     let mut c = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
     let insert = format!(
-        "INSERT INTO \"{schema}\".pinned_tray_index VALUES ($1, $2, $3, $4, true, '\\x00', $5, $6)"
+        "INSERT INTO \"{schema}\".pinned_tray_index VALUES ($1, $2, $3, $4, true, '{{}}', $5, $6)"
     );
-    // (id, tray_id, env, reads back as): None where the row cannot be read.
-    let rows: &[(&str, &str, &str, Option<&str>)] = &[
-        ("a", "main", "prod", Some("a")),
-        ("b\u{1}\u{2}x", "main", "prod", Some("b\u{1}x")),
-        ("odd\u{1}id", "main", "prod", None),
-        ("odd\u{1}ie", "main", "prod", None),
-        ("odd\u{1}if", "main", "prod", None),
-        ("p", "main", "prod", Some("p")),
-        ("q", "main", "prod\u{1}", None),
-        ("q", "zz", "dev", Some("q")),
-        ("tail\u{1}", "main", "prod", None),
-        ("z", "main", "prod", Some("z")),
+    // (id, tray_id, env, reads back as): an id not in the escaped form
+    // reads as its text.
+    let rows: &[(&str, &str, &str, &str)] = &[
+        ("a", "main", "prod", "a"),
+        ("b\u{1}\u{2}x", "main", "prod", "b\u{1}x"),
+        ("odd\u{1}id", "main", "prod", "odd\u{1}id"),
+        ("odd\u{1}ie", "main", "prod", "odd\u{1}ie"),
+        ("odd\u{1}if", "main", "prod", "odd\u{1}if"),
+        ("p", "main", "prod", "p"),
+        ("q", "main", "prod\u{1}", "q"),
+        ("q", "zz", "dev", "q"),
+        ("tail\u{1}", "main", "prod", "tail\u{1}"),
+        ("z", "main", "prod", "z"),
     ];
     for (id, tray_id, env, _) in rows {
         c.execute(&insert, &[&"py", id, &"state", tray_id, env, &"py"])
@@ -1373,7 +1386,7 @@ fn foreign_rows_never_fail_a_listing() {
         let want: Vec<(String, String)> = rows
             .iter()
             .filter(|r| env.is_none_or(|e| r.2 == e))
-            .filter_map(|r| r.3.map(|id| (id.to_string(), r.1.to_string())))
+            .map(|r| (r.3.to_string(), r.1.to_string()))
             .collect();
         for limit in [1, 2, 3, 100] {
             let mut got = Vec::new();
@@ -1412,16 +1425,20 @@ fn foreign_rows_never_fail_a_listing() {
                 break;
             }
         }
-        assert_eq!(got, ["zz"], "limit {limit}");
+        assert_eq!(got, ["main", "zz"], "limit {limit}");
     }
     let b = InstanceKey::new("py", "b\u{1}x");
     let tray = s.read_tray(&b.tray("state", "main"), 1).expect("read");
     assert_eq!(tray.expect("the foreign row").env, "prod");
+    // An env not in the escaped form reads as its text too.
+    let q = InstanceKey::new("py", "q");
+    let tray = s.read_tray(&q.tray("state", "main"), 1).expect("read");
+    assert_eq!(tray.expect("the foreign row").env, "prod\u{1}");
     let report = s.verify().expect("verify");
     let named: Vec<_> = report
         .problems
         .iter()
-        .filter(|p| p.contains("listings leave this row out"))
+        .filter(|p| p.contains("listings show this row under its text"))
         .collect();
     assert_eq!(named.len(), 5, "{:?}", report.problems);
     c.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
@@ -2454,7 +2471,7 @@ mod native {
             },
         )
         .expect("sync patch");
-        assert_eq!(sync.schema_version_async().await.expect("version"), Some(8));
+        assert_eq!(sync.schema_version_async().await.expect("version"), Some(9));
         assert!(
             sync.list_sessions(&key.tenant, &PageRequest::new(10))
                 .is_ok()
@@ -3388,7 +3405,7 @@ fn setup_backfills_the_feed_of_a_schema_6_database() {
     let s = PostgresStore::connect(&dsn).expect("connect");
     assert_eq!(s.schema_version().expect("version"), Some(6));
     s.setup().expect("upgrade");
-    assert_eq!(s.schema_version().expect("version"), Some(8));
+    assert_eq!(s.schema_version().expect("version"), Some(9));
     let kinds = |scope: &FeedScope, after: Position| -> (Vec<String>, Position) {
         let page = s.changes(scope, after, 100).expect("changes");
         let k = page
@@ -3685,7 +3702,7 @@ fn setup_upgrades_a_schema_7_database_with_live_holds() {
         .expect_err("schema 7 has no amount columns");
     assert!(e.to_string().contains("setup()"), "{e}");
     s.setup().expect("upgrade");
-    assert_eq!(s.schema_version().expect("version"), Some(8));
+    assert_eq!(s.schema_version().expect("version"), Some(9));
     assert!(
         matches!(
             s.reserve(&run, Hold::new("new", 60_000).cost_micros(31)),

@@ -48,12 +48,21 @@ CREATE TRIGGER agentstate_alarm_row
     AFTER INSERT OR UPDATE OR DELETE ON {s}agentstate_alarms
     FOR EACH ROW EXECUTE FUNCTION {s}agentstate_alarm_row();
 
--- The alarms set before this version.
-INSERT INTO {s}pinned_tray_index (ns, id, tray_ns, tray_id, marked, doc, env, hostname)
-SELECT ns, id, 'pinned', 'alarm', true, convert_to(due_at::text, 'UTF8'), '', ''
-FROM {s}agentstate_alarms
-ON CONFLICT (ns, id, tray_ns, tray_id)
-DO UPDATE SET marked = true, doc = EXCLUDED.doc, env = '', hostname = '';
+-- The alarms set before this version. (Inside a block, planned only when
+-- there are alarms to copy: on a new database `pinned_tray_index` may be
+-- the seeds' own table, whose `doc` is jsonb, and schema 9 writes these
+-- rows in that form.)
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {s}agentstate_alarms) THEN
+        INSERT INTO {s}pinned_tray_index (ns, id, tray_ns, tray_id, marked, doc, env, hostname)
+        SELECT ns, id, 'pinned', 'alarm', true, convert_to(due_at::text, 'UTF8'), '', ''
+        FROM {s}agentstate_alarms
+        ON CONFLICT (ns, id, tray_ns, tray_id)
+        DO UPDATE SET marked = true, doc = EXCLUDED.doc, env = '', hostname = '';
+    END IF;
+END
+$$;
 
 -- The store's marked listing leaves the alarm rows out; these indexes
 -- hold only the trays, so it stays O(page) however many alarms are set
