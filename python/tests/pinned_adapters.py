@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import collections
 import contextlib
 import json
 import os
@@ -93,15 +94,19 @@ class NoteTray(Tray):
 
 class JobsApp(PinnedAPI):
     """Items whose ``hold`` is true wait on ``JobsApp.gate`` (when one is
-    set) before they run; every delivery sleeps ``JobsApp.delay`` first."""
+    set) before they run, their ``n`` noted in ``JobsApp.held`` once their
+    delivery started; every delivery sleeps ``JobsApp.delay`` first."""
 
     gate: Optional[asyncio.Event] = None
     delay: float = 0.0
+    # The held items whose delivery started (and waits on the gate).
+    held: list = []
 
     @tray.map(JobTray)
     async def jobs(self, item: dict, ctx: TrayCtx) -> None:
         gate = type(self).gate
         if item.get("hold") and gate is not None:
+            type(self).held.append(item["n"])
             await gate.wait()
         if type(self).delay:
             await self.domain.sleep(type(self).delay)
@@ -194,6 +199,30 @@ async def expect_fenced(call: Any) -> FenceLost:
     except FenceLost as fenced:
         return fenced
     raise AssertionError("a call at a superseded epoch was accepted")
+
+
+async def until(check: Any, timeout: float = 10.0) -> None:
+    """Waits (polling the loop) until ``check()`` is true."""
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.005)
+
+
+async def until_durable(store: Any, id: str, key: str, epoch: int, attempts: int) -> None:
+    """Waits until the store holds lane ``key``'s delivery count at
+    ``attempts``. (pinned writes the count in the background and a
+    graceful stop does not wait for that write to land: on a store that
+    answers over the network, pinned's own PostgreSQL store as well as
+    agentstate's, a stop right after a delivery started can leave the
+    count unwritten, and the redelivery counts from there.)"""
+
+    async def landed() -> bool:
+        row = await store.get_tray(NS, id, "jobs", key, epoch)
+        return row is not None and row[1].get("~attempts") == attempts
+
+    async with asyncio.timeout(10):
+        while not await landed():
+            await asyncio.sleep(0.005)
 
 
 def unique_id(prefix: str = "i") -> str:
@@ -363,16 +392,50 @@ def _drop_file_store(store: Any, root: str) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def _sim_dir() -> Optional[str]:
+    """Where the simulation's file stores go: AGENTSTATE_PINNED_SIM_DIR, else
+    /dev/shm when it is there (the simulation's crashes are simulated, the
+    store object outliving them, so what it judges is the store's
+    semantics, not the device's fsync: on a RAM disk a store opens in 10 ms
+    instead of 300 and a sweep takes minutes less; the kill -9 test judges
+    real files), else the system's temporary directory."""
+    chosen = os.environ.get("AGENTSTATE_PINNED_SIM_DIR")
+    if chosen:
+        return chosen
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return "/dev/shm"
+    return None
+
+
 class AgentstateFileDisk(_AgentstateDisk):
     """The simulation's disk on agentstate's FileStateStore in a temporary
-    directory of its own, closed and removed when the disk is dropped (or
-    at exit)."""
+    directory of its own (see ``_sim_dir``), closed and removed when the
+    disk is dropped, at exit, or once ``KEEP`` newer file disks were made
+    in the process, whichever comes first.
+
+    The last rule is for the sweep: its worker processes run hundreds of
+    scenarios each, and a finished run's disk stays referenced (FastAPI's
+    dependency caches keep each generation's worker, and with it the
+    store wrapper and the disk, alive; pinned's own disks stay too), so
+    without it a worker would hold hundreds of stores open. A run uses one
+    disk; a disk is read right after its run."""
+
+    KEEP = 8
+    _recent: "collections.deque[AgentstateFileDisk]" = collections.deque()
 
     def __init__(self) -> None:
-        root = tempfile.mkdtemp(prefix="agentstate-pinned-sim-")
+        root = tempfile.mkdtemp(prefix="agentstate-pinned-sim-", dir=_sim_dir())
         super().__init__(A.FileStateStore(os.path.join(root, "store")))
         self.root = root
         self._finalizer = weakref.finalize(self, _drop_file_store, self.store, root)
+        recent = AgentstateFileDisk._recent
+        recent.append(self)
+        while len(recent) > self.KEEP:
+            recent.popleft()._finalizer()
+
+    @property
+    def dropped(self) -> bool:
+        return not self._finalizer.alive
 
 
 # --------------------------------------------------------------------------

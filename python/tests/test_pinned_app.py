@@ -23,7 +23,7 @@ from pinned.durability.store import FenceLost
 from pinned.testing import wake_until_ok
 
 import agentstate_rs as A
-from pinned_adapters import NS, Backing, JobsApp, expect_fenced, fresh_database, generation, get_ok, post_ok, unique_id
+from pinned_adapters import NS, Backing, JobsApp, expect_fenced, fresh_database, generation, get_ok, post_ok, unique_id, until, until_durable
 
 NOTE = {"owner": "ada", "tags": ["x", "y"], "ratio": 1.5, "nested": {"ok": True, "none": None}, "text": "héllo ✓"}
 
@@ -64,8 +64,11 @@ async def _scenario(backing: Backing) -> None:
                 "queued": [],
                 "marked": False,
             }
+            JobsApp.held = []
             for n in (6, 7, 8):
                 await post_ok(client, f"{base}/enqueue", {"key": "b", "n": n, "hold": True})
+            await until(lambda: JobsApp.held == [6])  # 6's delivery started
+            await until_durable(store, id, "b", 1, attempts=1)  # and is counted
             assert "b" in (await get_ok(client, f"{base}/live"))["lanes"]
             # What the store holds now, read at the owner's epoch.
             marked = await store.list(NS, id, 1, marked=True)
@@ -87,6 +90,7 @@ async def _scenario(backing: Backing) -> None:
     JobsApp.gate = asyncio.Event()
     try:
         async with generation(store, 2) as (host, client):
+            JobsApp.held = []
             await wake_until_ok(client, f"{base}/_wake")
             record = await host.directory.get(id)
             # Rehydrated from the marked row alone; a stays passivated.
@@ -103,6 +107,7 @@ async def _scenario(backing: Backing) -> None:
             await expect_fenced(store.list(NS, id, 1, marked=True))
             await expect_fenced(store.delete_tray(NS, id, "jobs", "b", 1))
             await expect_fenced(store.apply_batch(NS, id, [("tray", "probe", "p", True, {})], 1))
+            await until(lambda: JobsApp.held == [6])  # redelivered on its own
             JobsApp.gate.set()
             await post_ok(client, f"{base}/join", {"keys": ["a", "b"]})
             lane_b = await post_ok(client, f"{base}/lane", {"key": "b"})
