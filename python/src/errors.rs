@@ -28,6 +28,26 @@ pub fn invalid(py: Python<'_>, message: impl AsRef<str>) -> PyErr {
     raise(py, "StateInvalidError", message.as_ref(), &PyDict::new(py))
 }
 
+/// `FenceLostError` (the subclass pinned's `FenceLost` also catches when
+/// pinned is imported): `caller` may be an epoch no store accepts (a
+/// negative one), so it is any Python int.
+pub fn fence_lost<'py>(
+    py: Python<'py>,
+    message: &str,
+    caller: impl IntoPyObject<'py>,
+    stored: u64,
+    key: &str,
+) -> PyErr {
+    let made = py
+        .import("agentstate_rs.errors")
+        .and_then(|m| m.getattr("_fence_lost"))
+        .and_then(|f| f.call1((message, caller, stored, key)));
+    match made {
+        Ok(obj) => PyErr::from_value(obj),
+        Err(e) => e,
+    }
+}
+
 /// The store was opened in another process (before a fork).
 pub fn forked(py: Python<'_>, what: &str) -> PyErr {
     raise(
@@ -109,10 +129,13 @@ fn build(py: Python<'_>, e: StateError) -> PyResult<PyErr> {
             kw.set_item("runs", runs)?;
             "StateInUseError"
         }
-        StateError::FenceLost { caller, stored, .. } => {
-            kw.set_item("caller_epoch", caller)?;
-            kw.set_item("stored_epoch", stored)?;
-            "FenceLostError"
+        StateError::FenceLost {
+            instance,
+            caller,
+            stored,
+        } => {
+            let key = format!("{}/{}", instance.ns, instance.id);
+            return Ok(fence_lost(py, &message, caller, stored, &key));
         }
         StateError::BudgetExceeded {
             limit,

@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 mod clock;
 mod errors;
 mod feed;
+mod pinned;
 mod rt;
 mod store;
 mod types;
@@ -65,6 +66,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<feed::ChangePage>()?;
     m.add_class::<feed::ChangeStream>()?;
     m.add_class::<feed::SyncChangeStream>()?;
+    m.add_class::<rt::Ready>()?;
     m.add_function(wrap_pyfunction!(redact_connection_string, m)?)?;
     m.add_function(wrap_pyfunction!(rt::_quiesce, m)?)?;
     m.add_function(wrap_pyfunction!(scrub_arguments, m)?)?;

@@ -172,3 +172,97 @@ where
 {
     generic::future_into_py::<ForkAwareTokio, F, T>(py, fut)
 }
+
+/// An awaitable whose answer is already there: what a memory or file
+/// store's call returns. The call ran in place, on the caller's thread
+/// (the GIL released while it ran); awaiting this hands its answer back
+/// without yielding to the event loop, so the call takes no loop
+/// iteration and no other thread (a simulation on virtual time, such as
+/// pinned's, sees the same schedule every run). It is a coroutine in the
+/// sense of `collections.abc.Coroutine` (`send`, `throw`, `close`), so
+/// `asyncio.run`, `create_task` and `gather` take it as well as `await`.
+#[pyclass(module = "agentstate_rs._native", name = "Done")]
+pub struct Ready {
+    answer: Option<PyResult<Py<PyAny>>>,
+}
+
+impl Ready {
+    /// The awaitable of an answer (a value or the exception to raise).
+    pub fn new<'py>(py: Python<'py>, answer: PyResult<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(Bound::new(
+            py,
+            Ready {
+                answer: Some(answer),
+            },
+        )?
+        .into_any())
+    }
+
+    fn step(&mut self) -> PyResult<Py<PyAny>> {
+        match self.answer.take() {
+            Some(Ok(v)) => Err(pyo3::exceptions::PyStopIteration::new_err((v,))),
+            Some(Err(e)) => Err(e),
+            None => Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "cannot reuse an already awaited store call",
+            )),
+        }
+    }
+}
+
+#[pymethods]
+impl Ready {
+    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self) -> PyResult<Py<PyAny>> {
+        self.step()
+    }
+
+    /// As `__next__` (the first step of a coroutine is `send(None)`).
+    #[pyo3(signature = (_value=None))]
+    fn send(&mut self, _value: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+        self.step()
+    }
+
+    /// Raises what is thrown in: the call already ran, nothing is undone.
+    #[pyo3(signature = (typ, val=None, _tb=None))]
+    fn throw(
+        &mut self,
+        py: Python<'_>,
+        typ: &Bound<'_, PyAny>,
+        val: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.answer = None;
+        let exc = match val {
+            Some(v) if !v.is_none() => v.clone(),
+            _ if typ.is_instance_of::<pyo3::types::PyType>() => typ.call0()?,
+            _ => typ.clone(),
+        };
+        let _ = py;
+        Err(PyErr::from_value(exc))
+    }
+
+    /// Drops the answer (an awaitable never awaited is not an error: the
+    /// call already ran).
+    fn close(&mut self) {
+        self.answer = None;
+    }
+}
+
+/// Runs a store call in place with the GIL released and returns its
+/// answer as a [`Ready`] awaitable.
+pub fn in_place<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = PyResult<T>> + Send,
+    T: for<'a> IntoPyObject<'a> + Send,
+{
+    let answer = py.detach(|| block_on(fut));
+    let answer = answer.and_then(|v| pyo3::IntoPyObjectExt::into_py_any(v, py));
+    Ready::new(py, answer)
+}

@@ -33,6 +33,14 @@ pub struct StateStore {
     /// whose waits run on a blocking thread that a cancelled watch leaves
     /// waiting until the wait ends.
     watch_wait: Duration,
+    /// A memory or file store: a call that can complete at once (every
+    /// call but the feed's waits) runs in place and returns a finished
+    /// awaitable ([`rt::Ready`]).
+    pub(crate) in_place: bool,
+    /// The env and hostname the seeds' tray calls (`set_tray`,
+    /// `apply_batch` with tuples) stamp on the rows they write.
+    pub(crate) env: String,
+    pub(crate) hostname: String,
 }
 
 impl StateStore {
@@ -40,14 +48,19 @@ impl StateStore {
         store: AsyncStore,
         label: String,
         pg: Option<(String, a::PgOptions)>,
-        watch_wait: Duration,
+        in_place: bool,
+        stamp: Stamp,
     ) -> Self {
+        let watch_wait = if in_place { EMBEDDED_WAIT } else { SERVER_WAIT };
         StateStore {
             inner: Mutex::new(Some(store)),
             pid: std::process::id(),
             label,
             pg,
+            in_place,
             watch_wait,
+            env: stamp.env,
+            hostname: stamp.hostname,
         }
     }
 
@@ -87,6 +100,31 @@ impl Drop for StateStore {
     }
 }
 
+/// The env and hostname a store's seeds-shaped tray writes carry
+/// (`env="*"`, `hostname="*"` by default, as pinned's PostgreSQL store).
+pub(crate) struct Stamp {
+    env: String,
+    hostname: String,
+}
+
+impl Stamp {
+    fn new(py: Python<'_>, env: String, hostname: String) -> PyResult<Self> {
+        for (what, v) in [("env", &env), ("hostname", &hostname)] {
+            if v.is_empty() || v.len() > a::limits::ID_BYTES_MAX {
+                return Err(errors::invalid(
+                    py,
+                    format!(
+                        "{what}: 1 to {} bytes of UTF-8, got {} bytes",
+                        a::limits::ID_BYTES_MAX,
+                        v.len()
+                    ),
+                ));
+            }
+        }
+        Ok(Stamp { env, hostname })
+    }
+}
+
 /// The wait of each read of `watch` on a memory or file store.
 const EMBEDDED_WAIT: Duration = Duration::from_secs(5);
 /// The wait of each read of `watch` on PostgreSQL or Redis (as the
@@ -115,11 +153,15 @@ pub struct MemoryStateStore;
 #[pymethods]
 impl MemoryStateStore {
     #[new]
-    #[pyo3(signature = (*, clock=None, record_bytes_max=None))]
+    #[pyo3(signature = (*, clock=None, record_bytes_max=None, env="*".to_string(), hostname="*".to_string()))]
     fn new(
+        py: Python<'_>,
         clock: Option<&Bound<'_, PyAny>>,
         record_bytes_max: Option<usize>,
+        env: String,
+        hostname: String,
     ) -> PyResult<PyClassInitializer<Self>> {
+        let stamp = Stamp::new(py, env, hostname)?;
         let store = AsyncStore::new(a::MemoryStore::with_options(options(
             clock,
             record_bytes_max,
@@ -128,7 +170,8 @@ impl MemoryStateStore {
             store,
             "MemoryStateStore()".into(),
             None,
-            EMBEDDED_WAIT,
+            true,
+            stamp,
         ))
         .add_subclass(MemoryStateStore))
     }
@@ -142,13 +185,16 @@ pub struct FileStateStore;
 #[pymethods]
 impl FileStateStore {
     #[new]
-    #[pyo3(signature = (path, *, clock=None, record_bytes_max=None))]
+    #[pyo3(signature = (path, *, clock=None, record_bytes_max=None, env="*".to_string(), hostname="*".to_string()))]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
         clock: Option<&Bound<'_, PyAny>>,
         record_bytes_max: Option<usize>,
+        env: String,
+        hostname: String,
     ) -> PyResult<PyClassInitializer<Self>> {
+        let stamp = Stamp::new(py, env, hostname)?;
         let opts = options(clock, record_bytes_max)?;
         let label = format!("FileStateStore({:?})", path.display().to_string());
         let store = py
@@ -158,7 +204,8 @@ impl FileStateStore {
             AsyncStore::from(store),
             label,
             None,
-            EMBEDDED_WAIT,
+            true,
+            stamp,
         ))
         .add_subclass(FileStateStore))
     }
@@ -173,7 +220,7 @@ pub struct PostgresStateStore;
 #[pymethods]
 impl PostgresStateStore {
     #[new]
-    #[pyo3(signature = (dsn, *, pool_size=8, schema="public".to_string(), clock=None, record_bytes_max=None, connect_timeout=None, statement_timeout=None))]
+    #[pyo3(signature = (dsn, *, pool_size=8, schema="public".to_string(), clock=None, record_bytes_max=None, connect_timeout=None, statement_timeout=None, env="*".to_string(), hostname="*".to_string()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -184,7 +231,10 @@ impl PostgresStateStore {
         record_bytes_max: Option<usize>,
         connect_timeout: Option<f64>,
         statement_timeout: Option<f64>,
+        env: String,
+        hostname: String,
     ) -> PyResult<PyClassInitializer<Self>> {
+        let stamp = Stamp::new(py, env, hostname)?;
         let mut pg = a::PgOptions::new()
             .options(options(clock, record_bytes_max)?)
             .pool_size(pool_size)
@@ -211,7 +261,8 @@ impl PostgresStateStore {
             store,
             label,
             Some((dsn, setup)),
-            SERVER_WAIT,
+            false,
+            stamp,
         ))
         .add_subclass(PostgresStateStore))
     }
@@ -231,7 +282,8 @@ pub struct RedisStateStore;
 #[pymethods]
 impl RedisStateStore {
     #[new]
-    #[pyo3(signature = (url, *, pool_size=16, clock=None, record_bytes_max=None, require_fsync=true, connect_timeout=None))]
+    #[pyo3(signature = (url, *, pool_size=16, clock=None, record_bytes_max=None, require_fsync=true, connect_timeout=None, env="*".to_string(), hostname="*".to_string()))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         url: String,
@@ -240,7 +292,10 @@ impl RedisStateStore {
         record_bytes_max: Option<usize>,
         require_fsync: bool,
         connect_timeout: Option<f64>,
+        env: String,
+        hostname: String,
     ) -> PyResult<PyClassInitializer<Self>> {
+        let stamp = Stamp::new(py, env, hostname)?;
         let mut opts = a::RedisOptions::new()
             .options(options(clock, record_bytes_max)?)
             .pool_size(pool_size)
@@ -259,7 +314,7 @@ impl RedisStateStore {
             })
             .map_err(errors::to_py)?;
         Ok(
-            PyClassInitializer::from(StateStore::new(store, label, None, SERVER_WAIT))
+            PyClassInitializer::from(StateStore::new(store, label, None, false, stamp))
                 .add_subclass(RedisStateStore),
         )
     }
@@ -268,7 +323,7 @@ impl RedisStateStore {
 /// The blocking facade of a store (`store.sync()`): the same methods,
 /// each returning its answer; the GIL is released while the call runs.
 #[pyclass(frozen, module = "agentstate_rs")]
-pub struct SyncStateStore(Py<StateStore>);
+pub struct SyncStateStore(pub(crate) Py<StateStore>);
 
 /// `agentstate_rs._defer.defer(store, name, kwargs)`: a coroutine that
 /// calls `store.name(**kwargs)` when it is awaited.
@@ -301,6 +356,16 @@ macro_rules! store_api {
                 #[pyo3(signature = $sig)]
                 fn $name<'py>(slf: &Bound<'py, Self> $(, $arg: $ty)*) -> PyResult<Bound<'py, PyAny>> {
                     let py = slf.py();
+                    // A memory or file store answers here, with no thread hop;
+                    // but a wait for the feed cannot complete at once (it waits
+                    // for another task's write), so it stays on the runtime.
+                    if slf.get().in_place && stringify!($name) != "wait_changes" {
+                        let $s = slf.get().handle(py)?;
+                        return rt::in_place(py, async move {
+                            let r: a::Result<$ret> = async move $body.await;
+                            r.map_err(errors::to_py)
+                        });
+                    }
                     if pyo3_async_runtimes::get_running_loop(py).is_err() {
                         // Called outside a running loop (`asyncio.run(store.get_run(k))`):
                         // a coroutine that makes the call once a loop awaits it.
@@ -400,17 +465,7 @@ store_api! {
     fn write_tray(s, key: TrayKey, epoch: u64, tray: Tray) -> () {
         s.write_tray(&key.into(), epoch, tray.into()).await
     }
-    /// Deletes one tray; True when it existed.
-    #[pyo3(signature = (key, epoch))]
-    fn delete_tray(s, key: TrayKey, epoch: u64) -> bool {
-        s.delete_tray(&key.into(), epoch).await
-    }
-    /// Applies many writes and deletes of one instance, all or nothing.
-    #[pyo3(signature = (instance, epoch, ops))]
-    fn apply_batch(s, instance: InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> () {
-        let ops = ops.into_iter().map(|o| o.inner).collect();
-        s.apply_batch(&instance.into(), epoch, ops).await
-    }
+    // delete_tray and apply_batch take the seeds' shape too: pinned.rs.
     /// apply_batch applied at most once under the idempotency key.
     #[pyo3(signature = (instance, epoch, ops, idempotency_key))]
     fn apply_batch_idempotent(s, instance: InstanceKey, epoch: u64, ops: Vec<TrayOp>, idempotency_key: String) -> () {
@@ -585,6 +640,10 @@ impl StateStore {
     /// workers at once); a no-op on the other backends.
     fn setup<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
+        if slf.get().in_place {
+            slf.get().handle(py)?;
+            return rt::Ready::new(py, Ok(py.None()));
+        }
         if pyo3_async_runtimes::get_running_loop(py).is_err() {
             return defer(slf, "setup", pyo3::types::PyDict::new(py));
         }
@@ -614,10 +673,18 @@ impl StateStore {
     /// StateClosedError.
     fn close<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
+        let me = slf.get();
+        if me.in_place {
+            let store = me.handle(py)?;
+            me.inner.lock().take();
+            return rt::in_place(py, async move {
+                store.close().await.map_err(errors::to_py)?;
+                Ok(())
+            });
+        }
         if pyo3_async_runtimes::get_running_loop(py).is_err() {
             return defer(slf, "close", pyo3::types::PyDict::new(py));
         }
-        let me = slf.get();
         let store = me.handle(py)?;
         me.inner.lock().take();
         rt::future_into_py(py, async move {
@@ -633,6 +700,9 @@ impl StateStore {
 
     fn __aenter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let me: Py<PyAny> = slf.clone().into_any().unbind();
+        if slf.get().in_place {
+            return rt::Ready::new(slf.py(), Ok(me));
+        }
         rt::future_into_py(slf.py(), async move { Ok(me) })
     }
 
@@ -643,6 +713,14 @@ impl StateStore {
         _exc: &Bound<'py, pyo3::types::PyTuple>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let store = self.inner.lock().take();
+        if self.in_place {
+            return rt::in_place(py, async move {
+                if let Some(store) = store {
+                    store.close().await.map_err(errors::to_py)?;
+                }
+                Ok(())
+            });
+        }
         rt::future_into_py(py, async move {
             if let Some(store) = store {
                 store.close().await.map_err(errors::to_py)?;

@@ -3,11 +3,15 @@ returns this coroutine: it makes the call when a loop awaits it."""
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 
 async def defer(store: Any, name: str, kwargs: Dict[str, Any]) -> Any:
     return await getattr(store, name)(**kwargs)
+
+
+async def defer_call(store: Any, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    return await getattr(store, name)(*args, **kwargs)
 
 
 async def next_change(stream: Any) -> Any:

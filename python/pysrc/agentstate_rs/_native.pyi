@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from os import PathLike
-from typing import Any, Awaitable, Callable, Dict, Generic, Iterator, List, Literal, Optional, Tuple, TypeVar, Union, final
+from typing import Any, Awaitable, Callable, Dict, Generic, Iterator, List, Literal, Optional, Sequence, Tuple, TypeVar, Union, final, overload
 
 _T = TypeVar("_T")
 _S = TypeVar("_S", bound="StateStore")
@@ -418,11 +418,27 @@ class StateStore:
     def list_sessions(self, tenant: str, *, limit: int = 100, cursor: Optional[str] = None) -> Awaitable[Page[SessionRecord]]: ...
     def read_tray(self, key: TrayKey, epoch: int) -> Awaitable[Optional[Tray]]: ...
     def write_tray(self, key: TrayKey, epoch: int, tray: Tray) -> Awaitable[None]: ...
+    @overload
     def delete_tray(self, key: TrayKey, epoch: int) -> Awaitable[bool]: ...
+    @overload
+    def delete_tray(self, ns: str, id: str, tray_ns: str, tray_id: str, epoch: int) -> Awaitable[None]: ...
+    @overload
     def apply_batch(self, instance: InstanceKey, epoch: int, ops: List[TrayOp]) -> Awaitable[None]: ...
+    @overload
+    def apply_batch(self, ns: str, id: str, ops: Sequence[Tuple[Any, ...]], epoch: int) -> Awaitable[None]: ...
     def apply_batch_idempotent(
         self, instance: InstanceKey, epoch: int, ops: List[TrayOp], idempotency_key: str
     ) -> Awaitable[None]: ...
+    # The seeds' tray protocol (pinned's StateStore): docs are dicts.
+    def set_tray(
+        self, ns: str, id: str, tray_ns: str, tray_id: str, marked: bool, doc: Dict[str, Any], epoch: int
+    ) -> Awaitable[None]: ...
+    def get_tray(
+        self, ns: str, id: str, tray_ns: str, tray_id: str, epoch: int
+    ) -> Awaitable[Optional[Tuple[bool, Dict[str, Any]]]]: ...
+    def list(
+        self, ns: str, id: str, epoch: int, *, tray_ns: Optional[str] = None, marked: Optional[bool] = None
+    ) -> Awaitable[List[Tuple[str, str, bool, Dict[str, Any]]]]: ...
     def release(self, instance: InstanceKey, epoch: int) -> Awaitable[None]: ...
     def list_trays(
         self, instance: InstanceKey, epoch: int, *, limit: int = 100, cursor: Optional[str] = None
@@ -460,12 +476,20 @@ class StateStore:
 
 @final
 class MemoryStateStore(StateStore):
-    def __init__(self, *, clock: Clock = None, record_bytes_max: Optional[int] = None) -> None: ...
+    def __init__(
+        self, *, clock: Clock = None, record_bytes_max: Optional[int] = None, env: str = "*", hostname: str = "*"
+    ) -> None: ...
 
 @final
 class FileStateStore(StateStore):
     def __init__(
-        self, path: Union[str, PathLike[str]], *, clock: Clock = None, record_bytes_max: Optional[int] = None
+        self,
+        path: Union[str, PathLike[str]],
+        *,
+        clock: Clock = None,
+        record_bytes_max: Optional[int] = None,
+        env: str = "*",
+        hostname: str = "*",
     ) -> None: ...
 
 @final
@@ -480,6 +504,8 @@ class PostgresStateStore(StateStore):
         record_bytes_max: Optional[int] = None,
         connect_timeout: Optional[float] = None,
         statement_timeout: Optional[float] = None,
+        env: str = "*",
+        hostname: str = "*",
     ) -> None: ...
 
 @final
@@ -493,6 +519,8 @@ class RedisStateStore(StateStore):
         record_bytes_max: Optional[int] = None,
         require_fsync: bool = True,
         connect_timeout: Optional[float] = None,
+        env: str = "*",
+        hostname: str = "*",
     ) -> None: ...
 
 @final
@@ -513,8 +541,21 @@ class SyncStateStore:
     def list_sessions(self, tenant: str, *, limit: int = 100, cursor: Optional[str] = None) -> Page[SessionRecord]: ...
     def read_tray(self, key: TrayKey, epoch: int) -> Optional[Tray]: ...
     def write_tray(self, key: TrayKey, epoch: int, tray: Tray) -> None: ...
+    @overload
     def delete_tray(self, key: TrayKey, epoch: int) -> bool: ...
+    @overload
+    def delete_tray(self, ns: str, id: str, tray_ns: str, tray_id: str, epoch: int) -> None: ...
+    @overload
     def apply_batch(self, instance: InstanceKey, epoch: int, ops: List[TrayOp]) -> None: ...
+    @overload
+    def apply_batch(self, ns: str, id: str, ops: Sequence[Tuple[Any, ...]], epoch: int) -> None: ...
+    def set_tray(
+        self, ns: str, id: str, tray_ns: str, tray_id: str, marked: bool, doc: Dict[str, Any], epoch: int
+    ) -> None: ...
+    def get_tray(self, ns: str, id: str, tray_ns: str, tray_id: str, epoch: int) -> Optional[Tuple[bool, Dict[str, Any]]]: ...
+    def list(
+        self, ns: str, id: str, epoch: int, *, tray_ns: Optional[str] = None, marked: Optional[bool] = None
+    ) -> List[Tuple[str, str, bool, Dict[str, Any]]]: ...
     def apply_batch_idempotent(self, instance: InstanceKey, epoch: int, ops: List[TrayOp], idempotency_key: str) -> None: ...
     def release(self, instance: InstanceKey, epoch: int) -> None: ...
     def list_trays(

@@ -8,6 +8,7 @@ attributes."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar
 
 __all__ = [
@@ -43,7 +44,10 @@ class StateError(Exception):
     """Every failure of a store."""
 
     def __init__(self, message: str = "") -> None:
-        super().__init__(message)
+        # Exception's own __init__, not the next class of the MRO: the
+        # FenceLostError that pinned's FenceLost can catch (below) has
+        # pinned's class after this one, with another signature.
+        Exception.__init__(self, message)
         self.message = message
 
     def __str__(self) -> str:
@@ -113,12 +117,71 @@ class StateInUseError(StateError):
 
 
 class FenceLostError(StateError):
-    """The caller's epoch is older than the stored one; nothing changed."""
+    """The caller's epoch is older than the stored one; nothing changed.
 
-    def __init__(self, message: str = "", *, caller_epoch: int, stored_epoch: int) -> None:
+    ``key`` is the instance as ``"ns/id"`` and ``epoch`` the caller's epoch
+    (the attributes of pinned's ``FenceLost``); ``caller_epoch`` and
+    ``stored_epoch`` are the two epochs. When the ``pinned`` framework's
+    ``pinned.durability.store`` is imported, a store raises a subclass of
+    both this class and pinned's ``FenceLost``, so ``except FenceLost:`` in
+    pinned's worker catches it too (the package does not depend on
+    pinned)."""
+
+    def __init__(
+        self, message: str = "", *, caller_epoch: int, stored_epoch: int, key: str = ""
+    ) -> None:
         super().__init__(message or f"fence lost: caller epoch {caller_epoch} < stored epoch {stored_epoch}")
         self.caller_epoch = caller_epoch
         self.stored_epoch = stored_epoch
+        self.key = key
+        self.epoch = caller_epoch
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...], Dict[str, Any]]:
+        # The class is chosen again where the copy is made: the one that
+        # pinned's FenceLost catches exists only where pinned is imported.
+        return (_rebuild_fence_lost, (self.args,), dict(self.__dict__))
+
+
+# pinned's FenceLost class -> the subclass of it and FenceLostError.
+_PINNED_FENCE_LOST: Dict[type, type] = {}
+
+
+def _fence_lost_class() -> type:
+    """FenceLostError, or (when pinned's store module is imported) the
+    class that both it and pinned's FenceLost catch. Looked up at each
+    raise, in sys.modules only: nothing is imported, and a program that
+    never imports pinned cannot be catching pinned's class."""
+    mod = sys.modules.get("pinned.durability.store")
+    theirs = getattr(mod, "FenceLost", None) if mod is not None else None
+    if not (isinstance(theirs, type) and issubclass(theirs, BaseException)):
+        return FenceLostError
+    cls = _PINNED_FENCE_LOST.get(theirs)
+    if cls is None:
+        cls = type(
+            "FenceLostError",
+            (FenceLostError, theirs),
+            {
+                "__module__": __name__,
+                "__qualname__": "FenceLostError",
+                "__doc__": FenceLostError.__doc__,
+            },
+        )
+        _PINNED_FENCE_LOST[theirs] = cls
+    return cls
+
+
+def _fence_lost(message: str, caller_epoch: int, stored_epoch: int, key: str) -> FenceLostError:
+    """The exception a store raises for a lost fence (see FenceLostError)."""
+    cls = _fence_lost_class()
+    e: FenceLostError = cls(message, caller_epoch=caller_epoch, stored_epoch=stored_epoch, key=key)
+    return e
+
+
+def _rebuild_fence_lost(args: Tuple[Any, ...]) -> FenceLostError:
+    cls = _fence_lost_class()
+    e: FenceLostError = cls.__new__(cls)
+    e.args = args
+    return e
 
 
 class BudgetExceededError(StateError):
