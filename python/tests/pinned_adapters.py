@@ -264,6 +264,25 @@ class Backing:
             await store.close()
 
 
+def backing_for(kind: str, tmp_path: Any, request: Any) -> Backing:
+    """The Backing of a parametrized test: a new file under ``tmp_path``, a
+    fresh database on the session's PostgreSQL server, the session's Redis
+    server (the tests use unique instance ids there)."""
+    if kind == "memory":
+        return Backing("memory")
+    if kind == "file":
+        return Backing("file", os.path.join(str(tmp_path), "store"))
+    if kind == "postgres":
+        server = request.getfixturevalue("pg_server")
+        return Backing("postgres", fresh_database(server.dsn("postgres"), "pinned_judge"))
+    if kind == "redis":
+        return Backing("redis", request.getfixturevalue("redis_url"))
+    raise ValueError(kind)
+
+
+BACKENDS = ["memory", "file", "postgres", "redis"]
+
+
 # --------------------------------------------------------------------------
 # The simulation's disk image over agentstate's stores
 

@@ -16,30 +16,21 @@ with pinned's FenceLost.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from pinned.durability.store import FenceLost
 from pinned.testing import wake_until_ok
 
 import agentstate_rs as A
-from pinned_adapters import NS, Backing, JobsApp, expect_fenced, fresh_database, generation, get_ok, post_ok, unique_id, until, until_durable
+from pinned_adapters import BACKENDS, NS, Backing, JobsApp, backing_for, expect_fenced, generation, get_ok, post_ok, unique_id, until, until_durable
 
 NOTE = {"owner": "ada", "tags": ["x", "y"], "ratio": 1.5, "nested": {"ok": True, "none": None}, "text": "héllo ✓"}
 
 
-@pytest.fixture(params=["memory", "file", "postgres", "redis"])
-def backing(request: Any, tmp_path: Any) -> Iterator[Backing]:
-    kind = request.param
-    if kind == "memory":
-        yield Backing("memory")
-    elif kind == "file":
-        yield Backing("file", str(tmp_path / "store"))
-    elif kind == "postgres":
-        server = request.getfixturevalue("pg_server")
-        yield Backing("postgres", fresh_database(server.dsn("postgres"), "pinned_app"))
-    else:
-        yield Backing("redis", request.getfixturevalue("redis_url"))
+@pytest.fixture(params=BACKENDS)
+def backing(request: Any, tmp_path: Any) -> Backing:
+    return backing_for(request.param, tmp_path, request)
 
 
 async def _scenario(backing: Backing) -> None:
