@@ -7,7 +7,7 @@ use crate::feed::FeedStore;
 use crate::idempotency::IdempotencyKey;
 use crate::page::{Page, PageRequest, Pages};
 use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
-use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
 
 /// Runs and sessions (rules R, S, L, X, E).
 pub trait StateStore: Send + Sync {
@@ -92,6 +92,43 @@ pub trait TrayStore: Send + Sync {
         epoch: u64,
         page: &PageRequest,
     ) -> Result<Page<(TrayKey, Tray)>>;
+    /// Every tray of an instance that passes `filter`, in (tray_ns,
+    /// tray_id) byte order, in one fenced call (rule T7): the fence as
+    /// every tray call (T2: at or above the stored epoch advances it,
+    /// below is `FenceLost` and changes nothing), then every matching tray
+    /// from one snapshot taken after it, nothing paged. The alarm's row
+    /// never appears (A4); the filter's `tray_ns` is an id (K1), so a bad
+    /// one is `Invalid` and changes nothing. How a worker hydrates after a
+    /// restart, and what pinned's `list(ns, id, epoch, tray_ns=, marked=)`
+    /// is.
+    ///
+    /// The default pages [`list_trays`](Self::list_trays) at `epoch` with
+    /// the largest page (`limits::PAGE_ITEMS_MAX`) and filters and sorts
+    /// in the client: correct for a third-party backend (each page is
+    /// fenced at the same epoch, so a newer holder stops it with
+    /// `FenceLost`), but one snapshot per page, so a writer's batch
+    /// landing between two pages can be seen in part. Every backend of
+    /// this crate answers from one snapshot.
+    fn instance_trays(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        filter: &TrayFilter,
+    ) -> Result<Vec<(TrayKey, Tray)>> {
+        filter.check()?;
+        let mut out = Vec::new();
+        let mut req = PageRequest::new(crate::limits::PAGE_ITEMS_MAX);
+        loop {
+            let (items, next) = self.list_trays(instance, epoch, &req)?.into_parts();
+            out.extend(items.into_iter().filter(|(k, t)| filter.matches(k, t)));
+            match next {
+                Some(c) => req = PageRequest::new(crate::limits::PAGE_ITEMS_MAX).after(Some(&c)),
+                None => break,
+            }
+        }
+        crate::tray::sort_trays(&mut out);
+        Ok(out)
+    }
     /// The sweeper's listing: marked trays of all instances, optionally of
     /// one env (T5).
     fn marked_trays(&self, env: Option<&str>, page: &PageRequest) -> Result<Page<MarkedTray>>;
@@ -130,3 +167,122 @@ pub trait TrayStore: Send + Sync {
 pub trait Store: StateStore + TrayStore + BudgetStore + StoreAdmin + FeedStore {}
 
 impl<T: StateStore + TrayStore + BudgetStore + StoreAdmin + FeedStore + ?Sized> Store for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+
+    /// A backend with every tray call but `instance_trays`, which it takes
+    /// from the trait's default.
+    struct Paged(MemoryStore);
+
+    impl TrayStore for Paged {
+        fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
+            self.0.read_tray(key, epoch)
+        }
+        fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
+            self.0.write_tray(key, epoch, tray)
+        }
+        fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
+            self.0.delete_tray(key, epoch)
+        }
+        fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
+            self.0.apply_batch(instance, epoch, ops)
+        }
+        fn apply_batch_idempotent(
+            &self,
+            instance: &InstanceKey,
+            epoch: u64,
+            ops: Vec<TrayOp>,
+            key: &IdempotencyKey,
+        ) -> Result<()> {
+            self.0.apply_batch_idempotent(instance, epoch, ops, key)
+        }
+        fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
+            self.0.release(instance, epoch)
+        }
+        fn list_trays(
+            &self,
+            instance: &InstanceKey,
+            epoch: u64,
+            page: &PageRequest,
+        ) -> Result<Page<(TrayKey, Tray)>> {
+            self.0.list_trays(instance, epoch, page)
+        }
+        fn marked_trays(&self, env: Option<&str>, page: &PageRequest) -> Result<Page<MarkedTray>> {
+            self.0.marked_trays(env, page)
+        }
+        fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
+            self.0.epoch(instance)
+        }
+        fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
+            self.0.set_alarm(instance, epoch, due_at)
+        }
+        fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
+            self.0.due_alarms(now, page)
+        }
+        fn ack_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<bool> {
+            self.0.ack_alarm(instance, epoch, due_at)
+        }
+    }
+
+    /// The default `instance_trays` pages past `PAGE_ITEMS_MAX`, filters,
+    /// sorts, fences at its epoch and checks the filter's id first,
+    /// answering what a backend's own one-snapshot call answers.
+    #[test]
+    fn default_instance_trays_pages_filters_and_fences() {
+        let s = Paged(MemoryStore::new());
+        let i = InstanceKey::new("ns", "i");
+        let ops = (0..2_500)
+            .map(|n| TrayOp::Put {
+                tray_ns: ["b", "a", "B", "a\0"][n % 4].to_string(),
+                tray_id: format!("{}", n * 7 % 2_500),
+                tray: Tray {
+                    marked: n % 3 == 0,
+                    doc: n.to_string().into_bytes(),
+                    env: "e".into(),
+                    hostname: "h".into(),
+                },
+            })
+            .collect();
+        s.apply_batch(&i, 2, ops).unwrap();
+        s.set_alarm(&i, 2, 5).unwrap();
+        for f in [
+            TrayFilter::new(),
+            TrayFilter::new().marked(true),
+            TrayFilter::new().marked(false),
+            TrayFilter::new().tray_ns("a"),
+            TrayFilter::new().tray_ns("a\0").marked(true),
+            TrayFilter::new().tray_ns("pinned"),
+        ] {
+            let got = s.instance_trays(&i, 2, &f).unwrap();
+            assert_eq!(got, s.0.instance_trays(&i, 2, &f).unwrap(), "{f:?}");
+            assert!(got.iter().all(|(k, t)| f.matches(k, t)), "{f:?}");
+        }
+        assert_eq!(
+            s.instance_trays(&i, 2, &TrayFilter::new()).unwrap().len(),
+            2_500
+        );
+        // The fence, at every page: below it `FenceLost`, above it moved.
+        assert!(matches!(
+            s.instance_trays(&i, 1, &TrayFilter::new()),
+            Err(crate::StateError::FenceLost {
+                caller: 1,
+                stored: 2,
+                ..
+            })
+        ));
+        assert_eq!(
+            s.instance_trays(&i, 4, &TrayFilter::new()).unwrap().len(),
+            2_500
+        );
+        assert_eq!(s.epoch(&i).unwrap(), 4);
+        // A bad filter is refused before the fence could move.
+        assert!(matches!(
+            s.instance_trays(&i, 9, &TrayFilter::new().tray_ns("")),
+            Err(crate::StateError::Invalid { .. })
+        ));
+        assert_eq!(s.epoch(&i).unwrap(), 4);
+    }
+}

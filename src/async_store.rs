@@ -31,7 +31,7 @@ use crate::options::Options;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
 use crate::retry::RetryPolicy;
-use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
 #[cfg(doc)]
 use crate::{BudgetStore, StateStore, StateStoreExt, StoreAdmin, TrayStore};
 
@@ -443,6 +443,21 @@ impl AsyncStore {
         let instance = instance.clone();
         let page = page.clone();
         self.run(move |s| s.list_trays(&instance, epoch, &page))
+            .await
+    }
+
+    /// [`TrayStore::instance_trays`]: every tray of the instance that
+    /// passes `filter`, in (tray_ns, tray_id) order, in one fenced call
+    /// and one snapshot (rule T7).
+    pub async fn instance_trays(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        filter: &TrayFilter,
+    ) -> Result<Vec<(TrayKey, Tray)>> {
+        native!(self.instance_trays(instance, epoch, filter));
+        let (instance, filter) = (instance.clone(), filter.clone());
+        self.run(move |s| s.instance_trays(&instance, epoch, &filter))
             .await
     }
 

@@ -147,7 +147,7 @@ pub use redact::redact_connection_string;
 pub use redis_store::{RedisOptions, RedisStore};
 pub use retry::{RetryPolicy, StateStoreExt};
 pub use scrub::{REDACTED, Scrubber};
-pub use tray::{ALARM_TRAY, Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+pub use tray::{ALARM_TRAY, Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
 
 // The README's examples run as doctests, so the README cannot drift from
 // the code.

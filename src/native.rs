@@ -31,7 +31,7 @@ use crate::error::{Result, StateError};
 use crate::idempotency::IdempotencyKey;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
-use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
 
 /// A store's own small runtime, and the way synchronous calls wait on it.
 pub(crate) struct Bridge {
@@ -247,6 +247,34 @@ pub(crate) trait AsyncCore: Send + Sync {
         epoch: u64,
         page: &PageRequest,
     ) -> impl Future<Output = Result<Page<(TrayKey, Tray)>>> + Send;
+    /// [`TrayStore::instance_trays`](crate::TrayStore::instance_trays).
+    /// The default pages `list_trays` at `epoch` with the largest page and
+    /// filters and sorts here, as the sync trait's default does (one
+    /// snapshot per page); a backend answers from one snapshot by
+    /// overriding it.
+    fn instance_trays(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        filter: &TrayFilter,
+    ) -> impl Future<Output = Result<Vec<(TrayKey, Tray)>>> + Send {
+        async move {
+            filter.check()?;
+            let max = crate::limits::PAGE_ITEMS_MAX;
+            let mut out = Vec::new();
+            let mut req = PageRequest::new(max);
+            loop {
+                let (items, next) = self.list_trays(instance, epoch, &req).await?.into_parts();
+                out.extend(items.into_iter().filter(|(k, t)| filter.matches(k, t)));
+                match next {
+                    Some(c) => req = PageRequest::new(max).after(Some(&c)),
+                    None => break,
+                }
+            }
+            crate::tray::sort_trays(&mut out);
+            Ok(out)
+        }
+    }
     fn marked_trays(
         &self,
         env: Option<&str>,
@@ -398,6 +426,12 @@ pub(crate) trait DynCore: Send + Sync {
         epoch: u64,
         page: &'a PageRequest,
     ) -> BoxFut<'a, Page<(TrayKey, Tray)>>;
+    fn instance_trays<'a>(
+        &'a self,
+        instance: &'a InstanceKey,
+        epoch: u64,
+        filter: &'a TrayFilter,
+    ) -> BoxFut<'a, Vec<(TrayKey, Tray)>>;
     fn marked_trays<'a>(
         &'a self,
         env: Option<&'a str>,
@@ -582,6 +616,14 @@ impl<T: AsyncCore> DynCore for T {
         page: &'a PageRequest,
     ) -> BoxFut<'a, Page<(TrayKey, Tray)>> {
         Box::pin(AsyncCore::list_trays(self, instance, epoch, page))
+    }
+    fn instance_trays<'a>(
+        &'a self,
+        instance: &'a InstanceKey,
+        epoch: u64,
+        filter: &'a TrayFilter,
+    ) -> BoxFut<'a, Vec<(TrayKey, Tray)>> {
+        Box::pin(AsyncCore::instance_trays(self, instance, epoch, filter))
     }
     fn marked_trays<'a>(
         &'a self,
@@ -835,6 +877,15 @@ macro_rules! sync_over_async {
             ) -> $crate::Result<$crate::Page<($crate::TrayKey, $crate::Tray)>> {
                 use $crate::native::AsyncCore as C;
                 C::bridge(self).block_on(C::list_trays(self, instance, epoch, page))
+            }
+            fn instance_trays(
+                &self,
+                instance: &$crate::InstanceKey,
+                epoch: u64,
+                filter: &$crate::TrayFilter,
+            ) -> $crate::Result<Vec<($crate::TrayKey, $crate::Tray)>> {
+                use $crate::native::AsyncCore as C;
+                C::bridge(self).block_on(C::instance_trays(self, instance, epoch, filter))
             }
             fn marked_trays(
                 &self,

@@ -199,6 +199,66 @@ pub enum TrayOp {
     },
 }
 
+/// Which of an instance's trays [`TrayStore::instance_trays`] answers
+/// (rule T7): the filters are AND-ed, and `TrayFilter::default()` (or
+/// [`TrayFilter::new`]) is no filter, every tray of the instance.
+///
+/// ```
+/// use agentstate::TrayFilter;
+///
+/// let f = TrayFilter::new().tray_ns("inbox").marked(true);
+/// assert_eq!(f.tray_ns.as_deref(), Some("inbox"));
+/// assert_eq!(f.marked, Some(true));
+/// assert_eq!(TrayFilter::new(), TrayFilter::default());
+/// ```
+///
+/// [`TrayStore::instance_trays`]: crate::TrayStore::instance_trays
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TrayFilter {
+    /// Only the trays of this tray namespace (an id: rule K1).
+    pub tray_ns: Option<String>,
+    /// Only the marked trays (`Some(true)`) or only the unmarked ones
+    /// (`Some(false)`).
+    pub marked: Option<bool>,
+}
+
+impl TrayFilter {
+    /// No filter: every tray of the instance.
+    pub fn new() -> Self {
+        TrayFilter::default()
+    }
+    /// Only the trays of `tray_ns`.
+    pub fn tray_ns(mut self, tray_ns: impl Into<String>) -> Self {
+        self.tray_ns = Some(tray_ns.into());
+        self
+    }
+    /// Only the marked trays (`true`) or only the unmarked ones (`false`).
+    pub fn marked(mut self, marked: bool) -> Self {
+        self.marked = Some(marked);
+        self
+    }
+    /// Whether the tray `key` holding `tray` passes every filter (a
+    /// backend that filters in the client uses it).
+    pub fn matches(&self, key: &TrayKey, tray: &Tray) -> bool {
+        self.tray_ns.as_ref().is_none_or(|ns| *ns == key.tray_ns)
+            && self.marked.is_none_or(|m| m == tray.marked)
+    }
+    /// K1: the filter's tray namespace is an id, checked before anything
+    /// reaches a backend.
+    pub(crate) fn check(&self) -> crate::error::Result<()> {
+        match &self.tray_ns {
+            Some(ns) => crate::rules::check_id("tray_ns", ns),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Sorts an instance's trays in (tray_ns, tray_id) byte order, the order
+/// `instance_trays` answers in (rule T7).
+pub(crate) fn sort_trays(trays: &mut [(TrayKey, Tray)]) {
+    trays.sort_by(|(a, _), (b, _)| (&a.tray_ns, &a.tray_id).cmp(&(&b.tray_ns, &b.tray_id)));
+}
+
 /// A marked tray as the sweeper sees it: whom to wake. It may gain fields
 /// (more of what the worker wrote): a backend makes one with
 /// [`MarkedTray::new`].

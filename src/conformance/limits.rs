@@ -955,8 +955,8 @@ pub fn k6_key_encoding_injective(make: Factory<'_>) {
 
 /// K7: every epoch a tray call carries is at most `EPOCH_MAX` (`i64::MAX`,
 /// the seeds' `bigint` epoch column). Past it every tray and alarm call
-/// (reads, writes, deletes, batches keyed or not, release, the instance
-/// listings, set and ack of the alarm) is `Invalid` naming the epoch and
+/// (reads, writes, deletes, batches keyed or not, release, `list_trays`
+/// and `instance_trays`, set and ack of the alarm) is `Invalid` naming the epoch and
 /// the bound, and nothing changes: no tray, no alarm, no mark, and the
 /// fence does not advance — neither on a new instance nor past a stored
 /// `EPOCH_MAX`.
@@ -1022,6 +1022,13 @@ pub fn k7_epochs_at_most_epoch_max(make: Factory<'_>) {
         (
             "list_trays",
             Box::new(|i, e| s.list_trays(i, e, &PageRequest::new(10)).map(|_| ())),
+        ),
+        (
+            "instance_trays",
+            Box::new(|i, e| {
+                s.instance_trays(i, e, &crate::TrayFilter::new().marked(true))
+                    .map(|_| ())
+            }),
         ),
         ("set_alarm", Box::new(|i, e| s.set_alarm(i, e, 50))),
         (

@@ -199,6 +199,7 @@ macro_rules! __conformance_rules {
             t4 t4_release_unmarks_and_stale_release_is_noop,
             t5 t5_sweeper_pages_marked_trays_exactly_once,
             t6 t6_fence_check_and_write_are_atomic,
+            t7 t7_instance_trays_one_fenced_call,
             a1 a1_one_alarm_per_instance,
             a2 a2_due_alarms_in_order,
             a3 a3_alarm_stays_due_until_acked,

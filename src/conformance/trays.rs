@@ -1,5 +1,6 @@
 //! T — trays, epochs and fencing: what a tray holds, the epoch fence,
-//! batches, release, the sweeper's walk, atomic fence checks (T1–T6).
+//! batches, release, the sweeper's walk, atomic fence checks, an
+//! instance's trays in one fenced call (T1–T7).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Barrier;
@@ -9,8 +10,8 @@ use super::helpers::*;
 use super::{ConformanceStore, Factory};
 use crate::limits::EPOCH_MAX;
 use crate::{
-    InstanceKey, MarkedTray, PageRequest, PersistenceReason, Result, StateError, Tray, TrayKey,
-    TrayOp,
+    InstanceKey, MarkedTray, PageRequest, PersistenceReason, Result, StateError, Tray, TrayFilter,
+    TrayKey, TrayOp,
 };
 
 /// T1: a tray holds `marked`, the whole `doc` (any bytes), `env` and
@@ -912,5 +913,267 @@ pub fn t6_fence_check_and_write_are_atomic(make: Factory<'_>) {
     assert!(
         violations.is_empty(),
         "T6: the fence check and the write are not one step: {violations:#?}"
+    );
+}
+
+/// The instance's trays that pass `f`, as `instance_trays` answers them.
+fn inst_trays(
+    s: &dyn ConformanceStore,
+    i: &InstanceKey,
+    epoch: u64,
+    f: &TrayFilter,
+) -> Vec<(TrayKey, Tray)> {
+    ok(
+        s.instance_trays(i, epoch, f),
+        format_args!("instance_trays {i:?} at epoch {epoch} with {f:?}"),
+    )
+}
+
+/// T7: `instance_trays(instance, epoch, filter)` fences as every tray call
+/// (at or above the stored epoch it advances it; below, `FenceLost` and
+/// nothing changes) and answers every tray of the instance that passes the
+/// filter (`tray_ns`, `marked`, AND-ed), in (tray_ns, tray_id) byte order,
+/// nothing paged: an empty instance is an empty list, a deleted tray is
+/// gone, the alarm's row never appears, and a filter's `tray_ns` is an id
+/// (K1: `Invalid`, nothing changes).
+pub fn t7_instance_trays_one_fenced_call(make: Factory<'_>) {
+    let c = open(make);
+    let s = &*c.store;
+    let ns = unique("t7");
+    let env = unique("t7env");
+    let i = InstanceKey::new(&ns, "i");
+    let none = TrayFilter::new();
+
+    // An instance with nothing: an empty list, at its epoch or above it
+    // (which advances the epoch).
+    assert_eq!(inst_trays(s, &i, 0, &none), [], "T7: an empty instance");
+    assert_eq!(epoch_of(s, &i), 0, "T7: at the stored epoch it stays");
+    assert_eq!(
+        inst_trays(s, &i, 3, &TrayFilter::new().tray_ns("t").marked(true)),
+        [],
+        "T7: an empty instance, filtered"
+    );
+    assert_eq!(epoch_of(s, &i), 3, "T7: a higher epoch is stored");
+
+    // Names whose byte order differs from a collation's, and prefixes of
+    // one another: "B" < "a" < "a\0" < "ab" < "z" < "é".
+    let names = ["é", "z", "ab", "a\0", "a", "B", "pinned"];
+    let ids = ["2", "10", "1", "b", "A", "é"];
+    let mut want: BTreeMap<(String, String), Tray> = BTreeMap::new();
+    let mut ops = Vec::new();
+    for (n, tray_ns) in names.iter().enumerate() {
+        for (m, tray_id) in ids.iter().enumerate() {
+            let t = tray(
+                (n + m) % 3 == 0,
+                format!("{tray_ns}/{tray_id}").into_bytes(),
+                &env,
+            );
+            want.insert((tray_ns.to_string(), tray_id.to_string()), t.clone());
+            ops.push(TrayOp::Put {
+                tray_ns: tray_ns.to_string(),
+                tray_id: tray_id.to_string(),
+                tray: t,
+            });
+        }
+    }
+    // More than a page of `list_trays` in one namespace.
+    for n in 0..1_100 {
+        let t = tray(n % 7 == 0, format!("bulk {n}").into_bytes(), &env);
+        want.insert(("m".into(), format!("{n:05}")), t.clone());
+        ops.push(TrayOp::Put {
+            tray_ns: "m".into(),
+            tray_id: format!("{n:05}"),
+            tray: t,
+        });
+    }
+    ok(s.apply_batch(&i, 3, ops), "T7: the fixture batch");
+    // The alarm (the seeds' ("pinned", "alarm") row) and look-alike
+    // instances, none of which may appear.
+    ok(s.set_alarm(&i, 3, 1_000), "T7: the instance's alarm");
+    for other in [
+        InstanceKey::new(&ns, "i\0"),
+        InstanceKey::new(&ns, "ix"),
+        InstanceKey::new(format!("{ns}\0"), "i"),
+    ] {
+        ok(
+            s.write_tray(&other.tray("a", "1"), 1, tray(true, "other", &env)),
+            format_args!("T7: a tray of {other:?}"),
+        );
+    }
+
+    type Want = BTreeMap<(String, String), Tray>;
+    let expect = |want: &Want, f: &TrayFilter| -> Vec<(TrayKey, Tray)> {
+        want.iter()
+            .map(|((tn, ti), t)| (i.tray(tn, ti), t.clone()))
+            .filter(|(k, t)| {
+                f.tray_ns.as_ref().is_none_or(|n| *n == k.tray_ns)
+                    && f.marked.is_none_or(|m| m == t.marked)
+            })
+            .collect()
+    };
+    let check = |want: &Want, f: &TrayFilter, what: &str| {
+        let got = inst_trays(s, &i, 3, f);
+        let exp = expect(want, f);
+        if got != exp {
+            let keys = |v: &[(TrayKey, Tray)]| -> Vec<(String, String)> {
+                v.iter()
+                    .map(|(k, _)| (k.tray_ns.clone(), k.tray_id.clone()))
+                    .take(40)
+                    .collect()
+            };
+            panic!(
+                "T7: {what} ({f:?}): got {} trays, want {}; first keys got {:?}, want {:?}",
+                got.len(),
+                exp.len(),
+                keys(&got),
+                keys(&exp)
+            );
+        }
+        got.len()
+    };
+    assert_eq!(
+        check(&want, &none, "every tray, in (tray_ns, tray_id) byte order"),
+        want.len()
+    );
+    assert!(
+        check(&want, &TrayFilter::new().marked(true), "the marked trays") > 0,
+        "T7: the fixture has marked trays"
+    );
+    assert!(
+        check(
+            &want,
+            &TrayFilter::new().marked(false),
+            "the unmarked trays"
+        ) > 0
+    );
+    for n in names.iter().chain(&["m"]) {
+        assert!(
+            check(&want, &TrayFilter::new().tray_ns(*n), "one tray namespace") > 0,
+            "T7: namespace {n:?} has trays"
+        );
+        for m in [true, false] {
+            check(
+                &want,
+                &TrayFilter::new().tray_ns(*n).marked(m),
+                "a namespace and a mark together",
+            );
+        }
+    }
+    for n in ["alarm", "a\0\0", "A", "zz", "m0"] {
+        assert_eq!(
+            check(
+                &want,
+                &TrayFilter::new().tray_ns(n),
+                "a namespace with no trays"
+            ),
+            0
+        );
+    }
+    let pinned = inst_trays(s, &i, 3, &TrayFilter::new().tray_ns("pinned"));
+    assert!(
+        pinned.iter().all(|(k, _)| k.tray_id != "alarm") && pinned.len() == ids.len(),
+        "T7/A4: the alarm's row never appears: {:?}",
+        pinned.iter().map(|(k, _)| &k.tray_id).collect::<Vec<_>>()
+    );
+
+    // A deleted tray is gone; a release unmarks every tray.
+    ok(s.delete_tray(&i.tray("a", "1"), 3), "T7: delete a tray");
+    want.remove(&("a".to_string(), "1".to_string()));
+    ok(
+        s.apply_batch(
+            &i,
+            3,
+            vec![TrayOp::Delete {
+                tray_ns: "m".into(),
+                tray_id: "00000".into(),
+            }],
+        ),
+        "T7: delete a tray in a batch",
+    );
+    want.remove(&("m".to_string(), "00000".to_string()));
+    check(&want, &none, "after deletes");
+    check(
+        &want,
+        &TrayFilter::new().tray_ns("a"),
+        "a namespace after a delete",
+    );
+
+    // The fence: below the stored epoch, `FenceLost` and nothing changes.
+    let before = tray_state(s, &i);
+    for f in [none.clone(), TrayFilter::new().tray_ns("a").marked(true)] {
+        expect_err!(
+            s.instance_trays(&i, 2, &f),
+            StateError::FenceLost {
+                caller: 2,
+                stored: 3,
+                ..
+            },
+            "T7: instance_trays at epoch 2 after 3 ({f:?})"
+        );
+        assert_eq!(
+            tray_state(s, &i),
+            before,
+            "T7/E6: a fenced call changed the instance"
+        );
+    }
+    // Above it: the epoch is advanced, and an older holder is fenced.
+    check_at(s, &i, 7, &expect(&want, &none));
+    assert_eq!(epoch_of(s, &i), 7, "T7: instance_trays advances the epoch");
+    expect_err!(
+        s.write_tray(&i.tray("a", "x"), 6, tray(false, "late", &env)),
+        StateError::FenceLost {
+            caller: 6,
+            stored: 7,
+            ..
+        },
+        "T7: a write of the holder it fenced"
+    );
+    ok(s.release(&i, 7), "T7: release");
+    assert_eq!(
+        inst_trays(s, &i, 7, &TrayFilter::new().marked(true)),
+        [],
+        "T7: after a release nothing is marked"
+    );
+    assert_eq!(
+        inst_trays(s, &i, 7, &none).len(),
+        want.len(),
+        "T7: a release keeps every tray"
+    );
+
+    // A filter's tray_ns is an id (K1), and the instance's ids too: a bad
+    // one is `Invalid` naming it, and the epoch does not move.
+    let before = tray_state(s, &i);
+    for bad in [String::new(), "x".repeat(crate::limits::ID_BYTES_MAX + 1)] {
+        let e = expect_err!(
+            s.instance_trays(&i, 9, &TrayFilter::new().tray_ns(bad.clone())),
+            StateError::Invalid { .. },
+            "T7: a filter's tray_ns of {} bytes",
+            bad.len()
+        );
+        assert_names(&e, &["tray_ns"], "T7: a bad filter tray_ns");
+        expect_err!(
+            s.instance_trays(&InstanceKey::new(&ns, bad.clone()), 9, &none),
+            StateError::Invalid { .. },
+            "T7: an instance id of {} bytes",
+            bad.len()
+        );
+    }
+    assert_eq!(
+        tray_state(s, &i),
+        before,
+        "T7/E6: a refused call moved the epoch or changed a tray"
+    );
+    assert_eq!(epoch_of(s, &i), 7, "T7: a refused call keeps the epoch");
+}
+
+/// `instance_trays` at `epoch` with no filter answers `want`.
+#[track_caller]
+fn check_at(s: &dyn ConformanceStore, i: &InstanceKey, epoch: u64, want: &[(TrayKey, Tray)]) {
+    let got = inst_trays(s, i, epoch, &TrayFilter::new());
+    assert!(
+        got == want,
+        "T7: instance_trays at epoch {epoch}: {} trays, want {}",
+        got.len(),
+        want.len()
     );
 }

@@ -17,7 +17,7 @@ use crate::error::Result;
 use crate::options::Options;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
-use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
 
 /// The in-process backend: every record lives in this process's memory and
 /// is gone when the store is dropped. For tests, examples and caches; the
@@ -268,6 +268,17 @@ macro_rules! forward_to_kv {
                 let span = crate::observe::span($backend, "list_trays", None);
                 crate::observe::call_sync(span, $backend, "list_trays", || {
                     self.0.list_trays(instance, epoch, page)
+                })
+            }
+            fn instance_trays(
+                &self,
+                instance: &InstanceKey,
+                epoch: u64,
+                filter: &TrayFilter,
+            ) -> Result<Vec<(TrayKey, Tray)>> {
+                let span = crate::observe::span($backend, "instance_trays", None);
+                crate::observe::call_sync(span, $backend, "instance_trays", || {
+                    self.0.instance_trays(instance, epoch, filter)
                 })
             }
             fn marked_trays(

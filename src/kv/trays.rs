@@ -15,7 +15,7 @@ use crate::kv::key::{KeyBuf, KeyReader, prefix_end, table};
 use crate::page::{Page, PageRequest};
 use crate::record::Millis;
 use crate::rules::{check_batch, check_epoch, check_instance, check_tray, check_tray_key};
-use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
 
 use super::commit::Txn;
 use super::{KvStore, check_id, check_limit};
@@ -323,6 +323,50 @@ impl TrayStore for KvStore {
                 Ok(Some((key, value::decode(v, "tray")?)))
             },
         )
+    }
+
+    fn instance_trays(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        filter: &TrayFilter,
+    ) -> Result<Vec<(TrayKey, Tray)>> {
+        check_instance(instance)?;
+        check_epoch(epoch)?;
+        filter.check()?;
+        // A tray namespace narrows the scan to its trays: a key's
+        // components are self-delimiting and order as their bytes do, so
+        // the instance's trays of one namespace are one range, in
+        // (tray_ns, tray_id) order.
+        let prefix = match &filter.tray_ns {
+            Some(ns) => KeyBuf::table(table::TRAY)
+                .str(&instance.ns)
+                .str(&instance.id)
+                .str(ns)
+                .done(),
+            None => instance_trays(instance),
+        };
+        // T2 through the commit path (it may advance the epoch), then one
+        // scan: every engine's `scan` reads at one moment (memory: under
+        // its read lock; fjall: one snapshot; sled: under the gate that
+        // commits wait for), and sees only what is durable (D9).
+        let inst = instance.clone();
+        self.submit(move |txn| fence(txn, &inst, epoch))?;
+        let mut out = Vec::new();
+        for (k, v) in self
+            .engine
+            .scan(&prefix, &prefix_end(&prefix), usize::MAX)?
+        {
+            let tray: Tray = value::decode(&v, "tray")?;
+            if filter.marked.is_some_and(|m| m != tray.marked) {
+                continue;
+            }
+            let mut r = KeyReader::new(&k, table::TRAY)?;
+            let key = read_tray_key(&mut r)?;
+            r.end()?;
+            out.push((key, tray));
+        }
+        Ok(out)
     }
 
     fn marked_trays(&self, env: Option<&str>, page: &PageRequest) -> Result<Page<MarkedTray>> {

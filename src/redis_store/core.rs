@@ -10,7 +10,7 @@ use crate::native::{AsyncCore, Bridge};
 use crate::observe::call;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
-use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
 
 use super::RedisStore;
 
@@ -221,6 +221,20 @@ impl AsyncCore for RedisStore {
             "list_trays",
             None,
             self.list_trays_impl(instance, epoch, page),
+        )
+        .await
+    }
+    async fn instance_trays(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        filter: &TrayFilter,
+    ) -> Result<Vec<(TrayKey, Tray)>> {
+        call(
+            B,
+            "instance_trays",
+            None,
+            self.instance_trays_impl(instance, epoch, filter),
         )
         .await
     }

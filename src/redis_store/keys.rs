@@ -128,6 +128,11 @@ pub(crate) fn inst(i: &InstanceKey) -> Vec<u8> {
 pub(crate) fn tray_member(tray_ns: &str, tray_id: &str) -> Vec<u8> {
     KeyBuf::table(b'y').str(tray_ns).str(tray_id).done()
 }
+/// The start of every member of one tray namespace (`tray_member`'s
+/// first component).
+pub(crate) fn tray_ns_prefix(tray_ns: &str) -> Vec<u8> {
+    KeyBuf::table(b'y').str(tray_ns).done()
+}
 pub(crate) fn tray_member_of(k: &TrayKey) -> Vec<u8> {
     tray_member(&k.tray_ns, &k.tray_id)
 }

@@ -12,7 +12,7 @@ use crate::record::Millis;
 use crate::rules::{
     check_batch, check_epoch, check_id, check_instance, check_limit, check_tray, check_tray_key,
 };
-use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
 
 use super::runs::{Reply, head, num, outcome};
 use crate::idempotency::{IdempotencyKey, Keyed};
@@ -269,6 +269,63 @@ impl RedisStore {
             _ => None,
         };
         Page::new(items.into_iter().map(|(_, t)| t).collect(), cursor)
+    }
+
+    /// T7: the fence and every tray of the instance that passes `filter`,
+    /// in one call of the script (one step on the server, so one
+    /// snapshot), the filters applied there.
+    pub(super) async fn instance_trays_impl(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        filter: &TrayFilter,
+    ) -> Result<Vec<(TrayKey, Tray)>> {
+        check_instance(instance)?;
+        check_epoch(epoch)?;
+        filter.check()?;
+        // The members of one tray namespace are one range of the
+        // instance's index (members are self-delimiting and order as
+        // their bytes do).
+        let (lo, hi) = match &filter.tray_ns {
+            Some(ns) => {
+                let prefix = keys::tray_ns_prefix(ns);
+                let mut lo = b"[".to_vec();
+                lo.extend_from_slice(&prefix);
+                let mut hi = b"(".to_vec();
+                hi.extend(crate::kv::key::prefix_end(&prefix));
+                (lo, hi)
+            }
+            None => (b"-".to_vec(), b"+".to_vec()),
+        };
+        let marked = match filter.marked {
+            None => "",
+            Some(true) => "1",
+            Some(false) => "0",
+        };
+        let reply = TrayCall::new(instance, "trays", epoch)
+            .arg(lo)
+            .arg(hi)
+            .arg(marked)
+            .run(self)
+            .await?;
+        let rest = outcome(reply, || RecordKey::Instance(instance.clone()), epoch)?;
+        if !rest.len().is_multiple_of(2) {
+            return Err(StateError::corrupt(
+                "redis: instance_trays answer malformed",
+            ));
+        }
+        let mut out = Vec::with_capacity(rest.len() / 2);
+        for pair in rest.chunks_exact(2) {
+            let (tray_ns, tray_id) = keys::read_tray_member(&pair[0])?;
+            let tray = decode_tray(&pair[1])?;
+            if !filter.matches(&instance.tray(&tray_ns, &tray_id), &tray) {
+                return Err(StateError::corrupt(
+                    "redis: instance_trays answered a tray its filter excludes",
+                ));
+            }
+            out.push((instance.tray(tray_ns, tray_id), tray));
+        }
+        Ok(out)
     }
 
     pub(super) async fn marked_trays_impl(

@@ -15,7 +15,7 @@ use agentstate::{
     Alarm, AsyncStore, BudgetKey, BudgetRecord, BudgetStatus, BudgetStore, Entry, Hold, HoldRecord,
     IdempotencyKey, InstanceKey, ManualClock, MarkedTray, Millis, Page, PageRequest, Result,
     RunKey, RunRecord, RunSpend, SessionKey, SessionRecord, Settled, StateDelta, StateQuery,
-    StateStore, StoreAdmin, StoreStats, Tray, TrayKey, TrayOp, TrayStore, VerifyReport,
+    StateStore, StoreAdmin, StoreStats, Tray, TrayFilter, TrayKey, TrayOp, TrayStore, VerifyReport,
 };
 
 #[derive(Clone, Copy)]
@@ -156,6 +156,15 @@ impl TrayStore for ViaAsync {
     ) -> Result<Page<(TrayKey, Tray)>> {
         let (instance, page) = (instance.clone(), page.clone());
         fwd!(self, |s| s.list_trays(&instance, epoch, &page).await)
+    }
+    fn instance_trays(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        filter: &TrayFilter,
+    ) -> Result<Vec<(TrayKey, Tray)>> {
+        let (instance, filter) = (instance.clone(), filter.clone());
+        fwd!(self, |s| s.instance_trays(&instance, epoch, &filter).await)
     }
     fn marked_trays(&self, env: Option<&str>, page: &PageRequest) -> Result<Page<MarkedTray>> {
         let (env, page) = (env.map(str::to_owned), page.clone());
