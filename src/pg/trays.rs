@@ -628,6 +628,12 @@ impl PostgresStore {
             "(ns COLLATE \"C\", id COLLATE \"C\", tray_ns COLLATE \"C\", tray_id COLLATE \"C\")";
         let order = "ORDER BY ns COLLATE \"C\", id COLLATE \"C\", tray_ns COLLATE \"C\", \
                      tray_id COLLATE \"C\" LIMIT $1";
+        // One env's: the position is compared with env in front, which
+        // only the index by env takes as its condition; the planner, whose
+        // guess of an env's share ignores how envs cluster, then never
+        // walks every env's marked trays to find one env's.
+        let env_key = "(env, ns COLLATE \"C\", id COLLATE \"C\", tray_ns COLLATE \"C\", \
+                       tray_id COLLATE \"C\")";
         let limit = (page.limit + 1) as i64;
         let mut after = after;
         let (items, end) = loop {
@@ -635,8 +641,13 @@ impl PostgresStore {
                 match (&env_col, &after) {
                     (None, None) => tx.query(&format!("{cols} {order}"), &[&limit]).await,
                     (Some(e), None) => {
-                        tx.query(&format!("{cols} AND env = $2 {order}"), &[&limit, e])
-                            .await
+                        tx.query(
+                            &format!(
+                                "{cols} AND env = $2 AND {env_key} >= ($2, '', '', '', '') {order}"
+                            ),
+                            &[&limit, e],
+                        )
+                        .await
                     }
                     (None, Some(a)) => {
                         tx.query(
@@ -647,7 +658,9 @@ impl PostgresStore {
                     }
                     (Some(e), Some(a)) => {
                         tx.query(
-                            &format!("{cols} AND env = $6 AND {key} > ($2, $3, $4, $5) {order}"),
+                            &format!(
+                                "{cols} AND env = $6 AND {env_key} > ($6, $2, $3, $4, $5) {order}"
+                            ),
                             &[&limit, &a[0], &a[1], &a[2], &a[3], e],
                         )
                         .await

@@ -17,9 +17,10 @@ mod fault_proxy;
 mod feed;
 mod fuzz_regressions;
 mod hardening;
-mod instance_trays;
 mod json_shapes;
 mod observe;
+#[cfg(feature = "postgres")]
+mod pg_pinned;
 #[cfg(feature = "postgres")]
 mod pg_server;
 #[cfg(feature = "postgres")]
