@@ -17,6 +17,7 @@ mod fault_proxy;
 mod feed;
 mod fuzz_regressions;
 mod hardening;
+mod instance_trays;
 mod json_shapes;
 mod observe;
 #[cfg(feature = "postgres")]
