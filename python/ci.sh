@@ -26,6 +26,10 @@ python3 -m venv --clear .venv
 # shellcheck disable=SC1091
 . .venv/bin/activate
 pip install --quiet --disable-pip-version-check "maturin>=1.5,<2" "pytest>=7" "mypy>=1.8"
+# pinned, the framework the seeds describe, is the judge of the seeds'
+# protocol (tests/test_pinned_*.py): a test dependency at a pinned
+# version, never a dependency of the package.
+pip install --quiet --disable-pip-version-check "pinned[postgres]==0.16.0"
 
 say "wheel ($profile profile)"
 rm -rf dist

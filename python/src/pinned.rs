@@ -188,34 +188,15 @@ impl<'py> IntoPyObject<'py> for Listed {
     }
 }
 
-/// `list`'s filters.
-#[derive(Default)]
-struct Filter {
-    tray_ns: Option<String>,
-    marked: Option<bool>,
-}
-
-/// The instance's trays matching the filters.
+/// The instance's trays matching the filters: one fenced call, one
+/// snapshot (rule T7).
 async fn list_instance(
     s: AsyncStore,
     inst: a::InstanceKey,
     epoch: u64,
-    filter: Filter,
+    filter: a::TrayFilter,
 ) -> a::Result<Listed> {
-    let mut out = Vec::new();
-    let mut cursor: Option<a::Cursor> = None;
-    loop {
-        let req = a::PageRequest::new(a::limits::PAGE_ITEMS_MAX).after(cursor.as_ref());
-        let (items, next) = s.list_trays(&inst, epoch, &req).await?.into_parts();
-        cursor = next;
-        out.extend(items.into_iter().filter(|(k, t)| {
-            filter.tray_ns.as_ref().is_none_or(|n| *n == k.tray_ns)
-                && filter.marked.is_none_or(|m| m == t.marked)
-        }));
-        if cursor.is_none() {
-            return Ok(Listed(out));
-        }
-    }
+    s.instance_trays(&inst, epoch, &filter).await.map(Listed)
 }
 
 /// One op of pinned's batch: `("tray", tray_ns, tray_id, marked, doc)`,
@@ -259,7 +240,7 @@ enum Call {
     DeleteTray(a::TrayKey, Epoch),
     DeleteTrayKeyed(a::TrayKey, u64),
     GetTray(a::TrayKey, Epoch),
-    List(a::InstanceKey, Epoch, Filter),
+    List(a::InstanceKey, Epoch, a::TrayFilter),
     Batch(a::InstanceKey, Vec<a::TrayOp>, Epoch),
     BatchKeyed(a::InstanceKey, u64, Vec<a::TrayOp>),
 }
@@ -522,7 +503,7 @@ fn list_call(
     tray_ns: Option<&Bound<'_, PyAny>>,
     marked: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Call> {
-    let mut filter = Filter::default();
+    let mut filter = a::TrayFilter::default();
     if let Some(t) = tray_ns.filter(|t| !t.is_none()) {
         if !t.is_instance_of::<PyString>() {
             return Err(PyTypeError::new_err(format!(
