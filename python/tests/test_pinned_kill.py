@@ -98,6 +98,7 @@ def _run_once(backend: str, where: str, kill_after: int) -> Dict[str, Any]:
     recover = _child("recover", backend, where, id, "2", "1")
     out, err = recover.communicate(timeout=180)
     assert recover.returncode == 0, err[-6000:]
+    assert "Traceback" not in err and "Error" not in err, err[-6000:]
     result = [l for l in out.splitlines() if l.startswith("RESULT ")]
     assert result, out[-3000:] + err[-3000:]
     got = json.loads(result[-1][len("RESULT ") :])
