@@ -10,7 +10,7 @@ use crate::native::{AsyncCore, Bridge};
 use crate::observe::call;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
-use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
 
 use super::PostgresStore;
 
@@ -231,6 +231,21 @@ impl AsyncCore for PostgresStore {
             "list_trays",
             None,
             self.do_list_trays(instance, epoch, page),
+        )
+        .await
+    }
+
+    async fn instance_trays(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        filter: &TrayFilter,
+    ) -> Result<Vec<(TrayKey, Tray)>> {
+        call(
+            PG,
+            "instance_trays",
+            None,
+            self.do_instance_trays(instance, epoch, filter),
         )
         .await
     }

@@ -44,7 +44,7 @@ use crate::record::Millis;
 use crate::rules::{
     check_batch, check_id, check_instance, check_limit, check_tray, check_tray_key,
 };
-use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey, TrayOp};
+use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
 
 use super::conn::{Tx, TxResult, params, txn};
 use super::idempotency::txn_keyed;
@@ -593,6 +593,66 @@ impl PostgresStore {
             )
         });
         Page::new(items, cursor)
+    }
+
+    /// T7 in one round trip: the fence ([`fence_sql`], deferred) and one
+    /// statement reading the stored epoch and every tray of the instance
+    /// that passes the filter (applied in SQL, `tray_ns` as an index
+    /// condition), in byte order, the alarm row left out; one snapshot.
+    pub(super) async fn do_instance_trays(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        filter: &TrayFilter,
+    ) -> Result<Vec<(TrayKey, Tray)>> {
+        check_instance(instance)?;
+        filter.check()?;
+        epoch_in(epoch)?;
+        let (ns, id) = (id_in(&instance.ns), id_in(&instance.id));
+        let tray_ns = filter.tray_ns.as_deref().map(id_in);
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&ns, &id];
+        let tns_at = tray_ns.as_ref().map(|t| {
+            params.push(t);
+            params.len()
+        });
+        let marked_at = filter.marked.as_ref().map(|m| {
+            params.push(m);
+            params.len()
+        });
+        let sql = format!(
+            "SELECT e.stored, t.* FROM (SELECT (SELECT epoch FROM {{s}}pinned_epoch \
+             WHERE ns = $1 AND id = $2) AS stored) e \
+             LEFT JOIN LATERAL ({}) t ON true \
+             ORDER BY t.tray_ns COLLATE \"C\", t.tray_id COLLATE \"C\"",
+            instance_sql(false, tns_at, marked_at, false)
+        );
+        let rows = txn!(self, |tx| {
+            fence_sql(tx, instance, epoch).await?;
+            let rows = tx.query_commit(&sql, &params, false).await?;
+            let stored = match rows.first() {
+                Some(r) => stored_epoch_opt(r, instance)?,
+                None => None,
+            };
+            verdict(stored, epoch, || instance.clone())?;
+            Ok(rows)
+        })?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            if r.col::<_, Option<&str>>("ns")?.is_none() {
+                continue; // no tray: the epoch's row alone
+            }
+            match keyed_tray(r) {
+                Ok(t) => out.push(t),
+                Err(e @ StateError::Corrupt { .. }) => observe::skipped_row(
+                    "postgres",
+                    "instance_trays",
+                    &stored_key(r)?.join("/"),
+                    &e,
+                ),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
     }
 
     pub(super) async fn do_marked_trays(

@@ -15,7 +15,7 @@ use std::sync::{Arc, Barrier};
 
 use agentstate::{
     IdempotencyKey, InstanceKey, PageRequest, PersistenceReason, PostgresStore, StateError,
-    StoreAdmin, Tray, TrayKey, TrayOp, TrayStore,
+    StoreAdmin, Tray, TrayFilter, TrayKey, TrayOp, TrayStore,
 };
 
 use crate::pg_server::{fresh_db, shared_dsn, with_db};
@@ -685,6 +685,10 @@ fn epochs_past_i64_max_are_invalid() {
                 "list_trays",
                 s.list_trays(&w, bad, &PageRequest::new(10)).map(drop),
             ),
+            (
+                "instance_trays",
+                s.instance_trays(&w, bad, &TrayFilter::new()).map(drop),
+            ),
             ("set_alarm", s.set_alarm(&w, bad, 5)),
             ("ack_alarm", s.ack_alarm(&w, bad, 5).map(drop)),
         ];
@@ -1174,4 +1178,88 @@ fn marked_trays_walks_rows_of_both_writers_in_byte_order() {
             .expect("read");
         assert!(t.is_some(), "{id}");
     }
+}
+
+/// T7 on rows pinned wrote, in a database ordered by ICU: every tray of
+/// the instance in byte order, the filters applied, the alarm row left
+/// out, fenced like every tray call.
+#[test]
+fn instance_trays_reads_pinned_rows_in_byte_order() {
+    let dsn = icu_db("t7");
+    let mut c = raw(&dsn);
+    pinned_setup(&mut c);
+    let s = PostgresStore::connect(&dsn).expect("connect");
+    s.setup().expect("setup");
+    let w = InstanceKey::new("t7", "w");
+    for (tns, tid, marked) in [
+        ("x", "b", true),
+        ("x", "A", false),
+        ("Y", "a", true),
+        ("x", "a", true),
+    ] {
+        pinned_set_tray(&mut c, "t7", "w", tns, tid, marked, r#"{"k": 1}"#, 2).expect("pinned");
+    }
+    s.write_tray(&w.tray("x", "B"), 2, tray(false, b"raw bytes"))
+        .expect("the store's own");
+    s.set_alarm(&w, 2, 99).expect("an alarm");
+    let keys = |f: &TrayFilter| -> Vec<(String, String)> {
+        s.instance_trays(&w, 2, f)
+            .expect("instance_trays")
+            .into_iter()
+            .map(|(k, _)| (k.tray_ns, k.tray_id))
+            .collect()
+    };
+    let p = |a: &str, b: &str| (a.to_string(), b.to_string());
+    assert_eq!(
+        keys(&TrayFilter::new()),
+        [
+            p("Y", "a"),
+            p("x", "A"),
+            p("x", "B"),
+            p("x", "a"),
+            p("x", "b")
+        ]
+    );
+    assert_eq!(
+        keys(&TrayFilter::new().tray_ns("x")),
+        [p("x", "A"), p("x", "B"), p("x", "a"), p("x", "b")]
+    );
+    assert_eq!(
+        keys(&TrayFilter::new().marked(true)),
+        [p("Y", "a"), p("x", "a"), p("x", "b")]
+    );
+    assert_eq!(
+        keys(&TrayFilter::new().tray_ns("x").marked(false)),
+        [p("x", "A"), p("x", "B")]
+    );
+    let all = s.instance_trays(&w, 2, &TrayFilter::new()).expect("all");
+    let docs: Vec<&[u8]> = all.iter().map(|(_, t)| t.doc.as_slice()).collect();
+    assert_eq!(docs[2], b"raw bytes");
+    assert_eq!(docs[0], br#"{"k": 1}"#);
+    assert!(
+        s.instance_trays(&InstanceKey::new("t7", "none"), 0, &TrayFilter::new())
+            .expect("no trays")
+            .is_empty()
+    );
+    let e = s
+        .instance_trays(&w, 1, &TrayFilter::new())
+        .expect_err("stale");
+    assert!(
+        matches!(
+            e,
+            StateError::FenceLost {
+                caller: 1,
+                stored: 2,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    s.instance_trays(&w, 3, &TrayFilter::new())
+        .expect("a newer holder");
+    assert_eq!(
+        pinned_set_tray(&mut c, "t7", "w", "x", "b", false, "{}", 2),
+        Err(3),
+        "instance_trays at 3 fenced pinned at 2"
+    );
 }

@@ -3002,6 +3002,20 @@ fn round_trips_per_call() {
         }),
         1,
     ));
+    // T7: the fence and one statement reading every tray, filters in SQL.
+    for (what, filter) in [
+        ("instance_trays", agentstate::TrayFilter::new()),
+        (
+            "instance_trays (filtered)",
+            agentstate::TrayFilter::new().tray_ns("t").marked(true),
+        ),
+    ] {
+        let c = count(what, times, &mut |_| {
+            let trays = s.instance_trays(&inst, 1, &filter).expect("instance_trays");
+            assert_eq!(trays.len(), 2, "{what}");
+        });
+        got.push((what, c, 1));
+    }
     got.push((
         "delete_tray",
         count("delete_tray", times, &mut |_| {
