@@ -408,6 +408,14 @@ fn docs_round_trip_byte_for_byte() {
     let mut c = raw(&dsn);
     let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
     let tiny = format!("0.{}1", "0".repeat(20_000));
+    // jsonb turns a \u escape of a non-ASCII character into the character
+    // only in a UTF-8 database; elsewhere it refuses the doc, which is
+    // then stored as hex (and still reads back exactly).
+    let utf8: String = c
+        .query_one("SELECT current_setting('server_encoding')", &[])
+        .expect("encoding")
+        .get(0);
+    let escaped = (utf8 == "UTF8").then_some(r#"{"k": "é", "l": "é"}"#);
     // (doc, stored as this JSON value (None: the hex object), doc_raw NULL)
     let docs: Vec<(Vec<u8>, Option<&str>, bool)> = vec![
         (b"hello".to_vec(), None, false),
@@ -431,7 +439,7 @@ fn docs_round_trip_byte_for_byte() {
         (br#"[1, "x"]"#.to_vec(), Some(r#"[1, "x"]"#), true),
         (
             r#"{"k": "\u00e9", "l": "é"}"#.as_bytes().to_vec(),
-            Some(r#"{"k": "é", "l": "é"}"#),
+            escaped,
             false,
         ),
         (
