@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 mod clock;
 mod errors;
 mod feed;
+mod json;
 mod pinned;
 mod rt;
 mod store;

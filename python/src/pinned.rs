@@ -5,9 +5,9 @@
 //! own tray calls (`read_tray`, `write_tray`, `list_trays`, `TrayOp`s)
 //! stay beside it, and `delete_tray` / `apply_batch` take either shape.
 //!
-//! Docs cross as JSON text (the standard library's C encoder and decoder,
-//! as pinned's PostgreSQL store sends them), so what one store holds reads
-//! the same from Rust, from this package and from pinned. An epoch below
+//! Docs cross as JSON text (written by `json.rs`, read by the standard
+//! library's decoder), so what one store holds reads the same from Rust,
+//! from this package and from pinned. An epoch below
 //! the stored one (a negative one always) raises `FenceLostError`, which
 //! pinned's `FenceLost` catches; one the seeds' `bigint` cannot hold is
 //! `StateInvalidError`.
@@ -26,36 +26,20 @@ use crate::rt;
 use crate::store::{StateStore, SyncStateStore};
 use crate::types::{InstanceKey, TrayKey, TrayOp};
 
-static ENCODE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static LOADS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// The largest epoch the seeds' `bigint` column holds.
 const EPOCH_MAX: u64 = i64::MAX as u64;
 
-/// `doc` as JSON text: a dict (as pinned checks it), encoded compactly,
-/// never with NaN or infinities (which are not JSON).
-fn doc_in(py: Python<'_>, doc: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
-    if !doc.is_instance_of::<PyDict>() {
-        return Err(PyValueError::new_err(format!(
+/// `doc` as JSON text (see `json.rs`): a dict, as pinned checks it.
+fn doc_in(_py: Python<'_>, doc: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    match doc.cast::<PyDict>() {
+        Ok(d) => crate::json::encode(d),
+        Err(_) => Err(PyValueError::new_err(format!(
             "tray doc must be a dict, got {}",
             doc.repr()?
-        )));
+        ))),
     }
-    let encode = ENCODE.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-        let kw = PyDict::new(py);
-        kw.set_item("ensure_ascii", false)?;
-        kw.set_item("allow_nan", false)?;
-        kw.set_item("separators", (",", ":"))?;
-        Ok(py
-            .import("json")?
-            .getattr("JSONEncoder")?
-            .call((), Some(&kw))?
-            .getattr("encode")?
-            .unbind())
-    })?;
-    let text = encode.bind(py).call1((doc,))?;
-    let text = text.cast::<PyString>()?;
-    Ok(text.to_cow()?.as_bytes().to_vec())
 }
 
 /// A stored doc as a fresh Python object (a dict for every doc written

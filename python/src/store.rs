@@ -670,10 +670,14 @@ impl StateStore {
     }
 
     /// Closes the store (its files, its connections); later calls raise
-    /// StateClosedError.
+    /// StateClosedError, but for close(), which does nothing again.
     fn close<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let me = slf.get();
+        if me.pid == std::process::id() && me.inner.lock().is_none() {
+            // Closing a closed store is a no-op.
+            return rt::Ready::new(py, Ok(py.None()));
+        }
         if me.in_place {
             let store = me.handle(py)?;
             me.inner.lock().take();
@@ -752,9 +756,12 @@ impl SyncStateStore {
         Ok(())
     }
 
-    /// Closes the store.
+    /// Closes the store (a no-op when it is closed).
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         let me = self.0.get();
+        if me.pid == std::process::id() && me.inner.lock().is_none() {
+            return Ok(());
+        }
         let store = me.handle(py)?;
         me.inner.lock().take();
         py.detach(move || rt::block_on(store.close()))

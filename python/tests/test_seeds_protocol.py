@@ -357,3 +357,66 @@ def test_an_awaitable_is_awaited_once() -> None:
             await call
 
     asyncio.run(body())
+
+
+def test_numbers_read_back_as_the_same_python_values(store_factory: Any) -> None:
+    """A float stays a float and an int an int on every store, PostgreSQL's
+    jsonb included (which prints numbers without an exponent: a float
+    written as ``1e+16`` would come back an int there)."""
+    doc = {
+        "e16": 1e16,
+        "exp": 1e300,
+        "tiny": 2.5e-08,
+        "half": 0.5,
+        "neg": -3.0,
+        "negzero": -0.0,
+        "big": 10**30,
+        "small": -(2**70),
+        "n": 7,
+        "t": (1, 2.0, "x"),
+        1: "int key",
+        "nested": {"a": [1e22, {"b": 1e-7}]},
+        "esc": 'q"\\\n\t\x01é',
+    }
+    want = {
+        "e16": 1e16,
+        "exp": 1e300,
+        "tiny": 2.5e-08,
+        "half": 0.5,
+        "neg": -3.0,
+        "negzero": 0.0,
+        "big": 10**30,
+        "small": -(2**70),
+        "n": 7,
+        "t": [1, 2.0, "x"],
+        "1": "int key",
+        "nested": {"a": [1e22, {"b": 1e-7}]},
+        "esc": 'q"\\\n\t\x01é',
+    }
+
+    async def body(store: Any) -> None:
+        ns = unique("ns")
+        await store.set_tray(ns, "i", "t", "a", True, doc, 1)
+        await store.apply_batch(ns, "i", [("tray", "t", "b", True, doc)], 1)
+        for got in ((await store.get_tray(ns, "i", "t", "a", 1))[1], (await store.list(ns, "i", 1))[1][3]):
+            assert got == want
+            for k, v in want.items():
+                assert type(got[k]) is type(v), (k, got[k])
+            assert type(got["nested"]["a"][0]) is float
+        # the text is JSON any reader takes
+        tray = await store.read_tray(InstanceKey(ns, "i").tray("t", "a"), 1)
+        assert json.loads(tray.doc) == want
+
+    run(store_factory, body)
+
+
+def test_close_twice_is_a_no_op(tmp_path: Any) -> None:
+    async def body() -> None:
+        for store in (MemoryStateStore(), FileStateStore(str(tmp_path / "s"))):
+            await store.close()
+            await store.close()
+            with pytest.raises(A.StateClosedError):
+                await store.get_tray("n", "i", "t", "a", 1)
+            store.sync().close()
+
+    asyncio.run(body())
