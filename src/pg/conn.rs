@@ -23,6 +23,11 @@
 //! | `BEGIN` or a statement fails (server error, lost | `Unavailable`    |
 //! | connection, timeout): the server aborts an open  | (or tried again) |
 //! | transaction when its connection drops            |                  |
+//! | a statement the server cannot run as written     | `Refused` (not   |
+//! | against the tables it found (SQLSTATE class 42:  | retryable: the   |
+//! | a type mismatch, a missing privilege) or a value | same statement   |
+//! | it refuses (class 22); not an undefined table,   | fails the same   |
+//! | column or function, which `setup()` brings       | way)             |
 //! | a rule refuses (`Conflict`, …): rolled back      | the refusal      |
 //! | the connection is seen closed before `COMMIT`    | `Unavailable`    |
 //! | a write sent with `COMMIT` fails with a server   | `Unavailable`    |
@@ -62,6 +67,7 @@
 //! | `put_run` (create)                                  | 3           |
 //! | `read_tray`, `write_tray`, `delete_tray`,           | 2 → 1       |
 //! | `apply_batch`, `release`, `set_alarm`, `ack_alarm`  |             |
+//! | `instance_trays` (T7)                               | 1           |
 //! | `reserve`, `settle` (budget or not): the run, its   | 3–5 → 1     |
 //! | budget and the hold as this store last saw them,    |             |
 //! | checked and written by a function of schema 8       |             |

@@ -16,6 +16,13 @@
 //! (retries, verdicts, pipelining), `runs.rs`, `trays.rs`, `budgets.rs`
 //! the calls, `idempotency.rs` keyed calls, `admin.rs` the operator
 //! functions, `tls.rs` libpq's `sslmode` on rustls.
+//!
+//! The tray tables `pinned_epoch` and `pinned_tray_index` are the seeds'
+//! own, exactly as pinned 0.16's `PostgresStateStore` creates them
+//! (`schema/pinned.sql`; schema 9 converts a database of schemas 1-8):
+//! both programs share one database, set up in either order, and fence
+//! each other. What this store adds there (`doc_raw`, indexes, triggers)
+//! pinned never sees; see `schema/v9.sql` and `trays.rs`.
 
 mod admin;
 mod budgets;
