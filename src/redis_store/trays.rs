@@ -317,13 +317,15 @@ impl RedisStore {
         let mut out = Vec::with_capacity(rest.len() / 2);
         for pair in rest.chunks_exact(2) {
             let (tray_ns, tray_id) = keys::read_tray_member(&pair[0])?;
-            let tray = decode_tray(&pair[1])?;
-            if !filter.matches(&instance.tray(&tray_ns, &tray_id), &tray) {
+            let (key, tray) = (instance.tray(tray_ns, tray_id), decode_tray(&pair[1])?);
+            // The script picked them by its indexes; the decoded trays
+            // must agree.
+            if !filter.matches(&key, &tray) {
                 return Err(StateError::corrupt(
                     "redis: instance_trays answered a tray its filter excludes",
                 ));
             }
-            out.push((instance.tray(tray_ns, tray_id), tray));
+            out.push((key, tray));
         }
         Ok(out)
     }

@@ -125,17 +125,25 @@ elseif op == 'trays' then
   -- T7: every tray of the instance in member order, in this one step
   -- after the fence. ARGV 6 and 7 bound the members (a tray namespace's
   -- range, or '-' and '+'), 8 is the marked filter ('1', '0' or '' for
-  -- none); the marked ones are read from the instance's marked index.
+  -- none); the marked ones are read from the instance's marked index,
+  -- the unmarked ones by each tray's flag.
   local want = ARGV[8]
+  local out = {'ok'}
+  if want == '0' then
+    for _, member in ipairs(redis.call('ZRANGEBYLEX', trays, ARGV[6], ARGV[7])) do
+      local t = redis.call('HMGET', tbase .. member, 'v', 'm')
+      if t[2] == '0' then
+        out[#out + 1] = member
+        out[#out + 1] = t[1]
+      end
+    end
+    return out
+  end
   local src = trays
   if want == '1' then src = imarked end
-  local out = {'ok'}
   for _, member in ipairs(redis.call('ZRANGEBYLEX', src, ARGV[6], ARGV[7])) do
-    local t = redis.call('HMGET', tbase .. member, 'v', 'm')
-    if want == '' or t[2] == want then
-      out[#out + 1] = member
-      out[#out + 1] = t[1]
-    end
+    out[#out + 1] = member
+    out[#out + 1] = redis.call('HGET', tbase .. member, 'v')
   end
   return out
 elseif op == 'alarm' then
