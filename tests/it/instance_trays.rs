@@ -246,3 +246,10 @@ fn t7_one_snapshot_under_writers_redis() {
         .expect("connect to the test redis-server");
     snapshot_under_writers(&s, 500, 100);
 }
+
+#[cfg(feature = "postgres")]
+#[test]
+fn t7_one_snapshot_under_writers_postgres() {
+    let s = crate::postgres::store(agentstate::Options::new());
+    snapshot_under_writers(&s, 300, 100);
+}
