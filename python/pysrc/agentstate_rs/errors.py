@@ -137,9 +137,11 @@ class FenceLostError(StateError):
         self.epoch = caller_epoch
 
     def __reduce__(self) -> Tuple[Any, Tuple[Any, ...], Dict[str, Any]]:
-        # The class is chosen again where the copy is made: the one that
-        # pinned's FenceLost catches exists only where pinned is imported.
-        return (_rebuild_fence_lost, (self.args,), dict(self.__dict__))
+        if type(self) in _PINNED_FENCE_LOST.values():
+            # The class pinned's FenceLost also catches is made again where
+            # the copy is made: it exists only where pinned is imported.
+            return (_rebuild_fence_lost, (self.args,), dict(self.__dict__))
+        return super().__reduce__()
 
 
 # pinned's FenceLost class -> the subclass of it and FenceLostError.
