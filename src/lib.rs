@@ -69,6 +69,8 @@
 //! ## Durability
 //! See [`Durability`] and the README's "Durability" section.
 
+// No unsafe code in this crate (the engines under vendor/ are fjall's).
+#![forbid(unsafe_code)]
 // Every public item is documented; the docs are part of the contract.
 #![warn(missing_docs)]
 // docs.rs (`--cfg docsrs`) marks each item with the feature it needs.

@@ -1,6 +1,7 @@
 //! `agentstate`: the operator's tool for an agentstate file store, and the
 //! demo. See `agentstate --help`.
 
+#![forbid(unsafe_code)]
 // Operating errors are reported, never unwrapped.
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
