@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-from typing import AsyncIterator, List, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
 from agentstate_rs import (
     Alarm,
@@ -117,6 +117,27 @@ async def feed(store: StateStore) -> Optional[int]:
     for change in blocking:
         return change.position
     return None
+
+
+async def seeds(store: StateStore) -> int:
+    """pinned's StateStore protocol, as pinned calls it."""
+    await store.set_tray("ns", "i", "t", "a", True, {"step": 1}, 3)
+    got: Optional[Tuple[bool, Dict[str, Any]]] = await store.get_tray("ns", "i", "t", "a", 3)
+    rows: List[Tuple[str, str, bool, Dict[str, Any]]] = await store.list("ns", "i", 3, tray_ns="t", marked=True)
+    await store.apply_batch("ns", "i", [("tray", "t", "b", None, None), ("tray", "t", "c", False, {})], 3)
+    await store.delete_tray("ns", "i", "t", "c", 3)
+    existed: bool = await store.delete_tray(InstanceKey("ns", "i").tray("t", "a"), 3)
+    s = store.sync()
+    s.set_tray("ns", "i", "t", "a", False, {}, 3)
+    again: Optional[Tuple[bool, Dict[str, Any]]] = s.get_tray("ns", "i", "t", "a", 3)
+    try:
+        await store.set_tray("ns", "i", "t", "a", True, {}, 1)
+    except FenceLostError as e:
+        key: str = e.key
+        epoch: int = e.epoch
+        return len(key) + epoch
+    MemoryStateStore(env="prod", hostname="w1")
+    return len(rows) + int(existed) + int(got is None) + int(again is None)
 
 
 class TestMine(StateStoreConformance):
