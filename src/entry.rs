@@ -10,8 +10,7 @@ use crate::tray::{InstanceKey, Tray, TrayKey};
 
 /// One exported record. Serialized as one JSON object per line with a
 /// `kind` field (`run`, `hold`, `session`, `budget`, `epoch`, `tray`,
-/// `alarm`); see the
-/// README's "Export format".
+/// `alarm`); see docs/cli.md, "Export format".
 ///
 /// Exhaustive on purpose: every backend must export and import every
 /// kind, so a new kind is a compile error in a backend that does not know

@@ -15,8 +15,8 @@
 //!   [`StateError::FenceLost`] with nothing changed.
 //! - Tool-call arguments are scrubbed of secrets on every write.
 //! - Every data type (records, keys, queries, pages, reports, errors) is
-//!   serde `Serialize` and `Deserialize` with a stable JSON shape (the
-//!   README's "JSON shapes"); errors name the record they are about.
+//!   serde `Serialize` and `Deserialize` with a stable JSON shape
+//!   (docs/guide.md, "JSON shapes"); errors name the record they are about.
 //!
 //! The backends: [`MemoryStore`] (in the process, for tests) and
 //! [`FileStore`] (one directory on disk, the embedded default; an `Ok`
@@ -67,7 +67,7 @@
 //! its id (`r3_…`, `l7_…`).
 //!
 //! ## Durability
-//! See [`Durability`] and the README's "Durability" section.
+//! See [`Durability`] and docs/durability.md.
 
 // No unsafe code in this crate (the engines under vendor/ are fjall's).
 #![forbid(unsafe_code)]
@@ -151,8 +151,29 @@ pub use retry::{RetryPolicy, StateStoreExt};
 pub use scrub::{REDACTED, Scrubber};
 pub use tray::{ALARM_TRAY, Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
 
-// The README's examples run as doctests, so the README cannot drift from
-// the code.
+// The README's and the manual's (docs/) examples run as doctests, so they
+// cannot drift from the code.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide.md")]
+struct GuideDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/python.md")]
+struct PythonDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/cli.md")]
+struct CliDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/postgres.md")]
+struct PostgresDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/redis.md")]
+struct RedisDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/async.md")]
+struct AsyncDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/durability.md")]
+struct DurabilityDoctests;
