@@ -308,7 +308,7 @@ fn keyspace_options(base: KeyspaceCreateOptions, tuning: &Tuning) -> KeyspaceCre
         // 16 KiB data blocks (fjall: 4 KiB): a page of 100
         // records loads a quarter as many blocks; measured on
         // fjall alone at 1M records, 49–54 µs a page instead
-        // of 77–79 µs (ARCHITECTURE.md, "Storage layout").
+        // of 77–79 µs (docs/internals.md, "Storage layout").
         .data_block_size_policy(fjall::config::BlockSizePolicy::all(16 * 1024))
         // Bloom filters in partitions at every level (fjall:
         // from L3 on): a point read loads one partition of a
@@ -338,7 +338,7 @@ fn keyspace_options(base: KeyspaceCreateOptions, tuning: &Tuning) -> KeyspaceCre
         // store under 256 MiB was rewritten every fourth
         // memtable flush. A short scan between tray writes on
         // a store holding 200k runs: 101–120 µs before, 52–79
-        // µs after (ARCHITECTURE.md, "Compaction: a small
+        // µs after (docs/internals.md, "Compaction: a small
         // first level").
         .compaction_strategy(Arc::new(
             fjall::compaction::Leveled::default()
