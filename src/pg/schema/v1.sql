@@ -79,7 +79,7 @@ CREATE INDEX IF NOT EXISTS pinned_tray_index_marked
 CREATE INDEX IF NOT EXISTS pinned_tray_index_marked_by_env
     ON {s}pinned_tray_index (env, ns, id, tray_ns, tray_id) WHERE marked;
 
--- One alarm per instance.
+-- One alarm per instance (rule A1).
 CREATE TABLE IF NOT EXISTS {s}agentstate_alarms (
     ns     text COLLATE "C" NOT NULL,
     id     text COLLATE "C" NOT NULL,

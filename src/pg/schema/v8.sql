@@ -114,7 +114,7 @@ BEGIN
 END
 $$;
 
--- reserve: the hold p_hold (its record p_hold_record, expiring at
+-- rule B2: reserve: the hold p_hold (its record p_hold_record, expiring at
 -- p_expires, amounts p_asked) for the run, when it fits. p_run_spent and
 -- p_run_max are the run's own, read from p_run_record by the store;
 -- p_budget_spent_amounts and p_budget_max the budget's, from its bytes.
@@ -154,7 +154,7 @@ BEGIN
 END
 $$;
 
--- settle: the run becomes p_new_record (its `fields`, `updated_at`), the
+-- rule B3: settle: the run becomes p_new_record (its `fields`, `updated_at`), the
 -- hold (still live and still p_hold_record) goes, and the budget's spent
 -- becomes p_new_spent.
 CREATE OR REPLACE FUNCTION {s}agentstate_settle(

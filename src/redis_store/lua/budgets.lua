@@ -1,5 +1,5 @@
 -- budgets: the writes of spend caps (B1-B5) on one tenant's hash tag, one
--- step each; every refusal comes before the first write. The decisions
+-- step each; every refusal comes before the first write (E6). The decisions
 -- mirror rules::budget (check order: the run's caps, then the budget's;
 -- cost, tokens, iterations; sums exact, never past u64).
 --

@@ -1,6 +1,6 @@
 -- The feed's own writes (see lib.lua).
 --
--- prune: drops a feed's tombstones at or before a position, a batch at a
+-- prune (F6): drops a feed's tombstones at or before a position, a batch at a
 -- time, after moving its horizon there (so no reader after an older
 -- position can miss a tombstone already dropped).
 --   KEYS: 1 the feed's sorted set (a tenant's or the trays')
@@ -14,7 +14,7 @@
 --   refuse positions of changes not yet made); later batches pass the
 --   one it answered.
 --
--- purged: after a tenant's purge, moves its feed's horizon past every
+-- purged (P1, F6): after a tenant's purge, moves its feed's horizon past every
 -- position: one position of its own, so a reader that read a record the
 -- purge then deleted reads `FeedPruned` rather than a feed without the
 -- delete. A tenant that never had a feed is left without one.

@@ -1,5 +1,5 @@
 -- Reads a feed (see lib.lua): the changes after a position, each with its
--- record as it is now (absent: a tombstone), in one step.
+-- record as it is now (absent: a tombstone), in one step (F1, F2).
 --
 -- KEYS: 1 the feed's sorted set (a tenant's, the trays', or one env's),
 --       2 its counter, 3 its horizon
@@ -7,7 +7,7 @@
 --       (a tenant's runs `r:` and sessions `s:`; the trays' `y:` and the
 --       instances' `i:`), 4 after (a decimal u64), 5 most changes to read
 -- Returns: {'pruned', horizon} when changes after `after` may have been
--- pruned; else {'ok', then per change: member, position, '1' and the
+-- pruned (F6: FeedPruned); else {'ok', then per change: member, position, '1' and the
 -- stored value (a tray's or run's or session's record, an alarm's due_at)
 -- or '0' and '' for a tombstone}.
 local fd, horizon_key = KEYS[1], KEYS[3]

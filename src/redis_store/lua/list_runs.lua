@@ -1,5 +1,6 @@
 -- list_runs: one page of a tenant's runs from an index (by seq, by state,
--- by session or by label), filtered, read in one atomic step (L1, L2, L4, L5).
+-- by session or by label), filtered, read in one atomic step (L1, L2, L4, L5; the session filter
+-- S4, the label filter R11).
 -- Reads at most `cap` index entries, so a page of a sparse filter never
 -- holds the server for long; the client asks again from where it stopped.
 --

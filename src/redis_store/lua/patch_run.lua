@@ -40,6 +40,7 @@ local head = string.sub(s[1], 1, hl)
 local tail = varint(new[7]) .. varint(new[8]) .. varint(new[9]) .. varint(new[10]) .. varint(new[11])
   .. varint(ver) .. varint(s[6]) .. varint(now) .. varint(s[5])
 local v = seal(head, s[3], tail)
+-- K2: a record past the store's limit is TooLarge.
 if #v > max then return {'toolarge', tostring(#v)} end
 if budget and redis.call('EXISTS', prefix .. 'b:' .. budget) == 0 then return {'nobudget', budget} end
 redis.call('HSET', run, 'v', v, 'ver', ver, 'ua', now,

@@ -1,6 +1,6 @@
 -- put_run: create (expected version 0) or versioned update of one run
--- (R2, R6, R8, R9), its indexes, the tenant's seq and its feed, in one
--- step.
+-- (R2, R6, R8, R9, R11), its indexes, the tenant's seq (L2) and its
+-- feed, in one step: of two racing writers only one passes (R3).
 --
 -- KEYS: 1 run hash, 2 tenant seq counter, 3 runs by seq, 4 session hash,
 --       5 session's runs by seq (4 and 5 only read/written with a session)
@@ -35,6 +35,7 @@ if not stored[1] then
   -- The next seq, taken only once nothing refuses (a refusal writes nothing).
   local seq = add_dec(redis.call('GET', KEYS[2]) or '0', '1')
   local v = seal(head, head_crc, tail_of(amounts, '1', now, now, seq))
+  -- K2, as below.
   if #v > max then return {'toolarge', tostring(#v)} end
   redis.call('SET', KEYS[2], seq)
   redis.call('HSET', run, 'v', v, 'hl', tostring(#head), 'hc', head_crc, 'ver', '1', 'seq', seq,
@@ -86,6 +87,7 @@ if (stored[12] or '') ~= budget then return {'invalid', 'budget: fixed at create
 local next_ver = add_dec(ver, '1')
 if next_ver == nil then return {'invalid', 'version: u64 exhausted'} end
 local v = seal(head, head_crc, tail_of(amounts, next_ver, ca, now, seq))
+-- K2: a record past the store's limit is TooLarge.
 if #v > max then return {'toolarge', tostring(#v)} end
 redis.call('HSET', run, 'v', v, 'hl', tostring(#head), 'hc', head_crc, 'ver', next_ver,
   'st', state, 'ag', agent, 'ua', now)

@@ -17,6 +17,7 @@ else
   ca = s[2]
 end
 local v = seal(head, head_crc, varint(ver) .. varint(ca) .. varint(now))
+-- K2: a record past the store's limit is TooLarge.
 if #v > max then return {'toolarge', tostring(#v)} end
 redis.call('HSET', key, 'v', v, 'ver', ver, 'ca', ca)
 redis.call('ZADD', KEYS[2], 0, id)

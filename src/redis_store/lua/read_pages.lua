@@ -1,6 +1,6 @@
 -- Read-only pages that need more than one command to answer consistently.
 --
--- 'marked': KEYS 1 the marked index (all, or one env's)
+-- 'marked' (T5): KEYS 1 the marked index (all, or one env's)
 --           ARGV 1 'marked', 2 prefix of tray hashes, 3 the member the
 --           last page ended on ('' first), 4 items wanted
 --           -> {member, env, hostname, ...}
