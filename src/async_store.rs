@@ -35,7 +35,10 @@ use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, Tra
 #[cfg(doc)]
 use crate::{BudgetStore, StateStore, StateStoreExt, StoreAdmin, TrayStore};
 
-/// Any [`Store`] for async code: every call runs on tokio's blocking pool.
+/// Any [`Store`] for async code. A server backend's calls (PostgreSQL,
+/// Redis) are awaited natively in the caller's task; a memory store's run
+/// in the caller's task; a file store's (and any `Arc<dyn Store>`'s) on
+/// tokio's blocking pool, so a sync never holds an executor thread.
 ///
 /// Cheap to clone (an `Arc`); clones share one store. The methods have the
 /// same names, arguments and results as the synchronous ones, so the store's
@@ -43,11 +46,12 @@ use crate::{BudgetStore, StateStore, StateStoreExt, StoreAdmin, TrayStore};
 ///
 /// # Cancellation (W3)
 ///
-/// Dropping a returned future before it completes does **not** cancel the
-/// call: once the call has been handed to the blocking pool it runs to
-/// completion, and every write is one atomic group. A dropped future's
-/// write may therefore still land — whole, never in part — and its answer
-/// is discarded. If you need to know whether it landed, read the record
+/// Dropping a returned future never leaves a partial write, but it does
+/// not always cancel the call: a call handed to the blocking pool runs to
+/// completion, and a server write whose request was already sent
+/// (PostgreSQL: its `COMMIT`; Redis: its script) may still commit. A
+/// dropped future's write may therefore still land — whole, never in
+/// part — and its answer is discarded. If you need to know whether it landed, read the record
 /// back (a versioned write tells you by its version). A call the runtime
 /// never started (the runtime was shutting down) writes nothing and fails
 /// with a retryable `Persistence { reason: Unavailable }`.
@@ -55,9 +59,10 @@ use crate::{BudgetStore, StateStore, StateStoreExt, StoreAdmin, TrayStore};
 /// # Closing
 ///
 /// The store closes when its last handle is dropped; closing a file store
-/// writes its high-water mark (a small synced file write), and closing a
-/// PostgreSQL store shuts its blocking client down. Dropped inside a tokio
-/// runtime, the last handle closes the store on a thread of its own and
+/// writes its high-water mark (a small synced file write) and, by default,
+/// flushes its memtables, and closing a server store stops its own small
+/// runtime (in the background) and drops its connections. Dropped inside a
+/// tokio runtime, the last handle closes the store on a thread of its own and
 /// waits for it, so no store's close ever runs a runtime inside the
 /// caller's (which would panic); outside a runtime it closes in place. In
 /// async code, prefer ending with [`AsyncStore::close`], which closes on
@@ -105,12 +110,11 @@ macro_rules! native {
     };
 }
 
-/// The last handle of a store closes it where closing cannot panic: a
-/// store over a blocking client (PostgreSQL's) shuts its client down by
-/// running a runtime of its own, which panics on a thread that is already
-/// inside a tokio runtime. Inside one, the close runs on a thread of its
-/// own, and the drop returns once it is done (so a file store's directory
-/// is free again when the drop returns, as it is outside a runtime).
+/// The last handle of a store closes it off the runtime's threads: inside
+/// a tokio runtime the close (a file store's flush and syncs) runs on a
+/// thread of its own, and the drop returns once it is done (so a file
+/// store's directory is free again when the drop returns, as it is outside
+/// a runtime).
 impl Drop for AsyncStore {
     fn drop(&mut self) {
         #[cfg(any(feature = "postgres", feature = "redis"))]
@@ -171,8 +175,8 @@ impl AsyncStore {
     ///
     /// A server backend (PostgreSQL, Redis) is called natively: each call
     /// is awaited in the caller's task over the backend's async client,
-    /// with no thread hop. The embedded stores run each call on tokio's
-    /// blocking pool.
+    /// with no thread hop. A memory store runs each call in the caller's
+    /// task (it never syncs); a file store on tokio's blocking pool.
     pub fn new<S: Store + 'static>(store: S) -> Self {
         #[cfg(any(feature = "postgres", feature = "redis"))]
         let store = match crate::native::downcast(Box::new(store)) {
