@@ -538,6 +538,7 @@ impl KvStore {
 }
 
 impl KvStore {
+    // Rule B2: `check_reserve` on the run, its holds and its budget read in this job.
     pub(crate) fn reserve_with(
         &self,
         run: &RunKey,
@@ -587,6 +588,7 @@ impl KvStore {
 }
 
 impl KvStore {
+    // Rule B3: the hold goes and the spend is booked in one job.
     pub(crate) fn settle_with(
         &self,
         run: &RunKey,
@@ -618,6 +620,7 @@ impl KvStore {
 }
 
 impl KvStore {
+    // Rule B4: an unknown or expired hold is NotFound.
     pub(crate) fn release_hold_with(
         &self,
         run: &RunKey,

@@ -578,6 +578,7 @@ impl StateStore for KvStore {
         self.patch_run_with(key, delta, Some(keyed))
     }
 
+    // Rule R10: `check_delete` decides, in the job that deletes.
     fn delete_run(&self, key: &RunKey, expected_version: Option<u64>) -> Result<RunRecord> {
         check_run_key(key)?;
         let key = key.clone();

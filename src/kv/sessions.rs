@@ -46,6 +46,8 @@ impl KvStore {
             .transpose()
     }
 
+    // Rule S2: the in-use check, decided here (each backend has its own
+    // copy: docs/RULES.md). Rule S3: the cascade, in one job.
     pub(super) fn delete_session_impl(
         &self,
         key: &SessionKey,

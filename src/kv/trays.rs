@@ -506,6 +506,7 @@ pub(crate) fn import_tray(txn: &mut Txn<'_>, k: &TrayKey, t: &Tray) {
 }
 
 impl KvStore {
+    // Rule T3: the fence once, then every op in one job.
     pub(crate) fn apply_batch_with(
         &self,
         instance: &InstanceKey,

@@ -697,6 +697,8 @@ impl PostgresStore {
 
 impl PostgresStore {
     /// `reserve`, under `keyed`'s idempotency key when there is one.
+    // Rule B2: `check_reserve` on rows read FOR UPDATE (the fast path's
+    // server copy: agentstate_reserve in v8.sql).
     async fn reserve_with(
         &self,
         run: &RunKey,
@@ -765,6 +767,7 @@ impl PostgresStore {
 
     /// The one-round-trip reserve (the module's notes): `None` when not
     /// taken (the run or its budget not seen) or declined by the server.
+    // Rule B2, server copy: agentstate_reserve / agentstate_fits (v8.sql) may only decline.
     async fn fast_reserve(
         &self,
         run: &RunKey,
@@ -874,6 +877,7 @@ impl PostgresStore {
     /// The one-round-trip settle (the module's notes): `None` when not
     /// taken (the run, its budget or the hold not seen, a refusal) or
     /// declined by the server.
+    // Rule B3, server copy: agentstate_settle (v8.sql) may only decline.
     async fn fast_settle(
         &self,
         run: &RunKey,
@@ -950,6 +954,7 @@ impl PostgresStore {
     }
 
     /// `settle`, under `keyed`'s idempotency key when there is one.
+    // Rule B3: the hold goes and the spend is booked in one transaction.
     async fn settle_with(
         &self,
         run: &RunKey,
@@ -1017,6 +1022,7 @@ impl PostgresStore {
     }
 
     /// `release_hold`, under `keyed`'s idempotency key when there is one.
+    // Rule B4: an unknown or expired hold is NotFound.
     async fn release_hold_with(
         &self,
         run: &RunKey,

@@ -808,6 +808,8 @@ impl PostgresStore {
         })
     }
 
+    // Rule S2: the in-use check, decided here (each backend has its own
+    // copy: docs/RULES.md). Rule S3: the cascade, in one transaction.
     pub(super) async fn do_delete_session(
         &self,
         key: &SessionKey,

@@ -892,6 +892,7 @@ impl PostgresStore {
 
 impl PostgresStore {
     /// `apply_batch`, under `keyed`'s idempotency key when there is one.
+    // Rule T3: the fence once, then every op in one transaction.
     async fn apply_batch_with(
         &self,
         instance: &InstanceKey,

@@ -435,6 +435,7 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    // Rule B2: decided by the server's copy, lua/budgets.lua's reserve.
     async fn reserve_with(
         &self,
         run: &RunKey,
@@ -514,6 +515,7 @@ impl RedisStore {
         })
     }
 
+    // Rule B3: decided by the server's copy, lua/patch_run.lua with the hold id.
     async fn settle_with(
         &self,
         run: &RunKey,
@@ -531,6 +533,7 @@ impl RedisStore {
         })
     }
 
+    // Rule B4: decided by the server's copy, lua/budgets.lua's release.
     async fn release_hold_with(
         &self,
         run: &RunKey,

@@ -720,6 +720,7 @@ impl RedisStore {
         decode_run(v, key)
     }
 
+    // Rules S2, S3: decided by the server's copy, lua/delete_session.lua.
     pub(super) async fn delete_session_impl(
         &self,
         key: &SessionKey,

@@ -117,6 +117,7 @@ impl TrayCall {
 }
 
 impl RedisStore {
+    // Rule T3: the fence once, then every op in one script (lua/trays.lua's batch).
     async fn apply_batch_with(
         &self,
         instance: &InstanceKey,
