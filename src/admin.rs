@@ -3,6 +3,8 @@
 //! these (and the two store traits) only, so it works on every backend.
 
 use std::collections::BTreeMap;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+use std::sync::Arc;
 
 use crate::entry::Entry;
 use crate::error::Result;
@@ -60,6 +62,29 @@ pub trait StoreAdmin: Send + Sync {
     /// Every record of the store, in export order, page after page.
     fn iter_export(&self) -> Pages<'_, Entry> {
         Pages::new(move |req| self.export_page(req))
+    }
+
+    /// The store's async core, when it has one: how
+    /// [`AsyncStore::new`](crate::AsyncStore::new) knows to await its calls
+    /// natively in the caller's task. `None` (the default): its calls run
+    /// on tokio's blocking pool, or in the caller's task when
+    /// [`runs_in_caller`](StoreAdmin::runs_in_caller). The server backends
+    /// (PostgreSQL, Redis) answer `Some(self)`. Not part of the API: it may
+    /// change in any release.
+    #[doc(hidden)]
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    fn async_core(self: Arc<Self>) -> Option<Arc<dyn crate::native::DynCore>> {
+        None
+    }
+
+    /// True when no call of the store ever syncs, sleeps or waits on I/O,
+    /// so [`AsyncStore`](crate::AsyncStore) runs its calls in the caller's
+    /// task instead of on the blocking pool (W2 keeps only blocking work
+    /// off the executor). `false` (the default); the memory store answers
+    /// `true`. Not part of the API: it may change in any release.
+    #[doc(hidden)]
+    fn runs_in_caller(&self) -> bool {
+        false
     }
 }
 

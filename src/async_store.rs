@@ -90,12 +90,14 @@ use crate::{BudgetStore, StateStore, StateStoreExt, StoreAdmin, TrayStore};
 pub struct AsyncStore {
     /// Always `Some` but while the handle closes (see `Drop`).
     inner: Option<Arc<dyn Store>>,
-    /// The same store when it has an async core (a server backend): its
-    /// calls are awaited natively, in the caller's task.
+    /// The same store when it has an async core (a server backend, see
+    /// `StoreAdmin::async_core`): its calls are awaited natively, in the
+    /// caller's task.
     #[cfg(any(feature = "postgres", feature = "redis"))]
-    native: Option<Arc<dyn crate::native::NativeStore>>,
-    /// A memory store: its calls never sync or sleep, so they run in the
-    /// caller's task (W2 keeps only blocking work off the executor).
+    native: Option<Arc<dyn crate::native::DynCore>>,
+    /// A store whose calls never sync or sleep (the memory store, see
+    /// `StoreAdmin::runs_in_caller`): they run in the caller's task (W2
+    /// keeps only blocking work off the executor).
     inline: bool,
     path: Option<PathBuf>,
 }
@@ -161,6 +163,23 @@ impl From<FileStore> for AsyncStore {
     }
 }
 
+/// Native: each call is awaited in the caller's task
+/// ([`AsyncStore::new`]).
+#[cfg(feature = "postgres")]
+impl From<crate::PostgresStore> for AsyncStore {
+    fn from(store: crate::PostgresStore) -> Self {
+        AsyncStore::new(store)
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<crate::RedisStore> for AsyncStore {
+    /// The store, its calls awaited natively (see [`RedisStore`](crate::RedisStore)).
+    fn from(store: crate::RedisStore) -> Self {
+        AsyncStore::new(store)
+    }
+}
+
 impl From<Arc<dyn Store>> for AsyncStore {
     /// Every call of a store handed in this way goes through the blocking
     /// pool, whatever its backend; wrap a server backend's own type
@@ -178,22 +197,18 @@ impl AsyncStore {
     /// with no thread hop. A memory store runs each call in the caller's
     /// task (it never syncs); a file store on tokio's blocking pool.
     pub fn new<S: Store + 'static>(store: S) -> Self {
+        let store = Arc::new(store);
         #[cfg(any(feature = "postgres", feature = "redis"))]
-        let store = match crate::native::downcast(Box::new(store)) {
-            Ok(native) => {
-                return AsyncStore {
-                    inner: Some(native.clone()),
-                    native: Some(native),
-                    inline: false,
-                    path: None,
-                };
-            }
-            Err(any) => *any
-                .downcast::<S>()
-                .expect("a store that is not native comes back as itself"),
-        };
-        let inline = std::any::TypeId::of::<S>() == std::any::TypeId::of::<MemoryStore>();
-        let mut wrapped = AsyncStore::blocking_pool(Arc::new(store), None);
+        if let Some(native) = Arc::clone(&store).async_core() {
+            return AsyncStore {
+                inner: Some(store),
+                native: Some(native),
+                inline: false,
+                path: None,
+            };
+        }
+        let inline = store.runs_in_caller();
+        let mut wrapped = AsyncStore::blocking_pool(store, None);
         wrapped.inline = inline;
         wrapped
     }

@@ -3,10 +3,11 @@
 //! it may change in any release.
 
 use crate::codec::cursor::{self, Listing};
+use crate::codec::key::{KeyBuf, KeyReader};
 use crate::codec::value;
 use crate::cursor::Cursor;
 use crate::error::Result;
-use crate::kv::key::{KeyBuf, KeyReader, table};
+use crate::kv::key::table;
 use crate::record::{RunRecord, SessionRecord};
 use crate::tray::Tray;
 

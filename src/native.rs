@@ -342,13 +342,17 @@ pub(crate) trait AsyncCore: Send + Sync {
 
 /// A boxed call of [`DynCore`].
 #[cfg_attr(not(feature = "async"), allow(dead_code))]
-pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
 /// [`AsyncCore`] as a trait object, for [`AsyncStore`](crate::AsyncStore):
-/// every backend with an async core is one, through the blanket impl.
+/// every backend with an async core is one, through the blanket impl, and
+/// hands itself out as one from
+/// [`StoreAdmin::async_core`](crate::StoreAdmin::async_core). Public only
+/// so that trait method may name it; this module is not reachable from
+/// outside the crate.
 #[allow(clippy::too_many_arguments)]
 #[cfg_attr(not(feature = "async"), allow(dead_code))]
-pub(crate) trait DynCore: Send + Sync {
+pub trait DynCore: Send + Sync {
     fn put_run<'a>(&'a self, record: RunRecord) -> BoxFut<'a, RunRecord>;
     fn get_run<'a>(&'a self, key: &'a RunKey) -> BoxFut<'a, Option<RunRecord>>;
     fn patch_run<'a>(&'a self, key: &'a RunKey, delta: StateDelta) -> BoxFut<'a, RunRecord>;
@@ -1007,32 +1011,6 @@ macro_rules! sync_over_async {
     };
 }
 pub(crate) use sync_over_async;
-
-/// A whole backend with an async core: what [`AsyncStore`](crate::AsyncStore)
-/// calls natively.
-#[cfg_attr(not(feature = "async"), allow(dead_code))]
-pub(crate) trait NativeStore: crate::api::Store + DynCore {}
-
-impl<T: crate::api::Store + DynCore> NativeStore for T {}
-
-/// `store` as a backend with an async core, when it is one (each server
-/// backend adds its type here); otherwise `store` back.
-#[cfg_attr(not(feature = "async"), allow(dead_code))]
-pub(crate) fn downcast(
-    store: Box<dyn std::any::Any + Send>,
-) -> std::result::Result<Arc<dyn NativeStore>, Box<dyn std::any::Any + Send>> {
-    #[cfg(feature = "redis")]
-    let store = match store.downcast::<crate::RedisStore>() {
-        Ok(r) => return Ok(Arc::new(*r)),
-        Err(s) => s,
-    };
-    #[cfg(feature = "postgres")]
-    let store = match store.downcast::<crate::PostgresStore>() {
-        Ok(pg) => return Ok(Arc::new(*pg)),
-        Err(s) => s,
-    };
-    Err(store)
-}
 
 #[cfg(test)]
 mod tests {

@@ -277,11 +277,24 @@ impl Options {
     }
 
     /// What the fjall engine is opened with.
-    pub(crate) fn tuning(&self) -> crate::kv::engine::file::Tuning {
-        crate::kv::engine::file::Tuning {
+    pub(crate) fn tuning(&self) -> Tuning {
+        Tuning {
             cache_bytes: self.cache_bytes,
             write_buffer_bytes: self.write_buffer_bytes,
             flush_at_close: self.flush_at_close,
         }
     }
+}
+
+/// How much the fjall engine may hold in memory, and what a clean close
+/// does (from [`Options`]; the file engine is opened with it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tuning {
+    /// The block cache, bytes.
+    pub(crate) cache_bytes: u64,
+    /// All memtables together (the active one and those waiting to be
+    /// flushed), bytes; one memtable is a fifth of it.
+    pub(crate) write_buffer_bytes: u64,
+    /// Flush at a clean close and remove the journals it made redundant.
+    pub(crate) flush_at_close: bool,
 }

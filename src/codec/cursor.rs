@@ -31,9 +31,9 @@ use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 
 use std::borrow::Cow;
 
+use crate::codec::key::{KeyBuf, KeyReader};
 use crate::cursor::Cursor;
 use crate::error::{Result, StateError};
-use crate::kv::key::{KeyBuf, KeyReader};
 use crate::page::PageRequest;
 use crate::record::{RunState, StateQuery};
 
@@ -50,6 +50,27 @@ const TAG_BYTES: usize = 16;
 const KEY_INFO: &[u8] = b"agentstate cursor key v2";
 /// Prefix of the associated data.
 const AD_LABEL: &[u8] = b"agentstate cursor v3";
+
+/// A new store secret, the one its cursors are sealed under (the key-value
+/// store keeps it in its meta table, Redis under its `{meta}` key;
+/// PostgreSQL makes its own in SQL): 16 bytes nobody can guess, from the
+/// OS-seeded std hasher keys.
+pub(crate) fn new_secret() -> [u8; 16] {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = [0u8; 16];
+    for (i, chunk) in out.chunks_mut(8).enumerate() {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_usize(i);
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
+        chunk.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    out
+}
 
 /// Which listing issued a cursor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,8 @@
 //! Byte formats every backend shares: values (format byte, postcard,
-//! checksum) and cursors. The key-value store's key codec is `kv::key`.
+//! checksum), keys (the ordered component encoding, K6) and cursors (with
+//! the secret a store's cursors are sealed under).
 
 pub(crate) mod crc;
 pub(crate) mod cursor;
+pub(crate) mod key;
 pub(crate) mod value;

@@ -10,9 +10,10 @@ use crate::budget::{
     BudgetKey, BudgetRecord, BudgetStatus, BudgetStore, Hold, HoldRecord, RunSpend, Settled, Spend,
 };
 use crate::codec::cursor::Listing;
+use crate::codec::key::{KeyBuf, KeyReader, prefix_end};
 use crate::codec::value;
 use crate::error::{RecordKey, Result, StateError};
-use crate::kv::key::{KeyBuf, KeyReader, prefix_end, table};
+use crate::kv::key::table;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, StateDelta};
 use crate::rules::{

@@ -23,11 +23,12 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::codec::key::{KeyBuf, KeyReader, prefix_end};
 use crate::codec::value;
 use crate::error::{Result, StateError};
 use crate::feed::{Change, ChangePage, Changed, FeedScope, Position, check_call};
 use crate::kv::engine::Engine;
-use crate::kv::key::{KeyBuf, KeyReader, meta, prefix_end, table};
+use crate::kv::key::{meta, table};
 use crate::record::{RunKey, SessionKey};
 use crate::tray::{Alarm, InstanceKey, Tray};
 
@@ -626,7 +627,7 @@ impl KvStore {
             loop {
                 let rows = self.engine.scan(&from, &end, CHUNK)?;
                 let Some((last, _)) = rows.last() else { break };
-                from = crate::kv::key::successor(last);
+                from = crate::codec::key::successor(last);
                 let n = rows.len();
                 self.submit(move |txn: &mut Txn<'_>| {
                     for (k, v) in rows {

@@ -142,7 +142,7 @@ impl FileStore {
 
 /// Hands every trait call of a handle to its `KvStore`.
 macro_rules! forward_to_kv {
-    ($handle:ty, $backend:literal) => {
+    ($handle:ty, $backend:literal, runs_in_caller: $runs_in_caller:literal) => {
         impl StateStore for $handle {
             fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
                 let span = crate::observe::span($backend, "put_run", Some(&record.key.tenant));
@@ -455,12 +455,17 @@ macro_rules! forward_to_kv {
             fn import(&self, entries: &mut dyn Iterator<Item = Result<Entry>>) -> Result<u64> {
                 self.0.import(entries)
             }
+            fn runs_in_caller(&self) -> bool {
+                $runs_in_caller
+            }
         }
     };
 }
 
-forward_to_kv!(MemoryStore, "memory");
-forward_to_kv!(FileStore, "file");
+// A memory store never syncs or sleeps: `AsyncStore` runs its calls in the
+// caller's task; a file store's go to the blocking pool.
+forward_to_kv!(MemoryStore, "memory", runs_in_caller: true);
+forward_to_kv!(FileStore, "file", runs_in_caller: false);
 
 const _: () = {
     const fn is_send_sync<T: Send + Sync>() {}

@@ -12,10 +12,11 @@
 
 use super::KvStore;
 use super::commit::Txn;
+use crate::codec::key::{KeyBuf, prefix_end};
 use crate::codec::value;
 use crate::error::{Result, StateError};
 use crate::idempotency::{Answer, Keyed, Remembered, outcome_of};
-use crate::kv::key::{KeyBuf, prefix_end, table};
+use crate::kv::key::table;
 use crate::limits::IDEMPOTENCY_PRUNE_MAX;
 use crate::options::IdempotencyWindow;
 use crate::record::Millis;

@@ -97,7 +97,7 @@ impl KvStore {
                 )
             }
             None => {
-                let secret = new_secret();
+                let secret = crate::codec::cursor::new_secret();
                 let counters = Counters {
                     next_seq: 1,
                     commits: 0,
@@ -253,24 +253,6 @@ fn read_meta<T: serde::de::DeserializeOwned>(engine: &dyn Engine, key: &[u8]) ->
     value::decode(&v, "meta value")
 }
 
-/// 16 bytes nobody can guess, from the OS-seeded std hasher keys.
-pub(crate) fn new_secret() -> [u8; 16] {
-    use std::hash::{BuildHasher, Hasher};
-    let mut out = [0u8; 16];
-    for (i, chunk) in out.chunks_mut(8).enumerate() {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_usize(i);
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0),
-        );
-        chunk.copy_from_slice(&h.finish().to_le_bytes());
-    }
-    out
-}
-
 pub(crate) use crate::rules::{check_id, check_limit, check_size};
 
 const _: () = {
@@ -279,7 +261,7 @@ const _: () = {
 };
 
 use crate::codec::cursor::{self as cursor_codec, Listing};
-use crate::kv::key::successor;
+use crate::codec::key::successor;
 use crate::page::{Page, PageRequest};
 
 impl KvStore {

@@ -2,10 +2,11 @@
 
 use crate::api::StateStore;
 use crate::codec::cursor::Listing;
+use crate::codec::key::{KeyBuf, prefix_end};
 use crate::codec::value;
 use crate::error::{RecordKey, Result, StateError};
 use crate::idempotency::{IdempotencyKey, Keyed};
-use crate::kv::key::{KeyBuf, prefix_end, table};
+use crate::kv::key::table;
 use crate::page::{Page, PageRequest};
 use crate::record::{
     Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta, StateQuery,

@@ -1,9 +1,10 @@
 //! Sessions: versioned like runs; deletes that never orphan a live run
 //! (rules S1–S4).
 
+use crate::codec::key::{KeyBuf, KeyReader, prefix_end};
 use crate::codec::value;
 use crate::error::{RecordKey, Result, StateError};
-use crate::kv::key::{KeyBuf, KeyReader, prefix_end, table};
+use crate::kv::key::table;
 use crate::record::{RunKey, SessionKey, SessionRecord};
 
 use super::runs::{delete_run, read_run_by_seq, session_key};

@@ -2,8 +2,9 @@
 //! `sessions list`).
 
 use crate::codec::cursor::Listing;
+use crate::codec::key::{KeyBuf, KeyReader, prefix_end};
 use crate::error::Result;
-use crate::kv::key::{KeyBuf, KeyReader, prefix_end, table};
+use crate::kv::key::table;
 use crate::page::{Page, PageRequest};
 use crate::record::{SessionKey, SessionRecord};
 

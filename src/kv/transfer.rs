@@ -5,10 +5,11 @@
 //! timestamps kept, so export → import → export gives the same entries.
 
 use crate::codec::cursor::Listing;
+use crate::codec::key::{KeyBuf, KeyReader};
 use crate::codec::value;
 use crate::entry::Entry;
 use crate::error::{Result, StateError};
-use crate::kv::key::{KeyBuf, KeyReader, meta, table};
+use crate::kv::key::{meta, table};
 use crate::page::{Page, PageRequest};
 use crate::record::RunKey;
 use crate::rules::checked_entry;

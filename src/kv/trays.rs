@@ -9,9 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::TrayStore;
 use crate::codec::cursor::Listing;
+use crate::codec::key::{KeyBuf, KeyReader, prefix_end};
 use crate::codec::value;
 use crate::error::{Result, StateError};
-use crate::kv::key::{KeyBuf, KeyReader, prefix_end, table};
+use crate::kv::key::table;
 use crate::page::{Page, PageRequest};
 use crate::record::Millis;
 use crate::rules::{check_batch, check_epoch, check_instance, check_tray, check_tray_key};

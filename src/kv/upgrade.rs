@@ -12,10 +12,11 @@
 //! half moved), and the store's own format value becomes 2 in the last
 //! batch; an open that finds it still 1 goes on where the upgrade stopped.
 
+use crate::codec::key::{KeyBuf, KeyReader, prefix_end};
 use crate::codec::value;
 use crate::error::{Result, StateError};
 use crate::kv::engine::Write;
-use crate::kv::key::{KeyBuf, KeyReader, meta, prefix_end, table::v1};
+use crate::kv::key::{meta, table::v1};
 use crate::options::UpgradeProgress;
 use crate::record::{RunKey, RunRecord};
 

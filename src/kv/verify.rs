@@ -1,9 +1,10 @@
 //! Whole-store checks and counts: `verify` walks every record and index
 //! entry and reports what disagrees; `stats` counts; `prune` is retention.
 
+use crate::codec::key::{KeyBuf, KeyReader, prefix_end, successor};
 use crate::codec::value;
 use crate::error::{Result, StateError};
-use crate::kv::key::{KeyBuf, KeyReader, meta, prefix_end, successor, table};
+use crate::kv::key::{meta, table};
 use crate::record::{Millis, RunRecord, RunState};
 use crate::tray::{InstanceKey, Tray};
 

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 
 use crate::budget::{BudgetKey, Caps, HoldRecord, Spend};
 use crate::codec::cursor::{self as cursor_codec, Listing};
+use crate::codec::key::{KeyBuf, KeyReader};
 use crate::codec::value;
 use crate::entry::Entry;
 use crate::error::{Result, StateError};
-use crate::kv::key::{KeyBuf, KeyReader};
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunState, SessionKey, SessionRecord};
 use crate::rules::{at_cap, check_id, check_limit, checked_entry, held};
@@ -985,6 +985,13 @@ impl PostgresStore {
 /// The operator functions, synchronous: each waits on its async
 /// implementation with the store's bridge (see [`PostgresStore`]).
 impl StoreAdmin for PostgresStore {
+    /// Its calls are awaited natively by `AsyncStore`, over its async core.
+    fn async_core(
+        self: std::sync::Arc<Self>,
+    ) -> Option<std::sync::Arc<dyn crate::native::DynCore>> {
+        Some(self)
+    }
+
     fn list_sessions(&self, tenant: &str, page: &PageRequest) -> Result<Page<SessionRecord>> {
         use crate::native::AsyncCore;
         self.bridge

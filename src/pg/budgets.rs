@@ -40,10 +40,10 @@ use crate::budget::{
     Amount, BudgetKey, BudgetRecord, BudgetStatus, Caps, Hold, HoldRecord, RunSpend, Settled, Spend,
 };
 use crate::codec::cursor::{self as cursor_codec, Listing};
+use crate::codec::key::KeyBuf;
 use crate::codec::value;
 use crate::error::{RecordKey, Result, StateError};
 use crate::idempotency::{IdempotencyKey, Keyed};
-use crate::kv::key::KeyBuf;
 use crate::limits::HOLDS_PER_RUN_MAX;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, StateDelta};

@@ -954,7 +954,7 @@ pub(crate) fn tenant_cursor(
     tenant: &str,
     page: &crate::page::PageRequest,
 ) -> Result<(Vec<u8>, Option<String>)> {
-    use crate::kv::key::{KeyBuf, KeyReader};
+    use crate::codec::key::{KeyBuf, KeyReader};
     let binding = KeyBuf::table(listing as u8).str(tenant).done();
     let after = page
         .cursor
@@ -968,15 +968,6 @@ pub(crate) fn tenant_cursor(
         })
         .transpose()?;
     Ok((binding, after))
-}
-
-/// Native: each call is awaited in the caller's task
-/// ([`AsyncStore::new`](crate::AsyncStore::new)).
-#[cfg(feature = "async")]
-impl From<PostgresStore> for crate::AsyncStore {
-    fn from(store: PostgresStore) -> Self {
-        crate::AsyncStore::new(store)
-    }
 }
 
 #[cfg(test)]

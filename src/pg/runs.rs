@@ -20,10 +20,10 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use crate::codec::cursor::{self as cursor_codec, Listing};
+use crate::codec::key::{KeyBuf, KeyReader};
 use crate::codec::value;
 use crate::error::{RecordKey, Result, StateError};
 use crate::idempotency::{IdempotencyKey, Keyed};
-use crate::kv::key::{KeyBuf, KeyReader};
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
 use crate::rules::{

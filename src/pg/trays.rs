@@ -36,9 +36,9 @@ use std::collections::BTreeMap;
 use tokio_postgres::Row;
 
 use crate::codec::cursor::{self as cursor_codec, Listing};
+use crate::codec::key::{KeyBuf, KeyReader};
 use crate::error::{Result, StateError};
 use crate::idempotency::{IdempotencyKey, Keyed};
-use crate::kv::key::{KeyBuf, KeyReader};
 use crate::page::{Page, PageRequest};
 use crate::record::Millis;
 use crate::rules::{

@@ -4,9 +4,9 @@
 
 use crate::admin::{StoreAdmin, StoreStats, TenantStats, VerifyReport};
 use crate::codec::cursor::{self as cursor_codec, Listing};
+use crate::codec::key::KeyBuf;
 use crate::entry::Entry;
 use crate::error::{Result, StateError};
-use crate::kv::key::KeyBuf;
 use crate::page::{Page, PageRequest};
 use crate::record::{Millis, RunKey, RunState, SessionKey, SessionRecord};
 use crate::rules::{check_id, check_limit, checked_entry};
@@ -255,6 +255,13 @@ impl RedisStore {
 }
 
 impl StoreAdmin for RedisStore {
+    /// Its calls are awaited natively by `AsyncStore`, over its async core.
+    fn async_core(
+        self: std::sync::Arc<Self>,
+    ) -> Option<std::sync::Arc<dyn crate::native::DynCore>> {
+        Some(self)
+    }
+
     fn list_sessions(&self, tenant: &str, page: &PageRequest) -> Result<Page<SessionRecord>> {
         self.bridge
             .block_on(crate::native::AsyncCore::list_sessions(self, tenant, page))

@@ -9,8 +9,8 @@ use crate::budget::{
     RunSpend, Settled, Spend,
 };
 use crate::codec::cursor::{self as cursor_codec, Listing};
+use crate::codec::key::KeyBuf;
 use crate::error::{RecordKey, Result, StateError};
-use crate::kv::key::KeyBuf;
 use crate::limits::HOLDS_PER_RUN_MAX;
 use crate::page::{Page, PageRequest};
 use crate::record::{RunKey, StateDelta};

@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 use ::redis::aio::PubSubSink;
 use tokio::sync::watch;
 
+use crate::codec::key::KeyReader;
 use crate::error::{Result, StateError};
 use crate::feed::{Change, ChangePage, Changed, FeedScope, Position, check_call};
-use crate::kv::key::KeyReader;
 use crate::record::{RunKey, SessionKey};
 use crate::tray::Alarm;
 

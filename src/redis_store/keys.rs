@@ -1,10 +1,10 @@
 //! Key names and sorted-set members (see the table in `mod.rs`). Every id
 //! inside a key is either its last component or escaped and terminated by
-//! the key codec (`kv::key`), so no two keys share bytes (K6). Members of
+//! the key codec (`codec::key`), so no two keys share bytes (K6). Members of
 //! lexicographic sorted sets use the key codec too, so their byte order is
 //! the order of their components.
 
-use crate::kv::key::KeyBuf;
+use crate::codec::key::KeyBuf;
 use crate::record::RunState;
 use crate::tray::{InstanceKey, TrayKey};
 
@@ -227,7 +227,7 @@ pub(crate) fn instance_base() -> Vec<u8> {
 
 /// Reads an instance member back (`inst`), returning the rest.
 pub(crate) fn read_inst(m: &[u8]) -> crate::error::Result<(InstanceKey, &[u8])> {
-    let mut r = crate::kv::key::KeyReader::new(m, b'i')?;
+    let mut r = crate::codec::key::KeyReader::new(m, b'i')?;
     let ns = r.str()?;
     let id = r.str()?;
     let rest = r.rest();
@@ -236,7 +236,7 @@ pub(crate) fn read_inst(m: &[u8]) -> crate::error::Result<(InstanceKey, &[u8])> 
 
 /// Reads a tray member back (`tray_member`).
 pub(crate) fn read_tray_member(m: &[u8]) -> crate::error::Result<(String, String)> {
-    let mut r = crate::kv::key::KeyReader::new(m, b'y')?;
+    let mut r = crate::codec::key::KeyReader::new(m, b'y')?;
     let t = (r.str()?, r.str()?);
     r.end()?;
     Ok(t)

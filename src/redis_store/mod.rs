@@ -539,18 +539,10 @@ impl RedisStore {
     }
 }
 
-#[cfg(feature = "async")]
-impl From<RedisStore> for crate::AsyncStore {
-    /// The store, its calls awaited natively (see [`RedisStore`]).
-    fn from(store: RedisStore) -> Self {
-        crate::AsyncStore::new(store)
-    }
-}
-
 /// The store's cursor secret lives on the server, so every client of one
 /// store accepts the others' cursors; the first client to connect makes it.
 async fn load_secret(conn: &mut ::redis::aio::MultiplexedConnection) -> Result<[u8; 16]> {
-    let fresh = crate::kv::new_secret();
+    let fresh = crate::codec::cursor::new_secret();
     ::redis::cmd("SET")
         .arg(keys::SECRET)
         .arg(&fresh[..])

@@ -293,7 +293,7 @@ impl RedisStore {
                 let mut lo = b"[".to_vec();
                 lo.extend_from_slice(&prefix);
                 let mut hi = b"(".to_vec();
-                hi.extend(crate::kv::key::prefix_end(&prefix));
+                hi.extend(crate::codec::key::prefix_end(&prefix));
                 (lo, hi)
             }
             None => (b"-".to_vec(), b"+".to_vec()),

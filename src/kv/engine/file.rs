@@ -9,6 +9,7 @@ use fjall::{AbstractTree, Database, Keyspace, KeyspaceCreateOptions, PersistMode
 
 use super::{Engine, Write};
 use crate::error::{Result, StateError};
+use crate::options::Tuning;
 
 // The engine must be our patched fork (vendor/fjall, built from the patch
 // queue in patches/): this store relies on its durability fixes and settings.
@@ -22,19 +23,6 @@ pub(crate) enum SyncMode {
     Data,
     /// Written to the OS, not synced.
     Buffer,
-}
-
-/// How much the fjall engine may hold in memory, and what a clean close
-/// does (from `Options`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Tuning {
-    /// The block cache, bytes.
-    pub(crate) cache_bytes: u64,
-    /// All memtables together (the active one and those waiting to be
-    /// flushed), bytes; one memtable is a fifth of it.
-    pub(crate) write_buffer_bytes: u64,
-    /// Flush at a clean close and remove the journals it made redundant.
-    pub(crate) flush_at_close: bool,
 }
 
 /// fjall behind the engine trait.

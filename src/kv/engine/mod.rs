@@ -11,7 +11,7 @@ pub(crate) mod sled;
 use std::path::Path;
 
 use crate::error::Result;
-use crate::options::FileEngine;
+use crate::options::{FileEngine, Tuning};
 
 /// One write of a batch: a value to put, or `None` to delete.
 pub(crate) type Write = (Vec<u8>, Option<Vec<u8>>);
@@ -58,7 +58,7 @@ pub(crate) trait Engine: Send + Sync {
                 }
             }
             match entries.last() {
-                Some((k, _)) if !exhausted => from = crate::kv::key::successor(k),
+                Some((k, _)) if !exhausted => from = crate::codec::key::successor(k),
                 _ => return Ok(()),
             }
         }
@@ -81,7 +81,7 @@ pub(crate) fn open_file(
     kind: FileEngine,
     dir: &Path,
     mode: file::SyncMode,
-    tuning: file::Tuning,
+    tuning: Tuning,
 ) -> Result<Box<dyn Engine>> {
     match kind {
         FileEngine::Fjall => Ok(Box::new(file::FjallEngine::open(dir, mode, tuning)?)),

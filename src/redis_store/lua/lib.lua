@@ -293,7 +293,7 @@ end
 -- `fd .. ':e:' .. env` (channel `fd .. ':c:' .. env`), and a deleted
 -- tray's last env in the hash `fd .. ':g'`, for the prune.
 
--- A string component of the key codec (kv::key): NULs escaped, terminated.
+-- A string component of the key codec (codec::key): NULs escaped, terminated.
 local function kc(s)
   return (string.gsub(s, '%z', '\0\255')) .. '\0\1'
 end
