@@ -247,6 +247,18 @@ impl AsyncStore {
         self.store()
     }
 
+    /// Another handle on the same store whose calls run in the task that
+    /// polls them, with no blocking pool (a server backend's stay native):
+    /// for a caller that is not an async executor's thread and waits for
+    /// the answer anyway, such as a language binding answering on its
+    /// caller's thread. Polled on an executor's thread, a file store's
+    /// syncs would hold that thread (rule W2): don't.
+    pub fn in_caller(&self) -> AsyncStore {
+        let mut handle = self.clone();
+        handle.inline = true;
+        handle
+    }
+
     fn store(&self) -> &Arc<dyn Store> {
         self.inner
             .as_ref()

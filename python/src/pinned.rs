@@ -517,7 +517,7 @@ fn start<'py>(
     let call = stamped(me, call);
     let s = me.handle(py)?;
     if me.in_place {
-        return rt::in_place(py, call.run(s));
+        return rt::in_place(py, call.run(s.in_caller()));
     }
     if pyo3_async_runtimes::get_running_loop(py).is_err() {
         // Outside a running loop: a coroutine that makes the call when a
@@ -549,7 +549,10 @@ impl<'py> Again<'py> {
 
 fn blocking(py: Python<'_>, store: &StateStore, call: Call) -> PyResult<Answer> {
     let call = stamped(store, call);
-    let s = store.handle(py)?;
+    let mut s = store.handle(py)?;
+    if store.in_place {
+        s = s.in_caller();
+    }
     py.detach(move || rt::block_on(call.run(s)))
 }
 

@@ -360,7 +360,7 @@ macro_rules! store_api {
                     // but a wait for the feed cannot complete at once (it waits
                     // for another task's write), so it stays on the runtime.
                     if slf.get().in_place && stringify!($name) != "wait_changes" {
-                        let $s = slf.get().handle(py)?;
+                        let $s = slf.get().handle(py)?.in_caller();
                         return rt::in_place(py, async move {
                             let r: a::Result<$ret> = async move $body.await;
                             r.map_err(errors::to_py)
@@ -388,7 +388,9 @@ macro_rules! store_api {
                 $(#[doc = $doc])*
                 #[pyo3(signature = $sig)]
                 fn $name(&self, py: Python<'_> $(, $arg: $ty)*) -> PyResult<$ret> {
-                    let $s = self.0.get().handle(py)?;
+                    let me = self.0.get();
+                    // A memory or file store answers on this thread.
+                    let $s = if me.in_place { me.handle(py)?.in_caller() } else { me.handle(py)? };
                     let r: a::Result<$ret> = py.detach(move || rt::block_on(async move $body));
                     r.map_err(errors::to_py)
                 }
