@@ -328,8 +328,8 @@ fn tray_key(ns: String, id: String, tray_ns: String, tray_id: String) -> a::Tray
     }
 }
 
-fn arg<'a, 'py>(
-    args: &'a [Bound<'py, PyAny>],
+fn arg<'py>(
+    args: &[Bound<'py, PyAny>],
     kwargs: Option<&Bound<'py, PyDict>>,
     i: usize,
     name: &str,
@@ -382,6 +382,22 @@ fn no_extra(
     Ok(())
 }
 
+/// Whether a call is in the crate's shape: its first argument is a `K`
+/// (a `TrayKey`, an `InstanceKey`), or it names that argument.
+fn crate_shape<K: pyo3::PyTypeInfo>(
+    args: &[Bound<'_, PyAny>],
+    kwargs: Option<&Bound<'_, PyDict>>,
+    name: &str,
+) -> PyResult<bool> {
+    if args.first().is_some_and(|a| a.is_instance_of::<K>()) {
+        return Ok(true);
+    }
+    match kwargs {
+        Some(k) => k.contains(name),
+        None => Ok(false),
+    }
+}
+
 /// Parses `delete_tray(ns, id, tray_ns, tray_id, epoch)` or the crate's
 /// `delete_tray(key: TrayKey, epoch)`.
 fn delete_call(
@@ -390,15 +406,7 @@ fn delete_call(
     kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Call> {
     let args: Vec<Bound<'_, PyAny>> = args.iter().collect();
-    let keyed = args
-        .first()
-        .map(|a| a.is_instance_of::<TrayKey>())
-        .unwrap_or(false)
-        || kwargs
-            .map(|k| k.contains("key"))
-            .transpose()?
-            .unwrap_or(false);
-    if keyed {
+    if crate_shape::<TrayKey>(&args, kwargs, "key")? {
         no_extra("delete_tray", &args, kwargs, &["key", "epoch"])?;
         let key: TrayKey = arg(&args, kwargs, 0, "key")?.extract()?;
         let epoch: u64 = arg(&args, kwargs, 1, "epoch")?.extract()?;
@@ -421,15 +429,7 @@ fn batch_call(
     kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Call> {
     let args: Vec<Bound<'_, PyAny>> = args.iter().collect();
-    let keyed = args
-        .first()
-        .map(|a| a.is_instance_of::<InstanceKey>())
-        .unwrap_or(false)
-        || kwargs
-            .map(|k| k.contains("instance"))
-            .transpose()?
-            .unwrap_or(false);
-    if keyed {
+    if crate_shape::<InstanceKey>(&args, kwargs, "instance")? {
         no_extra("apply_batch", &args, kwargs, &["instance", "epoch", "ops"])?;
         let inst: InstanceKey = arg(&args, kwargs, 0, "instance")?.extract()?;
         let epoch: u64 = arg(&args, kwargs, 1, "epoch")?.extract()?;

@@ -188,7 +188,10 @@ pub struct Ready {
 
 impl Ready {
     /// The awaitable of an answer (a value or the exception to raise).
-    pub fn new<'py>(py: Python<'py>, answer: PyResult<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+    pub fn awaitable<'py>(
+        py: Python<'py>,
+        answer: PyResult<Py<PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         Ok(Bound::new(
             py,
             Ready {
@@ -264,5 +267,5 @@ where
 {
     let answer = py.detach(|| block_on(fut));
     let answer = answer.and_then(|v| pyo3::IntoPyObjectExt::into_py_any(v, py));
-    Ready::new(py, answer)
+    Ready::awaitable(py, answer)
 }

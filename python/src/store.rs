@@ -644,7 +644,7 @@ impl StateStore {
         let py = slf.py();
         if slf.get().in_place {
             slf.get().handle(py)?;
-            return rt::Ready::new(py, Ok(py.None()));
+            return rt::Ready::awaitable(py, Ok(py.None()));
         }
         if pyo3_async_runtimes::get_running_loop(py).is_err() {
             return defer(slf, "setup", pyo3::types::PyDict::new(py));
@@ -678,7 +678,7 @@ impl StateStore {
         let me = slf.get();
         if me.pid == std::process::id() && me.inner.lock().is_none() {
             // Closing a closed store is a no-op.
-            return rt::Ready::new(py, Ok(py.None()));
+            return rt::Ready::awaitable(py, Ok(py.None()));
         }
         if me.in_place {
             let store = me.handle(py)?;
@@ -707,7 +707,7 @@ impl StateStore {
     fn __aenter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let me: Py<PyAny> = slf.clone().into_any().unbind();
         if slf.get().in_place {
-            return rt::Ready::new(slf.py(), Ok(me));
+            return rt::Ready::awaitable(slf.py(), Ok(me));
         }
         rt::future_into_py(slf.py(), async move { Ok(me) })
     }
