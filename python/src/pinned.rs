@@ -504,28 +504,36 @@ fn list_call(
     Ok(Call::List(a::InstanceKey::new(ns, id), epoch, filter))
 }
 
+/// Whether a call of this store must be deferred: a PostgreSQL or Redis
+/// store called outside a running loop (`asyncio.run(store.get_tray(...))`)
+/// returns a coroutine that makes the call once a loop awaits it, as every
+/// other call of the store does. Only then are the arguments kept
+/// ([`Again`]): the calls that answer at once never build them.
+fn deferred(slf: &Bound<'_, StateStore>) -> bool {
+    !slf.get().in_place && pyo3_async_runtimes::get_running_loop(slf.py()).is_err()
+}
+
 /// Runs the call as every call of the store runs: in place on a memory or
-/// file store, else as an awaitable on the package's runtime.
+/// file store, else as an awaitable on the package's runtime, or (with
+/// `again`, see [`deferred`]) as a coroutine that makes it later.
 fn start<'py>(
     slf: &Bound<'py, StateStore>,
     name: &str,
     call: Call,
-    again: Again<'py>,
+    again: Option<Again<'py>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
+    if let Some(again) = again {
+        return py
+            .import("agentstate_rs._defer")?
+            .getattr("defer_call")?
+            .call1((slf, name, again.0, again.1));
+    }
     let me = slf.get();
     let call = stamped(me, call);
     let s = me.handle(py)?;
     if me.in_place {
         return rt::in_place(py, call.run(s.in_caller()));
-    }
-    if pyo3_async_runtimes::get_running_loop(py).is_err() {
-        // Outside a running loop: a coroutine that makes the call when a
-        // loop awaits it (as every other call of the store).
-        return py
-            .import("agentstate_rs._defer")?
-            .getattr("defer_call")?
-            .call1((slf, name, again.0, again.1));
     }
     rt::future_into_py(py, call.run(s))
 }
@@ -580,9 +588,8 @@ impl StateStore {
         epoch: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        let again = Again::new(
-            py,
-            &positional(
+        let again = if deferred(slf) {
+            let args = positional(
                 py,
                 vec![
                     PyString::new(py, &ns).into_any(),
@@ -593,9 +600,11 @@ impl StateStore {
                     doc.clone(),
                     epoch.clone(),
                 ],
-            )?,
-            None,
-        )?;
+            )?;
+            Some(Again::new(py, &args, None)?)
+        } else {
+            None
+        };
         let call = set_call(py, ns, id, tray_ns, tray_id, marked, doc, epoch)?;
         start(slf, "set_tray", call, again)
     }
@@ -613,18 +622,19 @@ impl StateStore {
         epoch: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        let again = Again::new(
-            py,
-            &(
+        let again = if deferred(slf) {
+            let args = (
                 ns.as_str(),
                 id.as_str(),
                 tray_ns.as_str(),
                 tray_id.as_str(),
                 epoch,
             )
-                .into_pyobject(py)?,
-            None,
-        )?;
+                .into_pyobject(py)?;
+            Some(Again::new(py, &args, None)?)
+        } else {
+            None
+        };
         let call = Call::GetTray(tray_key(ns, id, tray_ns, tray_id), epoch_of(py, epoch)?);
         start(slf, "get_tray", call, again)
     }
@@ -642,10 +652,17 @@ impl StateStore {
         marked: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        let kw = PyDict::new(py);
-        kw.set_item("tray_ns", tray_ns)?;
-        kw.set_item("marked", marked)?;
-        let again = Again((ns.as_str(), id.as_str(), epoch).into_pyobject(py)?, kw);
+        let again = if deferred(slf) {
+            let kw = PyDict::new(py);
+            kw.set_item("tray_ns", tray_ns)?;
+            kw.set_item("marked", marked)?;
+            Some(Again(
+                (ns.as_str(), id.as_str(), epoch).into_pyobject(py)?,
+                kw,
+            ))
+        } else {
+            None
+        };
         let call = list_call(py, ns, id, epoch, tray_ns, marked)?;
         start(slf, "list", call, again)
     }
@@ -661,7 +678,12 @@ impl StateStore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let call = delete_call(py, args, kwargs)?;
-        start(slf, "delete_tray", call, Again::new(py, args, kwargs)?)
+        let again = if deferred(slf) {
+            Some(Again::new(py, args, kwargs)?)
+        } else {
+            None
+        };
+        start(slf, "delete_tray", call, again)
     }
 
     /// Applies many tray writes and deletes of one instance at one fence,
@@ -677,7 +699,12 @@ impl StateStore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let call = batch_call(py, args, kwargs)?;
-        start(slf, "apply_batch", call, Again::new(py, args, kwargs)?)
+        let again = if deferred(slf) {
+            Some(Again::new(py, args, kwargs)?)
+        } else {
+            None
+        };
+        start(slf, "apply_batch", call, again)
     }
 }
 
