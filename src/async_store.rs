@@ -5,7 +5,7 @@
 //! How a call runs depends on the backend:
 //!
 //! - a server backend (PostgreSQL, Redis) has an async core
-//!   (`crate::native`): the call is awaited in the caller's task over the
+//!   (`agentstate_core::native`): the call is awaited in the caller's task over the
 //!   backend's async client, no thread hop;
 //! - the memory store never syncs or sleeps: the call runs in the caller's
 //!   task;
@@ -18,22 +18,26 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::admin::{StoreStats, VerifyReport};
-use crate::api::Store;
 use crate::async_stream::{ChangeStream, PageStream};
-use crate::budget::{BudgetKey, BudgetRecord, BudgetStatus, Hold, HoldRecord, RunSpend, Settled};
-use crate::entry::Entry;
-use crate::error::{Result, StateError};
-use crate::feed::{ChangePage, FeedScope, Position};
-use crate::idempotency::IdempotencyKey;
-use crate::kv::{FileStore, MemoryStore};
-use crate::options::Options;
-use crate::page::{Page, PageRequest};
-use crate::record::{Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery};
-use crate::retry::RetryPolicy;
-use crate::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
 #[cfg(doc)]
 use crate::{BudgetStore, StateStore, StateStoreExt, StoreAdmin, TrayStore};
+use agentstate_core::admin::{StoreStats, VerifyReport};
+use agentstate_core::api::Store;
+use agentstate_core::budget::{
+    BudgetKey, BudgetRecord, BudgetStatus, Hold, HoldRecord, RunSpend, Settled,
+};
+use agentstate_core::entry::Entry;
+use agentstate_core::error::{Result, StateError};
+use agentstate_core::feed::{ChangePage, FeedScope, Position};
+use agentstate_core::idempotency::IdempotencyKey;
+use agentstate_core::options::Options;
+use agentstate_core::page::{Page, PageRequest};
+use agentstate_core::record::{
+    Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery,
+};
+use agentstate_core::retry::RetryPolicy;
+use agentstate_core::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
+use agentstate_kv::{FileStore, MemoryStore};
 
 /// Any [`Store`] for async code. A server backend's calls (PostgreSQL,
 /// Redis) are awaited natively in the caller's task; a memory store's run
@@ -93,8 +97,7 @@ pub struct AsyncStore {
     /// The same store when it has an async core (a server backend, see
     /// `StoreAdmin::async_core`): its calls are awaited natively, in the
     /// caller's task.
-    #[cfg(any(feature = "postgres", feature = "redis"))]
-    native: Option<Arc<dyn crate::native::DynCore>>,
+    native: Option<Arc<dyn agentstate_core::native::DynCore>>,
     /// A store whose calls never sync or sleep (the memory store, see
     /// `StoreAdmin::runs_in_caller`): they run in the caller's task (W2
     /// keeps only blocking work off the executor).
@@ -105,9 +108,8 @@ pub struct AsyncStore {
 /// Awaits the call natively when the store has an async core, and returns.
 macro_rules! native {
     ($self:ident . $m:ident ( $($a:expr),* )) => {
-        #[cfg(any(feature = "postgres", feature = "redis"))]
         if let Some(n) = &$self.native {
-            return crate::native::DynCore::$m(&**n, $($a),*).await;
+            return agentstate_core::native::DynCore::$m(&**n, $($a),*).await;
         }
     };
 }
@@ -119,7 +121,6 @@ macro_rules! native {
 /// a runtime).
 impl Drop for AsyncStore {
     fn drop(&mut self) {
-        #[cfg(any(feature = "postgres", feature = "redis"))]
         drop(self.native.take());
         let Some(store) = self.inner.take() else {
             return;
@@ -198,7 +199,6 @@ impl AsyncStore {
     /// task (it never syncs); a file store on tokio's blocking pool.
     pub fn new<S: Store + 'static>(store: S) -> Self {
         let store = Arc::new(store);
-        #[cfg(any(feature = "postgres", feature = "redis"))]
         if let Some(native) = Arc::clone(&store).async_core() {
             return AsyncStore {
                 inner: Some(store),
@@ -216,7 +216,6 @@ impl AsyncStore {
     fn blocking_pool(store: Arc<dyn Store>, path: Option<PathBuf>) -> Self {
         AsyncStore {
             inner: Some(store),
-            #[cfg(any(feature = "postgres", feature = "redis"))]
             native: None,
             inline: false,
             path,
@@ -276,7 +275,6 @@ impl AsyncStore {
     /// returns, and the answer is `true`. With other handles alive it only
     /// drops this one and answers `false`.
     pub async fn close(mut self) -> Result<bool> {
-        #[cfg(any(feature = "postgres", feature = "redis"))]
         drop(self.native.take());
         let mut store = self
             .inner
@@ -795,15 +793,15 @@ impl AsyncStore {
     where
         F: FnMut(&mut RunRecord) -> Result<()>,
     {
-        let mut seed = crate::retry::seed();
+        let mut seed = agentstate_core::retry::seed();
         let attempts = policy.attempts.max(1);
         let mut n = 0;
         loop {
             n += 1;
             let Some(mut run) = self.get_run(key).await? else {
-                return Err(StateError::NotFound(crate::error::RecordKey::Run(
-                    key.clone(),
-                )));
+                return Err(StateError::NotFound(
+                    agentstate_core::error::RecordKey::Run(key.clone()),
+                ));
             };
             edit(&mut run)?;
             match self.put_run(run).await {

@@ -9,9 +9,9 @@ use std::task::{Context, Poll};
 
 use futures_core::Stream;
 
-use crate::cursor::Cursor;
-use crate::error::Result;
-use crate::page::{Page, PageRequest};
+use agentstate_core::cursor::Cursor;
+use agentstate_core::error::Result;
+use agentstate_core::page::{Page, PageRequest};
 
 type PageFut<T> = Pin<Box<dyn Future<Output = Result<Page<T>>> + Send>>;
 type Fetch<T> = Box<dyn FnMut(PageRequest) -> PageFut<T> + Send>;
@@ -134,10 +134,7 @@ impl<T> Stream for PageStream<T> {
             match page {
                 Ok(page) => {
                     let (items, cursor) = page.into_parts();
-                    this.next = cursor.map(|c| PageRequest {
-                        limit: req.limit,
-                        cursor: Some(c),
-                    });
+                    this.next = cursor.map(|c| PageRequest::new(req.limit).with_cursor(Some(c)));
                     this.buf = items.into();
                 }
                 Err(e) => return Poll::Ready(Some(Err(e))),
@@ -146,8 +143,8 @@ impl<T> Stream for PageStream<T> {
     }
 }
 
-type ChangeFut = Pin<Box<dyn Future<Output = Result<crate::feed::ChangePage>> + Send>>;
-type Wait = Box<dyn FnMut(crate::feed::Position) -> ChangeFut + Send>;
+type ChangeFut = Pin<Box<dyn Future<Output = Result<agentstate_core::feed::ChangePage>> + Send>>;
+type Wait = Box<dyn FnMut(agentstate_core::feed::Position) -> ChangeFut + Send>;
 
 /// A feed followed without end: a [`Stream`] of `Result<Change>` that
 /// waits for the next commit of its scope whenever it has handed out
@@ -174,10 +171,10 @@ type Wait = Box<dyn FnMut(crate::feed::Position) -> ChangeFut + Send>;
 pub struct ChangeStream {
     wait: Wait,
     /// Where the next read starts: the last page's `next`.
-    at: crate::feed::Position,
+    at: agentstate_core::feed::Position,
     /// The position of the last change handed out.
-    handed: crate::feed::Position,
-    buf: VecDeque<crate::feed::Change>,
+    handed: agentstate_core::feed::Position,
+    buf: VecDeque<agentstate_core::feed::Change>,
     pending: Option<ChangeFut>,
     failed: bool,
 }
@@ -194,10 +191,10 @@ impl std::fmt::Debug for ChangeStream {
 }
 
 impl ChangeStream {
-    pub(crate) fn new<F, Fut>(after: crate::feed::Position, mut wait: F) -> Self
+    pub(crate) fn new<F, Fut>(after: agentstate_core::feed::Position, mut wait: F) -> Self
     where
-        F: FnMut(crate::feed::Position) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<crate::feed::ChangePage>> + Send + 'static,
+        F: FnMut(agentstate_core::feed::Position) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<agentstate_core::feed::ChangePage>> + Send + 'static,
     {
         ChangeStream {
             wait: Box::new(move |at| Box::pin(wait(at))),
@@ -212,7 +209,7 @@ impl ChangeStream {
     /// Where a later watch resumes so that it misses nothing this one has
     /// not handed out: the last change's position, or, once every change
     /// read was handed out, the position the feed was read up to.
-    pub fn position(&self) -> crate::feed::Position {
+    pub fn position(&self) -> agentstate_core::feed::Position {
         if self.buf.is_empty() {
             self.at
         } else {
@@ -221,13 +218,13 @@ impl ChangeStream {
     }
 
     /// The next change (waiting for one as long as it takes).
-    pub async fn next(&mut self) -> Option<Result<crate::feed::Change>> {
+    pub async fn next(&mut self) -> Option<Result<agentstate_core::feed::Change>> {
         std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
     }
 }
 
 impl Stream for ChangeStream {
-    type Item = Result<crate::feed::Change>;
+    type Item = Result<agentstate_core::feed::Change>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;

@@ -2,14 +2,14 @@
 //! `fuzz/` and the tests that replay their findings. Not part of the API:
 //! it may change in any release.
 
-use crate::codec::cursor::{self, Listing};
-use crate::codec::key::{KeyBuf, KeyReader};
-use crate::codec::value;
-use crate::cursor::Cursor;
-use crate::error::Result;
-use crate::kv::key::table;
-use crate::record::{RunRecord, SessionRecord};
-use crate::tray::Tray;
+use agentstate_core::codec::cursor::{self, Listing};
+use agentstate_core::codec::key::{KeyBuf, KeyReader};
+use agentstate_core::codec::value;
+use agentstate_core::cursor::Cursor;
+use agentstate_core::error::Result;
+use agentstate_core::record::{RunRecord, SessionRecord};
+use agentstate_core::tray::Tray;
+use agentstate_kv::key::table;
 
 /// Decodes a stored run value (format byte, postcard body, checksum).
 pub fn decode_run(bytes: &[u8]) -> Result<RunRecord> {

@@ -78,78 +78,48 @@
 // Operating errors are handled, never unwrapped, outside tests.
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
-mod admin;
-mod api;
-mod budget;
-mod clock;
-mod codec;
-#[cfg(feature = "conformance")]
-pub mod conformance;
-mod cursor;
-mod entry;
-mod error;
-mod feed;
+// The layers are crates of their own (ARCHITECTURE.md): this facade
+// re-exports them and adds the async face.
 #[doc(hidden)]
 pub mod fuzz_api;
-mod idempotency;
-mod kv;
-mod labels;
-pub mod limits;
-#[cfg(any(feature = "postgres", feature = "redis"))]
-pub(crate) mod native;
-mod observe;
-mod options;
-mod page;
-#[cfg(feature = "postgres")]
-mod pg;
-mod record;
-mod redact;
-#[cfg(feature = "redis")]
-mod redis_store;
-mod retry;
-mod rules;
-mod scrub;
-mod scrub_prefilter;
-pub(crate) mod sync;
-mod tray;
+pub use agentstate_core::limits;
 
 #[cfg(feature = "async")]
 mod async_store;
 #[cfg(feature = "async")]
 mod async_stream;
 
-pub use admin::{StoreAdmin, StoreStats, TenantStats, VerifyReport};
-pub use api::{StateStore, Store, TrayStore};
+pub use agentstate_core::{
+    ALARM_TRAY, Alarm, Amount, Approval, BudgetKey, BudgetRecord, BudgetStatus, BudgetStore,
+    CapLimit, CapScope, Caps, Change, ChangePage, Changed, Clock, Cursor, Durability, Entry,
+    FEED_WAIT_MAX, FeedScope, FeedStore, FileEngine, Hold, HoldRecord, IdempotencyKey,
+    IdempotencyWindow, InstanceKey, Label, Labels, ManualClock, MarkedTray, Millis, Missing,
+    Options, Page, PageRequest, Pages, PersistenceReason, Position, REDACTED, RecordKey, Result,
+    RetryPolicy, RunKey, RunRecord, RunSpend, RunState, Scrubber, SessionKey, SessionRecord,
+    Settled, Spend, StateDelta, StateError, StateQuery, StateStore, StateStoreExt, Store,
+    StoreAdmin, StoreStats, SystemClock, TenantStats, ToolCall, Tray, TrayFilter, TrayKey, TrayOp,
+    TrayStore, UpgradeProgress, Usage, VerifyReport, redact_connection_string,
+};
+pub use agentstate_kv::{FileStore, MemoryStore};
+
 #[cfg(feature = "async")]
 pub use async_store::AsyncStore;
 #[cfg(feature = "async")]
 pub use async_stream::{ChangeStream, PageStream};
-pub use budget::{
-    Amount, BudgetKey, BudgetRecord, BudgetStatus, BudgetStore, CapLimit, CapScope, Caps, Hold,
-    HoldRecord, RunSpend, Settled, Spend,
-};
-pub use clock::{Clock, ManualClock, SystemClock};
-pub use cursor::Cursor;
-pub use entry::Entry;
-pub use error::{Missing, PersistenceReason, RecordKey, Result, StateError};
-pub use feed::{Change, ChangePage, Changed, FEED_WAIT_MAX, FeedScope, FeedStore, Position};
-pub use idempotency::IdempotencyKey;
-pub use kv::{FileStore, MemoryStore};
-pub use labels::{Label, Labels};
-pub use options::{Durability, FileEngine, IdempotencyWindow, Options, UpgradeProgress};
-pub use page::{Page, PageRequest, Pages};
+
+#[cfg(feature = "conformance")]
+#[doc(inline)]
+pub use agentstate_conformance as conformance;
+#[cfg(feature = "conformance")]
+pub use agentstate_conformance::conformance_tests;
+#[cfg(feature = "conformance")]
+#[doc(hidden)]
+pub use agentstate_conformance::{__conformance_rules, __conformance_test_fns};
+
 #[cfg(feature = "postgres")]
-pub use pg::{PgOptions, PostgresStore};
-pub use record::{
-    Approval, Millis, RunKey, RunRecord, RunState, SessionKey, SessionRecord, StateDelta,
-    StateQuery, ToolCall, Usage,
-};
-pub use redact::redact_connection_string;
+pub use agentstate_postgres::{PgOptions, PostgresStore};
 #[cfg(feature = "redis")]
-pub use redis_store::{RedisOptions, RedisStore};
-pub use retry::{RetryPolicy, StateStoreExt};
-pub use scrub::{REDACTED, Scrubber};
-pub use tray::{ALARM_TRAY, Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
+pub use agentstate_redis::{RedisOptions, RedisStore};
 
 // The README's and the manual's (docs/) examples run as doctests, so they
 // cannot drift from the code.

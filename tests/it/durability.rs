@@ -890,7 +890,7 @@ fn d4_a_newer_format_is_refused_and_no_file_is_touched() {
         3
     );
     // A value whose own version byte is newer is refused by the codec
-    // (unit test `newer_version_is_refused_by_name` in src/codec/value.rs):
+    // (unit test `newer_version_is_refused_by_name` in crates/core/src/codec/value.rs):
     // no public API writes one.
 }
 

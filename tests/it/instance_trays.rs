@@ -12,7 +12,10 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use agentstate::{InstanceKey, Tray, TrayFilter, TrayKey, TrayOp, TrayStore};
+use agentstate::{
+    Alarm, IdempotencyKey, InstanceKey, MarkedTray, MemoryStore, Millis, Page, PageRequest, Result,
+    StateError, Tray, TrayFilter, TrayKey, TrayOp, TrayStore,
+};
 
 const TOTAL: u64 = 100;
 const FILLERS: usize = 1_500;
@@ -252,4 +255,117 @@ fn t7_one_snapshot_under_writers_redis() {
 fn t7_one_snapshot_under_writers_postgres() {
     let s = crate::postgres::store(agentstate::Options::new());
     snapshot_under_writers(&s, 300, 100);
+}
+
+/// A backend with every tray call but `instance_trays`, which it takes
+/// from the trait's default.
+struct Paged(MemoryStore);
+
+impl TrayStore for Paged {
+    fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
+        self.0.read_tray(key, epoch)
+    }
+    fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
+        self.0.write_tray(key, epoch, tray)
+    }
+    fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
+        self.0.delete_tray(key, epoch)
+    }
+    fn apply_batch(&self, instance: &InstanceKey, epoch: u64, ops: Vec<TrayOp>) -> Result<()> {
+        self.0.apply_batch(instance, epoch, ops)
+    }
+    fn apply_batch_idempotent(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        ops: Vec<TrayOp>,
+        key: &IdempotencyKey,
+    ) -> Result<()> {
+        self.0.apply_batch_idempotent(instance, epoch, ops, key)
+    }
+    fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
+        self.0.release(instance, epoch)
+    }
+    fn list_trays(
+        &self,
+        instance: &InstanceKey,
+        epoch: u64,
+        page: &PageRequest,
+    ) -> Result<Page<(TrayKey, Tray)>> {
+        self.0.list_trays(instance, epoch, page)
+    }
+    fn marked_trays(&self, env: Option<&str>, page: &PageRequest) -> Result<Page<MarkedTray>> {
+        self.0.marked_trays(env, page)
+    }
+    fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
+        self.0.epoch(instance)
+    }
+    fn set_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<()> {
+        self.0.set_alarm(instance, epoch, due_at)
+    }
+    fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
+        self.0.due_alarms(now, page)
+    }
+    fn ack_alarm(&self, instance: &InstanceKey, epoch: u64, due_at: Millis) -> Result<bool> {
+        self.0.ack_alarm(instance, epoch, due_at)
+    }
+}
+
+/// The default `instance_trays` pages past `PAGE_ITEMS_MAX`, filters,
+/// sorts, fences at its epoch and checks the filter's id first,
+/// answering what a backend's own one-snapshot call answers.
+#[test]
+fn default_instance_trays_pages_filters_and_fences() {
+    let s = Paged(MemoryStore::new());
+    let i = InstanceKey::new("ns", "i");
+    let ops = (0..2_500)
+        .map(|n| TrayOp::Put {
+            tray_ns: ["b", "a", "B", "a\0"][n % 4].to_string(),
+            tray_id: format!("{}", n * 7 % 2_500),
+            tray: Tray {
+                marked: n % 3 == 0,
+                doc: n.to_string().into_bytes(),
+                env: "e".into(),
+                hostname: "h".into(),
+            },
+        })
+        .collect();
+    s.apply_batch(&i, 2, ops).unwrap();
+    s.set_alarm(&i, 2, 5).unwrap();
+    for f in [
+        TrayFilter::new(),
+        TrayFilter::new().marked(true),
+        TrayFilter::new().marked(false),
+        TrayFilter::new().tray_ns("a"),
+        TrayFilter::new().tray_ns("a\0").marked(true),
+        TrayFilter::new().tray_ns("pinned"),
+    ] {
+        let got = s.instance_trays(&i, 2, &f).unwrap();
+        assert_eq!(got, s.0.instance_trays(&i, 2, &f).unwrap(), "{f:?}");
+        assert!(got.iter().all(|(k, t)| f.matches(k, t)), "{f:?}");
+    }
+    assert_eq!(
+        s.instance_trays(&i, 2, &TrayFilter::new()).unwrap().len(),
+        2_500
+    );
+    // The fence, at every page: below it `FenceLost`, above it moved.
+    assert!(matches!(
+        s.instance_trays(&i, 1, &TrayFilter::new()),
+        Err(StateError::FenceLost {
+            caller: 1,
+            stored: 2,
+            ..
+        })
+    ));
+    assert_eq!(
+        s.instance_trays(&i, 4, &TrayFilter::new()).unwrap().len(),
+        2_500
+    );
+    assert_eq!(s.epoch(&i).unwrap(), 4);
+    // A bad filter is refused before the fence could move.
+    assert!(matches!(
+        s.instance_trays(&i, 9, &TrayFilter::new().tray_ns("")),
+        Err(StateError::Invalid { .. })
+    ));
+    assert_eq!(s.epoch(&i).unwrap(), 4);
 }

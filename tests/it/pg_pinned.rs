@@ -898,14 +898,14 @@ fn setup_races_pinned_setup() {
 /// The schema files a database at `version` was set up with.
 fn schema_files(version: usize) -> String {
     [
-        include_str!("../../src/pg/schema/v1.sql"),
-        include_str!("../../src/pg/schema/v2.sql"),
-        include_str!("../../src/pg/schema/v3.sql"),
-        include_str!("../../src/pg/schema/v4.sql"),
-        include_str!("../../src/pg/schema/v5.sql"),
-        include_str!("../../src/pg/schema/v6.sql"),
-        include_str!("../../src/pg/schema/v7.sql"),
-        include_str!("../../src/pg/schema/v8.sql"),
+        include_str!("../../crates/postgres/src/schema/v1.sql"),
+        include_str!("../../crates/postgres/src/schema/v2.sql"),
+        include_str!("../../crates/postgres/src/schema/v3.sql"),
+        include_str!("../../crates/postgres/src/schema/v4.sql"),
+        include_str!("../../crates/postgres/src/schema/v5.sql"),
+        include_str!("../../crates/postgres/src/schema/v6.sql"),
+        include_str!("../../crates/postgres/src/schema/v7.sql"),
+        include_str!("../../crates/postgres/src/schema/v8.sql"),
     ][..version]
         .concat()
         .replace("{s}", "public.")

@@ -259,12 +259,12 @@ fn setup_upgrades_a_version_1_database() {
 /// The schema files a database at `version` was set up with.
 fn schema_files(version: u8) -> String {
     [
-        include_str!("../../src/pg/schema/v1.sql"),
-        include_str!("../../src/pg/schema/v2.sql"),
-        include_str!("../../src/pg/schema/v3.sql"),
-        include_str!("../../src/pg/schema/v4.sql"),
-        include_str!("../../src/pg/schema/v5.sql"),
-        include_str!("../../src/pg/schema/v6.sql"),
+        include_str!("../../crates/postgres/src/schema/v1.sql"),
+        include_str!("../../crates/postgres/src/schema/v2.sql"),
+        include_str!("../../crates/postgres/src/schema/v3.sql"),
+        include_str!("../../crates/postgres/src/schema/v4.sql"),
+        include_str!("../../crates/postgres/src/schema/v5.sql"),
+        include_str!("../../crates/postgres/src/schema/v6.sql"),
     ][..usize::from(version)]
         .concat()
 }

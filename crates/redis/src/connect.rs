@@ -1,0 +1,831 @@
+//! Opening connections and telling why one failed: the URL read once
+//! (credentials and database taken out so the store authenticates itself
+//! and keeps the server's own answer), TLS on rustls, the first
+//! connection made before the pool so its error comes back at once, the
+//! checks a server must pass before the store uses it (not a cluster
+//! node, no eviction, fsync when required), and the pool of multiplexed
+//! connections ([`Pool`]) every call takes one from.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use ::redis::aio::MultiplexedConnection;
+use ::redis::{
+    AsyncConnectionConfig, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo,
+    RedisError, RedisResult, ServerErrorKind,
+};
+
+use agentstate_core::error::{Result, StateError};
+
+use super::{Persistence, RedisOptions};
+
+/// The certificates a `rediss://` connection uses besides the URL: a CA to
+/// trust instead of the built-in roots, and a client certificate for
+/// mutual TLS. PEM bytes, never printed.
+#[derive(Clone, Default)]
+pub(crate) struct TlsPems {
+    pub(crate) ca: Option<Vec<u8>>,
+    pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for TlsPems {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsPems")
+            .field("ca", &self.ca.as_ref().map(|_| "<pem>"))
+            .field("client", &self.client.as_ref().map(|_| "<cert and key>"))
+            .finish()
+    }
+}
+
+/// `AUTH`'s arguments, kept out of the redis-rs client so the store sends
+/// `AUTH` itself and keeps the server's reply (redis-rs replaces it with
+/// "Password authentication failed").
+#[derive(Clone)]
+struct Auth {
+    username: Option<String>,
+    password: String,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("username", &self.username)
+            .field("password", &"***")
+            .finish()
+    }
+}
+
+/// Opens connections with the store's timeouts (each one a redis-rs
+/// `MultiplexedConnection`, see [`Pool`]).
+#[derive(Debug)]
+pub(crate) struct Dialer {
+    client: ::redis::Client,
+    /// For the change feed's subscriber connection (`open_pubsub`): the
+    /// URL as given, credentials and database included, which redis-rs
+    /// sends itself (a subscriber connection takes no other command).
+    pubsub: ::redis::Client,
+    auth: Option<Auth>,
+    db: i64,
+    connect_timeout: Duration,
+    io_timeout: Duration,
+}
+
+impl Dialer {
+    /// Reads `url` and the TLS options into a dialer; `server` is the URL
+    /// without its password, for messages.
+    pub(crate) fn new(url: &str, server: &str, opts: &RedisOptions) -> Result<Dialer> {
+        let info = url
+            .into_connection_info()
+            .map_err(|e| StateError::invalid(format!("redis url {server}: {e}")))?;
+        let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        if tls {
+            // rustls needs a process-wide crypto provider when more than
+            // one is compiled in (and always for `#insecure`); ring is the
+            // one this crate brings. One installed already stays. (rustls
+            // 0.23.48 deprecates ring's provider for lacking post-quantum
+            // key exchange; rustls itself still installs it the same way.)
+            if rustls::crypto::CryptoProvider::get_default().is_none() {
+                #[allow(deprecated)]
+                let _ = rustls::crypto::ring::default_provider().install_default();
+            }
+        }
+        let settings = info.redis_settings().clone();
+        // The subscriber speaks RESP2 whatever the URL says (redis-rs'
+        // `PubSub` is a RESP2 connection).
+        let full = info.clone().set_redis_settings(
+            settings
+                .clone()
+                .set_protocol(::redis::ProtocolVersion::RESP2),
+        );
+        let (auth, db, info) = if settings.protocol().supports_resp3() {
+            // HELLO carries AUTH under RESP3, and keeps the server's reply.
+            (None, 0, info)
+        } else {
+            let auth = settings.password().map(|p| Auth {
+                username: settings.username().map(str::to_string),
+                password: p.to_string(),
+            });
+            let mut plain =
+                ::redis::RedisConnectionInfo::default().set_protocol(settings.protocol());
+            if auth.is_some() {
+                // CLIENT SETINFO before AUTH would only be refused.
+                plain = plain.set_skip_set_lib_name();
+            }
+            (auth, settings.db(), info.set_redis_settings(plain))
+        };
+        if opts.tls.is_some() && !tls {
+            return Err(StateError::invalid(format!(
+                "redis url {server}: TLS certificates were given (RedisOptions::tls_ca_pem / \
+                 tls_client_pem) but the url is not rediss://"
+            )));
+        }
+        let build = |info: ::redis::ConnectionInfo| match &opts.tls {
+            Some(pems) => {
+                let certs = ::redis::TlsCertificates {
+                    client_tls: pems
+                        .client
+                        .as_ref()
+                        .map(|(cert, key)| ::redis::ClientTlsConfig {
+                            client_cert: cert.clone(),
+                            client_key: key.clone(),
+                        }),
+                    root_cert: pems.ca.clone(),
+                };
+                ::redis::Client::build_with_tls(info, certs).map_err(|e| {
+                    StateError::invalid(format!("redis {server}: TLS certificates: {e}"))
+                })
+            }
+            None => ::redis::Client::open(info)
+                .map_err(|e| StateError::invalid(format!("redis url {server}: {e}"))),
+        };
+        let client = build(info)?;
+        let pubsub = build(full)?;
+        Ok(Dialer {
+            client,
+            pubsub,
+            auth,
+            db,
+            connect_timeout: opts.connect_timeout,
+            io_timeout: opts.io_timeout,
+        })
+    }
+
+    /// Opens one connection: TCP (and TLS), `AUTH`, `SELECT`, all within
+    /// the connect timeout. Its I/O task is spawned on the runtime this
+    /// runs on: call it through `Bridge::on_runtime` (the store's).
+    pub(crate) async fn open(&self) -> std::result::Result<MultiplexedConnection, RedisError> {
+        match tokio::time::timeout(self.connect_timeout, self.open_untimed()).await {
+            Ok(r) => r,
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no connection within the connect timeout ({:?})",
+                    self.connect_timeout
+                ),
+            ))),
+        }
+    }
+
+    /// Opens a subscriber connection (RESP2 pub/sub: TCP, TLS, `AUTH` and
+    /// `SELECT` as the URL says), within the connect timeout. Like
+    /// [`open`](Self::open), call it on the store's runtime.
+    pub(crate) async fn open_pubsub(
+        &self,
+    ) -> std::result::Result<::redis::aio::PubSub, RedisError> {
+        match tokio::time::timeout(self.connect_timeout, self.pubsub.get_async_pubsub()).await {
+            Ok(r) => r,
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no subscriber connection within the connect timeout",
+            ))),
+        }
+    }
+
+    /// How long one command may take to answer.
+    pub(crate) fn io_timeout(&self) -> Duration {
+        self.io_timeout
+    }
+
+    async fn open_untimed(&self) -> std::result::Result<MultiplexedConnection, RedisError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.io_timeout));
+        let mut c = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        if let Some(a) = &self.auth {
+            let auth = |with_user: bool| {
+                let mut cmd = ::redis::cmd("AUTH");
+                if with_user && let Some(u) = &a.username {
+                    cmd.arg(u);
+                }
+                cmd.arg(&a.password);
+                cmd
+            };
+            match auth(true).query_async::<()>(&mut c).await {
+                // A server older than ACLs takes the password alone.
+                Err(e)
+                    if a.username.is_some()
+                        && e.detail()
+                            .is_some_and(|d| d.contains("wrong number of arguments")) =>
+                {
+                    auth(false).query_async::<()>(&mut c).await?
+                }
+                r => r?,
+            }
+        }
+        if self.db != 0 {
+            ::redis::cmd("SELECT")
+                .arg(self.db)
+                .query_async::<()>(&mut c)
+                .await?;
+        }
+        Ok(c)
+    }
+}
+
+/// The store's connections: up to `pool_size` redis-rs
+/// `MultiplexedConnection`s, each carrying any number of calls at once
+/// (pipelined on one socket). A call takes the open connection with the
+/// fewest calls in flight; when every open one is busy and the pool is
+/// not full, one more is dialed in the background (the call does not wait
+/// for it). A call waits for a dial only when no connection is open. A
+/// connection is dropped from the pool after a call on it failed in
+/// transport (dropped, reset, timed out), once it lived past
+/// `max_lifetime`, and once idle past `idle_timeout` (one idle
+/// connection is kept); a reaper task on the store's runtime does this
+/// between calls too. Every dial runs on the store's runtime, so every
+/// connection's I/O task lives there, never on a caller's runtime.
+///
+/// Why several connections rather than one (redis-rs' `ConnectionManager`
+/// is one socket): under concurrent calls a large answer (a listing, an
+/// export page) on one socket holds up only the calls that share it, and
+/// a socket that dies fails only the calls in flight on it. And each
+/// connection is dialed by the store itself (its `AUTH`, so a server's
+/// refusal keeps the server's words, with the store's own timeouts), so
+/// a call that found no connection is told apart from one that was
+/// handed to one (rule I7).
+pub(crate) struct Pool {
+    inner: Arc<PoolInner>,
+}
+
+struct PoolInner {
+    dialer: Arc<Dialer>,
+    size: usize,
+    idle_timeout: Option<Duration>,
+    max_lifetime: Option<Duration>,
+    conns: parking_lot::Mutex<Vec<Live>>,
+    /// Whether a background dial is under way (one at a time).
+    dialing: AtomicBool,
+    /// Serializes the dials callers wait for (when none is open).
+    dial: tokio::sync::Mutex<()>,
+    next: AtomicUsize,
+    rt: tokio::runtime::Handle,
+}
+
+/// One open connection.
+struct Live {
+    conn: MultiplexedConnection,
+    born: Instant,
+    /// When a call last took it.
+    used: Instant,
+    /// Set by a call that saw the connection fail in transport.
+    broken: Arc<AtomicBool>,
+    /// Calls in flight on it.
+    busy: Arc<AtomicUsize>,
+}
+
+impl Live {
+    fn new(conn: MultiplexedConnection) -> Live {
+        let now = Instant::now();
+        Live {
+            conn,
+            born: now,
+            used: now,
+            broken: Arc::new(AtomicBool::new(false)),
+            busy: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Why the connection must take no further call, if so; `keep_idle`
+    /// keeps it however long idle.
+    fn stale(&self, p: &PoolInner, now: Instant, keep_idle: bool) -> Option<&'static str> {
+        if self.broken.load(Ordering::Relaxed) {
+            return Some("redial");
+        }
+        if p.max_lifetime
+            .is_some_and(|t| now.duration_since(self.born) >= t)
+        {
+            return Some("max_lifetime");
+        }
+        if !keep_idle
+            && self.busy.load(Ordering::Relaxed) == 0
+            && p.idle_timeout
+                .is_some_and(|t| now.duration_since(self.used) >= t)
+        {
+            return Some("idle_timeout");
+        }
+        None
+    }
+
+    fn take(&mut self, now: Instant) -> Conn {
+        self.used = now;
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        Conn {
+            conn: self.conn.clone(),
+            broken: self.broken.clone(),
+            busy: self.busy.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("size", &self.inner.size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    /// A pool of at most `opts.pool_size` connections, holding `first`
+    /// (the connection the store checked the server on); dials and the
+    /// reaper run on `rt` (the store's runtime).
+    pub(crate) fn new(
+        dialer: Arc<Dialer>,
+        opts: &RedisOptions,
+        first: MultiplexedConnection,
+        rt: &tokio::runtime::Handle,
+    ) -> Pool {
+        let inner = Arc::new(PoolInner {
+            dialer,
+            size: opts.pool_size.max(1) as usize,
+            idle_timeout: opts.idle_timeout,
+            max_lifetime: opts.max_lifetime,
+            conns: parking_lot::Mutex::new(vec![Live::new(first)]),
+            dialing: AtomicBool::new(false),
+            dial: tokio::sync::Mutex::new(()),
+            next: AtomicUsize::new(0),
+            rt: rt.clone(),
+        });
+        let every = [opts.idle_timeout, opts.max_lifetime]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|t| (t / 2).clamp(Duration::from_millis(10), Duration::from_secs(30)));
+        if let Some(every) = every {
+            let weak = Arc::downgrade(&inner);
+            rt.spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let Some(pool) = weak.upgrade() else { return };
+                    pool.prune(Instant::now());
+                }
+            });
+        }
+        Pool { inner }
+    }
+
+    /// A connection for one call. An error means nothing of the call was
+    /// sent (no connection could be opened).
+    pub(crate) async fn get(
+        &self,
+        bridge: &agentstate_core::native::Bridge,
+    ) -> std::result::Result<Conn, RedisError> {
+        if let Some(c) = self.inner.pick() {
+            return Ok(c);
+        }
+        // None open: dial one, and wait for it (one dial at a time; those
+        // waiting take the one it opened).
+        let _dialing = self.inner.dial.lock().await;
+        if let Some(c) = self.inner.pick() {
+            return Ok(c);
+        }
+        let dialer = self.inner.dialer.clone();
+        let conn = bridge
+            .on_runtime(async move { dialer.open().await })
+            .await?;
+        let mut live = Live::new(conn);
+        let c = live.take(Instant::now());
+        self.inner.conns.lock().push(live);
+        Ok(c)
+    }
+}
+
+impl PoolInner {
+    /// Drops the connections that must take no further call (keeping one
+    /// idle one).
+    fn prune(&self, now: Instant) -> usize {
+        let mut conns = self.conns.lock();
+        let mut kept_idle = false;
+        conns.retain(|l| match l.stale(self, now, !kept_idle) {
+            None => {
+                kept_idle = true;
+                true
+            }
+            Some(why) => {
+                if why == "redial" {
+                    agentstate_core::observe::retry("redis", "redial", 1);
+                }
+                false
+            }
+        });
+        conns.len()
+    }
+
+    /// The open connection with the fewest calls in flight, if any; when
+    /// even that one is busy, one more is dialed in the background.
+    fn pick(self: &Arc<Self>) -> Option<Conn> {
+        let now = Instant::now();
+        self.prune(now);
+        let mut conns = self.conns.lock();
+        let n = conns.len();
+        if n == 0 {
+            return None;
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let best = (0..n)
+            .map(|k| (start + k) % n)
+            .min_by_key(|&i| conns[i].busy.load(Ordering::Relaxed))
+            .expect("n > 0");
+        let busy = conns[best].busy.load(Ordering::Relaxed) > 0;
+        let c = conns[best].take(now);
+        if busy && n < self.size && !self.dialing.swap(true, Ordering::AcqRel) {
+            let pool = self.clone();
+            self.rt.spawn(async move {
+                if let Ok(conn) = pool.dialer.open().await {
+                    let mut conns = pool.conns.lock();
+                    if conns.len() < pool.size {
+                        conns.push(Live::new(conn));
+                    }
+                }
+                pool.dialing.store(false, Ordering::Release);
+            });
+        }
+        Some(c)
+    }
+}
+
+/// One call's connection (a clone of a pooled multiplexed connection).
+pub(crate) struct Conn {
+    conn: MultiplexedConnection,
+    broken: Arc<AtomicBool>,
+    busy: Arc<AtomicUsize>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Conn {
+    /// Notes a failure of `e`: a connection that failed in transport
+    /// (dropped, reset, timed out) takes no further call.
+    pub(crate) fn note(&self, e: &RedisError) {
+        if e.is_unrecoverable_error()
+            || e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+        {
+            self.broken.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends one command and answers its raw reply (a server's error
+    /// reply is `Ok(Value::ServerError)`).
+    pub(crate) async fn send(&mut self, cmd: &::redis::Cmd) -> RedisResult<::redis::Value> {
+        let r = ::redis::aio::ConnectionLike::req_packed_command(&mut self.conn, cmd).await;
+        if let Err(e) = &r {
+            self.note(e);
+        }
+        r
+    }
+
+    /// The connection, for redis-rs' own calls (loading a script).
+    pub(crate) fn raw(&mut self) -> &mut MultiplexedConnection {
+        &mut self.conn
+    }
+
+    /// Runs one command and converts its reply.
+    pub(crate) async fn query<T: FromRedisValue>(&mut self, cmd: &::redis::Cmd) -> Result<T> {
+        let r = cmd.query_async(&mut self.conn).await;
+        r.map_err(|e| {
+            self.note(&e);
+            super::map_err(e)
+        })
+    }
+
+    /// Runs a pipeline (a `MULTI` when atomic) and converts its replies.
+    pub(crate) async fn pipe<T: FromRedisValue>(&mut self, p: &::redis::Pipeline) -> Result<T> {
+        let r = p.query_async(&mut self.conn).await;
+        r.map_err(|e| {
+            self.note(&e);
+            super::map_err(e)
+        })
+    }
+}
+
+/// `cmd.query_on(&mut conn).await`: a command or pipeline run on one of
+/// the store's connections, its failure as the crate's error.
+pub(crate) trait QueryOn {
+    async fn query_on<T: FromRedisValue>(&self, conn: &mut Conn) -> Result<T>;
+}
+
+impl QueryOn for ::redis::Cmd {
+    async fn query_on<T: FromRedisValue>(&self, conn: &mut Conn) -> Result<T> {
+        conn.query(self).await
+    }
+}
+
+impl QueryOn for ::redis::Pipeline {
+    async fn query_on<T: FromRedisValue>(&self, conn: &mut Conn) -> Result<T> {
+        conn.pipe(self).await
+    }
+}
+
+/// Why a server said "no" to how it was asked, when it did: the first
+/// words of a `Refused` error's detail. `None` for everything else.
+pub(crate) fn refusal(e: &RedisError) -> Option<String> {
+    if let Some(tls) = tls_error(e) {
+        return Some(match tls {
+            rustls::Error::InvalidCertificate(_) => format!(
+                "the server's TLS certificate does not verify ({tls}): trust its CA with \
+                 RedisOptions::tls_ca_pem, or check the host name in the url"
+            ),
+            rustls::Error::AlertReceived(_) => format!(
+                "the server refused the TLS handshake ({tls}): it may require a client \
+                 certificate (RedisOptions::tls_client_pem) or one it trusts"
+            ),
+            _ => format!("TLS failed ({tls}): is this port a TLS port?"),
+        });
+    }
+    let code = e.code().unwrap_or("");
+    let kind = e.kind();
+    let said = server_text(e);
+    if kind == ErrorKind::AuthenticationFailed || code == "WRONGPASS" || code == "NOAUTH" {
+        return Some(format!(
+            "authentication failed ({said}): check the user and password in the url"
+        ));
+    }
+    if code == "NOPERM" {
+        return Some(format!(
+            "the user may not run a command the store needs ({said}): grant it with ACL SETUSER"
+        ));
+    }
+    if matches!(
+        kind,
+        ErrorKind::Server(ServerErrorKind::Moved) | ErrorKind::Server(ServerErrorKind::Ask)
+    ) {
+        return Some(format!(
+            "the server is a Redis Cluster node ({said}); cluster mode is not supported: \
+             connect to a single node or a managed non-cluster endpoint"
+        ));
+    }
+    if e.detail().is_some_and(|d| d.contains("DB index")) {
+        return Some(format!("the database does not exist ({said})"));
+    }
+    None
+}
+
+/// A driver error in the server's own words when the server answered
+/// (`NOPERM this user has no permissions …`: redis-rs prints the code as
+/// `NoPerm` or `"WRONGPASS"`), else as the driver prints it.
+pub(crate) fn server_text(e: &RedisError) -> String {
+    match (e.code(), e.detail()) {
+        (Some(code), Some(detail))
+            if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) =>
+        {
+            format!("{code} {detail}")
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// The TLS error under a driver error: rustls's own, or one an I/O error
+/// carries.
+fn tls_error(e: &RedisError) -> Option<&rustls::Error> {
+    let src = std::error::Error::source(e)?;
+    // redis-rs keeps the cause as an `Arc<dyn Error>`, which `source()`
+    // hands out as itself.
+    let inner: &(dyn std::error::Error + 'static) =
+        match src.downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>() {
+            Some(a) => &**a,
+            None => src,
+        };
+    if let Some(t) = inner.downcast_ref::<rustls::Error>() {
+        return Some(t);
+    }
+    inner
+        .downcast_ref::<std::io::Error>()?
+        .get_ref()?
+        .downcast_ref::<rustls::Error>()
+}
+
+/// A failure to open the first connection, or of a check made on it.
+pub(crate) fn connect_error(server: &str, e: RedisError) -> StateError {
+    if let Some(why) = refusal(&e) {
+        return StateError::refused(format!("redis {server}: {why}"), Some(Box::new(e)));
+    }
+    let hint = if e.is_connection_dropped() || e.kind() == ErrorKind::Parse {
+        " (if the server takes TLS only, use rediss://)"
+    } else {
+        ""
+    };
+    StateError::unavailable(
+        format!("redis {server}: cannot connect: {}{hint}", server_text(&e)),
+        Some(std::io::Error::other(e)),
+    )
+}
+
+/// What `CONFIG GET` says about durability, or why it could not be read.
+pub(crate) async fn read_persistence(
+    conn: &mut MultiplexedConnection,
+    server: &str,
+    opts: &RedisOptions,
+) -> Result<Persistence> {
+    async fn read(
+        conn: &mut MultiplexedConnection,
+        name: &str,
+    ) -> std::result::Result<String, RedisError> {
+        let pair: Vec<String> = ::redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(name)
+            .query_async(conn)
+            .await?;
+        Ok(pair.get(1).cloned().unwrap_or_default())
+    }
+    let got = async {
+        Ok::<_, RedisError>((
+            read(conn, "maxmemory-policy").await?,
+            read(conn, "appendonly").await?,
+            read(conn, "appendfsync").await?,
+        ))
+    }
+    .await;
+    let p = match got {
+        Ok((maxmemory_policy, appendonly, appendfsync)) => Persistence {
+            appendonly,
+            appendfsync,
+            maxmemory_policy,
+            stated: None,
+        },
+        Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+            return Err(connect_error(server, e));
+        }
+        Err(e) => match opts.assumed {
+            Some(a) => Persistence {
+                appendonly: if a.appendfsync_always {
+                    "yes"
+                } else {
+                    "unknown"
+                }
+                .into(),
+                appendfsync: if a.appendfsync_always {
+                    "always"
+                } else {
+                    "unknown"
+                }
+                .into(),
+                maxmemory_policy: if a.noeviction {
+                    "noeviction"
+                } else {
+                    "unknown"
+                }
+                .into(),
+                stated: Some(server_text(&e)),
+            },
+            None => {
+                let fsync = if opts.require_fsync {
+                    " and that it fsyncs every write (appendfsync always)"
+                } else {
+                    ""
+                };
+                return Err(StateError::refused(
+                    format!(
+                        "redis {server}: cannot read the server's settings with CONFIG GET ({}); \
+                         the store must know that the server never evicts keys \
+                         (maxmemory-policy noeviction){fsync}. Either let this user run it \
+                         (ACL SETUSER <user> +config|get), or, for a managed service that \
+                         disables CONFIG, state what the service guarantees with \
+                         RedisOptions::durability_assumed(true, <fsyncs every write>)",
+                        server_text(&e)
+                    ),
+                    Some(Box::new(e)),
+                ));
+            }
+        },
+    };
+    if p.maxmemory_policy != "noeviction" {
+        let how = if p.stated.is_some() {
+            "RedisOptions::durability_assumed(false, _) states that the server may evict keys"
+                .to_string()
+        } else {
+            format!("maxmemory-policy is {}", p.maxmemory_policy)
+        };
+        return Err(StateError::refused(
+            format!(
+                "redis {server}: {how}: under memory pressure the server would delete records \
+                 without an error; run it with noeviction (CONFIG SET maxmemory-policy \
+                 noeviction, and in redis.conf), so a full server refuses writes (OOM) instead"
+            ),
+            None,
+        ));
+    }
+    if opts.require_fsync && !p.survives_crash() {
+        let fix = if p.stated.is_some() {
+            "state that the service fsyncs every write \
+             (RedisOptions::durability_assumed(true, true)) if it does"
+        } else {
+            "run the server with `appendonly yes` and `appendfsync always` \
+             (CONFIG SET appendonly yes; CONFIG SET appendfsync always; and in redis.conf)"
+        };
+        return Err(StateError::refused(
+            format!(
+                "redis {server}: {}; refusing to connect because RedisOptions::require_fsync \
+                 is on: {fix}, or connect with require_fsync(false) to accept the loss",
+                p.describe()
+            ),
+            None,
+        ));
+    }
+    Ok(p)
+}
+
+/// Refuses a Redis Cluster node (`INFO cluster` says `cluster_enabled:1`).
+/// A server that hides `INFO` passes; a `MOVED` reply later is refused
+/// the same way (see [`refusal`]).
+pub(crate) async fn refuse_cluster(conn: &mut MultiplexedConnection, server: &str) -> Result<()> {
+    match ::redis::cmd("INFO")
+        .arg("cluster")
+        .query_async::<String>(conn)
+        .await
+    {
+        Ok(info) if info.lines().any(|l| l.trim() == "cluster_enabled:1") => {
+            Err(StateError::refused(
+                format!(
+                    "redis {server}: the server runs in cluster mode (cluster_enabled:1); \
+                     cluster mode is not supported: connect to a single node or a managed \
+                     non-cluster endpoint"
+                ),
+                None,
+            ))
+        }
+        Ok(_) => Ok(()),
+        Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+            Err(connect_error(server, e))
+        }
+        Err(e) if refusal(&e).is_some() && e.code() != Some("NOPERM") => {
+            Err(connect_error(server, e))
+        }
+        Err(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentstate_core::error::PersistenceReason;
+
+    /// A server's error reply as redis-rs hands it over.
+    fn reply(wire: &str) -> RedisError {
+        match ::redis::parse_redis_value(wire.as_bytes()).expect("parses") {
+            ::redis::Value::ServerError(e) => e.into(),
+            v => panic!("not an error: {v:?}"),
+        }
+    }
+
+    #[test]
+    fn moved_and_ask_are_refused_not_corrupt() {
+        for wire in [
+            "-MOVED 3999 127.0.0.1:6381\r\n",
+            "-ASK 3999 127.0.0.1:6381\r\n",
+        ] {
+            let e = super::super::map_err(reply(wire));
+            assert!(
+                matches!(
+                    e,
+                    StateError::Persistence {
+                        reason: PersistenceReason::Refused,
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            let msg = e.to_string();
+            assert!(msg.contains("cluster mode is not supported"), "{msg}");
+            assert!(msg.contains("3999 127.0.0.1:6381"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn refusals_keep_the_servers_words() {
+        for (wire, said) in [
+            (
+                "-NOPERM this user has no permissions to run the 'evalsha' command\r\n",
+                "NOPERM this user has no permissions to run the 'evalsha' command",
+            ),
+            (
+                "-WRONGPASS invalid username-password pair or user is disabled.\r\n",
+                "WRONGPASS invalid username-password pair",
+            ),
+            (
+                "-NOAUTH Authentication required.\r\n",
+                "NOAUTH Authentication required.",
+            ),
+        ] {
+            let e = super::super::map_err(reply(wire));
+            assert!(!e.is_retryable(), "{e:?}");
+            assert!(e.to_string().contains(said), "{e}");
+        }
+        // Still as before: a script's own error is Corrupt, OOM Unavailable.
+        let e = super::super::map_err(reply("-ERR user_script:1: boom\r\n"));
+        assert!(matches!(e, StateError::Corrupt { .. }), "{e:?}");
+        let e = super::super::map_err(reply(
+            "-OOM command not allowed when used memory > 'maxmemory'.\r\n",
+        ));
+        assert!(e.is_retryable(), "{e:?}");
+    }
+}

@@ -1,0 +1,628 @@
+//! agentstate's Redis backend (the `agentstate` facade's feature `redis`,
+//! which re-exports it): every write is one Lua script run
+//! on the server, so its checks (versions, amounts, epochs) and all of its
+//! writes (the record, its indexes, the tenant's `seq`) are one atomic step.
+//! Nothing is read by the client and then written.
+//!
+//! # Async-native
+//!
+//! Every call is an `async fn` of [`AsyncCore`](agentstate_core::native::AsyncCore)
+//! (`core.rs`) over redis-rs' async client: a small pool of
+//! `MultiplexedConnection`s (`connect.rs`, `connect::Pool`) dialed on
+//! the store's own runtime ([`Bridge`]), each script sent as `EVALSHA`
+//! and loaded with `Script::load_async` when the server answers
+//! `NOSCRIPT` (`scripts.rs`). `AsyncStore` awaits those futures in the
+//! caller's task; the synchronous traits are `sync_over_async!` impls that
+//! drive them on the calling thread (`Bridge::block_on`), and
+//! `StoreAdmin` does the same over its own async walks (`admin.rs`).
+//!
+//! # Keys and hash tags
+//!
+//! Every key of one tenant carries the hash tag `{t<tenant>}` (the tenant
+//! escaped as in the key codec), so every run and session script touches
+//! one slot. Trays, epochs and alarms all carry the one tag `{trays}`:
+//! the sweeper's index of marked trays and the index of alarms by due
+//! time span every instance and are written in the same script as the
+//! tray or alarm, so they must share its slot. On a Redis Cluster that
+//! puts all tray traffic on one node (runs and sessions spread by tenant);
+//! the scripts need no change. Two keys in `{meta}` hold the cursor secret
+//! and the tenant registry (a superset of the tenants with records, written
+//! before a tenant's first write and read only by admin walks).
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `as:{t…}:r:<run_id>` | hash | `v` record, its mirrors (`ver`, `seq`, `st`, `ss`, `ag`, `ca`, `ua`, amounts), `hl`/`hc` head length and CRC, `lb` its label suffixes (absent with no labels) |
+//! | `as:{t…}:seq` | string | the tenant's `seq` counter (`INCR`) |
+//! | `as:{t…}:runs`, `:st:<tag>`, `:ss:<session>` | sorted set | run ids by `seq`: all, by state, by session |
+//! | `as:{t…}:lb:<#key>:<key><value>` | sorted set | run ids by `seq` carrying one label (R11; the value's canonical JSON) |
+//! | `as:{t…}:s:<session_id>`, `:sessions` | hash, sorted set | sessions; their ids (by id) |
+//! | `as:{t…}:ik`, `:io` | hash, sorted set | idempotency keys (key → fingerprint, time, reply); the keys by ordinal |
+//! | `as:{trays}:i:<inst>` | hash | `ep` epoch, `al` due_at, `am` its due-index member |
+//! | `as:{trays}:y:<inst><tray>` | hash | `v` tray, `m` marked, `e` env, `h` hostname |
+//! | `as:{trays}:yz:<inst>`, `:ym:<inst>` | sorted set | an instance's trays, its marked trays |
+//! | `as:{trays}:m`, `:me:<env>` | sorted set | marked trays of all instances, of one env |
+//! | `as:{trays}:a` | sorted set | alarms by (due_at, ns, id) |
+//! | `as:{trays}:insts` | sorted set | every instance with an epoch, tray or alarm |
+//! | `as:{trays}:ik:<ns>`, `:io:<ns>` | hash, sorted set | an instance namespace's idempotency keys, as a tenant's |
+//! | `as:{t…}:fd`, `as:{trays}:fd` | sorted set | a change feed (`feed.rs`): run and session members, or tray and alarm members, by position |
+//! | `…:fd:n`, `…:fd:h` | string | a feed's counter (`INCR`), its horizon (kept by a purge) |
+//! | `as:{trays}:fd:e:<env>`, `:fd:g` | sorted set, hash | one env's trays by position; a deleted tray's last env |
+//!
+//! A write that changes a feed also publishes on `…:fd:c` (an env's trays
+//! on `as:{trays}:fd:c:<env>`), a channel, not a key.
+//!
+//! The idempotency keys are no records: no index names them, so export,
+//! `verify` and `stats` (which walk the indexes) never see them.
+//!
+//! # Records
+//!
+//! A stored value is the crate's codec (format byte, postcard, CRC-32,
+//! checked on every read) of a layout whose store-owned fields come last:
+//! the client encodes the head (everything the caller gives) and its CRC;
+//! the script appends the tail (amounts, version, timestamps, `seq`, a
+//! tray's marked flag) and finishes the CRC over it. u64 arithmetic in the
+//! scripts is exact (decimal strings, two 32-bit limbs), never Lua doubles.
+//!
+//! A run's or session's head is format 1 without labels (the layout before
+//! them, byte for byte) and format 2 with them: format 1's head fields,
+//! then the labels (R11). The scripts never read the format byte; they
+//! keep a run's label indexes in step from its `lb` field.
+
+// No unsafe code in this crate.
+#![forbid(unsafe_code)]
+// Every public item is documented; the docs are part of the contract.
+#![warn(missing_docs)]
+// Operating errors are handled, never unwrapped, outside tests.
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+
+mod admin;
+mod budgets;
+mod connect;
+mod core;
+mod feed;
+mod keys;
+mod runs;
+mod scripts;
+mod trays;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use agentstate_core::error::{Result, StateError};
+use agentstate_core::options::Options;
+
+use agentstate_core::native::Bridge;
+
+use connect::{Dialer, TlsPems};
+
+/// How a [`RedisStore`] connects: the common [`Options`] (clock, record
+/// limit, scrubber), TLS certificates, timeouts, how many connections it
+/// multiplexes its calls over and their lifetimes, and what the server
+/// must guarantee.
+///
+/// ```
+/// use std::time::Duration;
+/// use agentstate::{Options, RedisOptions};
+/// let ca = std::fs::read("ca.pem").unwrap_or_default();
+/// let opts = RedisOptions::new()
+///     .options(Options::new().record_bytes_max(256 * 1024))
+///     .tls_ca_pem(ca) // for rediss:// URLs
+///     .pool_size(16)
+///     .idle_timeout(Some(Duration::from_secs(300)))
+///     .io_timeout(Duration::from_secs(2))
+///     .require_fsync(true);
+/// # let _ = opts;
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    pub(crate) options: Options,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) io_timeout: Duration,
+    pub(crate) pool_size: u32,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) max_lifetime: Option<Duration>,
+    pub(crate) require_fsync: bool,
+    pub(crate) tls: Option<TlsPems>,
+    pub(crate) assumed: Option<Assumed>,
+}
+
+/// What the caller states a server guarantees when `CONFIG GET` cannot
+/// be read (see [`RedisOptions::durability_assumed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Assumed {
+    pub(crate) noeviction: bool,
+    pub(crate) appendfsync_always: bool,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            options: Options::default(),
+            connect_timeout: Duration::from_secs(5),
+            io_timeout: Duration::from_secs(10),
+            pool_size: 16,
+            idle_timeout: Some(Duration::from_secs(10 * 60)),
+            max_lifetime: Some(Duration::from_secs(30 * 60)),
+            require_fsync: true,
+            tls: None,
+            assumed: None,
+        }
+    }
+}
+
+impl RedisOptions {
+    /// Default options: 5 s to connect, 10 s per command, 16 connections
+    /// closed after 10 minutes idle or 30 minutes open, `require_fsync(true)`,
+    /// TLS (for `rediss://`) trusting the built-in web PKI roots, no
+    /// durability statement.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// The options every backend reads (clock, record limit, scrubber).
+    /// The file store's durability and salvage options mean nothing here.
+    pub fn options(mut self, options: Options) -> Self {
+        self.options = options;
+        self
+    }
+    /// How long opening a connection (TCP, TLS, `AUTH`, `SELECT`) may
+    /// take before the call is `Unavailable` (nothing was sent). A call
+    /// waits for a dial only when the store has no open connection. A
+    /// server that answers "no" (a wrong password, a certificate it
+    /// refuses, …) is `Refused` as soon as it answers, not after this.
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t.max(Duration::from_millis(1));
+        self
+    }
+    /// How long one command or script may take to answer (redis-rs'
+    /// response timeout). Past it a read is `Unavailable`, and a write,
+    /// sent and maybe applied, is `OutcomeUnknown`: re-read before
+    /// deciding again, or retry it with the same idempotency key (rule
+    /// I7). The connection it timed out on takes no further call.
+    pub fn io_timeout(mut self, t: Duration) -> Self {
+        self.io_timeout = t.max(Duration::from_millis(1));
+        self
+    }
+    /// At most this many connections (at least 1). Each is a redis-rs
+    /// multiplexed connection that carries any number of calls at once; a
+    /// call takes the one with the fewest calls in flight, and one more is
+    /// opened (in the background) only while every open one is busy. A
+    /// store used by one caller at a time keeps one connection.
+    pub fn pool_size(mut self, n: u32) -> Self {
+        self.pool_size = n.max(1);
+        self
+    }
+    /// A connection idle this long is closed (one is always kept);
+    /// `None` keeps idle connections. Default 10 minutes: below a managed
+    /// service's or a firewall's idle cut-off, set it lower.
+    pub fn idle_timeout(mut self, t: Option<Duration>) -> Self {
+        self.idle_timeout = t.map(|t| t.max(Duration::from_millis(1)));
+        self
+    }
+    /// A connection open this long takes no new call and is closed once
+    /// its calls in flight are answered (a new one is dialed when needed);
+    /// `None` keeps it. Default 30 minutes.
+    pub fn max_lifetime(mut self, t: Option<Duration>) -> Self {
+        self.max_lifetime = t.map(|t| t.max(Duration::from_millis(1)));
+        self
+    }
+    /// For `rediss://` URLs: trust the CA certificate(s) in `pem` (PEM
+    /// bytes) instead of the built-in web PKI roots, as for a server whose
+    /// certificate a private CA signed. A `rediss://…/#insecure` URL turns
+    /// certificate checks off altogether (tests only).
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.get_or_insert_with(TlsPems::default).ca = Some(pem.into());
+        self
+    }
+    /// For `rediss://` URLs to a server that asks for a client certificate
+    /// (mutual TLS, `tls-auth-clients yes`): the certificate chain and its
+    /// private key, PEM bytes. Never printed.
+    pub fn tls_client_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.tls.get_or_insert_with(TlsPems::default).client = Some((cert.into(), key.into()));
+        self
+    }
+    /// With `true` (the default), [`RedisStore::connect_with`] refuses a
+    /// server that would lose acknowledged writes in a crash: one without
+    /// `appendonly yes` and `appendfsync always`. With `false` it connects
+    /// anyway and [`StoreStats::backend`](agentstate_core::StoreStats) says what an
+    /// `Ok` survives. Either way a server that may evict keys
+    /// (`maxmemory-policy` other than `noeviction`) is refused.
+    pub fn require_fsync(mut self, require: bool) -> Self {
+        self.require_fsync = require;
+        self
+    }
+    /// The caller's statement of what a server guarantees, for a managed
+    /// service whose `CONFIG GET` is disabled (or an ACL user without
+    /// `+config|get`): `noeviction`, it never evicts keys; and
+    /// `appendfsync_always`, it fsyncs every acknowledged write. Used only
+    /// when `CONFIG GET` fails; a server that answers it is checked instead.
+    ///
+    /// Without it such a server is refused. With `noeviction` false it is
+    /// refused too (a server that may evict keys loses records silently);
+    /// with `appendfsync_always` false it is refused while
+    /// [`require_fsync`](Self::require_fsync) is on.
+    /// [`RedisStore::durability`] says which settings were read and which
+    /// stated.
+    ///
+    /// ```
+    /// # use agentstate::RedisOptions;
+    /// // A service documented as noeviction with fsync on every write:
+    /// let opts = RedisOptions::new().durability_assumed(true, true);
+    /// # let _ = opts;
+    /// ```
+    pub fn durability_assumed(mut self, noeviction: bool, appendfsync_always: bool) -> Self {
+        self.assumed = Some(Assumed {
+            noeviction,
+            appendfsync_always,
+        });
+        self
+    }
+}
+
+/// The server's persistence and eviction settings, as read at connect
+/// (or as the caller stated them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Persistence {
+    appendonly: String,
+    appendfsync: String,
+    maxmemory_policy: String,
+    /// `Some(why CONFIG GET failed)` when the settings are the caller's
+    /// statement ([`RedisOptions::durability_assumed`]), not read.
+    stated: Option<String>,
+}
+
+impl Persistence {
+    fn survives_crash(&self) -> bool {
+        self.appendonly == "yes" && self.appendfsync == "always"
+    }
+
+    fn describe(&self) -> String {
+        let fsync = if self.survives_crash() {
+            "appendonly yes, appendfsync always: every Ok was fsynced to the append-only file"
+                .to_string()
+        } else if self.appendonly == "unknown" {
+            "appendfsync unknown: a server crash may lose acknowledged writes".to_string()
+        } else if self.appendonly == "yes" {
+            format!(
+                "appendonly yes, appendfsync {}: a server crash can lose the last acknowledged writes",
+                self.appendfsync
+            )
+        } else {
+            "appendonly no: a server crash loses every write since the last snapshot".to_string()
+        };
+        match &self.stated {
+            None => format!(
+                "{fsync}; maxmemory-policy {} (read with CONFIG GET)",
+                self.maxmemory_policy
+            ),
+            Some(why) => format!(
+                "{fsync}; maxmemory-policy {} (stated by the caller with \
+                 RedisOptions::durability_assumed, not checked: CONFIG GET failed: {why})",
+                self.maxmemory_policy
+            ),
+        }
+    }
+}
+
+pub(crate) use connect::Conn;
+
+/// The Redis backend: every rule of the contract, with each write one Lua
+/// script on the server. Share one handle between threads and tasks.
+///
+/// An `Ok` survives a server crash only when the server runs with
+/// `appendonly yes` and `appendfsync always`; by default
+/// [`connect`](RedisStore::connect) refuses any other server (see
+/// [`RedisOptions::require_fsync`]), and always one that may evict keys.
+///
+/// ```no_run
+/// use agentstate::{RedisStore, RunKey, RunRecord, StateStore};
+/// let store = RedisStore::connect("redis://127.0.0.1:6379/0")?;
+/// store.put_run(RunRecord::new(RunKey::new("acme", "run_1"), "planner"))?;
+/// # Ok::<(), agentstate::StateError>(())
+/// ```
+///
+/// # Async-native
+///
+/// The store is written once, as async code over redis-rs' async client
+/// (`MultiplexedConnection`s, scripts sent with `EVALSHA` and loaded with
+/// `Script::load_async`). It owns a small tokio runtime of its own (one
+/// worker thread) where its connections are dialed and where their I/O
+/// tasks live, so a connection never belongs to a caller's runtime (a
+/// `#[tokio::test]`'s runtime ends with its test; the store's connections
+/// do not).
+///
+/// - From async code, wrap it in `AsyncStore`
+///   (`AsyncStore::new(store)` or `AsyncStore::from(store)`, feature
+///   `async`): each call is awaited in the caller's task, with no thread
+///   hop and no blocking. Dial with [`connect_async`](RedisStore::connect_async)
+///   so connecting does not block either. The caller's runtime needs its
+///   time driver (tokio's default; `enable_all`), which the io timeout
+///   uses.
+/// - The synchronous traits ([`StateStore`](agentstate_core::StateStore) and the
+///   rest) drive the same futures on the calling thread. Called from a
+///   plain thread, that is an ordinary blocking call; called on an
+///   executor thread (inside a runtime) it works and never panics, but it
+///   blocks that executor thread for the call, so async code should use
+///   `AsyncStore` instead.
+///
+/// Dropping the store (inside a runtime or not) never blocks on its
+/// runtime and never panics: its runtime is shut down in the background.
+///
+/// # Cancellation (W3)
+///
+/// Every write is one Lua script, which Redis runs atomically: a dropped
+/// write leaves all of it or none of it, never part. A future dropped
+/// before its call was handed to a connection (still waiting for a
+/// connection to be dialed) writes nothing. A future dropped after that
+/// may still land: redis-rs writes a command its I/O task has taken even
+/// when no one waits for the answer, and the server then runs it whole.
+/// So each write may land after its future is dropped: `put_run`,
+/// `patch_run`, `put_session`, `delete_session`, every tray call that
+/// writes (`write_tray`, `delete_tray`, `apply_batch`, `release`,
+/// `set_alarm`, `ack_alarm`, and `read_tray`/`list_trays`, which advance
+/// the instance's epoch when a newer fence calls), `put_budget`,
+/// `reserve`, `settle`, `release_hold`, their `_idempotent` forms, and
+/// `prune`/`import` (one script per chunk or entry: a dropped call may
+/// leave some chunks done). A write's tenant registration (`ZADD` to the
+/// tenant registry, before its first write) may land alone, which no
+/// read sees. To know whether a dropped write landed, read the record
+/// back (its version says), or retry it with the same idempotency key.
+///
+/// # Errors
+///
+/// A server's "no" is `Persistence { reason: Refused }`; no connection
+/// (unreachable, reset, the connect timeout) is `Unavailable` and nothing
+/// was sent; a write that failed in transport after it was handed to a
+/// connection (reset, closed, the io timeout) is `OutcomeUnknown`
+/// (rule I7; retryable only with an idempotency key).
+pub struct RedisStore {
+    pool: connect::Pool,
+    opts: RedisOptions,
+    secret: [u8; 16],
+    persistence: Persistence,
+    /// Where the server is, without a password, for messages.
+    server: String,
+    /// Tenants this handle has put in the registry already.
+    registered: Mutex<HashSet<String>>,
+    /// The change feed's subscriber connection and its waiters.
+    hub: feed::Hub,
+    /// The store's runtime (dropped last: the connections' tasks live on it).
+    bridge: Bridge,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("server", &self.server)
+            .field("persistence", &self.persistence)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What connecting found, before the store is put together.
+struct Dialed {
+    pool: connect::Pool,
+    dialer: std::sync::Arc<Dialer>,
+    opts: RedisOptions,
+    secret: [u8; 16],
+    persistence: Persistence,
+    server: String,
+}
+
+impl RedisStore {
+    /// Connects with default options (`require_fsync(true)`).
+    pub fn connect(url: &str) -> Result<RedisStore> {
+        Self::connect_with(url, RedisOptions::default())
+    }
+
+    /// Connects to the server at `url` (`redis://[user:password@]host:port/db`,
+    /// or `rediss://…` for TLS), checks it, and loads or creates the
+    /// store's cursor secret on the server.
+    ///
+    /// The first connection is opened and checked before any call can use
+    /// the store, so a server's "no" comes back at once as
+    /// `Persistence { reason: Refused }` with the server's own words: a
+    /// wrong password (`WRONGPASS`, `NOAUTH`), a user without a command
+    /// the store needs (`NOPERM`), a TLS certificate that does not verify
+    /// or a handshake the server refuses, a database that does not exist,
+    /// a Redis Cluster node, a `maxmemory-policy` other than `noeviction`,
+    /// with `require_fsync` a server that could lose acknowledged writes,
+    /// and a server whose `CONFIG GET` fails without
+    /// [`RedisOptions::durability_assumed`]. What a retry can fix
+    /// (unreachable, reset, timed out, loading) is `Unavailable`. Messages
+    /// name the server, never its password.
+    ///
+    /// This blocks the calling thread until connected; from async code use
+    /// [`connect_async`](RedisStore::connect_async), which does not.
+    pub fn connect_with(url: &str, opts: RedisOptions) -> Result<RedisStore> {
+        let bridge = Bridge::new("agentstate-redis")?;
+        let dialed = bridge.block_on(Self::dial(url, opts, &bridge))?;
+        Ok(Self::assemble(dialed, bridge))
+    }
+
+    /// [`connect_with`](RedisStore::connect_with) for async code: dials
+    /// and checks the server without blocking the caller's executor
+    /// thread (the connection is opened on the store's own runtime, so it
+    /// outlives the caller's runtime). The same checks and errors.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "async")]
+    /// # async fn f() -> agentstate::Result<()> {
+    /// use agentstate::{AsyncStore, RedisOptions, RedisStore, RunKey, RunRecord};
+    /// let store = RedisStore::connect_async("redis://127.0.0.1:6379/0", RedisOptions::new()).await?;
+    /// let store = AsyncStore::new(store);
+    /// store.put_run(RunRecord::new(RunKey::new("acme", "run_1"), "planner")).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect_async(url: &str, opts: RedisOptions) -> Result<RedisStore> {
+        let bridge = Bridge::new("agentstate-redis")?;
+        let dialed = Self::dial(url, opts, &bridge).await?;
+        Ok(Self::assemble(dialed, bridge))
+    }
+
+    async fn dial(url: &str, opts: RedisOptions, bridge: &Bridge) -> Result<Dialed> {
+        let server = agentstate_core::redact_connection_string(url);
+        let dialer = std::sync::Arc::new(Dialer::new(url, &server, &opts)?);
+        let d = dialer.clone();
+        let mut first = bridge
+            .on_runtime(async move { d.open().await })
+            .await
+            .map_err(|e| connect::connect_error(&server, e))?;
+        connect::refuse_cluster(&mut first, &server).await?;
+        let persistence = connect::read_persistence(&mut first, &server, &opts).await?;
+        let secret = load_secret(&mut first)
+            .await
+            .map_err(|e| with_server(e, &server))?;
+        let pool = connect::Pool::new(dialer.clone(), &opts, first, bridge.handle());
+        Ok(Dialed {
+            pool,
+            dialer,
+            opts,
+            secret,
+            persistence,
+            server,
+        })
+    }
+
+    fn assemble(d: Dialed, bridge: Bridge) -> RedisStore {
+        RedisStore {
+            pool: d.pool,
+            opts: d.opts,
+            secret: d.secret,
+            persistence: d.persistence,
+            server: d.server,
+            registered: Mutex::new(HashSet::new()),
+            hub: feed::Hub::new(d.dialer),
+            bridge,
+        }
+    }
+
+    /// What an `Ok` survives on this server: its `appendfsync` and
+    /// `maxmemory-policy`, and whether they were read with `CONFIG GET` at
+    /// connect or stated by the caller
+    /// ([`RedisOptions::durability_assumed`]).
+    pub fn durability(&self) -> String {
+        self.persistence.describe()
+    }
+
+    /// A connection for one call; an error means nothing was sent.
+    async fn conn(&self) -> Result<Conn> {
+        self.pool.get(&self.bridge).await.map_err(|e| {
+            let server = &self.server;
+            match connect::refusal(&e) {
+                Some(why) => {
+                    StateError::refused(format!("redis {server}: {why}"), Some(Box::new(e)))
+                }
+                None => StateError::unavailable(
+                    format!(
+                        "redis {server}: no connection: {}",
+                        connect::server_text(&e)
+                    ),
+                    Some(std::io::Error::other(e)),
+                ),
+            }
+        })
+    }
+
+    fn now(&self) -> u64 {
+        self.opts.options.clock.now_millis()
+    }
+
+    fn max(&self) -> usize {
+        self.opts.options.record_bytes_max
+    }
+
+    /// Puts the tenant in the registry before its first write (idempotent;
+    /// the registry is a superset of the tenants with records).
+    async fn register(&self, conn: &mut Conn, tenant: &str) -> Result<()> {
+        if self.registered.lock().contains(tenant) {
+            return Ok(());
+        }
+        conn.query::<i64>(::redis::cmd("ZADD").arg(keys::TENANTS).arg(0).arg(tenant))
+            .await?;
+        self.registered.lock().insert(tenant.to_string());
+        Ok(())
+    }
+}
+
+/// The store's cursor secret lives on the server, so every client of one
+/// store accepts the others' cursors; the first client to connect makes it.
+async fn load_secret(conn: &mut ::redis::aio::MultiplexedConnection) -> Result<[u8; 16]> {
+    let fresh = agentstate_core::codec::cursor::new_secret();
+    ::redis::cmd("SET")
+        .arg(keys::SECRET)
+        .arg(&fresh[..])
+        .arg("NX")
+        .query_async::<Option<String>>(conn)
+        .await
+        .map_err(map_err)?;
+    let got: Vec<u8> = ::redis::cmd("GET")
+        .arg(keys::SECRET)
+        .query_async(conn)
+        .await
+        .map_err(map_err)?;
+    got.try_into()
+        .map_err(|_| StateError::corrupt("redis: the cursor secret is not 16 bytes"))
+}
+
+/// A connect-time error with the server named (for errors `map_err`
+/// made, which name none).
+fn with_server(e: StateError, server: &str) -> StateError {
+    match e {
+        StateError::Persistence {
+            reason,
+            detail,
+            source,
+        } => StateError::Persistence {
+            reason,
+            detail: detail.replacen("redis:", &format!("redis {server}:"), 1),
+            source,
+        },
+        other => other,
+    }
+}
+
+/// A Redis failure as the crate's error: a server that cannot be reached,
+/// a dropped connection, a timeout, or a server refusing writes (`OOM`,
+/// `MISCONF`, `BUSY`, `LOADING`, `READONLY`, …) is `Unavailable`
+/// (retryable); a server's "no" to how it was asked (`NOPERM`,
+/// `WRONGPASS`, `NOAUTH`, a TLS failure, a cluster's `MOVED`/`ASK`) is
+/// `Refused` (not retryable); anything else (a script error, a key of the
+/// wrong type) is `Corrupt`. A write script's failure after it was sent is
+/// not this function's: see `scripts::Call::invoke` (`OutcomeUnknown`).
+pub(crate) fn map_err(e: ::redis::RedisError) -> StateError {
+    if let Some(why) = connect::refusal(&e) {
+        return StateError::refused(format!("redis: {why}"), Some(Box::new(e)));
+    }
+    const RETRYABLE: &[&str] = &[
+        "OOM",
+        "MISCONF",
+        "BUSY",
+        "LOADING",
+        "READONLY",
+        "MASTERDOWN",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+        "NOREPLICAS",
+        "NOSCRIPT",
+    ];
+    let transient = e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.code().is_some_and(|c| RETRYABLE.contains(&c))
+        || e.to_string().contains("OOM command not allowed");
+    if transient {
+        let detail = format!("redis: {e}");
+        StateError::unavailable(detail, Some(std::io::Error::other(e)))
+    } else {
+        StateError::corrupt(format!("redis: {e}"))
+    }
+}
+
+const _: () = {
+    const fn is_send_sync<T: Send + Sync>() {}
+    is_send_sync::<RedisStore>();
+};
