@@ -23,20 +23,15 @@ use crate::async_stream::{ChangeStream, PageStream};
 use crate::{BudgetStore, StateStore, StateStoreExt, StoreAdmin, TrayStore};
 use agentstate_core::admin::{StoreStats, VerifyReport};
 use agentstate_core::api::Store;
-use agentstate_core::budget::{
-    BudgetKey, BudgetRecord, BudgetStatus, Hold, HoldRecord, RunSpend, Settled,
-};
+use agentstate_core::budget::BudgetStatus;
 use agentstate_core::entry::Entry;
 use agentstate_core::error::{Result, StateError};
 use agentstate_core::feed::{ChangePage, FeedScope, Position};
-use agentstate_core::idempotency::IdempotencyKey;
 use agentstate_core::options::Options;
 use agentstate_core::page::{Page, PageRequest};
-use agentstate_core::record::{
-    Millis, RunKey, RunRecord, SessionKey, SessionRecord, StateDelta, StateQuery,
-};
+use agentstate_core::record::{Millis, RunKey, RunRecord, SessionRecord, StateQuery};
 use agentstate_core::retry::RetryPolicy;
-use agentstate_core::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayFilter, TrayKey, TrayOp};
+use agentstate_core::tray::{Alarm, InstanceKey, MarkedTray, Tray, TrayKey};
 use agentstate_kv::{FileStore, MemoryStore};
 
 /// Any [`Store`] for async code. A server backend's calls (PostgreSQL,
@@ -302,355 +297,7 @@ impl AsyncStore {
         blocking(move || f(&*store)).await
     }
 
-    // --- StateStore ---------------------------------------------------
-
-    /// [`StateStore::put_run`].
-    pub async fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
-        native!(self.put_run(record));
-        self.run(move |s| s.put_run(record)).await
-    }
-
-    /// [`StateStore::get_run`].
-    pub async fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
-        native!(self.get_run(key));
-        let key = key.clone();
-        self.run(move |s| s.get_run(&key)).await
-    }
-
-    /// [`StateStore::patch_run`].
-    pub async fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
-        native!(self.patch_run(key, delta));
-        let key = key.clone();
-        self.run(move |s| s.patch_run(&key, delta)).await
-    }
-
-    /// [`StateStore::put_run_idempotent`].
-    pub async fn put_run_idempotent(
-        &self,
-        record: RunRecord,
-        key: &IdempotencyKey,
-    ) -> Result<RunRecord> {
-        native!(self.put_run_idempotent(record, key));
-        let key = key.clone();
-        self.run(move |s| s.put_run_idempotent(record, &key)).await
-    }
-
-    /// [`StateStore::patch_run_idempotent`].
-    pub async fn patch_run_idempotent(
-        &self,
-        key: &RunKey,
-        delta: StateDelta,
-        idempotency_key: &IdempotencyKey,
-    ) -> Result<RunRecord> {
-        native!(self.patch_run_idempotent(key, delta, idempotency_key));
-        let (key, idem) = (key.clone(), idempotency_key.clone());
-        self.run(move |s| s.patch_run_idempotent(&key, delta, &idem))
-            .await
-    }
-
-    /// [`StateStore::delete_run`].
-    pub async fn delete_run(
-        &self,
-        key: &RunKey,
-        expected_version: Option<u64>,
-    ) -> Result<RunRecord> {
-        native!(self.delete_run(key, expected_version));
-        let key = key.clone();
-        self.run(move |s| s.delete_run(&key, expected_version))
-            .await
-    }
-
-    /// [`StateStore::list_runs`].
-    pub async fn list_runs(
-        &self,
-        query: &StateQuery,
-        page: &PageRequest,
-    ) -> Result<Page<RunRecord>> {
-        native!(self.list_runs(query, page));
-        let query = query.clone();
-        let page = page.clone();
-        self.run(move |s| s.list_runs(&query, &page)).await
-    }
-
-    /// [`StateStore::put_session`].
-    pub async fn put_session(&self, record: SessionRecord) -> Result<SessionRecord> {
-        native!(self.put_session(record));
-        self.run(move |s| s.put_session(record)).await
-    }
-
-    /// [`StateStore::get_session`].
-    pub async fn get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
-        native!(self.get_session(key));
-        let key = key.clone();
-        self.run(move |s| s.get_session(&key)).await
-    }
-
-    /// [`StateStore::delete_session`].
-    pub async fn delete_session(&self, key: &SessionKey, cascade: bool) -> Result<Vec<RunKey>> {
-        native!(self.delete_session(key, cascade));
-        let key = key.clone();
-        self.run(move |s| s.delete_session(&key, cascade)).await
-    }
-
-    /// [`StoreAdmin::list_sessions`].
-    pub async fn list_sessions(
-        &self,
-        tenant: &str,
-        page: &PageRequest,
-    ) -> Result<Page<SessionRecord>> {
-        native!(self.list_sessions(tenant, page));
-        let tenant = tenant.to_owned();
-        let page = page.clone();
-        self.run(move |s| s.list_sessions(&tenant, &page)).await
-    }
-
-    // --- TrayStore ----------------------------------------------------
-
-    /// [`TrayStore::read_tray`].
-    pub async fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
-        native!(self.read_tray(key, epoch));
-        let key = key.clone();
-        self.run(move |s| s.read_tray(&key, epoch)).await
-    }
-
-    /// [`TrayStore::write_tray`].
-    pub async fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
-        native!(self.write_tray(key, epoch, tray));
-        let key = key.clone();
-        self.run(move |s| s.write_tray(&key, epoch, tray)).await
-    }
-
-    /// [`TrayStore::delete_tray`].
-    pub async fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
-        native!(self.delete_tray(key, epoch));
-        let key = key.clone();
-        self.run(move |s| s.delete_tray(&key, epoch)).await
-    }
-
-    /// [`TrayStore::apply_batch`].
-    pub async fn apply_batch(
-        &self,
-        instance: &InstanceKey,
-        epoch: u64,
-        ops: Vec<TrayOp>,
-    ) -> Result<()> {
-        native!(self.apply_batch(instance, epoch, ops));
-        let instance = instance.clone();
-        self.run(move |s| s.apply_batch(&instance, epoch, ops))
-            .await
-    }
-
-    /// [`TrayStore::apply_batch_idempotent`].
-    pub async fn apply_batch_idempotent(
-        &self,
-        instance: &InstanceKey,
-        epoch: u64,
-        ops: Vec<TrayOp>,
-        key: &IdempotencyKey,
-    ) -> Result<()> {
-        native!(self.apply_batch_idempotent(instance, epoch, ops, key));
-        let (instance, key) = (instance.clone(), key.clone());
-        self.run(move |s| s.apply_batch_idempotent(&instance, epoch, ops, &key))
-            .await
-    }
-
-    /// [`TrayStore::release`].
-    pub async fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
-        native!(self.release(instance, epoch));
-        let instance = instance.clone();
-        self.run(move |s| s.release(&instance, epoch)).await
-    }
-
-    /// [`TrayStore::list_trays`].
-    pub async fn list_trays(
-        &self,
-        instance: &InstanceKey,
-        epoch: u64,
-        page: &PageRequest,
-    ) -> Result<Page<(TrayKey, Tray)>> {
-        native!(self.list_trays(instance, epoch, page));
-        let instance = instance.clone();
-        let page = page.clone();
-        self.run(move |s| s.list_trays(&instance, epoch, &page))
-            .await
-    }
-
-    /// [`TrayStore::instance_trays`]: every tray of the instance that
-    /// passes `filter`, in (tray_ns, tray_id) order, in one fenced call
-    /// and one snapshot (rule T7).
-    pub async fn instance_trays(
-        &self,
-        instance: &InstanceKey,
-        epoch: u64,
-        filter: &TrayFilter,
-    ) -> Result<Vec<(TrayKey, Tray)>> {
-        native!(self.instance_trays(instance, epoch, filter));
-        let (instance, filter) = (instance.clone(), filter.clone());
-        self.run(move |s| s.instance_trays(&instance, epoch, &filter))
-            .await
-    }
-
-    /// [`TrayStore::marked_trays`].
-    pub async fn marked_trays(
-        &self,
-        env: Option<&str>,
-        page: &PageRequest,
-    ) -> Result<Page<MarkedTray>> {
-        native!(self.marked_trays(env, page));
-        let env = env.map(str::to_owned);
-        let page = page.clone();
-        self.run(move |s| s.marked_trays(env.as_deref(), &page))
-            .await
-    }
-
-    /// [`TrayStore::epoch`].
-    pub async fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
-        native!(self.epoch(instance));
-        let instance = instance.clone();
-        self.run(move |s| s.epoch(&instance)).await
-    }
-
-    /// [`TrayStore::set_alarm`].
-    pub async fn set_alarm(
-        &self,
-        instance: &InstanceKey,
-        epoch: u64,
-        due_at: Millis,
-    ) -> Result<()> {
-        native!(self.set_alarm(instance, epoch, due_at));
-        let instance = instance.clone();
-        self.run(move |s| s.set_alarm(&instance, epoch, due_at))
-            .await
-    }
-
-    /// [`TrayStore::due_alarms`].
-    pub async fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
-        native!(self.due_alarms(now, page));
-        let page = page.clone();
-        self.run(move |s| s.due_alarms(now, &page)).await
-    }
-
-    /// [`TrayStore::ack_alarm`].
-    pub async fn ack_alarm(
-        &self,
-        instance: &InstanceKey,
-        epoch: u64,
-        due_at: Millis,
-    ) -> Result<bool> {
-        native!(self.ack_alarm(instance, epoch, due_at));
-        let instance = instance.clone();
-        self.run(move |s| s.ack_alarm(&instance, epoch, due_at))
-            .await
-    }
-
-    // --- BudgetStore --------------------------------------------------
-
-    /// [`BudgetStore::put_budget`].
-    pub async fn put_budget(&self, record: BudgetRecord) -> Result<BudgetRecord> {
-        native!(self.put_budget(record));
-        self.run(move |s| s.put_budget(record)).await
-    }
-
-    /// [`BudgetStore::get_budget`].
-    pub async fn get_budget(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
-        native!(self.get_budget(key));
-        let key = key.clone();
-        self.run(move |s| s.get_budget(&key)).await
-    }
-
-    /// [`BudgetStore::list_budgets`].
-    pub async fn list_budgets(
-        &self,
-        tenant: &str,
-        page: &PageRequest,
-    ) -> Result<Page<BudgetStatus>> {
-        native!(self.list_budgets(tenant, page));
-        let tenant = tenant.to_string();
-        let page = page.clone();
-        self.run(move |s| s.list_budgets(&tenant, &page)).await
-    }
-
-    /// [`BudgetStore::reserve`].
-    pub async fn reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
-        native!(self.reserve(run, hold));
-        let run = run.clone();
-        self.run(move |s| s.reserve(&run, hold)).await
-    }
-
-    /// [`BudgetStore::settle`].
-    pub async fn settle(&self, run: &RunKey, hold_id: &str, spent: StateDelta) -> Result<Settled> {
-        native!(self.settle(run, hold_id, spent));
-        let (run, hold_id) = (run.clone(), hold_id.to_string());
-        self.run(move |s| s.settle(&run, &hold_id, spent)).await
-    }
-
-    /// [`BudgetStore::release_hold`].
-    pub async fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
-        native!(self.release_hold(run, hold_id));
-        let (run, hold_id) = (run.clone(), hold_id.to_string());
-        self.run(move |s| s.release_hold(&run, &hold_id)).await
-    }
-
-    /// [`BudgetStore::reserve_idempotent`].
-    pub async fn reserve_idempotent(
-        &self,
-        run: &RunKey,
-        hold: Hold,
-        key: &IdempotencyKey,
-    ) -> Result<HoldRecord> {
-        native!(self.reserve_idempotent(run, hold, key));
-        let (run, key) = (run.clone(), key.clone());
-        self.run(move |s| s.reserve_idempotent(&run, hold, &key))
-            .await
-    }
-
-    /// [`BudgetStore::settle_idempotent`].
-    pub async fn settle_idempotent(
-        &self,
-        run: &RunKey,
-        hold_id: &str,
-        spent: StateDelta,
-        key: &IdempotencyKey,
-    ) -> Result<Settled> {
-        native!(self.settle_idempotent(run, hold_id, spent, key));
-        let (run, hold_id, key) = (run.clone(), hold_id.to_string(), key.clone());
-        self.run(move |s| s.settle_idempotent(&run, &hold_id, spent, &key))
-            .await
-    }
-
-    /// [`BudgetStore::release_hold_idempotent`].
-    pub async fn release_hold_idempotent(
-        &self,
-        run: &RunKey,
-        hold_id: &str,
-        key: &IdempotencyKey,
-    ) -> Result<()> {
-        native!(self.release_hold_idempotent(run, hold_id, key));
-        let (run, hold_id, key) = (run.clone(), hold_id.to_string(), key.clone());
-        self.run(move |s| s.release_hold_idempotent(&run, &hold_id, &key))
-            .await
-    }
-
-    /// [`BudgetStore::run_spend`].
-    pub async fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
-        native!(self.run_spend(run));
-        let run = run.clone();
-        self.run(move |s| s.run_spend(&run)).await
-    }
-
-    // --- the change feed ------------------------------------------------
-
-    /// [`FeedStore::changes`](crate::FeedStore::changes).
-    pub async fn changes(
-        &self,
-        scope: &FeedScope,
-        after: Position,
-        limit: usize,
-    ) -> Result<ChangePage> {
-        native!(self.changes(scope, after, limit));
-        let scope = scope.clone();
-        self.run(move |s| s.changes(&scope, after, limit)).await
-    }
+    // --- the calls: generated from the one list (`async_calls!` below) ----
 
     /// [`FeedStore::wait_changes`](crate::FeedStore::wait_changes). A
     /// server backend's wait is awaited natively (its listener wakes the
@@ -669,20 +316,6 @@ impl AsyncStore {
         let scope = scope.clone();
         let store = Arc::clone(self.store());
         blocking(move || store.wait_changes(&scope, after, limit, timeout)).await
-    }
-
-    /// [`FeedStore::feed_head`](crate::FeedStore::feed_head).
-    pub async fn feed_head(&self, scope: &FeedScope) -> Result<Position> {
-        native!(self.feed_head(scope));
-        let scope = scope.clone();
-        self.run(move |s| s.feed_head(&scope)).await
-    }
-
-    /// [`FeedStore::prune_changes`](crate::FeedStore::prune_changes).
-    pub async fn prune_changes(&self, scope: &FeedScope, through: Position) -> Result<u64> {
-        native!(self.prune_changes(scope, through));
-        let scope = scope.clone();
-        self.run(move |s| s.prune_changes(&scope, through)).await
     }
 
     /// Follows `scope`'s feed from `after`, without end: every change, in
@@ -876,3 +509,50 @@ where
         )),
     }
 }
+
+/// `AsyncStore`'s method for each call of the one list of calls
+/// (`agentstate_core::calls`), but `wait_changes` (above): awaited
+/// natively on a store with an async core, else the store's synchronous
+/// call in the caller's task (`inline`) or on the blocking pool, with its
+/// borrowed arguments carried there as owned copies.
+macro_rules! async_calls {
+    ([] $( $trait:ident { $( $name:ident ( $($args:tt)* ) -> $answer:ty, tenant: $tenant:expr; )* } )*) => {
+        impl AsyncStore {
+            $($( async_calls!(@munch $trait $name $answer [] [] [] [] $($args)*); )*)*
+        }
+    };
+    // The one call whose blocking-pool path differs (it waits): written out above.
+    (@munch FeedStore wait_changes $($rest:tt)*) => {};
+    // Each argument: its parameter, its native argument, how it is carried
+    // to the pool, and how the synchronous call takes it there.
+    (@munch $trait:ident $name:ident $answer:ty [$($p:tt)*] [$($n:ident)*] [$($own:tt)*] [$($c:tt)*]
+        $arg:ident : Option<&'a str> $(, $($rest:tt)*)?) => {
+        async_calls!(@munch $trait $name $answer [$($p)* $arg: Option<&'a str>,] [$($n)* $arg]
+            [$($own)* let $arg = $arg.map(str::to_owned);] [$($c)* $arg.as_deref(),] $($($rest)*)?);
+    };
+    (@munch $trait:ident $name:ident $answer:ty [$($p:tt)*] [$($n:ident)*] [$($own:tt)*] [$($c:tt)*]
+        $arg:ident : &'a $t:ty $(, $($rest:tt)*)?) => {
+        async_calls!(@munch $trait $name $answer [$($p)* $arg: &'a $t,] [$($n)* $arg]
+            [$($own)* let $arg = ToOwned::to_owned($arg);] [$($c)* &$arg,] $($($rest)*)?);
+    };
+    (@munch $trait:ident $name:ident $answer:ty [$($p:tt)*] [$($n:ident)*] [$($own:tt)*] [$($c:tt)*]
+        $arg:ident : $t:ty $(, $($rest:tt)*)?) => {
+        async_calls!(@munch $trait $name $answer [$($p)* $arg: $t,] [$($n)* $arg]
+            [$($own)*] [$($c)* $arg,] $($($rest)*)?);
+    };
+    (@munch $trait:ident $name:ident $answer:ty [$($p:tt)*] [$($n:ident)*] [$($own:tt)*] [$($c:tt)*]) => {
+        #[doc = concat!(
+            "[`", stringify!($trait), "::", stringify!($name), "`](crate::",
+            stringify!($trait), "::", stringify!($name), "), awaited."
+        )]
+        // One lifetime for every borrow, as the list writes them.
+        #[allow(clippy::needless_lifetimes)]
+        pub async fn $name<'a>(&'a self, $($p)*) -> Result<$answer> {
+            native!(self.$name($($n),*));
+            $($own)*
+            self.run(move |s| s.$name($($c)*)).await
+        }
+    };
+}
+
+agentstate_core::for_each_call!(async_calls, []);

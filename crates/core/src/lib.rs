@@ -30,6 +30,8 @@ pub mod api;
 #[doc(hidden)]
 pub mod budget;
 #[doc(hidden)]
+pub mod calls;
+#[doc(hidden)]
 pub mod clock;
 #[doc(hidden)]
 pub mod codec;

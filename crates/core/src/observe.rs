@@ -45,15 +45,23 @@ pub async fn call<T>(
     tenant: Option<&str>,
     fut: impl Future<Output = Result<T>>,
 ) -> Result<T> {
+    instrument(span(backend, op, tenant), backend, op, fut).await
+}
+
+/// Runs one async call inside `span` (made by [`span`] before the call's
+/// arguments moved into `fut`), and counts it.
+pub async fn instrument<T>(
+    span: tracing::Span,
+    backend: &'static str,
+    op: &'static str,
+    fut: impl Future<Output = Result<T>>,
+) -> Result<T> {
     let start = Instant::now();
-    let span = span(backend, op, tenant);
     let out = fut.instrument(span.clone()).await;
     span.in_scope(|| finish(backend, op, start, &out));
     out
 }
 
-/// Runs one synchronous call of `backend` inside `span` (see [`span`]),
-/// and counts it.
 pub fn call_sync<T>(
     span: tracing::Span,
     backend: &'static str,

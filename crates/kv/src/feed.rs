@@ -29,7 +29,7 @@ use agentstate_core::codec::key::{KeyBuf, KeyReader, prefix_end};
 use agentstate_core::codec::value;
 use agentstate_core::error::{Result, StateError};
 use agentstate_core::feed::{
-    Change, ChangePage, Changed, FeedScope, Position, ScopeView, check_call,
+    Change, ChangePage, Changed, FeedScope, FeedStore, Position, ScopeView, check_call,
 };
 use agentstate_core::record::{RunKey, SessionKey};
 use agentstate_core::tray::{Alarm, InstanceKey, Tray};
@@ -366,39 +366,6 @@ impl KvStore {
         Ok(())
     }
 
-    /// See [`FeedStore::changes`](agentstate_core::FeedStore::changes).
-    pub(crate) fn changes(
-        &self,
-        scope: &FeedScope,
-        after: Position,
-        limit: usize,
-    ) -> Result<ChangePage> {
-        check_call(scope, limit, None)?;
-        self.check_horizon(scope, after)?;
-        let Some(from) = u64::try_from(after.as_u128())
-            .ok()
-            .and_then(|a| a.checked_add(1))
-        else {
-            return Ok(ChangePage::new(Vec::new(), after));
-        };
-        let prefix = scope_prefix(scope);
-        let rows = self
-            .engine
-            .scan(&entry_key(&prefix, from), &prefix_end(&prefix), limit)?;
-        let mut changes = Vec::with_capacity(rows.len());
-        let mut next = after;
-        for (k, v) in rows {
-            let position = Position::from_u128(u128::from(position_of(&k)?));
-            let entry: Entry = value::decode(&v, "feed entry")?;
-            changes.push(Change::new(position, self.read_change(&entry)?));
-            next = position;
-        }
-        // A prune that ran during the scan may have taken tombstones the
-        // scan passed: say so rather than skip them.
-        self.check_horizon(scope, after)?;
-        Ok(ChangePage::new(changes, next))
-    }
-
     /// The record an entry names, as it is now, or its tombstone.
     fn read_change(&self, e: &Entry) -> Result<Changed> {
         let now = self.engine.get(&e.record)?;
@@ -438,98 +405,6 @@ impl KvStore {
             },
             _ => return Err(StateError::corrupt("feed entry names no record table")),
         })
-    }
-
-    /// See [`FeedStore::wait_changes`](agentstate_core::FeedStore::wait_changes).
-    pub(crate) fn wait_changes(
-        &self,
-        scope: &FeedScope,
-        after: Position,
-        limit: usize,
-        timeout: Duration,
-    ) -> Result<ChangePage> {
-        check_call(scope, limit, Some(timeout))?;
-        let deadline = Instant::now() + timeout;
-        loop {
-            let seen = self.feed_wake.seen();
-            let page = self.changes(scope, after, limit)?;
-            if !page.changes.is_empty() || Instant::now() >= deadline {
-                return Ok(page);
-            }
-            self.feed_wake.wait(seen, deadline);
-        }
-    }
-
-    /// See [`FeedStore::feed_head`](agentstate_core::FeedStore::feed_head).
-    pub(crate) fn feed_head(&self, scope: &FeedScope) -> Result<Position> {
-        check_call(scope, 1, None)?;
-        let next = self.committer.counters().next_feed;
-        Ok(Position::from_u128(u128::from(next.saturating_sub(1))))
-    }
-
-    /// See [`FeedStore::prune_changes`](agentstate_core::FeedStore::prune_changes).
-    pub(crate) fn prune_changes(&self, scope: &FeedScope, through: Position) -> Result<u64> {
-        check_call(scope, 1, None)?;
-        if let FeedScope::Trays { env: Some(_) } = scope {
-            return Err(StateError::invalid(
-                "prune_changes: an env's feed is pruned with the store's trays (FeedScope::trays())",
-            ));
-        }
-        let head = self.committer.counters().next_feed.saturating_sub(1);
-        let through = u64::try_from(through.as_u128())
-            .unwrap_or(u64::MAX)
-            .min(head);
-        let prefix = scope_prefix(scope);
-        let horizon = horizon_key(scope, &self.secret);
-        let mut from = 1u64;
-        let mut dropped = 0u64;
-        loop {
-            let (prefix, horizon) = (prefix.clone(), horizon.clone());
-            let (n, last) = self.submit(move |txn: &mut Txn<'_>| {
-                // The horizon first: from this group on, a reader from
-                // before it is told, whatever is dropped after.
-                let old = txn
-                    .get(&horizon)?
-                    .map(|v| value::decode::<u64>(&v, "feed horizon"))
-                    .transpose()?
-                    .unwrap_or(0);
-                if through > old {
-                    txn.put(horizon, value::encode(&through));
-                }
-                let rows = txn.scan(
-                    &entry_key(&prefix, from),
-                    &entry_key(&prefix, through.saturating_add(1)),
-                    CHUNK,
-                )?;
-                let mut n = 0u64;
-                let last = rows.last().map(|(k, _)| position_of(k)).transpose()?;
-                for (k, v) in rows {
-                    let e: Entry = value::decode(&v, "feed entry")?;
-                    if txn.get(&e.record)?.is_some() {
-                        continue;
-                    }
-                    let position = position_of(&k)?;
-                    txn.delete(k);
-                    let at = at_key(&e.record);
-                    if let Some(a) = txn.get(&at)? {
-                        let a: At = value::decode(&a, "feed position")?;
-                        if a.position == position {
-                            if !a.env.is_empty() {
-                                txn.delete(entry_key(&env_prefix(&a.env), position));
-                            }
-                            txn.delete(at);
-                        }
-                    }
-                    n += 1;
-                }
-                Ok((n, last))
-            })?;
-            dropped += n;
-            match last {
-                Some(p) if p < through => from = p + 1,
-                _ => return Ok(dropped),
-            }
-        }
     }
 
     /// `verify`'s feed checks: every record has its one entry (once the
@@ -646,5 +521,127 @@ impl KvStore {
             txn.put(meta::FEED_FILLED.to_vec(), value::encode(&true));
             Ok(())
         })
+    }
+}
+
+impl FeedStore for KvStore {
+    /// See [`FeedStore::changes`](agentstate_core::FeedStore::changes).
+    fn changes(&self, scope: &FeedScope, after: Position, limit: usize) -> Result<ChangePage> {
+        check_call(scope, limit, None)?;
+        self.check_horizon(scope, after)?;
+        let Some(from) = u64::try_from(after.as_u128())
+            .ok()
+            .and_then(|a| a.checked_add(1))
+        else {
+            return Ok(ChangePage::new(Vec::new(), after));
+        };
+        let prefix = scope_prefix(scope);
+        let rows = self
+            .engine
+            .scan(&entry_key(&prefix, from), &prefix_end(&prefix), limit)?;
+        let mut changes = Vec::with_capacity(rows.len());
+        let mut next = after;
+        for (k, v) in rows {
+            let position = Position::from_u128(u128::from(position_of(&k)?));
+            let entry: Entry = value::decode(&v, "feed entry")?;
+            changes.push(Change::new(position, self.read_change(&entry)?));
+            next = position;
+        }
+        // A prune that ran during the scan may have taken tombstones the
+        // scan passed: say so rather than skip them.
+        self.check_horizon(scope, after)?;
+        Ok(ChangePage::new(changes, next))
+    }
+
+    /// See [`FeedStore::wait_changes`](agentstate_core::FeedStore::wait_changes).
+    fn wait_changes(
+        &self,
+        scope: &FeedScope,
+        after: Position,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<ChangePage> {
+        check_call(scope, limit, Some(timeout))?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = self.feed_wake.seen();
+            let page = self.changes(scope, after, limit)?;
+            if !page.changes.is_empty() || Instant::now() >= deadline {
+                return Ok(page);
+            }
+            self.feed_wake.wait(seen, deadline);
+        }
+    }
+
+    /// See [`FeedStore::feed_head`](agentstate_core::FeedStore::feed_head).
+    fn feed_head(&self, scope: &FeedScope) -> Result<Position> {
+        check_call(scope, 1, None)?;
+        let next = self.committer.counters().next_feed;
+        Ok(Position::from_u128(u128::from(next.saturating_sub(1))))
+    }
+
+    /// See [`FeedStore::prune_changes`](agentstate_core::FeedStore::prune_changes).
+    fn prune_changes(&self, scope: &FeedScope, through: Position) -> Result<u64> {
+        check_call(scope, 1, None)?;
+        if let FeedScope::Trays { env: Some(_) } = scope {
+            return Err(StateError::invalid(
+                "prune_changes: an env's feed is pruned with the store's trays (FeedScope::trays())",
+            ));
+        }
+        let head = self.committer.counters().next_feed.saturating_sub(1);
+        let through = u64::try_from(through.as_u128())
+            .unwrap_or(u64::MAX)
+            .min(head);
+        let prefix = scope_prefix(scope);
+        let horizon = horizon_key(scope, &self.secret);
+        let mut from = 1u64;
+        let mut dropped = 0u64;
+        loop {
+            let (prefix, horizon) = (prefix.clone(), horizon.clone());
+            let (n, last) = self.submit(move |txn: &mut Txn<'_>| {
+                // The horizon first: from this group on, a reader from
+                // before it is told, whatever is dropped after.
+                let old = txn
+                    .get(&horizon)?
+                    .map(|v| value::decode::<u64>(&v, "feed horizon"))
+                    .transpose()?
+                    .unwrap_or(0);
+                if through > old {
+                    txn.put(horizon, value::encode(&through));
+                }
+                let rows = txn.scan(
+                    &entry_key(&prefix, from),
+                    &entry_key(&prefix, through.saturating_add(1)),
+                    CHUNK,
+                )?;
+                let mut n = 0u64;
+                let last = rows.last().map(|(k, _)| position_of(k)).transpose()?;
+                for (k, v) in rows {
+                    let e: Entry = value::decode(&v, "feed entry")?;
+                    if txn.get(&e.record)?.is_some() {
+                        continue;
+                    }
+                    let position = position_of(&k)?;
+                    txn.delete(k);
+                    let at = at_key(&e.record);
+                    if let Some(a) = txn.get(&at)? {
+                        let a: At = value::decode(&a, "feed position")?;
+                        if a.position == position {
+                            if !a.env.is_empty() {
+                                txn.delete(entry_key(&env_prefix(&a.env), position));
+                            }
+                            txn.delete(at);
+                        }
+                    }
+                    n += 1;
+                }
+                Ok((n, last))
+            })?;
+            dropped += n;
+            match last {
+                Some(p) if p < through => from = p + 1,
+                _ => return Ok(dropped),
+            }
+        }
     }
 }

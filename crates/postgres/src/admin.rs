@@ -514,7 +514,7 @@ async fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
 }
 
 impl PostgresStore {
-    pub(super) async fn do_list_sessions(
+    pub(super) async fn list_sessions(
         &self,
         tenant: &str,
         page: &PageRequest,

@@ -536,7 +536,7 @@ pub(crate) async fn spend_in(tx: &mut Tx<'_>, run: &RunRecord, now: Millis) -> T
 }
 
 impl PostgresStore {
-    pub(super) async fn do_put_budget(&self, record: BudgetRecord) -> Result<BudgetRecord> {
+    pub(super) async fn put_budget(&self, record: BudgetRecord) -> Result<BudgetRecord> {
         check_budget_key(&record.key)?;
         let now = self.now();
         let max = self.max();
@@ -581,7 +581,7 @@ impl PostgresStore {
         out
     }
 
-    pub(super) async fn do_get_budget(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
+    pub(super) async fn get_budget(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
         check_budget_key(key)?;
         let now = self.now();
         txn!(self, |tx| match read_budget(tx, key, false).await? {
@@ -590,7 +590,7 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_list_budgets(
+    pub(super) async fn list_budgets(
         &self,
         tenant: &str,
         page: &PageRequest,
@@ -640,10 +640,10 @@ impl PostgresStore {
         Page::new(items, cursor)
     }
 
-    pub(super) async fn do_reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
+    pub(super) async fn reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
         self.reserve_with(run, hold, None).await
     }
-    pub(super) async fn do_reserve_idempotent(
+    pub(super) async fn reserve_idempotent(
         &self,
         run: &RunKey,
         hold: Hold,
@@ -653,7 +653,7 @@ impl PostgresStore {
         self.reserve_with(run, hold, Some(keyed)).await
     }
 
-    pub(super) async fn do_settle(
+    pub(super) async fn settle(
         &self,
         run: &RunKey,
         hold_id: &str,
@@ -661,7 +661,7 @@ impl PostgresStore {
     ) -> Result<Settled> {
         self.settle_with(run, hold_id, spent, None).await
     }
-    pub(super) async fn do_settle_idempotent(
+    pub(super) async fn settle_idempotent(
         &self,
         run: &RunKey,
         hold_id: &str,
@@ -672,10 +672,10 @@ impl PostgresStore {
         self.settle_with(run, hold_id, spent, Some(keyed)).await
     }
 
-    pub(super) async fn do_release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
+    pub(super) async fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
         self.release_hold_with(run, hold_id, None).await
     }
-    pub(super) async fn do_release_hold_idempotent(
+    pub(super) async fn release_hold_idempotent(
         &self,
         run: &RunKey,
         hold_id: &str,
@@ -685,7 +685,7 @@ impl PostgresStore {
         self.release_hold_with(run, hold_id, Some(keyed)).await
     }
 
-    pub(super) async fn do_run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
+    pub(super) async fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
         check_run_key(run)?;
         let now = self.now();
         txn!(self, |tx| match read_run(tx, run, false).await? {

@@ -364,7 +364,7 @@ impl PostgresStore {
         }
     }
 
-    pub(super) async fn do_changes(
+    pub(super) async fn changes(
         &self,
         scope: &FeedScope,
         after: Position,
@@ -403,7 +403,7 @@ impl PostgresStore {
         ));
     }
 
-    pub(super) async fn do_wait_changes(
+    pub(super) async fn wait_changes(
         &self,
         scope: &FeedScope,
         after: Position,
@@ -469,7 +469,7 @@ impl PostgresStore {
         }
     }
 
-    pub(super) async fn do_feed_head(&self, scope: &FeedScope) -> Result<Position> {
+    pub(super) async fn feed_head(&self, scope: &FeedScope) -> Result<Position> {
         check_call(scope, 1, None)?;
         let (feed, key) = feed_of(scope);
         let row = txn!(self, |tx| {
@@ -494,11 +494,7 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_prune_changes(
-        &self,
-        scope: &FeedScope,
-        through: Position,
-    ) -> Result<u64> {
+    pub(super) async fn prune_changes(&self, scope: &FeedScope, through: Position) -> Result<u64> {
         check_call(scope, 1, None)?;
         if let FeedScope::Trays { env: Some(_) } = scope {
             return Err(StateError::invalid(

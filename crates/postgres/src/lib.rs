@@ -35,7 +35,6 @@
 mod admin;
 mod budgets;
 pub(crate) mod conn;
-mod core;
 mod feed;
 mod fields;
 pub(crate) mod idempotency;
@@ -43,6 +42,12 @@ mod recent;
 mod runs;
 mod tls;
 mod trays;
+
+// The store's calls: its `AsyncCore` (each call an inherent `async fn` of
+// the same name, in `runs.rs`, `trays.rs`, `budgets.rs`, `feed.rs` and
+// `admin.rs`, inside a span and metrics) and its synchronous traits over
+// it, generated from the one list of calls (`agentstate_core::calls`).
+agentstate_core::impl_async_core!(PostgresStore, "postgres");
 
 use std::borrow::Cow;
 use std::path::PathBuf;

@@ -493,10 +493,10 @@ impl PostgresStore {
 }
 
 impl PostgresStore {
-    pub(super) async fn do_put_run(&self, record: RunRecord) -> Result<RunRecord> {
+    pub(super) async fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
         self.put_run_with(record, None).await
     }
-    pub(super) async fn do_put_run_idempotent(
+    pub(super) async fn put_run_idempotent(
         &self,
         record: RunRecord,
         key: &IdempotencyKey,
@@ -506,7 +506,7 @@ impl PostgresStore {
         self.put_run_with(record, Some(keyed)).await
     }
 
-    pub(super) async fn do_get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
+    pub(super) async fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
         check_run_key(key)?;
         // One round trip: BEGIN, the SELECT and COMMIT together.
         let got = txn!(self, |tx| {
@@ -621,10 +621,10 @@ impl PostgresStore {
         }
     }
 
-    pub(super) async fn do_patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
+    pub(super) async fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
         self.patch_run_with(key, delta, None).await
     }
-    pub(super) async fn do_patch_run_idempotent(
+    pub(super) async fn patch_run_idempotent(
         &self,
         key: &RunKey,
         delta: StateDelta,
@@ -634,7 +634,7 @@ impl PostgresStore {
         self.patch_run_with(key, delta, Some(keyed)).await
     }
 
-    pub(super) async fn do_list_runs(
+    pub(super) async fn list_runs(
         &self,
         q: &StateQuery,
         page: &PageRequest,
@@ -726,7 +726,7 @@ impl PostgresStore {
         Page::new(items, cursor)
     }
 
-    pub(super) async fn do_put_session(&self, mut record: SessionRecord) -> Result<SessionRecord> {
+    pub(super) async fn put_session(&self, mut record: SessionRecord) -> Result<SessionRecord> {
         agentstate_core::rules::check_session(&record)?;
         self.opts
             .options
@@ -769,7 +769,7 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+    pub(super) async fn get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
         check_session_key(key)?;
         txn!(self, |tx| {
             let rows = tx
@@ -789,7 +789,7 @@ impl PostgresStore {
 
     /// R10: the run read `FOR UPDATE`, the rule decided in Rust, the row
     /// deleted (its holds go with it: `ON DELETE CASCADE`).
-    pub(super) async fn do_delete_run(
+    pub(super) async fn delete_run(
         &self,
         key: &RunKey,
         expected_version: Option<u64>,
@@ -812,7 +812,7 @@ impl PostgresStore {
 
     // Rule S2: the in-use check, decided here (each backend has its own
     // copy: docs/RULES.md). Rule S3: the cascade, in one transaction.
-    pub(super) async fn do_delete_session(
+    pub(super) async fn delete_session(
         &self,
         key: &SessionKey,
         cascade: bool,

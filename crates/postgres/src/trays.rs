@@ -377,7 +377,7 @@ fn instance_sql(after: bool, tray_ns: Option<usize>, marked: Option<usize>, limi
 }
 
 impl PostgresStore {
-    pub(super) async fn do_read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
+    pub(super) async fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
         check_tray_key(key)?;
         epoch_in(epoch)?;
         txn!(self, |tx| {
@@ -418,7 +418,7 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
+    pub(super) async fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
         check_tray_key(key)?;
         check_tray(&tray, self.max())?;
         let e = epoch_in(epoch)?;
@@ -455,7 +455,7 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
+    pub(super) async fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
         check_tray_key(key)?;
         let e = epoch_in(epoch)?;
         txn!(self, |tx| {
@@ -490,7 +490,7 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_apply_batch(
+    pub(super) async fn apply_batch(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -498,7 +498,7 @@ impl PostgresStore {
     ) -> Result<()> {
         self.apply_batch_with(instance, epoch, ops, None).await
     }
-    pub(super) async fn do_apply_batch_idempotent(
+    pub(super) async fn apply_batch_idempotent(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -511,7 +511,7 @@ impl PostgresStore {
             .await
     }
 
-    pub(super) async fn do_release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
+    pub(super) async fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
         check_instance(instance)?;
         let e = epoch_in(epoch)?;
         // T4: an older placement's release is a no-op, not an error: the
@@ -533,7 +533,7 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_list_trays(
+    pub(super) async fn list_trays(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -599,7 +599,7 @@ impl PostgresStore {
     /// statement reading the stored epoch and every tray of the instance
     /// that passes the filter (applied in SQL, `tray_ns` as an index
     /// condition), in byte order, the alarm row left out; one snapshot.
-    pub(super) async fn do_instance_trays(
+    pub(super) async fn instance_trays(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -655,7 +655,7 @@ impl PostgresStore {
         Ok(out)
     }
 
-    pub(super) async fn do_marked_trays(
+    pub(super) async fn marked_trays(
         &self,
         env: Option<&str>,
         page: &PageRequest,
@@ -749,7 +749,7 @@ impl PostgresStore {
         Page::new(items, cursor)
     }
 
-    pub(super) async fn do_epoch(&self, instance: &InstanceKey) -> Result<u64> {
+    pub(super) async fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
         check_instance(instance)?;
         txn!(self, |tx| {
             let rows = tx
@@ -766,7 +766,7 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_set_alarm(
+    pub(super) async fn set_alarm(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -790,11 +790,7 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_due_alarms(
-        &self,
-        now: Millis,
-        page: &PageRequest,
-    ) -> Result<Page<Alarm>> {
+    pub(super) async fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
         check_limit(page.limit)?;
         let secret = self.secret().await?;
         let binding = KeyBuf::table(Listing::Alarms as u8).done();
@@ -852,7 +848,7 @@ impl PostgresStore {
         })
     }
 
-    pub(super) async fn do_ack_alarm(
+    pub(super) async fn ack_alarm(
         &self,
         instance: &InstanceKey,
         epoch: u64,

@@ -349,7 +349,7 @@ impl StoreAdmin for RedisStore {
 }
 
 impl RedisStore {
-    pub(super) async fn list_sessions_impl(
+    pub(super) async fn list_sessions(
         &self,
         tenant: &str,
         page: &PageRequest,

@@ -256,7 +256,7 @@ fn amount_of(b: &[u8]) -> Result<Amount> {
 }
 
 impl RedisStore {
-    pub(super) async fn put_budget_impl(&self, record: BudgetRecord) -> Result<BudgetRecord> {
+    pub(super) async fn put_budget(&self, record: BudgetRecord) -> Result<BudgetRecord> {
         check_budget_key(&record.key)?;
         let p = keys::tenant(&record.key.tenant);
         let mut conn = self.conn().await?;
@@ -288,13 +288,13 @@ impl RedisStore {
         })
     }
 
-    pub(super) async fn get_budget_impl(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
+    pub(super) async fn get_budget(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
         check_budget_key(key)?;
         let mut conn = self.conn().await?;
         self.budget_status(&mut conn, key, self.now()).await
     }
 
-    pub(super) async fn list_budgets_impl(
+    pub(super) async fn list_budgets(
         &self,
         tenant: &str,
         page: &PageRequest,
@@ -347,10 +347,10 @@ impl RedisStore {
         Page::new(items.into_iter().map(|(_, s)| s).collect(), cursor)
     }
 
-    pub(super) async fn reserve_impl(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
+    pub(super) async fn reserve(&self, run: &RunKey, hold: Hold) -> Result<HoldRecord> {
         self.reserve_with(run, hold, None).await
     }
-    pub(super) async fn reserve_idempotent_impl(
+    pub(super) async fn reserve_idempotent(
         &self,
         run: &RunKey,
         hold: Hold,
@@ -362,7 +362,7 @@ impl RedisStore {
             .map_err(StateError::keyed)
     }
 
-    pub(super) async fn settle_impl(
+    pub(super) async fn settle(
         &self,
         run: &RunKey,
         hold_id: &str,
@@ -370,7 +370,7 @@ impl RedisStore {
     ) -> Result<Settled> {
         self.settle_with(run, hold_id, spent, None).await
     }
-    pub(super) async fn settle_idempotent_impl(
+    pub(super) async fn settle_idempotent(
         &self,
         run: &RunKey,
         hold_id: &str,
@@ -383,10 +383,10 @@ impl RedisStore {
             .map_err(StateError::keyed)
     }
 
-    pub(super) async fn release_hold_impl(&self, run: &RunKey, hold_id: &str) -> Result<()> {
+    pub(super) async fn release_hold(&self, run: &RunKey, hold_id: &str) -> Result<()> {
         self.release_hold_with(run, hold_id, None).await
     }
-    pub(super) async fn release_hold_idempotent_impl(
+    pub(super) async fn release_hold_idempotent(
         &self,
         run: &RunKey,
         hold_id: &str,
@@ -397,7 +397,7 @@ impl RedisStore {
             .await
             .map_err(StateError::keyed)
     }
-    pub(super) async fn run_spend_impl(&self, run: &RunKey) -> Result<Option<RunSpend>> {
+    pub(super) async fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
         check_run_key(run)?;
         let now = self.now();
         let p = keys::tenant(&run.tenant);

@@ -188,7 +188,7 @@ fn decode(scope: &FeedScope, member: &[u8], value: Option<&[u8]>) -> Result<Chan
 }
 
 impl RedisStore {
-    pub(super) async fn changes_impl(
+    pub(super) async fn changes(
         &self,
         scope: &FeedScope,
         after: Position,
@@ -248,7 +248,7 @@ impl RedisStore {
         Ok(ChangePage::new(changes, next))
     }
 
-    pub(super) async fn feed_head_impl(&self, scope: &FeedScope) -> Result<Position> {
+    pub(super) async fn feed_head(&self, scope: &FeedScope) -> Result<Position> {
         check_call(scope, 1, None)?;
         let s = Scope::of(scope);
         let mut conn = self.conn().await?;
@@ -259,11 +259,7 @@ impl RedisStore {
         n.map_or(Ok(Position::START), |n| position(&n))
     }
 
-    pub(super) async fn prune_changes_impl(
-        &self,
-        scope: &FeedScope,
-        through: Position,
-    ) -> Result<u64> {
+    pub(super) async fn prune_changes(&self, scope: &FeedScope, through: Position) -> Result<u64> {
         if let FeedScope::Trays { env: Some(env) } = scope {
             return Err(StateError::invalid(format!(
                 "prune_changes: the feed of env {env:?} is pruned with the trays feed's \
@@ -300,7 +296,7 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn wait_changes_impl(
+    pub(super) async fn wait_changes(
         &self,
         scope: &FeedScope,
         after: Position,

@@ -78,12 +78,17 @@
 mod admin;
 mod budgets;
 mod connect;
-mod core;
 mod feed;
 mod keys;
 mod runs;
 mod scripts;
 mod trays;
+
+// The store's calls: its `AsyncCore` (each call an inherent `async fn` of
+// the same name, in `runs.rs`, `trays.rs`, `budgets.rs`, `feed.rs` and
+// `admin.rs`, inside a span and metrics) and its synchronous traits over
+// it, generated from the one list of calls (`agentstate_core::calls`).
+agentstate_core::impl_async_core!(RedisStore, "redis");
 
 use std::collections::HashSet;
 use std::time::Duration;

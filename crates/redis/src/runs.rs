@@ -496,10 +496,10 @@ impl RedisStore {
 }
 
 impl RedisStore {
-    pub(super) async fn put_run_impl(&self, record: RunRecord) -> Result<RunRecord> {
+    pub(super) async fn put_run(&self, record: RunRecord) -> Result<RunRecord> {
         self.put_run_with(record, None).await
     }
-    pub(super) async fn put_run_idempotent_impl(
+    pub(super) async fn put_run_idempotent(
         &self,
         record: RunRecord,
         key: &IdempotencyKey,
@@ -511,7 +511,7 @@ impl RedisStore {
             .map_err(StateError::keyed)
     }
 
-    pub(super) async fn get_run_impl(&self, key: &RunKey) -> Result<Option<RunRecord>> {
+    pub(super) async fn get_run(&self, key: &RunKey) -> Result<Option<RunRecord>> {
         check_run_key(key)?;
         let p = keys::tenant(&key.tenant);
         let mut conn = self.conn().await?;
@@ -523,15 +523,11 @@ impl RedisStore {
         v.map(|v| decode_run(&v, key)).transpose()
     }
 
-    pub(super) async fn patch_run_impl(
-        &self,
-        key: &RunKey,
-        delta: StateDelta,
-    ) -> Result<RunRecord> {
+    pub(super) async fn patch_run(&self, key: &RunKey, delta: StateDelta) -> Result<RunRecord> {
         check_run_key(key)?;
         self.patch(key, &delta, None, None).await.map(|(r, _)| r)
     }
-    pub(super) async fn patch_run_idempotent_impl(
+    pub(super) async fn patch_run_idempotent(
         &self,
         key: &RunKey,
         delta: StateDelta,
@@ -544,7 +540,7 @@ impl RedisStore {
             .map(|(r, _)| r)
             .map_err(StateError::keyed)
     }
-    pub(super) async fn list_runs_impl(
+    pub(super) async fn list_runs(
         &self,
         q: &StateQuery,
         page: &PageRequest,
@@ -635,10 +631,7 @@ impl RedisStore {
         Page::new(items.into_iter().map(|(_, r)| r).collect(), cursor)
     }
 
-    pub(super) async fn put_session_impl(
-        &self,
-        mut record: SessionRecord,
-    ) -> Result<SessionRecord> {
+    pub(super) async fn put_session(&self, mut record: SessionRecord) -> Result<SessionRecord> {
         agentstate_core::rules::check_session(&record)?;
         self.opts
             .options
@@ -674,7 +667,7 @@ impl RedisStore {
         decode_session(v, &record.key)
     }
 
-    pub(super) async fn get_session_impl(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+    pub(super) async fn get_session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
         check_session_key(key)?;
         let p = keys::tenant(&key.tenant);
         let mut conn = self.conn().await?;
@@ -687,7 +680,7 @@ impl RedisStore {
     }
 
     /// R10 in one script (`lua/delete_run.lua`).
-    pub(super) async fn delete_run_impl(
+    pub(super) async fn delete_run(
         &self,
         key: &RunKey,
         expected_version: Option<u64>,
@@ -721,7 +714,7 @@ impl RedisStore {
     }
 
     // Rules S2, S3: decided by the server's copy, lua/delete_session.lua.
-    pub(super) async fn delete_session_impl(
+    pub(super) async fn delete_session(
         &self,
         key: &SessionKey,
         cascade: bool,

@@ -152,7 +152,7 @@ impl RedisStore {
 }
 
 impl RedisStore {
-    pub(super) async fn read_tray_impl(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
+    pub(super) async fn read_tray(&self, key: &TrayKey, epoch: u64) -> Result<Option<Tray>> {
         check_tray_key(key)?;
         check_epoch(epoch)?;
         let reply = TrayCall::new(&key.instance(), "read", epoch)
@@ -169,12 +169,7 @@ impl RedisStore {
         decode_tray(v).map(Some)
     }
 
-    pub(super) async fn write_tray_impl(
-        &self,
-        key: &TrayKey,
-        epoch: u64,
-        tray: Tray,
-    ) -> Result<()> {
+    pub(super) async fn write_tray(&self, key: &TrayKey, epoch: u64, tray: Tray) -> Result<()> {
         check_tray_key(key)?;
         check_tray(&tray, self.max())?;
         check_epoch(epoch)?;
@@ -185,7 +180,7 @@ impl RedisStore {
         outcome(reply, || RecordKey::Tray(key.clone()), epoch).map(|_| ())
     }
 
-    pub(super) async fn delete_tray_impl(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
+    pub(super) async fn delete_tray(&self, key: &TrayKey, epoch: u64) -> Result<bool> {
         check_tray_key(key)?;
         check_epoch(epoch)?;
         let reply = TrayCall::new(&key.instance(), "delete", epoch)
@@ -196,7 +191,7 @@ impl RedisStore {
         Ok(rest.first().map(Vec::as_slice) == Some(b"1"))
     }
 
-    pub(super) async fn apply_batch_impl(
+    pub(super) async fn apply_batch(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -204,7 +199,7 @@ impl RedisStore {
     ) -> Result<()> {
         self.apply_batch_with(instance, epoch, ops, None).await
     }
-    pub(super) async fn apply_batch_idempotent_impl(
+    pub(super) async fn apply_batch_idempotent(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -217,14 +212,14 @@ impl RedisStore {
             .map_err(StateError::keyed)
     }
 
-    pub(super) async fn release_impl(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
+    pub(super) async fn release(&self, instance: &InstanceKey, epoch: u64) -> Result<()> {
         check_instance(instance)?;
         check_epoch(epoch)?;
         let reply = TrayCall::new(instance, "release", epoch).run(self).await?;
         outcome(reply, || RecordKey::Instance(instance.clone()), epoch).map(|_| ())
     }
 
-    pub(super) async fn list_trays_impl(
+    pub(super) async fn list_trays(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -275,7 +270,7 @@ impl RedisStore {
     /// T7: the fence and every tray of the instance that passes `filter`,
     /// in one call of the script (one step on the server, so one
     /// snapshot), the filters applied there.
-    pub(super) async fn instance_trays_impl(
+    pub(super) async fn instance_trays(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -331,7 +326,7 @@ impl RedisStore {
         Ok(out)
     }
 
-    pub(super) async fn marked_trays_impl(
+    pub(super) async fn marked_trays(
         &self,
         env: Option<&str>,
         page: &PageRequest,
@@ -393,7 +388,7 @@ impl RedisStore {
         Page::new(items.into_iter().map(|(_, t)| t).collect(), cursor)
     }
 
-    pub(super) async fn epoch_impl(&self, instance: &InstanceKey) -> Result<u64> {
+    pub(super) async fn epoch(&self, instance: &InstanceKey) -> Result<u64> {
         check_instance(instance)?;
         let mut conn = self.conn().await?;
         let e: Option<Vec<u8>> = ::redis::cmd("HGET")
@@ -406,7 +401,7 @@ impl RedisStore {
             .map(|e| e.unwrap_or(0))
     }
 
-    pub(super) async fn set_alarm_impl(
+    pub(super) async fn set_alarm(
         &self,
         instance: &InstanceKey,
         epoch: u64,
@@ -422,11 +417,7 @@ impl RedisStore {
         outcome(reply, || RecordKey::Instance(instance.clone()), epoch).map(|_| ())
     }
 
-    pub(super) async fn due_alarms_impl(
-        &self,
-        now: Millis,
-        page: &PageRequest,
-    ) -> Result<Page<Alarm>> {
+    pub(super) async fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
         check_limit(page.limit)?;
         let mut from = b"-".to_vec();
         if let Some(c) = &page.cursor {
@@ -483,7 +474,7 @@ impl RedisStore {
         Page::new(items.into_iter().map(|(_, a)| a).collect(), cursor)
     }
 
-    pub(super) async fn ack_alarm_impl(
+    pub(super) async fn ack_alarm(
         &self,
         instance: &InstanceKey,
         epoch: u64,
