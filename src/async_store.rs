@@ -253,6 +253,10 @@ impl AsyncStore {
         handle
     }
 
+    #[allow(
+        clippy::expect_used,
+        reason = "a handle holds its store until it is dropped"
+    )]
     fn store(&self) -> &Arc<dyn Store> {
         self.inner
             .as_ref()
@@ -269,6 +273,10 @@ impl AsyncStore {
     /// the store is closed (and its directory free to open again) when this
     /// returns, and the answer is `true`. With other handles alive it only
     /// drops this one and answers `false`.
+    #[allow(
+        clippy::expect_used,
+        reason = "a handle holds its store until it is dropped"
+    )]
     pub async fn close(mut self) -> Result<bool> {
         drop(self.native.take());
         let mut store = self

@@ -112,6 +112,7 @@ impl<T: Send + 'static> PageStream<T> {
 impl<T> Stream for PageStream<T> {
     type Item = Result<T>;
 
+    #[allow(clippy::expect_used, reason = "a read is pending; the request read")]
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<T>>> {
         let this = self.get_mut();
         loop {

@@ -75,8 +75,9 @@
 #![warn(missing_docs)]
 // docs.rs (`--cfg docsrs`) marks each item with the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// Operating errors are handled, never unwrapped, outside tests.
-#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+// Operating errors are handled, never unwrapped, outside tests: each
+// remaining `expect` states the invariant that makes it unreachable.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 // The layers are crates of their own (ARCHITECTURE.md): this facade
 // re-exports them and adds the async face.

@@ -3,7 +3,7 @@
 
 #![forbid(unsafe_code)]
 // Operating errors are reported, never unwrapped.
-#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod cli;
 

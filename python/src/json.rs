@@ -80,6 +80,10 @@ fn value(v: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> PyResult<()> 
 }
 
 /// A dict key, as `json.dumps` makes it a string.
+#[allow(
+    clippy::expect_used,
+    reason = "a float's text is ASCII; digits are ASCII"
+)]
 fn key(k: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> PyResult<()> {
     if let Ok(s) = k.cast::<PyString>() {
         return string(s, out);

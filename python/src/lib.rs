@@ -3,6 +3,12 @@
 //! (`pysrc/agentstate_rs`) adds the exception classes, the conformance
 //! suite and the type stubs.
 
+// No unsafe code of ours (PyO3's macros generate what the binding needs).
+#![deny(unsafe_code)]
+// Operating errors are raised as Python exceptions, never unwrapped: each
+// remaining `expect` states the invariant that makes it unreachable.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 use pyo3::prelude::*;
 
 mod clock;

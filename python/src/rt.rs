@@ -68,6 +68,10 @@ pub fn _quiesce(py: Python<'_>, timeout_s: f64) -> bool {
 }
 
 /// The runtime of this process, built on first use (and again after a fork).
+#[allow(
+    clippy::expect_used,
+    reason = "a process that cannot start two threads cannot use the module; PyO3 raises the panic as PanicException"
+)]
 pub fn runtime() -> &'static Runtime {
     let pid = std::process::id();
     let mut slot = RUNTIME.lock();

@@ -40,6 +40,7 @@ fn json_in(py: Python<'_>, v: &Bound<'_, PyAny>, what: &str) -> PyResult<serde_j
 }
 
 /// JSON text as Python objects (`json.loads`).
+#[allow(clippy::expect_used, reason = "JSON values always serialize")]
 fn json_out(py: Python<'_>, text: serde_json::Result<String>) -> PyResult<Py<PyAny>> {
     let text = text.expect("JSON values always serialize");
     Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())

@@ -204,6 +204,7 @@ fn section(out: &mut dyn Write, title: &str) -> Result<(), CliError> {
 
 /// Two workers race to create one run; a stale update is refused with
 /// both versions, re-read and retried.
+#[allow(clippy::expect_used, reason = "a demo worker panicked")]
 fn versions(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     section(out, "versions: every write states the version it read")?;
     let mut meta = SessionRecord::new(SessionKey::new(TENANT, "s-1"));
@@ -323,6 +324,7 @@ fn versions(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
 }
 
 /// Four workers patch one run's spend; the sum is exact.
+#[allow(clippy::expect_used, reason = "a demo worker panicked")]
 fn spend(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     section(
         out,
@@ -499,6 +501,7 @@ fn alarms(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
 }
 
 /// Many instances mark trays; the sweeper pages through them.
+#[allow(clippy::expect_used, reason = "a demo worker panicked")]
 fn sweeper(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     section(out, "sweeper: marked trays of every instance, page by page")?;
     let env_of = |i: usize| {
@@ -583,6 +586,7 @@ fn sweeper(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
 }
 
 /// A listing walk, while another worker creates runs.
+#[allow(clippy::expect_used, reason = "a demo worker panicked")]
 fn listing(d: &Demo, out: &mut dyn Write) -> Result<(), CliError> {
     section(out, "listings: walk a tenant's runs while others write")?;
     const STATES: [RunState; 5] = [

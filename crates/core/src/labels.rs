@@ -274,6 +274,7 @@ pub fn check_label(l: &Label) -> Result<String> {
 /// `labels` with secrets scrubbed as tool-call arguments are: the labels
 /// as one JSON object through the scrubber, so key rules (`"api_key"`)
 /// and secret shapes in values both apply. `None` when nothing changed.
+#[allow(clippy::expect_used, reason = "JSON values always serialize")]
 pub fn scrubbed(scrubber: &crate::Scrubber, labels: &Labels) -> Option<Labels> {
     if labels.is_empty() {
         return None;

@@ -56,6 +56,10 @@ impl Bridge {
         Ok(Bridge { rt: Some(rt) })
     }
 
+    #[allow(
+        clippy::expect_used,
+        reason = "the runtime lives until the bridge is dropped"
+    )]
     pub fn handle(&self) -> &tokio::runtime::Handle {
         self.rt
             .as_ref()

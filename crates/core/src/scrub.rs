@@ -257,6 +257,7 @@ struct Rule {
     accept: fn(&str) -> bool,
 }
 
+#[allow(clippy::expect_used, reason = "built-in scrub pattern compiles")]
 static DEFAULT_RULES: LazyLock<Arc<[Rule]>> = LazyLock::new(|| {
     SHAPES
         .iter()
@@ -272,12 +273,14 @@ static DEFAULT_RULES: LazyLock<Arc<[Rule]>> = LazyLock::new(|| {
 /// `key => value`; also the `\"key\": \"value\"` of JSON escaped in text.
 /// Only the key and separator are matched: the value is read by
 /// [`value_span`], so a non-secret pair does not swallow what follows it.
+#[allow(clippy::expect_used, reason = "built-in pair pattern compiles")]
 static PAIR: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"(?P<key>[A-Za-z0-9_][A-Za-z0-9_.\-]*)(?:\\?["'])?[ \t]*(?::=|=>|=|:)[ \t]*"#)
         .expect("built-in pair pattern compiles")
 });
 
 /// `--key value` command-line flags.
+#[allow(clippy::expect_used, reason = "built-in flag pattern compiles")]
 static FLAG: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"(?:^|[\s"'])--(?P<key>[A-Za-z][A-Za-z0-9_.\-]*)[ \t]+"#)
         .expect("built-in flag pattern compiles")

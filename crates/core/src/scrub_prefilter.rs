@@ -112,6 +112,7 @@ struct Trie {
 
 impl Trie {
     /// `pieces` with their kind bits.
+    #[allow(clippy::expect_used, reason = "prefilter automaton fits u16")]
     fn new(pieces: &[(&[u8], u8)]) -> Trie {
         const NONE: u16 = u16::MAX;
         let mut next = vec![[NONE; 256]];
@@ -165,6 +166,10 @@ impl Trie {
 /// automaton states), in the order they are found; `step(state, byte)`
 /// gives either a fixed state (`Err`) or an automaton state to number
 /// (`Ok`).
+#[allow(
+    clippy::expect_used,
+    reason = "numbered before queued; prefilter automaton fits 256 states"
+)]
 fn number(space: usize, step: impl Fn(usize, u8) -> Result<usize, u8>) -> Table {
     let mut rows = Box::new([[ROOT; 256]; 256]);
     for fixed in [MATCH, UNSURE] {

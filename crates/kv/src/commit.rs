@@ -325,6 +325,7 @@ where
     T: Send + 'static,
     F: FnOnce(&mut Txn<'_>) -> Result<T> + Send + 'static,
 {
+    #[allow(clippy::expect_used, reason = "a job runs once")]
     fn run(&self, txn: &mut Txn<'_>) -> bool {
         let f = self.cell.lock().f.take().expect("a job runs once");
         let out = f(txn);
@@ -335,6 +336,7 @@ where
 
     fn finish(&self, failed: Option<&dyn Fn() -> StateError>) {
         let mut cell = self.cell.lock();
+        debug_assert!(!cell.answered, "a job is answered once");
         match (&cell.out, failed) {
             (Some(Ok(_)), Some(err)) => cell.out = Some(Err(err())),
             (Some(_), _) => {}
@@ -417,6 +419,7 @@ impl Committer {
     }
 
     /// Runs `f` in a group and returns its answer once the group committed.
+    #[allow(clippy::expect_used, reason = "an answered job holds its answer")]
     pub(crate) fn submit<T, F>(&self, sink: &dyn Sink, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -494,6 +497,7 @@ impl Committer {
             }
             return;
         }
+        debug_assert!(!group.is_empty(), "a group holds at least its leader's job");
         let mut overlay = Overlay::default();
         let mut next_seq = counters.next_seq;
         let jobs = group;
@@ -507,6 +511,7 @@ impl Committer {
                 hints: sink.seq_hints(),
             };
             if job.run(&mut txn) {
+                debug_assert!(txn.next_seq >= next_seq, "a job never hands a seq back");
                 next_seq = txn.next_seq;
                 overlay.extend(txn.writes);
             }
@@ -530,6 +535,10 @@ impl Committer {
             }
             return;
         }
+        debug_assert!(
+            next_feed >= counters.next_feed,
+            "feed positions only move forward"
+        );
         let next = Counters {
             next_seq,
             commits: counters.commits + 1,

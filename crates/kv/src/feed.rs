@@ -148,6 +148,10 @@ fn at_key(record: &[u8]) -> Vec<u8> {
 }
 
 /// The position at the end of an entry's key.
+#[allow(
+    clippy::expect_used,
+    reason = "a slice cut to a fixed length by its range converts to an array of that length"
+)]
 fn position_of(key: &[u8]) -> Result<u64> {
     key.len()
         .checked_sub(8)

@@ -54,6 +54,10 @@ impl MemoryStore {
 
     /// An empty in-memory store. The file store's options (durability,
     /// salvage) mean nothing here and are ignored.
+    #[allow(
+        clippy::expect_used,
+        reason = "a new memory store cannot fail to start"
+    )]
     pub fn with_options(opts: Options) -> MemoryStore {
         let engine = MemoryEngine::default();
         MemoryStore(
@@ -92,6 +96,7 @@ impl FileStore {
     }
 
     /// The store's directory.
+    #[allow(clippy::expect_used, reason = "a file store has a path")]
     pub fn path(&self) -> &Path {
         self.0.path().expect("a file store has a path")
     }

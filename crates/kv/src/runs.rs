@@ -401,6 +401,10 @@ pub(crate) fn delete_run(txn: &mut Txn<'_>, old: &RunRecord) -> Result<()> {
 const TOUCH_READS: usize = 16;
 
 /// The seq at the end of an index key whose prefix is `plen` bytes long.
+#[allow(
+    clippy::expect_used,
+    reason = "a slice cut to a fixed length by its range converts to an array of that length"
+)]
 fn seq_after(k: &[u8], plen: usize) -> Result<u64> {
     let b = k
         .get(plen..plen + 8)

@@ -72,6 +72,10 @@ mod imp {
 }
 
 #[cfg(loom)]
+#[allow(
+    clippy::expect_used,
+    reason = "loom models only: a poisoned lock means a model already panicked"
+)]
 mod imp {
     pub(crate) use loom::sync::Arc;
     pub(crate) use loom::sync::atomic::{AtomicBool, Ordering};

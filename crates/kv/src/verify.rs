@@ -234,6 +234,10 @@ impl KvStore {
     /// run inside the commit path, so a run that was revived or rewritten
     /// meanwhile stays. Safe while workers and listings run: listings skip
     /// deleted runs, and deletes go in groups of at most 256.
+    #[allow(
+        clippy::expect_used,
+        reason = "a slice cut to a fixed length by its range converts to an array of that length"
+    )]
     pub(crate) fn prune(&self, tenant: &str, finished_before: Millis) -> Result<u64> {
         check_id("tenant", tenant)?;
         let mut deleted = 0u64;

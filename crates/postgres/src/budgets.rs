@@ -266,6 +266,7 @@ fn budget_in(rows: &[Row], key: &BudgetKey) -> Result<(Option<BudgetRead>, Optio
 /// The reads of a reserve (`hold_id` `None`) or settle, pipelined (see
 /// the module's notes): `guess` names the run's budget (`None`: no
 /// budget). `None`: the run does not exist.
+#[allow(clippy::expect_used, reason = "one answer per statement")]
 async fn around(
     tx: &mut Tx<'_>,
     run: &RunKey,

@@ -284,6 +284,7 @@ impl Drop for Pooled {
 impl Pooled {
     /// A transaction on this connection: `BEGIN` (with the store's
     /// settings) goes out with its first statement.
+    #[allow(clippy::expect_used, reason = "lent until dropped")]
     pub(crate) fn tx<'a>(&'a mut self, store: &'a PostgresStore) -> Tx<'a> {
         let conn: &mut Conn = self.obj.as_mut().expect("lent until dropped");
         Tx {
@@ -486,6 +487,7 @@ impl<'a> Tx<'a> {
 
     /// [`pipelined`](Self::pipelined), telling whether the failure was a
     /// pending request's (`true`) or `main`'s.
+    #[allow(clippy::expect_used, reason = "polled to the end")]
     async fn send_all<T>(
         &mut self,
         main: impl Future<Output = std::result::Result<T, PgError>>,
@@ -683,6 +685,7 @@ impl<'a> Tx<'a> {
     /// Runs statements pipelined (sent together with what is pending, run
     /// by the server in order, each on its own snapshot), and returns each
     /// one's rows; the first failure in order is the answer.
+    #[allow(clippy::expect_used, reason = "polled to the end")]
     pub(crate) async fn queries(
         &mut self,
         list: &[(&str, &[&(dyn ToSql + Sync)])],
@@ -800,14 +803,15 @@ async fn ordered<A, B>(a: impl Future<Output = A>, b: impl Future<Output = B>) -
         {
             rb = Some(r);
         }
-        if ra.is_some() && rb.is_some() {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
+        match (ra.take(), rb.take()) {
+            (Some(a), Some(b)) => Poll::Ready((a, b)),
+            (a, b) => {
+                (ra, rb) = (a, b);
+                Poll::Pending
+            }
         }
     })
-    .await;
-    (ra.expect("ready"), rb.expect("ready"))
+    .await
 }
 
 /// True when a failed `COMMIT` may still have committed: no answer came

@@ -428,8 +428,7 @@ impl PoolInner {
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
         let best = (0..n)
             .map(|k| (start + k) % n)
-            .min_by_key(|&i| conns[i].busy.load(Ordering::Relaxed))
-            .expect("n > 0");
+            .min_by_key(|&i| conns[i].busy.load(Ordering::Relaxed))?;
         let busy = conns[best].busy.load(Ordering::Relaxed) > 0;
         let c = conns[best].take(now);
         if busy && n < self.size && !self.dialing.swap(true, Ordering::AcqRel) {

@@ -428,6 +428,7 @@ impl Hub {
 /// there is none): `Some` once the server confirmed the subscription,
 /// `None` when there is none to be had now (the waiter polls). Runs on the
 /// store's runtime (the connection's driver and reader are spawned there).
+#[allow(clippy::expect_used, reason = "dialed above")]
 async fn listen(inner: Arc<HubInner>, channel: Vec<u8>) -> Option<Listener> {
     let channel = &channel[..];
     let io_timeout = inner.dialer.io_timeout();

@@ -72,8 +72,9 @@
 #![forbid(unsafe_code)]
 // Every public item is documented; the docs are part of the contract.
 #![warn(missing_docs)]
-// Operating errors are handled, never unwrapped, outside tests.
-#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+// Operating errors are handled, never unwrapped, outside tests: each
+// remaining `expect` states the invariant that makes it unreachable.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod admin;
 mod budgets;

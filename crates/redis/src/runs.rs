@@ -124,6 +124,7 @@ pub(super) fn head<T: Serialize>(v: &T) -> (Vec<u8>, u32) {
 }
 
 /// A head at `format`.
+#[allow(clippy::expect_used, reason = "stored types always serialize")]
 fn head_at<T: Serialize>(format: u8, v: &T) -> (Vec<u8>, u32) {
     // postcard's std serializer only fails on types serde cannot express.
     let h = postcard::to_extend(v, vec![format]).expect("stored types always serialize");
@@ -160,6 +161,7 @@ pub(super) fn run_head(r: &RunRecord) -> (Vec<u8>, u32) {
     }
 }
 
+#[allow(clippy::expect_used, reason = "stored types always serialize")]
 pub(super) fn run_tail(r: &RunRecord) -> Vec<u8> {
     postcard::to_stdvec(&RunTail {
         messages_read: r.messages_read,
@@ -187,6 +189,7 @@ pub(super) fn session_head(s: &SessionRecord) -> (Vec<u8>, u32) {
     }
 }
 
+#[allow(clippy::expect_used, reason = "stored types always serialize")]
 pub(super) fn session_tail(s: &SessionRecord) -> Vec<u8> {
     postcard::to_stdvec(&SessionTail {
         version: s.version,

@@ -417,6 +417,10 @@ impl RedisStore {
         outcome(reply, || RecordKey::Instance(instance.clone()), epoch).map(|_| ())
     }
 
+    #[allow(
+        clippy::expect_used,
+        reason = "a slice cut to a fixed length by its range converts to an array of that length"
+    )]
     pub(super) async fn due_alarms(&self, now: Millis, page: &PageRequest) -> Result<Page<Alarm>> {
         check_limit(page.limit)?;
         let mut from = b"-".to_vec();

@@ -86,6 +86,10 @@ pub enum Listing {
 }
 
 /// The 32-byte cursor key derived from a store's secret.
+#[allow(
+    clippy::expect_used,
+    reason = "32 bytes is a valid HKDF-SHA256 output length"
+)]
 fn derive(secret: &[u8; 16]) -> [u8; 32] {
     let hk = hkdf::Hkdf::<sha2::Sha256>::new(None, secret);
     let mut key = [0u8; 32];
@@ -129,6 +133,10 @@ fn associated(listing: Listing, binding: &[u8]) -> Vec<u8> {
 }
 
 /// Makes the cursor for a page that ended at `position`.
+#[allow(
+    clippy::expect_used,
+    reason = "XChaCha20-Poly1305 encrypts any message of our size"
+)]
 pub fn encode(secret: &[u8; 16], listing: Listing, binding: &[u8], position: &[u8]) -> Cursor {
     debug_assert!(position.len() <= POSITION_BYTES_MAX);
     let (bound, filters) = split(listing, binding);

@@ -103,14 +103,11 @@ impl<'a> KeyReader<'a> {
         }
     }
     pub fn u64(&mut self) -> Result<u64> {
-        if self.rest.len() < 8 {
+        let Some((n, rest)) = self.rest.split_first_chunk::<8>() else {
             return Err(StateError::corrupt("key integer truncated"));
-        }
-        let (n, rest) = self.rest.split_at(8);
+        };
         self.rest = rest;
-        Ok(u64::from_be_bytes(
-            n.try_into().expect("split_at(8) gives 8 bytes"),
-        ))
+        Ok(u64::from_be_bytes(*n))
     }
     pub fn u8(&mut self) -> Result<u8> {
         let (&n, rest) = self

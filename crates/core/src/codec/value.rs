@@ -20,6 +20,7 @@ pub const FORMAT_VERSION: u8 = 1;
 pub const OVERHEAD_BYTES: usize = 1 + 4;
 
 /// Encodes `v` behind the version byte, with a trailing checksum.
+#[allow(clippy::expect_used, reason = "stored types always serialize")]
 pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     // postcard's std serializer only fails on types serde cannot express,
     // and every stored type is plain data.
@@ -60,8 +61,10 @@ pub fn checked<'a>(bytes: &'a [u8], what: &str, newest: u8) -> Result<(u8, &'a [
     if bytes.len() < OVERHEAD_BYTES {
         return Err(StateError::corrupt(format!("{what}: value truncated")));
     }
-    let (body, crc) = bytes.split_at(bytes.len() - 4);
-    let crc = u32::from_le_bytes(crc.try_into().expect("split gives 4 bytes"));
+    let Some((body, crc)) = bytes.split_last_chunk::<4>() else {
+        return Err(StateError::corrupt(format!("{what}: value truncated")));
+    };
+    let crc = u32::from_le_bytes(*crc);
     if crc::crc32(body) != crc {
         return Err(StateError::corrupt(format!("{what}: checksum mismatch")));
     }
@@ -616,6 +619,7 @@ struct SessionV1 {
 
 /// Encodes a session: at format 1 when it has no labels (the layout
 /// earlier releases read), else at [`SESSION_FORMAT_LABELS`].
+#[allow(clippy::expect_used, reason = "stored types always serialize")]
 pub fn encode_session(s: &SessionRecord) -> Vec<u8> {
     if !s.labels.is_empty() {
         let out = postcard::to_extend(s, vec![SESSION_FORMAT_LABELS])

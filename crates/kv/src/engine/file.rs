@@ -73,6 +73,10 @@ pub(crate) fn map_err(e: fjall::Error) -> StateError {
 /// `Unrecoverable` or `ChecksumMismatch`. `current` is the version id
 /// (u64 LE), the xxh3-128 of the whole version file (u128 LE) and the
 /// checksum type (0 = xxh3).
+#[allow(
+    clippy::expect_used,
+    reason = "a slice cut to a fixed length by its range converts to an array of that length"
+)]
 fn check_version_files(dir: &Path) -> Result<()> {
     let keyspaces = dir.join("keyspaces");
     let entries = match std::fs::read_dir(&keyspaces) {
@@ -243,6 +247,7 @@ impl FjallEngine {
         })
     }
 
+    #[allow(clippy::expect_used, reason = "the engine is open until dropped")]
     fn fj(&self) -> &Open {
         self.open
             .as_ref()

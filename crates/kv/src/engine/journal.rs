@@ -57,6 +57,10 @@ impl KeyHasher {
 }
 
 impl Hasher for KeyHasher {
+    #[allow(
+        clippy::expect_used,
+        reason = "a slice cut to a fixed length by its range converts to an array of that length"
+    )]
     fn write(&mut self, bytes: &[u8]) {
         let mut words = bytes.chunks_exact(8);
         for w in &mut words {
@@ -246,6 +250,10 @@ enum Want<'a> {
 }
 
 /// The next whole batch, or `None` at the end of what can be read.
+#[allow(
+    clippy::expect_used,
+    reason = "a slice cut to a fixed length by its range converts to an array of that length"
+)]
 fn next_batch<R: BufRead>(b: &mut Bytes<R>, arena: Vec<u8>, want: &Want<'_>) -> Option<Batch> {
     let mut arena = arena;
     arena.clear();

@@ -50,6 +50,10 @@ struct Key {
 /// A key's first 32 bytes, zero-padded, as big-endian numbers.
 type Head = (u64, u64, u64, u64);
 
+#[allow(
+    clippy::expect_used,
+    reason = "a slice cut to a fixed length by its range converts to an array of that length"
+)]
 fn head(bytes: &[u8]) -> Head {
     let mut head = [0u8; 32];
     let n = bytes.len().min(32);
