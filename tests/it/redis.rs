@@ -2042,3 +2042,104 @@ mod feed {
         assert_eq!(zcard("as:{trays}:fd"), 601 + 5 + 1 + 1);
     }
 }
+
+/// D5 on Redis: keys lost under the store (evicted, or deleted by hand)
+/// are named by `verify()` whichever side of an index they were on — a
+/// record an index names, an index that no longer names a record, the
+/// tenant registry, the `seq` counter, a tray and its instance's index —
+/// never a clean report over a store that lost records.
+#[test]
+fn d5_verify_names_every_record_the_indexes_lost() {
+    use agentstate::{SessionKey, SessionRecord, TrayKey};
+    let url = crate::redis_server::shared_url(15);
+    crate::redis_server::flush(&url);
+    let store = RedisStore::connect(&url).expect("connect");
+    store
+        .put_session(SessionRecord::new(SessionKey::new("acme", "s1")))
+        .expect("session");
+    for n in 1..=5 {
+        let mut r = RunRecord::new(RunKey::new("acme", format!("r{n}")), "agent");
+        if n <= 2 {
+            r.session_id = Some("s1".into());
+        }
+        store.put_run(r).expect("run");
+    }
+    let inst = InstanceKey::new("ns", "w1");
+    let tray = |id: &str| TrayOp::Put {
+        tray_ns: "t".into(),
+        tray_id: id.into(),
+        tray: Tray {
+            marked: false,
+            doc: b"{}".to_vec(),
+            env: "e".into(),
+            hostname: "h".into(),
+        },
+    };
+    store
+        .apply_batch(&inst, 1, vec![tray("a"), tray("b")])
+        .expect("trays");
+    let before = store.verify().expect("verify");
+    assert!(before.is_ok(), "a sound store: {:?}", before.problems);
+
+    // Lose keys the way an evicting server does: whole keys, any of them.
+    let client = redis::Client::open(url.as_str()).expect("client");
+    let mut raw = client.get_connection().expect("raw connection");
+    let all: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg("as:*")
+        .query(&mut raw)
+        .expect("KEYS");
+    let one = |suffix: &[u8]| -> Vec<u8> {
+        let found: Vec<&Vec<u8>> = all.iter().filter(|k| k.ends_with(suffix)).collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "one key ends with {:?}",
+            String::from_utf8_lossy(suffix)
+        );
+        found[0].clone()
+    };
+    // Tray b's hash: the later of the instance's two (ids "a" < "b").
+    let tray_b = all
+        .iter()
+        .filter(|k| k.starts_with(b"as:{trays}:y:"))
+        .max()
+        .expect("tray b's hash")
+        .clone();
+    let lost = [
+        one(b":r:r1"),
+        one(b"}:runs"),
+        one(b"}:seq"),
+        b"as:{meta}:tenants".to_vec(),
+        tray_b,
+        b"as:{trays}:insts".to_vec(),
+    ];
+    for k in &lost {
+        let n: u64 = redis::cmd("DEL").arg(k).query(&mut raw).expect("DEL");
+        assert_eq!(n, 1, "{:?} existed", String::from_utf8_lossy(k));
+    }
+    let report = store.verify().expect("verify");
+    let text = report.problems.join("\n");
+    for want in [
+        "run acme/r1: named by index",
+        "run acme/r2: missing from the tenant's run index",
+        "run acme/r5: missing from the tenant's run index",
+        "tenant acme: has keys but is missing from the tenant registry",
+        "tenant acme: its seq counter is missing",
+        "tray index names a missing tray",
+        "instance ns/w1: has keys but is missing from the instance registry",
+    ] {
+        assert!(
+            text.contains(want),
+            "verify names {want:?}; it said:\n{text}"
+        );
+    }
+    assert!(!report.is_ok());
+    // What is left still reads.
+    let a = TrayKey {
+        ns: "ns".into(),
+        id: "w1".into(),
+        tray_ns: "t".into(),
+        tray_id: "a".into(),
+    };
+    assert!(store.read_tray(&a, 1).expect("read").is_some());
+}

@@ -4,7 +4,7 @@
 
 use agentstate_core::admin::{StoreAdmin, StoreStats, TenantStats, VerifyReport};
 use agentstate_core::codec::cursor::{self as cursor_codec, Listing};
-use agentstate_core::codec::key::KeyBuf;
+use agentstate_core::codec::key::{KeyBuf, KeyReader};
 use agentstate_core::entry::Entry;
 use agentstate_core::error::{Result, StateError};
 use agentstate_core::page::{Page, PageRequest};
@@ -837,7 +837,27 @@ impl RedisStore {
         let mut rep = VerifyReport::default();
         let mut conn = self.conn().await?;
         let mut p_ = Vec::new();
-        for t in self.tenants(&mut conn).await? {
+        // What is there, key by key, against what the indexes and
+        // registries promise: a lost key (evicted, deleted by hand) shows
+        // up whichever side of the promise it was on.
+        let census = self.census(&mut conn, &mut p_).await?;
+        let registry = self.tenants(&mut conn).await?;
+        let mut tenants: std::collections::BTreeSet<String> = registry.iter().cloned().collect();
+        for t in &census.tenants {
+            if tenants.insert(t.clone()) {
+                p_.push(format!(
+                    "tenant {t}: has keys but is missing from the tenant registry"
+                ));
+            }
+        }
+        if !census.secret && census.keys > 0 {
+            p_.push(
+                "the cursor secret is missing: cursors and feed positions handed out \
+                 before no longer open"
+                    .to_string(),
+            );
+        }
+        for t in tenants {
             let p = keys::tenant(&t);
             let counter: Option<Vec<u8>> =
                 cmd("GET").arg(keys::seq(&p)).query_on(&mut conn).await?;
@@ -932,6 +952,12 @@ impl RedisStore {
                     break;
                 }
             }
+            if counter == 0 && census.counterless.contains(&t) {
+                p_.push(format!(
+                    "tenant {t}: its seq counter is missing (a new run would reuse a seq)"
+                ));
+            }
+            self.indexed_runs_exist(&mut conn, &t, &p, &mut p_).await?;
             let runs = self.zcard(&mut conn, &keys::runs(&p)).await?;
             let mut by_state = 0;
             for st in RunState::ALL {
@@ -977,7 +1003,19 @@ impl RedisStore {
         }
         let mut marked = 0u64;
         let mut alarms = 0u64;
-        for i in self.instances(&mut conn).await? {
+        let registered = self.instances(&mut conn).await?;
+        let mut instances: std::collections::BTreeSet<Vec<u8>> =
+            registered.iter().cloned().collect();
+        for i in &census.instances {
+            if instances.insert(i.clone()) {
+                let (inst, _) = keys::read_inst(i)?;
+                p_.push(format!(
+                    "instance {}/{}: has keys but is missing from the instance registry",
+                    inst.ns, inst.id
+                ));
+            }
+        }
+        for i in instances {
             let (inst, _) = keys::read_inst(&i)?;
             let name = format!("instance {}/{}", inst.ns, inst.id);
             let ih: std::collections::HashMap<String, Vec<u8>> = cmd("HGETALL")
@@ -1056,6 +1094,185 @@ impl RedisStore {
         rep.problems = p_;
         Ok(rep)
     }
+}
+
+/// What the census of a store's keys found beyond what it reported.
+#[derive(Default)]
+struct Census {
+    /// Keys of the store in all.
+    keys: u64,
+    /// Every tenant with at least one key.
+    tenants: std::collections::BTreeSet<String>,
+    /// Tenants with runs or run indexes but no `seq` counter key.
+    counterless: std::collections::BTreeSet<String>,
+    /// Every instance with a tray, a tray index or an instance hash.
+    instances: std::collections::BTreeSet<Vec<u8>>,
+    /// The cursor secret is there.
+    secret: bool,
+}
+
+impl RedisStore {
+    /// Walks every key of the store (`SCAN as:*`) and checks each record
+    /// against the index that must name it: a run hash against its
+    /// tenant's run index, a session hash against its session index, a
+    /// tray hash against its instance's tray index and the instance
+    /// registry. What it finds missing goes to `problems`; what the whole
+    /// walk needs (tenants, counters, the secret) comes back.
+    async fn census(&self, conn: &mut Conn, problems: &mut Vec<String>) -> Result<Census> {
+        let mut c = Census::default();
+        let mut with_runs = std::collections::BTreeSet::new();
+        let mut with_counter = std::collections::BTreeSet::new();
+        let trays = keys::all_tray_base();
+        let mut cursor = 0u64;
+        loop {
+            let (next, batch): (u64, Vec<Vec<u8>>) = cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg("as:*")
+                .arg("COUNT")
+                .arg(1000)
+                .query_on(conn)
+                .await?;
+            for k in batch {
+                c.keys += 1;
+                if k == keys::SECRET.as_bytes() {
+                    c.secret = true;
+                } else if let Some(rest) = k.strip_prefix(trays.as_slice()) {
+                    let (inst, member) = keys::read_inst(rest)?;
+                    let name = format!("tray of instance {}/{}", inst.ns, inst.id);
+                    let i = keys::inst(&inst);
+                    let in_trays: Option<f64> = cmd("ZSCORE")
+                        .arg(keys::trays_of(&i))
+                        .arg(member)
+                        .query_on(conn)
+                        .await?;
+                    if in_trays.is_none() {
+                        problems.push(format!("{name}: missing from its instance's tray index"));
+                    }
+                    c.instances.insert(i);
+                } else if let Some(i) = k
+                    .strip_prefix(keys::instance_base().as_slice())
+                    .or_else(|| k.strip_prefix(keys::trays_of(b"").as_slice()))
+                {
+                    c.instances.insert(i.to_vec());
+                } else if let Some((t, rest)) = tenant_key(&k) {
+                    let p = keys::tenant(&t);
+                    if let Some(id) = rest.strip_prefix(b"r:") {
+                        with_runs.insert(t.clone());
+                        let s: Option<f64> = cmd("ZSCORE")
+                            .arg(keys::runs(&p))
+                            .arg(id)
+                            .query_on(conn)
+                            .await?;
+                        if s.is_none() {
+                            problems.push(format!(
+                                "run {t}/{}: missing from the tenant's run index",
+                                text(id)
+                            ));
+                        }
+                    } else if let Some(id) = rest.strip_prefix(b"s:") {
+                        let s: Option<f64> = cmd("ZSCORE")
+                            .arg(keys::sessions(&p))
+                            .arg(id)
+                            .query_on(conn)
+                            .await?;
+                        if s.is_none() {
+                            problems.push(format!(
+                                "session {t}/{}: missing from the tenant's session index",
+                                text(id)
+                            ));
+                        }
+                    } else if rest == b"seq" {
+                        with_counter.insert(t.clone());
+                    } else if rest == b"runs" || rest.starts_with(b"st:") {
+                        with_runs.insert(t.clone());
+                    }
+                    c.tenants.insert(t);
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        c.counterless = with_runs.difference(&with_counter).cloned().collect();
+        Ok(c)
+    }
+
+    /// Every run a tenant's state and session indexes name has its record
+    /// (the run index is checked record by record in `verify_impl`).
+    async fn indexed_runs_exist(
+        &self,
+        conn: &mut Conn,
+        t: &str,
+        p: &[u8],
+        problems: &mut Vec<String>,
+    ) -> Result<()> {
+        let mut indexes: Vec<Vec<u8>> = RunState::ALL
+            .iter()
+            .map(|&s| keys::by_state(p, s))
+            .collect();
+        indexes.extend(self.keys_under(conn, &keys::by_session(p, "")).await?);
+        for idx in indexes {
+            let mut after = None;
+            loop {
+                let ids = self.seq_after(conn, &idx, after, CHUNK).await?;
+                for (id, seq) in &ids {
+                    after = Some(*seq);
+                    let there: bool = cmd("EXISTS")
+                        .arg(keys::run(p, &text(id)))
+                        .query_on(conn)
+                        .await?;
+                    if !there {
+                        problems.push(format!(
+                            "run {t}/{}: named by index {} but missing",
+                            text(id),
+                            text(&idx)
+                        ));
+                    }
+                }
+                if ids.len() < CHUNK {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every key that starts with `prefix`, by `SCAN`.
+    async fn keys_under(&self, conn: &mut Conn, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let pattern = scan_pattern(prefix);
+        let mut out = std::collections::BTreeSet::new();
+        let mut cursor = 0u64;
+        loop {
+            let (next, batch): (u64, Vec<Vec<u8>>) = cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_on(conn)
+                .await?;
+            out.extend(batch);
+            cursor = next;
+            if cursor == 0 {
+                return Ok(out.into_iter().collect());
+            }
+        }
+    }
+}
+
+/// A tenant's key read back: the tenant, and what follows its prefix
+/// (`keys::tenant`). `None` for a key of no tenant.
+fn tenant_key(k: &[u8]) -> Option<(String, &[u8])> {
+    if k.starts_with(b"as:{trays}:") || k.starts_with(b"as:{meta}:") {
+        return None;
+    }
+    let rest = k.strip_prefix(b"as:{")?;
+    let mut r = KeyReader::new(rest, b't').ok()?;
+    let t = r.str().ok()?;
+    let after = r.rest().strip_prefix(b"}:")?;
+    Some((t, after))
 }
 
 /// A `SCAN` pattern for every key starting with `prefix`.
