@@ -3737,3 +3737,53 @@ fn setup_upgrades_a_schema_7_database_with_live_holds() {
     assert_eq!((st.spent.cost_micros, st.held.cost_micros), (100, 0));
     assert!(s.verify().expect("verify").is_ok());
 }
+
+/// D5 on PostgreSQL: rows lost under the store (deleted by hand) are named
+/// by `verify()`: a run whose session row is gone, and an instance whose
+/// trays outlived its epoch row (the next write at any epoch would pass
+/// the fence).
+#[test]
+fn d5_verify_names_a_lost_session_row_and_epoch_row() {
+    use agentstate::{InstanceKey, SessionKey, SessionRecord, Tray, TrayOp, TrayStore};
+    let schema = unique("lostrows").replace('-', "_");
+    let s = PostgresStore::connect_with(shared_dsn(), PgOptions::new().schema(&schema))
+        .expect("connect");
+    s.setup().expect("setup");
+    s.put_session(SessionRecord::new(SessionKey::new("t", "s1")))
+        .expect("session");
+    let mut r = RunRecord::new(RunKey::new("t", "r1"), "a");
+    r.session_id = Some("s1".into());
+    s.put_run(r).expect("run");
+    let put = TrayOp::Put {
+        tray_ns: "n".into(),
+        tray_id: "x".into(),
+        tray: Tray {
+            marked: false,
+            doc: b"{}".to_vec(),
+            env: "e".into(),
+            hostname: "h".into(),
+        },
+    };
+    s.apply_batch(&InstanceKey::new("ns", "w1"), 3, vec![put])
+        .expect("tray");
+    let report = s.verify().expect("verify");
+    assert!(report.is_ok(), "a sound store: {:?}", report.problems);
+
+    let mut c = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
+    c.batch_execute(&format!(
+        "DELETE FROM \"{schema}\".agentstate_sessions; DELETE FROM \"{schema}\".pinned_epoch"
+    ))
+    .expect("tamper");
+    let text = s.verify().expect("verify").problems.join("\n");
+    for want in [
+        "run t/r1: its session s1 is missing",
+        "instance ns/w1: has trays but no epoch row",
+    ] {
+        assert!(
+            text.contains(want),
+            "verify names {want:?}; it said:\n{text}"
+        );
+    }
+    c.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .expect("drop");
+}

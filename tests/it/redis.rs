@@ -2106,6 +2106,7 @@ fn d5_verify_names_every_record_the_indexes_lost() {
         .expect("tray b's hash")
         .clone();
     let lost = [
+        one(b":s:s1"),
         one(b":r:r1"),
         one(b"}:runs"),
         one(b"}:seq"),
@@ -2125,6 +2126,7 @@ fn d5_verify_names_every_record_the_indexes_lost() {
         "run acme/r5: missing from the tenant's run index",
         "tenant acme: has keys but is missing from the tenant registry",
         "tenant acme: its seq counter is missing",
+        "session acme/s1: runs name it but it is missing",
         "tray index names a missing tray",
         "instance ns/w1: has keys but is missing from the instance registry",
     ] {

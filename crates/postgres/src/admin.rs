@@ -737,6 +737,33 @@ impl PostgresStore {
                     ));
                 }
             }
+            // Every run's session is there (S2 keeps a session in use).
+            for r in tx.query(
+                "SELECT r.tenant, r.run_id, r.session_id FROM {s}agentstate_runs r \
+                 WHERE r.session_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {s}agentstate_sessions s \
+                 WHERE s.tenant = r.tenant AND s.session_id = r.session_id)",
+                &[],
+            ).await? {
+                problems.push(format!(
+                    "run {}/{}: its session {} is missing",
+                    id_out(r.col(0)?)?,
+                    id_out(r.col(1)?)?,
+                    id_out(r.col(2)?)?
+                ));
+            }
+            // Every instance with trays has its epoch row: without it the
+            // next write at any epoch would pass the fence.
+            for r in tx.query(
+                "SELECT DISTINCT t.ns, t.id FROM {s}pinned_tray_index t \
+                 WHERE NOT EXISTS (SELECT 1 FROM {s}pinned_epoch e WHERE e.ns = t.ns AND e.id = t.id)",
+                &[],
+            ).await? {
+                problems.push(format!(
+                    "instance {}/{}: has trays but no epoch row",
+                    id_out(r.col(0)?)?,
+                    id_out(r.col(1)?)?
+                ));
+            }
             // Tray rows whose text is not in this store's escaped form
             // (written by pinned or plain SQL): they read as their text,
             // which a point read of that id does not reach.

@@ -1026,6 +1026,11 @@ impl RedisStore {
             if ih.get("ep").is_some_and(|e| num(e, "epoch").is_err()) {
                 p_.push(format!("{name}: epoch undecodable"));
             }
+            // Without its epoch, the next write at any epoch would pass
+            // the fence.
+            if !ih.contains_key("ep") && self.zcard(&mut conn, &keys::trays_of(&i)).await? > 0 {
+                p_.push(format!("{name}: has trays but no epoch"));
+            }
             if let (Some(al), Some(am)) = (ih.get("al"), ih.get("am")) {
                 alarms += 1;
                 rep.alarms += 1;
@@ -1180,6 +1185,19 @@ impl RedisStore {
                             problems.push(format!(
                                 "session {t}/{}: missing from the tenant's session index",
                                 text(id)
+                            ));
+                        }
+                    } else if let Some(sid) = rest.strip_prefix(b"ss:") {
+                        // A session's run index: the session is there (S2
+                        // keeps a session in use).
+                        let there: bool = cmd("EXISTS")
+                            .arg(keys::session(&p, &text(sid)))
+                            .query_on(conn)
+                            .await?;
+                        if !there {
+                            problems.push(format!(
+                                "session {t}/{}: runs name it but it is missing",
+                                text(sid)
                             ));
                         }
                     } else if rest == b"seq" {
