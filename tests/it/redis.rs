@@ -2145,3 +2145,99 @@ fn d5_verify_names_every_record_the_indexes_lost() {
     };
     assert!(store.read_tray(&a, 1).expect("read").is_some());
 }
+
+/// E3 on Redis, settings watched: a server switched to an evicting
+/// `maxmemory-policy` (or away from fsync on every write) after the store
+/// connected gets no write acknowledged: the next write reads the settings
+/// again and is `Refused`, naming the setting, with nothing written; reads
+/// go on; switched back, writes are taken again. With the default
+/// interval the reading is at most a second old.
+#[test]
+fn e3_a_server_made_unsafe_after_connect_refuses_writes() {
+    use agentstate::PersistenceReason;
+    let server = Server::start(&temp_dir("watched"), &[]);
+    let url = server.url(0);
+    let set = |name: &str, value: &str| {
+        let client = redis::Client::open(url.as_str()).expect("client");
+        let mut raw = client.get_connection().expect("raw connection");
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(&mut raw)
+            .expect("CONFIG SET");
+    };
+    let refused = |e: StateError, setting: &str| {
+        assert!(
+            matches!(
+                &e,
+                StateError::Persistence {
+                    reason: PersistenceReason::Refused,
+                    ..
+                }
+            ) && !e.is_retryable(),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains(setting), "names {setting}: {e}");
+    };
+    let store =
+        RedisStore::connect_with(&url, RedisOptions::new().settings_interval(Duration::ZERO))
+            .expect("connect");
+    let key = RunKey::new("acme", "r1");
+    store
+        .put_run(RunRecord::new(key.clone(), "a"))
+        .expect("put");
+
+    set("maxmemory-policy", "allkeys-lru");
+    let one = StateDelta {
+        iterations: 1,
+        ..Default::default()
+    };
+    refused(
+        store.patch_run(&key, one).expect_err("evicting"),
+        "maxmemory-policy",
+    );
+    refused(
+        store
+            .put_run(RunRecord::new(RunKey::new("acme", "r2"), "a"))
+            .expect_err("evicting"),
+        "maxmemory-policy",
+    );
+    let inst = InstanceKey::new("ns", "w");
+    refused(
+        store.release(&inst, 1).expect_err("evicting"),
+        "maxmemory-policy",
+    );
+    // Reads go on, and nothing was written.
+    let run = store.get_run(&key).expect("read").expect("there");
+    assert_eq!((run.version, run.iterations), (1, 0));
+    assert!(
+        store
+            .get_run(&RunKey::new("acme", "r2"))
+            .expect("read")
+            .is_none()
+    );
+
+    set("maxmemory-policy", "noeviction");
+    assert_eq!(store.patch_run(&key, one).expect("safe again").version, 2);
+    set("appendfsync", "everysec");
+    refused(
+        store.patch_run(&key, one).expect_err("no fsync"),
+        "appendfsync",
+    );
+    set("appendfsync", "always");
+    assert_eq!(store.patch_run(&key, one).expect("safe again").version, 3);
+
+    // The default interval: a reading at most a second old.
+    let store = RedisStore::connect(&url).expect("connect");
+    store.patch_run(&key, one).expect("safe");
+    set("maxmemory-policy", "volatile-lru");
+    std::thread::sleep(Duration::from_millis(1_100));
+    refused(
+        store.patch_run(&key, one).expect_err("evicting"),
+        "maxmemory-policy",
+    );
+    set("maxmemory-policy", "noeviction");
+    std::thread::sleep(Duration::from_millis(1_100));
+    store.patch_run(&key, one).expect("safe again");
+}

@@ -431,6 +431,7 @@ impl RedisStore {
         check_id("tenant", tenant)?;
         let p = keys::tenant(tenant);
         let mut conn = self.conn().await?;
+        self.writable(&mut conn).await?;
         let mut deleted = 0u64;
         for st in RunState::ALL.into_iter().filter(|s| s.is_finished()) {
             let index = keys::by_state(&p, st);
@@ -468,6 +469,7 @@ impl RedisStore {
         let fd = keys::feed(&p);
         let kept = [keys::feed_counter(&fd), keys::feed_horizon(&fd)];
         let mut conn = self.conn().await?;
+        self.writable(&mut conn).await?;
         let mut counted = 0u64;
         // Until a whole SCAN finds nothing: keys written while it ran are
         // found by the next pass.
@@ -709,6 +711,7 @@ impl RedisStore {
                 let p = keys::tenant(&r.key.tenant);
                 let session = r.session_id.clone().unwrap_or_default();
                 let mut conn = self.conn().await?;
+                self.writable(&mut conn).await?;
                 self.register(&mut conn, &r.key.tenant).await?;
                 let reply: Reply = IMPORT
                     .key(keys::run(&p, &r.key.run_id))
@@ -752,6 +755,7 @@ impl RedisStore {
                 agentstate_core::rules::check_size("session record", v.len(), self.max())?;
                 let p = keys::tenant(&s.key.tenant);
                 let mut conn = self.conn().await?;
+                self.writable(&mut conn).await?;
                 self.register(&mut conn, &s.key.tenant).await?;
                 let reply: Reply = IMPORT
                     .key(keys::session(&p, &s.key.session_id))
@@ -769,6 +773,7 @@ impl RedisStore {
             Entry::Budget { budget, spent } => {
                 let p = keys::tenant(&budget.key.tenant);
                 let mut conn = self.conn().await?;
+                self.writable(&mut conn).await?;
                 self.register(&mut conn, &budget.key.tenant).await?;
                 let reply: Reply = BUDGETS
                     .key(keys::budget(&p, &budget.key.name))
@@ -790,6 +795,7 @@ impl RedisStore {
             Entry::Hold { run, hold } => {
                 let p = keys::tenant(&run.tenant);
                 let mut conn = self.conn().await?;
+                self.writable(&mut conn).await?;
                 let reply: Reply = BUDGETS
                     .key(keys::run(&p, &run.run_id))
                     .key(keys::holds(&p, &run.run_id))

@@ -260,6 +260,7 @@ impl RedisStore {
         check_budget_key(&record.key)?;
         let p = keys::tenant(&record.key.tenant);
         let mut conn = self.conn().await?;
+        self.writable(&mut conn).await?;
         self.register(&mut conn, &record.key.tenant).await?;
         let reply: Reply = BUDGETS
             .key(keys::budget(&p, &record.key.name))
@@ -448,6 +449,7 @@ impl RedisStore {
         let idem = self.idem(keyed);
         let p = keys::tenant(&run.tenant);
         let mut conn = self.conn().await?;
+        self.writable(&mut conn).await?;
         let reply: Reply = BUDGETS
             .key(keys::run(&p, &run.run_id))
             .key(keys::holds(&p, &run.run_id))
@@ -538,6 +540,7 @@ impl RedisStore {
         let idem = self.idem(keyed);
         let p = keys::tenant(&run.tenant);
         let mut conn = self.conn().await?;
+        self.writable(&mut conn).await?;
         let reply: Reply = BUDGETS
             .key(keys::run(&p, &run.run_id))
             .key(keys::holds(&p, &run.run_id))

@@ -269,6 +269,7 @@ impl RedisStore {
         check_call(scope, 1, None)?;
         let s = Scope::of(scope);
         let mut conn = self.conn().await?;
+        self.writable(&mut conn).await?;
         let mut through = dec(through);
         let mut from = String::new();
         let mut dropped = 0u64;

@@ -132,6 +132,7 @@ pub struct RedisOptions {
     pub(crate) require_fsync: bool,
     pub(crate) tls: Option<TlsPems>,
     pub(crate) assumed: Option<Assumed>,
+    pub(crate) settings_interval: Duration,
 }
 
 /// What the caller states a server guarantees when `CONFIG GET` cannot
@@ -154,6 +155,7 @@ impl Default for RedisOptions {
             require_fsync: true,
             tls: None,
             assumed: None,
+            settings_interval: Duration::from_secs(1),
         }
     }
 }
@@ -264,6 +266,29 @@ impl RedisOptions {
         });
         self
     }
+    /// How old the store's reading of the server's settings
+    /// (`maxmemory-policy`, `appendonly`, `appendfsync`) may be when it
+    /// writes (default 1 s). A write finding it older reads them again
+    /// first (one round trip); while they are unsafe (a policy that evicts
+    /// keys; no fsync on every write under
+    /// [`require_fsync`](Self::require_fsync)) every write is `Refused`,
+    /// naming the setting, and nothing is written. `Duration::ZERO`
+    /// reads them before every write. Settings stated with
+    /// [`durability_assumed`](Self::durability_assumed) are not read again.
+    pub fn settings_interval(mut self, interval: Duration) -> Self {
+        self.settings_interval = interval;
+        self
+    }
+}
+
+/// The store's latest reading of the server's settings, for writes.
+#[derive(Debug)]
+struct Settings {
+    /// When they were last read (at connect, checked); `None`: read them
+    /// at the next write.
+    read_at: Option<std::time::Instant>,
+    /// Why writes are refused, while the settings are unsafe.
+    refusal: Option<String>,
 }
 
 /// The server's persistence and eviction settings, as read at connect
@@ -393,6 +418,8 @@ pub struct RedisStore {
     registered: Mutex<HashSet<String>>,
     /// The change feed's subscriber connection and its waiters.
     hub: feed::Hub,
+    /// The server's settings as last read (watched, not checked once).
+    settings: Mutex<Settings>,
     /// The store's runtime (dropped last: the connections' tasks live on it).
     bridge: Bridge,
 }
@@ -501,6 +528,10 @@ impl RedisStore {
             server: d.server,
             registered: Mutex::new(HashSet::new()),
             hub: feed::Hub::new(d.dialer),
+            settings: Mutex::new(Settings {
+                read_at: Some(std::time::Instant::now()),
+                refusal: None,
+            }),
             bridge,
         }
     }
@@ -511,6 +542,57 @@ impl RedisStore {
     /// ([`RedisOptions::durability_assumed`]).
     pub fn durability(&self) -> String {
         self.persistence.describe()
+    }
+
+    /// Refuses a write while the server's settings are unsafe, reading
+    /// them again first when the last reading is older than
+    /// [`RedisOptions::settings_interval`]: a server switched to an
+    /// evicting policy after connect stops acknowledging writes it could
+    /// drop, and one switched back is written to again. The rules are
+    /// connect's own (`connect::read_persistence`). Settings the caller
+    /// stated are not read again.
+    pub(crate) async fn writable(&self, conn: &mut Conn) -> Result<()> {
+        if self.persistence.stated.is_none() {
+            let due = {
+                let mut s = self.settings.lock();
+                let due = s
+                    .read_at
+                    .is_none_or(|at| at.elapsed() >= self.opts.settings_interval);
+                if due {
+                    // One reader at a time; the others go by the verdict
+                    // in hand.
+                    s.read_at = Some(std::time::Instant::now());
+                }
+                due
+            };
+            if due {
+                let refusal =
+                    match connect::read_persistence(conn.raw(), &self.server, &self.opts).await {
+                        Ok(p) if p.stated.is_none() => None,
+                        // CONFIG GET now fails where it worked at connect:
+                        // nothing was read, so nothing is assumed either.
+                        Ok(_) => Some(format!(
+                            "redis {}: CONFIG GET no longer answers, so the store cannot see \
+                             whether the server may evict keys",
+                            self.server
+                        )),
+                        Err(e) if e.is_retryable() => {
+                            self.settings.lock().read_at = None;
+                            return Err(e);
+                        }
+                        Err(StateError::Persistence { detail, .. }) => Some(detail),
+                        Err(e) => Some(e.to_string()),
+                    };
+                self.settings.lock().refusal = refusal;
+            }
+        }
+        match &self.settings.lock().refusal {
+            Some(why) => Err(StateError::refused(
+                format!("{why}; writes are refused until it is fixed (nothing was written)"),
+                None,
+            )),
+            None => Ok(()),
+        }
     }
 
     /// A connection for one call; an error means nothing was sent.

@@ -388,6 +388,7 @@ impl RedisStore {
         let p = keys::tenant(&key.tenant);
         let max = self.max();
         let mut conn = self.conn().await?;
+        self.writable(&mut conn).await?;
 
         let reply: Reply = PATCH_RUN
             .key(keys::run(&p, &key.run_id))
@@ -447,6 +448,7 @@ impl RedisStore {
         let p = keys::tenant(&record.key.tenant);
         let session = record.session_id.clone().unwrap_or_default();
         let mut conn = self.conn().await?;
+        self.writable(&mut conn).await?;
         self.register(&mut conn, &record.key.tenant).await?;
         let reply: Reply = PUT_RUN
             .key(keys::run(&p, &record.key.run_id))
@@ -645,6 +647,7 @@ impl RedisStore {
         check_size("session record", h.len() + value::OVERHEAD_BYTES - 1, max)?;
         let p = keys::tenant(&record.key.tenant);
         let mut conn = self.conn().await?;
+        self.writable(&mut conn).await?;
         self.register(&mut conn, &record.key.tenant).await?;
         let reply: Reply = PUT_SESSION
             .key(keys::session(&p, &record.key.session_id))
@@ -691,6 +694,7 @@ impl RedisStore {
         check_run_key(key)?;
         let p = keys::tenant(&key.tenant);
         let mut conn = self.conn().await?;
+        self.writable(&mut conn).await?;
         let reply: Reply = DELETE_RUN
             .key(keys::run(&p, &key.run_id))
             .key(keys::runs(&p))
@@ -725,6 +729,7 @@ impl RedisStore {
         check_session_key(key)?;
         let p = keys::tenant(&key.tenant);
         let mut conn = self.conn().await?;
+        self.writable(&mut conn).await?;
         let reply: Reply = DELETE_SESSION
             .key(keys::session(&p, &key.session_id))
             .key(keys::sessions(&p))

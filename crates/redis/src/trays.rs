@@ -112,6 +112,7 @@ impl TrayCall {
         }
         inv.idem(self.idem.as_ref());
         let mut conn = store.conn().await?;
+        store.writable(&mut conn).await?;
         inv.invoke(&mut conn).await
     }
 }
