@@ -1168,28 +1168,20 @@ impl RedisStore {
                     c.instances.insert(i.to_vec());
                 } else if let Some((t, rest)) = tenant_key(&k) {
                     let p = keys::tenant(&t);
-                    if let Some(id) = rest.strip_prefix(b"r:") {
+                    // A record's hash, and the index that must name it.
+                    let indexed = if let Some(id) = rest.strip_prefix(b"r:") {
                         with_runs.insert(t.clone());
-                        let s: Option<f64> = cmd("ZSCORE")
-                            .arg(keys::runs(&p))
-                            .arg(id)
-                            .query_on(conn)
-                            .await?;
+                        Some(("run", id, keys::runs(&p)))
+                    } else {
+                        rest.strip_prefix(b"s:")
+                            .map(|id| ("session", id, keys::sessions(&p)))
+                    };
+                    if let Some((what, id, index)) = indexed {
+                        let s: Option<f64> =
+                            cmd("ZSCORE").arg(index).arg(id).query_on(conn).await?;
                         if s.is_none() {
                             problems.push(format!(
-                                "run {t}/{}: missing from the tenant's run index",
-                                text(id)
-                            ));
-                        }
-                    } else if let Some(id) = rest.strip_prefix(b"s:") {
-                        let s: Option<f64> = cmd("ZSCORE")
-                            .arg(keys::sessions(&p))
-                            .arg(id)
-                            .query_on(conn)
-                            .await?;
-                        if s.is_none() {
-                            problems.push(format!(
-                                "session {t}/{}: missing from the tenant's session index",
+                                "{what} {t}/{}: missing from the tenant's {what} index",
                                 text(id)
                             ));
                         }
