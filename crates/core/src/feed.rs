@@ -220,20 +220,41 @@ pub const ORDINAL_MAX: u128 = (1 << ORDINAL_BITS) - 1;
 /// store's secret (the cursor key, the horizon keys).
 const POSITION_KEY_LABEL: &[u8] = b"agentstate feed position key v1\0";
 
-/// The 32-bit tag of a scope of the store whose secret this is (F9):
-/// SipHash-2-4, under a key derived from the secret (SHA-256 of a label
-/// and the secret, cut to 16 bytes), of the scope's kind and its name,
-/// length-prefixed (so no two scopes share a byte string). Never 0, the
-/// top of [`Position::START`]: a 0 is 1.
-fn tag(secret: &[u8; 16], scope: &FeedScope) -> u32 {
+/// The 16-byte SipHash key of positions derived from a store's secret.
+fn derive(secret: &[u8; 16]) -> [u8; 16] {
     use sha2::{Digest, Sha256};
-    use std::hash::Hasher;
     let mut kdf = Sha256::new();
     kdf.update(POSITION_KEY_LABEL);
     kdf.update(secret);
     let derived = kdf.finalize();
     let mut key = [0u8; 16];
     key.copy_from_slice(&derived[..16]);
+    key
+}
+
+std::thread_local! {
+    /// The last secret this thread bound positions for and its derived
+    /// key: a page binds a position per change, and a thread reads one
+    /// store's feed far more often than it switches.
+    static DERIVED: std::cell::Cell<Option<([u8; 16], [u8; 16])>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// The 32-bit tag of a scope of the store whose secret this is (F9):
+/// SipHash-2-4, under a key derived from the secret (SHA-256 of a label
+/// and the secret, cut to 16 bytes), of the scope's kind and its name,
+/// length-prefixed (so no two scopes share a byte string). Never 0, the
+/// top of [`Position::START`]: a 0 is 1.
+fn tag(secret: &[u8; 16], scope: &FeedScope) -> u32 {
+    use std::hash::Hasher;
+    let key = DERIVED.with(|d| match d.get() {
+        Some((s, key)) if &s == secret => key,
+        _ => {
+            let key = derive(secret);
+            d.set(Some((*secret, key)));
+            key
+        }
+    });
     let mut h = siphasher::sip::SipHasher24::new_with_key(&key);
     let (kind, name): (u8, &str) = match scope.view() {
         ScopeView::Tenant(tenant) => (1, tenant),
