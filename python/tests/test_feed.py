@@ -403,7 +403,7 @@ def test_the_sync_facade_reads_waits_and_watches(store_factory: Callable[[], Any
         s.close()
 
 
-# --- arguments (F8), positions, the classes -----------------------------------
+# --- arguments (F8), positions (F9), the classes -------------------------------
 
 
 def test_closing_the_store_ends_its_watches_with_closed() -> None:
@@ -469,7 +469,7 @@ def test_positions_are_exact_ints_past_two_to_the_64() -> None:
     asyncio.run(main())
 
 
-# --- F9: positions belong to their scope and store ------------------------------
+# --- F9: positions belong to their scope and store -----------------------------
 
 
 def test_f9_a_foreign_position_is_invalid(store_factory: Callable[[], Any]) -> None:

@@ -1664,7 +1664,7 @@ mod labels {
 }
 
 // ---------------------------------------------------------------------------
-// The change feed beyond its rules (F1–F8 run in `conformance.rs`): a
+// The change feed beyond its rules (F1–F9 run in `conformance.rs`): a
 // waiter woken by another process, the subscriber connection's password
 // and database, and the store-wide trays feed pruned on a database of its
 // own (pruning the shared database's would break the other tests'
