@@ -290,3 +290,74 @@ fn f9_a_position_of_one_store_is_invalid_on_another() {
     assert_eq!(page.changes.len(), 1, "{page:?}");
     refused(&f2, &scope, page.next, "a file store's position on another");
 }
+
+/// A tenant's positions of one store refused on another, both ways, and
+/// taken by their own (F9): the servers' stores, each with its own secret.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+fn across(one: &dyn Store, two: &dyn Store) {
+    let tenant = format!(
+        "f9-{}-{:x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let scope = FeedScope::tenant(&tenant);
+    for s in [one, two] {
+        s.put_run(RunRecord::new(RunKey::new(&tenant, "a"), "agent"))
+            .expect("put");
+    }
+    for (from, to) in [(one, two), (two, one)] {
+        let page = from
+            .wait_changes(
+                &scope,
+                Position::START,
+                10,
+                std::time::Duration::from_secs(30),
+            )
+            .expect("changes");
+        assert_eq!(page.changes.len(), 1, "{page:?}");
+        let head = from.feed_head(&scope).expect("head");
+        for p in [page.changes[0].position, page.next, head] {
+            refused(to, &scope, p, "another store's position");
+            from.changes(&scope, p, 10).expect("its own store takes it");
+        }
+    }
+}
+
+/// F9 on PostgreSQL: two schemas are two stores (each keeps its secret in
+/// its `agentstate_meta`).
+#[cfg(feature = "postgres")]
+#[test]
+fn f9_a_position_of_one_postgres_schema_is_invalid_in_another() {
+    use agentstate::{PgOptions, PostgresStore};
+    let one = crate::postgres::store(Options::new());
+    let schema = format!(
+        "f9_{}_{:x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+            & 0xffff_ffff
+    );
+    let two = PostgresStore::connect_with(
+        crate::pg_server::shared_dsn(),
+        PgOptions::new().schema(&schema),
+    )
+    .expect("connect");
+    two.setup().expect("setup");
+    across(&one, &two);
+}
+
+/// F9 on Redis: two databases are two stores (each keeps its secret under
+/// its `{meta}` key); database 13 is this test's.
+#[cfg(feature = "redis")]
+#[test]
+fn f9_a_position_of_one_redis_database_is_invalid_in_another() {
+    let connect = |db| {
+        agentstate::RedisStore::connect(&crate::redis_server::shared_url(db)).expect("connect")
+    };
+    across(&connect(0), &connect(13));
+}
