@@ -1,9 +1,11 @@
-//! The change feed (rules F1–F8): scopes, positions, changes and pages as
+//! The change feed (rules F1–F9): scopes, positions, changes and pages as
 //! Python classes, and `watch`, a feed followed without end as an async
 //! (or, on the blocking facade, a plain) iterator.
 //!
-//! Positions cross as Python ints (they are u128: exact, possibly past
-//! 2**64); `None` is the start of the feed.
+//! Positions cross as Python ints (they are u128: exact, past 2**96, the
+//! top bits a tag of their scope and store, opaque to Python); `None` (or
+//! 0) is the start of the feed. A position the store did not hand out for
+//! the scope raises StateInvalidError (F9).
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-"""The change feed from Python (rules F1-F8): changes, wait_changes,
+"""The change feed from Python (rules F1-F9): changes, wait_changes,
 feed_head, prune_changes and the watch iterator, on every backend
 (memory, file, PostgreSQL, Redis)."""
 
@@ -403,7 +403,7 @@ def test_the_sync_facade_reads_waits_and_watches(store_factory: Callable[[], Any
         s.close()
 
 
-# --- arguments (F8), positions, the classes -----------------------------------
+# --- arguments (F8), positions (F9), the classes -------------------------------
 
 
 def test_closing_the_store_ends_its_watches_with_closed() -> None:
@@ -453,11 +453,79 @@ def test_positions_are_exact_ints_past_two_to_the_64() -> None:
     async def main() -> None:
         store = MemoryStateStore()
         scope = FeedScope.tenant("acme")
-        far = 2**100 + 7
-        page = await store.changes(scope, far)
-        assert len(page) == 0 and page.next == far and type(page.next) is int
-        assert (await store.changes(scope, 2**128 - 1)).next == 2**128 - 1
-        assert (await store.changes(scope, 0)).next == 0 == (await store.changes(scope)).next
+        await store.put_run(RunRecord(run_id="r", tenant="acme", agent_name="p"))
+        # A position carries its scope's tag in its top bits (F9): an int
+        # past 2**96, exact, and taken back as it was handed out.
+        page = await store.changes(scope)
+        far = page.next
+        assert type(far) is int and 2**96 < far < 2**128
+        assert far == page.changes[0].position == await store.feed_head(scope)
+        again = await store.changes(scope, far)
+        assert len(again) == 0 and again.next == far and type(again.next) is int
+        other = FeedScope.tenant("other")
+        assert (await store.changes(other, 0)).next == 0 == (await store.changes(other)).next
+        assert (await store.changes(scope, 0)).next == far
+
+    asyncio.run(main())
+
+
+# --- F9: positions belong to their scope and store -----------------------------
+
+
+def test_f9_a_foreign_position_is_invalid(store_factory: Callable[[], Any]) -> None:
+    async def body(store: Any) -> None:
+        a, b = unique("feed-a"), unique("feed-b")
+        sa, sb = FeedScope.tenant(a), FeedScope.tenant(b)
+        env_a, env_b = FeedScope.trays(env=unique("env-a")), FeedScope.trays(env=unique("env-b"))
+        await store.put_run(RunRecord(run_id="r", tenant=a, agent_name="p"))
+        await store.put_run(RunRecord(run_id="r", tenant=b, agent_name="p"))
+        page = await store.changes(sa)
+        theirs = [page.changes[0].position, page.next, await store.feed_head(sa)]
+        foreign = [(p, sb) for p in theirs] + [
+            (p, s) for p in [await store.feed_head(FeedScope.trays()), await store.feed_head(env_a)] for s in (sa, env_b)
+        ]
+        # Forged: hand-made ints, and a real position with a bit of its
+        # tag (its top 32 bits) flipped.
+        foreign += [(p, sa) for p in (1, 2**64, 2**100 + 7, 2**128 - 1, theirs[0] ^ (1 << 127))]
+        for position, scope in foreign:
+            for call in (
+                lambda: store.changes(scope, position),
+                lambda: store.wait_changes(scope, position, timeout=0.1),
+            ):
+                with pytest.raises(StateInvalidError) as e:
+                    await call()
+                assert isinstance(e.value, A.StateError)
+                assert "not one this store handed out" in str(e.value)
+            # (An env's feed is never pruned on its own: Invalid either way.)
+            with pytest.raises(StateInvalidError):
+                await store.prune_changes(scope, position)
+        # A watch from a foreign position raises it, then ends.
+        feed = store.watch(sb, theirs[0])
+        with pytest.raises(StateInvalidError):
+            await asyncio.wait_for(feed.__anext__(), timeout=30)
+        # Nothing was read past or pruned; the start and a feed's own
+        # positions work everywhere.
+        assert [c.key for c in (await store.changes(sb)).changes] == [RunKey(b, "r")]
+        for scope in (sa, sb, env_a, env_b, FeedScope.trays()):
+            await store.changes(scope, 0)
+        assert len(await store.changes(sa, theirs[0])) == 0
+
+    run(store_factory, body)
+
+
+def test_f9_a_position_of_one_store_is_invalid_on_another(tmp_path: Any) -> None:
+    async def main() -> None:
+        one, two = MemoryStateStore(), FileStateStore(str(tmp_path / "two"))
+        scope = FeedScope.tenant("acme")
+        for s in (one, two):
+            await s.put_run(RunRecord(run_id="r", tenant="acme", agent_name="p"))
+        mine = (await one.changes(scope)).next
+        with pytest.raises(StateInvalidError):
+            await two.changes(scope, mine)
+        with pytest.raises(StateInvalidError):
+            await MemoryStateStore().changes(scope, mine)
+        assert len(await one.changes(scope, mine)) == 0
+        await two.close()
 
     asyncio.run(main())
 

@@ -265,7 +265,17 @@ def test_an_exception_raised_in_a_worker_process_arrives_whole(pool: Any, kind: 
     with pytest.raises(cls) as info:
         pool.apply_async(raise_from_store, (kind, path, "pinned.durability.store" in sys.modules)).get(timeout=TIMEOUT)
     there = info.value
-    assert_same(there, here)
+    if kind == "feed_pruned":
+        # A position carries a tag of its store (F9): the two stores'
+        # horizons differ in it, and only in it.
+        mask = 2**96 - 1
+        assert here.horizon != there.horizon and here.horizon & mask == there.horizon & mask
+        assert type(there) is type(here)
+        assert repr(describe(there)).replace(str(there.horizon), "H") == repr(describe(here)).replace(
+            str(here.horizon), "H"
+        )
+    else:
+        assert_same(there, here)
     assert check(there), vars(there)
     # multiprocessing attached the worker's traceback: it did come from there.
     assert "raise_from_store" in str(there.__cause__)

@@ -41,7 +41,7 @@ mod memory {
             ("k", 7),
             ("i", 6),
             ("p", 1),
-            ("f", 8),
+            ("f", 9),
         ];
         let want: Vec<String> = FAMILIES
             .iter()

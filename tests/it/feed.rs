@@ -192,3 +192,172 @@ fn a_consumer_far_behind_ends_with_the_final_state_redis() {
             .expect("connect");
     soak("redis", Arc::new(store), behind(10_000));
 }
+
+/// Every call that takes a position, with one `store` did not hand out
+/// for `scope`: each is `Invalid` (F9).
+fn refused(store: &dyn Store, scope: &FeedScope, p: Position, ctx: &str) {
+    for (call, r) in [
+        ("changes", store.changes(scope, p, 10).map(|_| ())),
+        (
+            "wait_changes",
+            store
+                .wait_changes(scope, p, 10, std::time::Duration::from_millis(50))
+                .map(|_| ()),
+        ),
+        ("prune_changes", store.prune_changes(scope, p).map(|_| ())),
+    ] {
+        match r {
+            Err(StateError::Invalid { what }) => assert!(
+                what.contains("not one this store handed out"),
+                "{ctx}: {call}: {what}"
+            ),
+            other => panic!("{ctx}: {call} after {p}: expected Invalid, got {other:?}"),
+        }
+    }
+}
+
+/// F9 across stores (the conformance check asks it only of factories
+/// that hand out distinct stores): a position of one memory or file store
+/// is `Invalid` on another, for the same tenant and the same ordinal, and
+/// a file store's positions stay valid when it is opened again (its
+/// secret is kept with its data).
+#[test]
+fn f9_a_position_of_one_store_is_invalid_on_another() {
+    use agentstate::FeedStore;
+    let scope = FeedScope::tenant("acme");
+    let put = |s: &dyn Store, id: &str| {
+        s.put_run(RunRecord::new(RunKey::new("acme", id), "agent"))
+            .expect("put");
+    };
+    let (m1, m2) = (MemoryStore::new(), MemoryStore::new());
+    // The same writes: the same ordinals, and still each store's own.
+    for s in [&m1, &m2] {
+        put(s, "a");
+        put(s, "b");
+    }
+    let p1 = m1.changes(&scope, Position::START, 10).expect("changes");
+    let p2 = m2.changes(&scope, Position::START, 10).expect("changes");
+    assert_eq!(p1.changes.len(), 2);
+    for (c1, c2) in p1.changes.iter().zip(&p2.changes) {
+        assert_ne!(c1.position, c2.position, "positions of two stores differ");
+    }
+    let head1 = m1.feed_head(&scope).expect("head");
+    for p in [p1.changes[0].position, p1.next, head1] {
+        refused(&m2, &scope, p, "a memory store's position on another");
+        assert!(m1.changes(&scope, p, 10).is_ok(), "its own store takes it");
+    }
+    assert_eq!(
+        m2.changes(&scope, Position::START, 10)
+            .expect("m2 untouched")
+            .changes
+            .len(),
+        2
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let open = |name: &str| {
+        FileStore::open_with(
+            dir.path().join(name),
+            Options::new().durability(Durability::Buffered),
+        )
+        .expect("open")
+    };
+    let (f1, f2) = (open("one"), open("two"));
+    for s in [&f1, &f2] {
+        put(s, "a");
+    }
+    let at = f1.changes(&scope, Position::START, 10).expect("changes");
+    let first = at.changes[0].position;
+    refused(&f2, &scope, first, "a file store's position on another");
+    refused(
+        &f1,
+        &scope,
+        p1.changes[0].position,
+        "a memory store's position on a file store",
+    );
+    refused(
+        &m1,
+        &scope,
+        first,
+        "a file store's position on a memory store",
+    );
+    put(&f1, "b");
+    drop(f1);
+    let f1 = open("one");
+    let page = f1
+        .changes(&scope, first, 10)
+        .expect("positions survive a reopen");
+    assert_eq!(page.changes.len(), 1, "{page:?}");
+    refused(&f2, &scope, page.next, "a file store's position on another");
+}
+
+/// A tenant's positions of one store refused on another, both ways, and
+/// taken by their own (F9): the servers' stores, each with its own secret.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+fn across(one: &dyn Store, two: &dyn Store) {
+    let tenant = format!(
+        "f9-{}-{:x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let scope = FeedScope::tenant(&tenant);
+    for s in [one, two] {
+        s.put_run(RunRecord::new(RunKey::new(&tenant, "a"), "agent"))
+            .expect("put");
+    }
+    for (from, to) in [(one, two), (two, one)] {
+        let page = from
+            .wait_changes(
+                &scope,
+                Position::START,
+                10,
+                std::time::Duration::from_secs(30),
+            )
+            .expect("changes");
+        assert_eq!(page.changes.len(), 1, "{page:?}");
+        let head = from.feed_head(&scope).expect("head");
+        for p in [page.changes[0].position, page.next, head] {
+            refused(to, &scope, p, "another store's position");
+            from.changes(&scope, p, 10).expect("its own store takes it");
+        }
+    }
+}
+
+/// F9 on PostgreSQL: two schemas are two stores (each keeps its secret in
+/// its `agentstate_meta`).
+#[cfg(feature = "postgres")]
+#[test]
+fn f9_a_position_of_one_postgres_schema_is_invalid_in_another() {
+    use agentstate::{PgOptions, PostgresStore};
+    let one = crate::postgres::store(Options::new());
+    let schema = format!(
+        "f9_{}_{:x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+            & 0xffff_ffff
+    );
+    let two = PostgresStore::connect_with(
+        crate::pg_server::shared_dsn(),
+        PgOptions::new().schema(&schema),
+    )
+    .expect("connect");
+    two.setup().expect("setup");
+    across(&one, &two);
+}
+
+/// F9 on Redis: two databases are two stores (each keeps its secret under
+/// its `{meta}` key); database 13 is this test's.
+#[cfg(feature = "redis")]
+#[test]
+fn f9_a_position_of_one_redis_database_is_invalid_in_another() {
+    let connect = |db| {
+        agentstate::RedisStore::connect(&crate::redis_server::shared_url(db)).expect("connect")
+    };
+    across(&connect(0), &connect(13));
+}

@@ -3157,9 +3157,10 @@ fn reserve_and_settle_without_a_right_budget_guess() {
     ));
 }
 
-/// The high half of a feed position: the server's transaction id.
+/// A feed position's server transaction id: below the scope's 32-bit tag
+/// (F9), the ordinal is `xid << 48 | n` (`crates/postgres/src/feed.rs`).
 fn xid_of(p: agentstate::Position) -> u64 {
-    (p.as_u128() >> 64) as u64
+    ((p.as_u128() & ((1u128 << 96) - 1)) >> 48) as u64
 }
 
 fn unix_micros() -> u128 {

@@ -1664,7 +1664,7 @@ mod labels {
 }
 
 // ---------------------------------------------------------------------------
-// The change feed beyond its rules (F1–F8 run in `conformance.rs`): a
+// The change feed beyond its rules (F1–F9 run in `conformance.rs`): a
 // waiter woken by another process, the subscriber connection's password
 // and database, and the store-wide trays feed pruned on a database of its
 // own (pruning the shared database's would break the other tests'
@@ -1973,7 +1973,15 @@ mod feed {
         s.set_alarm(&i, 1, 5_000).expect("alarm");
         s.set_alarm(&j, 1, 6_000).expect("another alarm");
         let before_deletes = s.feed_head(&trays).expect("head");
-        assert_eq!(before_deletes, Position::from_u128(1212));
+        // Each env's feed has positions of its own (F9), at the same
+        // counter.
+        let envs = [FeedScope::trays_in(a), FeedScope::trays_in(b)];
+        let env_before: Vec<Position> = envs
+            .iter()
+            .map(|e| s.feed_head(e).expect("env head"))
+            .collect();
+        // The counter's value, below the scope's 32-bit tag (F9).
+        assert_eq!(before_deletes.as_u128() & ((1u128 << 96) - 1), 1212);
 
         // Tombstones: 600 of a's, 4 of b's (b0 is written again, into env
         // a, so it is no tombstone), and i's alarm.
@@ -1985,6 +1993,10 @@ mod feed {
             .expect("b0 again, in a");
         s.ack_alarm(&i, 1, 5_000).expect("ack");
         let head = s.feed_head(&trays).expect("head");
+        let env_heads: Vec<Position> = envs
+            .iter()
+            .map(|e| s.feed_head(e).expect("env head"))
+            .collect();
         assert_eq!(zcard(&env_set(a)), 1201, "a's trays and b0");
         assert_eq!(zcard(&env_set(b)), 9, "b's, b0 gone to a");
         assert_eq!(zcard("as:{trays}:fd"), 1212);
@@ -2004,19 +2016,23 @@ mod feed {
 
         // An env's feed is pruned only with the trays feed's.
         assert!(matches!(
-            s.prune_changes(&FeedScope::trays_in(a), head),
+            s.prune_changes(&FeedScope::trays_in(a), env_heads[0]),
             Err(StateError::Invalid { .. })
         ));
 
-        // Past the head: pruned through the head, no further.
+        // Past the head (the feed's own tag, the largest ordinal): pruned
+        // through the head, no further.
         let dropped = s
-            .prune_changes(&trays, Position::from_u128(u128::MAX))
+            .prune_changes(
+                &trays,
+                Position::from_u128(head.as_u128() | ((1u128 << 96) - 1)),
+            )
             .expect("prune");
         assert_eq!(dropped, 605);
-        for scope in [
-            trays.clone(),
-            FeedScope::trays_in(a),
-            FeedScope::trays_in(b),
+        for (scope, before_deletes, head) in [
+            (trays.clone(), before_deletes, head),
+            (envs[0].clone(), env_before[0], env_heads[0]),
+            (envs[1].clone(), env_before[1], env_heads[1]),
         ] {
             match s.changes(&scope, before_deletes, 10) {
                 Err(StateError::FeedPruned { horizon, .. }) => assert_eq!(horizon, head),

@@ -1,4 +1,4 @@
-//! `agentstate watch`: follow a change feed (rules F1–F8), one line per
+//! `agentstate watch`: follow a change feed (rules F1–F9), one line per
 //! change; with `--sweep`, the sweeper of the trays feed: each marked tray
 //! named the moment its mark commits, each alarm named (and with `--ack`
 //! acknowledged) at its due time, from a timer kept from the feed.

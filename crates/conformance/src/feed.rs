@@ -1,6 +1,6 @@
 //! F — the change feed: every change once, level-triggered, in commit
 //! order, scoped, never skipping a late commit, woken by a commit, pruned
-//! only with a clear error, and a head to follow from (F1–F8).
+//! only with a clear error, and a head to follow from (F1–F9).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -716,4 +716,246 @@ pub fn f8_bad_feed_arguments_are_invalid(make: Factory<'_>) {
         StateError::Invalid { .. },
         "F8: an oversized tenant"
     );
+}
+
+/// Each way a call takes a position, with a foreign `p`: every one is
+/// `Invalid` (F9), at once (the wait is short: a wait that was not refused
+/// answers an empty page, which fails here).
+#[track_caller]
+fn refused(s: &dyn ConformanceStore, scope: &FeedScope, p: Position, ctx: &str) {
+    expect_err!(
+        s.changes(scope, p, 10),
+        StateError::Invalid { .. },
+        "F9: changes on {scope} after {ctx} ({p})"
+    );
+    expect_err!(
+        s.wait_changes(scope, p, 10, Duration::from_millis(100)),
+        StateError::Invalid { .. },
+        "F9: wait_changes on {scope} after {ctx} ({p})"
+    );
+    expect_err!(
+        s.prune_changes(scope, p),
+        StateError::Invalid { .. },
+        "F9: prune_changes on {scope} through {ctx} ({p})"
+    );
+}
+
+/// The positions a store hands out for `scope` after `from`: the head, the
+/// page's `next` and each change's position.
+fn handed_out(s: &dyn ConformanceStore, scope: &FeedScope, from: Position) -> Vec<Position> {
+    let page = ok(
+        s.changes(scope, from, 100),
+        format_args!("F9: changes of {scope}"),
+    );
+    let mut ps: Vec<Position> = page.changes.iter().map(|c| c.position).collect();
+    assert!(!ps.is_empty(), "F9: {scope} has changes after {from}");
+    ps.push(page.next);
+    ps.push(ok(s.feed_head(scope), format_args!("F9: head of {scope}")));
+    ps.retain(|p| *p != Position::START);
+    ps
+}
+
+/// A number no one can guess (the std hasher's OS-seeded keys), never 0.
+fn random_u128() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    let half = || {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(0xf9);
+        h.finish()
+    };
+    ((u128::from(half()) << 64) | u128::from(half())).max(1)
+}
+
+/// F9: a position belongs to its scope and its store. One from another
+/// tenant, from the trays feed on a tenant's (and the other way), from
+/// another env, from another store (when the factory gives distinct
+/// stores), or forged (a hand-made number, a random one, a real one with
+/// a bit of its tag flipped) is `Invalid` for `changes`, `wait_changes`
+/// and `prune_changes`, and changes nothing: no page, no wait, no prune.
+/// `Position::START` stays valid in every scope, and a `FeedPruned`
+/// horizon is a position of its own scope.
+pub fn f9_positions_belong_to_their_scope_and_store(make: Factory<'_>) {
+    let s = &*open(make);
+    let (a, b) = (unique("f9a"), unique("f9b"));
+    let ns = unique("f9ns");
+    let (env_a, env_b) = (unique("f9ea"), unique("f9eb"));
+    let (ta, tb) = (FeedScope::tenant(&a), FeedScope::tenant(&b));
+    let trays = FeedScope::trays();
+    let (ea, eb) = (FeedScope::trays_in(&env_a), FeedScope::trays_in(&env_b));
+    let trays_from = ok(s.feed_head(&trays), "F9: head of trays");
+    // Every feed has a change, and each tenant a tombstone (which a prune
+    // that should have been refused would drop).
+    for t in [&a, &b] {
+        put(s, RunRecord::new(RunKey::new(t, "kept"), "agent"), "F9");
+        let mut gone = RunRecord::new(RunKey::new(t, "gone"), "agent");
+        gone.state = RunState::Completed;
+        let gone = put(s, gone, "F9");
+        ok(s.delete_run(&gone.key, None), "F9: delete");
+    }
+    let i = InstanceKey::new(&ns, "i");
+    let tray = |env: &str| super::helpers::tray(true, "doc", env);
+    ok(
+        s.write_tray(&i.tray("q", "1"), 1, tray(&env_a)),
+        "F9: tray in a",
+    );
+    ok(
+        s.write_tray(&i.tray("q", "2"), 1, tray(&env_b)),
+        "F9: tray in b",
+    );
+    let want = vec!["run kept@1".to_string(), "-run gone".to_string()];
+    for scope in [&ta, &tb] {
+        let (got, _) = drain(s, scope, Position::START, 100, "F9");
+        assert_eq!(kinds(&got), want, "F9: the feed of {scope}");
+    }
+
+    let of_a = handed_out(s, &ta, Position::START);
+    let of_b = handed_out(s, &tb, Position::START);
+    let of_trays = handed_out(s, &trays, trays_from);
+    let of_ea = handed_out(s, &ea, Position::START);
+    let of_eb = handed_out(s, &eb, Position::START);
+
+    // Another tenant's, both ways.
+    for &p in &of_a {
+        refused(s, &tb, p, "a position of another tenant");
+    }
+    for &p in &of_b {
+        refused(s, &ta, p, "a position of another tenant");
+    }
+    // The trays feed's on a tenant's, and a tenant's on the trays feed and
+    // on an env's.
+    for &p in of_trays.iter().chain(&of_ea) {
+        refused(s, &ta, p, "a position of the trays feed");
+    }
+    for &p in &of_a {
+        refused(s, &trays, p, "a position of a tenant's feed");
+        refused(s, &ea, p, "a position of a tenant's feed");
+    }
+    // One env's on another env's, and on the whole trays feed (and the
+    // other way): each is a feed of its own.
+    for &p in &of_ea {
+        refused(s, &eb, p, "a position of another env");
+        refused(s, &trays, p, "a position of one env's feed");
+    }
+    for &p in &of_eb {
+        refused(s, &ea, p, "a position of another env");
+    }
+    for &p in &of_trays {
+        refused(s, &ea, p, "a position of the whole trays feed");
+    }
+
+    // Forged: hand-made numbers, a random one, real ones with a bit of
+    // their tag (the top 32 bits) flipped. (A flipped bit below the tag
+    // moves the position within its own feed: positions are ordered, so
+    // the tag cannot depend on the place.)
+    for scope in [&ta, &trays, &ea] {
+        for n in [1u128, 2, 1 << 64, u128::MAX, random_u128()] {
+            refused(s, scope, Position::from_u128(n), "a forged position");
+        }
+    }
+    let real = of_a[0].as_u128();
+    for bit in 96..128 {
+        refused(
+            s,
+            &ta,
+            Position::from_u128(real ^ (1 << bit)),
+            "a position with a bit of its tag flipped",
+        );
+    }
+
+    // Nothing was read, waited for or pruned: each feed is as it was.
+    for scope in [&ta, &tb] {
+        let (got, _) = drain(s, scope, Position::START, 100, "F9 after");
+        assert_eq!(
+            kinds(&got),
+            want,
+            "F9: refused positions changed nothing on {scope}"
+        );
+    }
+    let (in_a, _) = drain(s, &ea, Position::START, 100, "F9 env a");
+    assert_eq!(kinds(&in_a), vec!["tray i/1"], "F9: env a's feed");
+
+    // START everywhere, and each scope's own positions on it.
+    let c = FeedScope::tenant(unique("f9c"));
+    for scope in [&ta, &tb, &trays, &ea, &eb, &c] {
+        ok(
+            s.changes(scope, Position::START, 1),
+            format_args!("F9: START on {scope}"),
+        );
+    }
+    for scope in [&eb, &c] {
+        ok(
+            s.wait_changes(scope, Position::START, 1, Duration::from_millis(50)),
+            format_args!("F9: a wait from START on {scope}"),
+        );
+    }
+    assert_eq!(
+        ok(
+            s.prune_changes(&c, Position::START),
+            "F9: prune a tenant through START"
+        ),
+        0,
+        "F9: nothing before START"
+    );
+    for (scope, own) in [(&ta, &of_a), (&tb, &of_b), (&ea, &of_ea), (&eb, &of_eb)] {
+        for &p in own {
+            ok(
+                s.changes(scope, p, 10),
+                format_args!("F9: {scope} after its own {p}"),
+            );
+            ok(
+                s.wait_changes(scope, p, 10, Duration::from_millis(10)),
+                format_args!("F9: {scope} waits after its own {p}"),
+            );
+        }
+    }
+    for &p in &of_trays {
+        ok(
+            s.changes(&trays, p, 10),
+            format_args!("F9: trays after its own {p}"),
+        );
+    }
+
+    // A horizon is a position of its own scope.
+    let (got, _) = drain(s, &ta, Position::START, 100, "F9 prune");
+    ok(s.prune_changes(&ta, got[1].position), "F9: prune a");
+    let e = expect_err!(
+        s.changes(&ta, Position::START, 100),
+        StateError::FeedPruned { .. },
+        "F9: a position before the horizon"
+    );
+    let StateError::FeedPruned { horizon, .. } = e else {
+        unreachable!()
+    };
+    drain(s, &ta, horizon, 100, "F9: from the horizon");
+    refused(s, &tb, horizon, "a horizon of another tenant");
+    let (got, _) = drain(s, &tb, Position::START, 100, "F9 b after");
+    assert_eq!(kinds(&got), want, "F9: b's feed is untouched");
+
+    // Another store's, where the factory makes distinct stores (one that
+    // hands out one shared store, as a server's may, is not asked).
+    let other = open(make);
+    let probe = RunKey::new(unique("f9p"), "probe");
+    put(s, RunRecord::new(probe.clone(), "agent"), "F9");
+    if ok(other.get_run(&probe), "F9: probe the second store").is_none() {
+        put(
+            &*other,
+            RunRecord::new(RunKey::new(&a, "kept"), "agent"),
+            "F9",
+        );
+        for &p in of_a.iter().chain(&of_b) {
+            refused(&*other, &ta, p, "a position of another store");
+        }
+        for &p in &of_trays {
+            refused(&*other, &trays, p, "a position of another store");
+        }
+        for &p in &of_ea {
+            refused(&*other, &ea, p, "a position of another store");
+        }
+        let (got, _) = drain(&*other, &ta, Position::START, 100, "F9 other store");
+        assert_eq!(
+            kinds(&got),
+            vec!["run kept@1"],
+            "F9: the other store's feed"
+        );
+    }
 }

@@ -237,6 +237,7 @@ macro_rules! __conformance_rules {
             f6 f6_pruned_feeds_say_so,
             f7 f7_the_head_splits_before_from_after,
             f8 f8_bad_feed_arguments_are_invalid,
+            f9 f9_positions_belong_to_their_scope_and_store,
         }
     };
 }

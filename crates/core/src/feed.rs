@@ -1,4 +1,4 @@
-//! The change feed (rules F1–F8): what changed since a position, in commit
+//! The change feed (rules F1–F9): what changed since a position, in commit
 //! order, level-triggered, on every backend.
 //!
 //! A feed is one [`FeedScope`]: a tenant's runs and sessions, or the
@@ -118,7 +118,14 @@ impl fmt::Display for FeedScope {
 /// A point in one scope's feed: every change is at a position, and a
 /// consumer keeps the position it has read up to. Positions of one scope
 /// of one store are ordered; compare no others. [`Position::START`] is
-/// before every change. Its text (and JSON) is a decimal number.
+/// before every change, in every scope. Its text (and JSON) is a decimal
+/// number.
+///
+/// A position belongs to the scope and the store that handed it out (rule
+/// F9): its top 32 bits are a tag of the two, its low 96 bits the place
+/// in that feed. Any other position (of another scope or store, made by
+/// hand, altered) is [`Invalid`](crate::StateError::Invalid) wherever a
+/// store takes one; only [`Position::START`] is valid everywhere.
 // Two u64s, high first (ordered as the u128), not a u128: its 16-byte
 // alignment would grow `StateError`, which holds one in `FeedPruned`, past
 // clippy's `result_large_err` bound.
@@ -135,13 +142,19 @@ impl Position {
         (u128::from(self.0[0]) << 64) | u128::from(self.0[1])
     }
 
-    /// A position from [`as_u128`](Self::as_u128).
+    /// A position from [`as_u128`](Self::as_u128) (one a store handed out
+    /// and the consumer kept). A number that is not one the same store
+    /// handed out for the same scope is `Invalid` there (F9), except 0,
+    /// [`Position::START`].
     pub fn from_u128(n: u128) -> Self {
         Position([(n >> 64) as u64, n as u64])
     }
 
-    /// A position made of two 64-bit parts, `hi` more significant (a
-    /// server's transaction id and the change's number within it).
+    /// A position made of two 64-bit parts, `hi` more significant:
+    /// `from_u128((hi << 64) | lo)`. As with [`from_u128`](Self::from_u128),
+    /// a hand-made position is `Invalid` unless it is one the same store
+    /// handed out for the same scope (F9). Kept for compatibility: no
+    /// backend builds its positions this way any more.
     pub fn from_parts(hi: u64, lo: u64) -> Self {
         Position([hi, lo])
     }
@@ -194,6 +207,107 @@ impl<'de> Deserialize<'de> for Position {
         let s = String::deserialize(d)?;
         s.parse().map_err(serde::de::Error::custom)
     }
+}
+
+/// The bits of a [`Position`] below its tag: a backend's ordinal within
+/// the scope (see [`bind`]).
+pub const ORDINAL_BITS: u32 = 96;
+
+/// The largest ordinal a [`Position`] carries: `2^96 - 1`.
+pub const ORDINAL_MAX: u128 = (1 << ORDINAL_BITS) - 1;
+
+/// Domain separation of the position key from every other use of the
+/// store's secret (the cursor key, the horizon keys).
+const POSITION_KEY_LABEL: &[u8] = b"agentstate feed position key v1\0";
+
+/// The 16-byte SipHash key of positions derived from a store's secret.
+fn derive(secret: &[u8; 16]) -> [u8; 16] {
+    use sha2::{Digest, Sha256};
+    let mut kdf = Sha256::new();
+    kdf.update(POSITION_KEY_LABEL);
+    kdf.update(secret);
+    let derived = kdf.finalize();
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&derived[..16]);
+    key
+}
+
+std::thread_local! {
+    /// The last secret this thread bound positions for and its derived
+    /// key: a page binds a position per change, and a thread reads one
+    /// store's feed far more often than it switches.
+    static DERIVED: std::cell::Cell<Option<([u8; 16], [u8; 16])>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// The 32-bit tag of a scope of the store whose secret this is (F9):
+/// SipHash-2-4, under a key derived from the secret (SHA-256 of a label
+/// and the secret, cut to 16 bytes), of the scope's kind and its name,
+/// length-prefixed (so no two scopes share a byte string). Never 0, the
+/// top of [`Position::START`]: a 0 is 1.
+fn tag(secret: &[u8; 16], scope: &FeedScope) -> u32 {
+    use std::hash::Hasher;
+    let key = DERIVED.with(|d| match d.get() {
+        Some((s, key)) if &s == secret => key,
+        _ => {
+            let key = derive(secret);
+            d.set(Some((*secret, key)));
+            key
+        }
+    });
+    let mut h = siphasher::sip::SipHasher24::new_with_key(&key);
+    let (kind, name): (u8, &str) = match scope.view() {
+        ScopeView::Tenant(tenant) => (1, tenant),
+        ScopeView::Trays(None) => (2, ""),
+        ScopeView::Trays(Some(env)) => (3, env),
+    };
+    h.write_u8(kind);
+    h.write(&(name.len() as u64).to_le_bytes());
+    h.write(name.as_bytes());
+    match (h.finish() >> 32) as u32 {
+        0 => 1,
+        t => t,
+    }
+}
+
+/// The position of a backend's `ordinal` within `scope` (F9): the
+/// scope's tag (of the store's `secret` and the scope) in the top 32
+/// bits, the ordinal in the low 96. Ordinal 0 (before every change) is
+/// [`Position::START`]. Positions of one scope are ordered as their
+/// ordinals. `Corrupt` for an ordinal past [`ORDINAL_MAX`] (no backend's
+/// counter gets there). Every backend makes its positions here.
+pub fn bind(secret: &[u8; 16], scope: &FeedScope, ordinal: u128) -> Result<Position> {
+    if ordinal == 0 {
+        return Ok(Position::START);
+    }
+    if ordinal > ORDINAL_MAX {
+        return Err(StateError::corrupt(format!(
+            "feed position: ordinal {ordinal} of {scope} is past 2^{ORDINAL_BITS}"
+        )));
+    }
+    Ok(Position::from_u128(
+        (u128::from(tag(secret, scope)) << ORDINAL_BITS) | ordinal,
+    ))
+}
+
+/// The backend's ordinal of a position given to a call on `scope` (F9):
+/// 0 for [`Position::START`]; `Invalid` for a position this store did not
+/// hand out for this scope (another scope's, another store's, or a
+/// forged one: its tag is not the scope's). Every backend reads the
+/// positions it is given here.
+pub fn unbind(secret: &[u8; 16], scope: &FeedScope, p: Position) -> Result<u128> {
+    let n = p.as_u128();
+    if n == 0 {
+        return Ok(0);
+    }
+    let top = (n >> ORDINAL_BITS) as u32;
+    if top != tag(secret, scope) {
+        return Err(StateError::invalid(format!(
+            "feed position {p} is not one this store handed out for {scope}: it belongs to \
+             another feed or another store, or was made by hand (start from 0 or feed_head)"
+        )));
+    }
+    Ok(n & ORDINAL_MAX)
 }
 
 /// What a change is: a record's current state, or a tombstone.
@@ -299,7 +413,9 @@ impl ChangePage {
 /// The longest [`FeedStore::wait_changes`] waits (rule K).
 pub const FEED_WAIT_MAX: Duration = Duration::from_secs(600);
 
-/// The change feed (rules F1–F8). Every backend implements it.
+/// The change feed (rules F1–F9). Every backend implements it. Every
+/// position it takes must be one the same store handed out for the same
+/// scope, or [`Position::START`]: any other is `Invalid` (F9).
 pub trait FeedStore: Send + Sync {
     /// Up to `limit` changes of `scope` after position `after`, in
     /// position order (F1, F2). Each record appears once, in its current
@@ -387,5 +503,64 @@ mod tests {
             assert!(bad.parse::<Position>().is_err(), "{bad:?}");
         }
         assert_eq!(serde_json::to_string(&p).unwrap(), format!("\"{p}\""));
+    }
+
+    #[test]
+    fn positions_are_bound_to_their_scope_and_store() {
+        let (s1, s2) = ([1u8; 16], [2u8; 16]);
+        let scopes = [
+            FeedScope::tenant("a"),
+            FeedScope::tenant("b"),
+            FeedScope::tenant(""),
+            FeedScope::trays(),
+            FeedScope::trays_in("a"),
+            FeedScope::trays_in("b"),
+            FeedScope::trays_in(""),
+        ];
+        for (i, scope) in scopes.iter().enumerate() {
+            assert_eq!(bind(&s1, scope, 0).unwrap(), Position::START);
+            assert_eq!(unbind(&s1, scope, Position::START).unwrap(), 0);
+            let p = bind(&s1, scope, 42).unwrap();
+            assert_ne!(p.as_u128() >> ORDINAL_BITS, 0);
+            assert_eq!(unbind(&s1, scope, p).unwrap(), 42);
+            // Ordered as the ordinals.
+            assert!(bind(&s1, scope, 43).unwrap() > p);
+            assert!(bind(&s1, scope, 1).unwrap() > Position::START);
+            assert_eq!(
+                unbind(&s1, scope, bind(&s1, scope, ORDINAL_MAX).unwrap()).unwrap(),
+                ORDINAL_MAX
+            );
+            // Another store's.
+            assert!(matches!(
+                unbind(&s2, scope, p),
+                Err(StateError::Invalid { .. })
+            ));
+            // Another scope's.
+            for (j, other) in scopes.iter().enumerate() {
+                if i != j {
+                    assert!(
+                        matches!(unbind(&s1, other, p), Err(StateError::Invalid { .. })),
+                        "{scope} on {other}"
+                    );
+                }
+            }
+            // A tag bit flipped.
+            for bit in ORDINAL_BITS..128 {
+                let flipped = Position::from_u128(p.as_u128() ^ (1 << bit));
+                assert!(unbind(&s1, scope, flipped).is_err(), "bit {bit}");
+            }
+            // Hand-made: no tag.
+            assert!(unbind(&s1, scope, Position::from_u128(1)).is_err());
+        }
+        assert!(matches!(
+            bind(&s1, &scopes[0], ORDINAL_MAX + 1),
+            Err(StateError::Corrupt { .. })
+        ));
+        // No ambiguity between a tenant and an env of the same name, nor
+        // between names that run into each other.
+        assert_ne!(
+            tag(&s1, &FeedScope::tenant("ab")),
+            tag(&s1, &FeedScope::trays_in("ab"))
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! The change feed on the key-value store (rules F1–F8).
+//! The change feed on the key-value store (rules F1–F9).
 //!
 //! One mechanism: the group commit's leader, after a group's jobs ran and
 //! before the group is committed, looks at the group's writes of record
@@ -18,6 +18,11 @@
 //!   in a group's writes asks the leader for a fresh position (a purge).
 //!
 //! A tray has a second entry, at the same position, in its env's feed.
+//!
+//! The counter's values are the positions' ordinals: a position handed
+//! out is [`bind`] of the store's secret, the scope and the ordinal, and
+//! one given to a call is read back with [`unbind`] (F9: another scope's,
+//! another store's or a forged one is `Invalid`).
 
 use std::time::{Duration, Instant};
 
@@ -29,7 +34,8 @@ use agentstate_core::codec::key::{KeyBuf, KeyReader, prefix_end};
 use agentstate_core::codec::value;
 use agentstate_core::error::{Result, StateError};
 use agentstate_core::feed::{
-    Change, ChangePage, Changed, FeedScope, FeedStore, Position, ScopeView, check_call,
+    Change, ChangePage, Changed, FeedScope, FeedStore, Position, ScopeView, bind, check_call,
+    unbind,
 };
 use agentstate_core::record::{RunKey, SessionKey};
 use agentstate_core::tray::{Alarm, InstanceKey, Tray};
@@ -359,15 +365,32 @@ impl KvStore {
             .map(|h| h.unwrap_or(0))
     }
 
-    fn check_horizon(&self, scope: &FeedScope, after: Position) -> Result<()> {
+    /// `FeedPruned` (naming the horizon as a position of `scope`) when
+    /// the ordinal `after` is before the scope's horizon.
+    fn check_horizon(&self, scope: &FeedScope, after: u64) -> Result<()> {
         let horizon = self.horizon(scope)?;
-        if after.as_u128() < u128::from(horizon) {
+        if after < horizon {
             return Err(StateError::FeedPruned {
                 scope: scope.clone(),
-                horizon: Position::from_u128(u128::from(horizon)),
+                horizon: self.bound(scope, horizon)?,
             });
         }
         Ok(())
+    }
+
+    /// The position of the ordinal `n` of `scope` (F9).
+    fn bound(&self, scope: &FeedScope, n: u64) -> Result<Position> {
+        bind(&self.secret, scope, u128::from(n))
+    }
+
+    /// The ordinal of a position given for `scope`: `Invalid` unless this
+    /// store handed it out for `scope` (F9).
+    fn ordinal(&self, scope: &FeedScope, p: Position) -> Result<u64> {
+        u64::try_from(unbind(&self.secret, scope, p)?).map_err(|_| {
+            StateError::invalid(format!(
+                "feed position {p} is not one this store handed out for {scope}"
+            ))
+        })
     }
 
     /// The record an entry names, as it is now, or its tombstone.
@@ -532,11 +555,9 @@ impl FeedStore for KvStore {
     /// See [`FeedStore::changes`](agentstate_core::FeedStore::changes).
     fn changes(&self, scope: &FeedScope, after: Position, limit: usize) -> Result<ChangePage> {
         check_call(scope, limit, None)?;
-        self.check_horizon(scope, after)?;
-        let Some(from) = u64::try_from(after.as_u128())
-            .ok()
-            .and_then(|a| a.checked_add(1))
-        else {
+        let after_n = self.ordinal(scope, after)?;
+        self.check_horizon(scope, after_n)?;
+        let Some(from) = after_n.checked_add(1) else {
             return Ok(ChangePage::new(Vec::new(), after));
         };
         let prefix = scope_prefix(scope);
@@ -546,14 +567,14 @@ impl FeedStore for KvStore {
         let mut changes = Vec::with_capacity(rows.len());
         let mut next = after;
         for (k, v) in rows {
-            let position = Position::from_u128(u128::from(position_of(&k)?));
+            let position = self.bound(scope, position_of(&k)?)?;
             let entry: Entry = value::decode(&v, "feed entry")?;
             changes.push(Change::new(position, self.read_change(&entry)?));
             next = position;
         }
         // A prune that ran during the scan may have taken tombstones the
         // scan passed: say so rather than skip them.
-        self.check_horizon(scope, after)?;
+        self.check_horizon(scope, after_n)?;
         Ok(ChangePage::new(changes, next))
     }
 
@@ -566,6 +587,8 @@ impl FeedStore for KvStore {
         timeout: Duration,
     ) -> Result<ChangePage> {
         check_call(scope, limit, Some(timeout))?;
+        // A foreign position is refused before any wait (F9).
+        self.ordinal(scope, after)?;
         let deadline = Instant::now() + timeout;
         loop {
             let seen = self.feed_wake.seen();
@@ -581,7 +604,7 @@ impl FeedStore for KvStore {
     fn feed_head(&self, scope: &FeedScope) -> Result<Position> {
         check_call(scope, 1, None)?;
         let next = self.committer.counters().next_feed;
-        Ok(Position::from_u128(u128::from(next.saturating_sub(1))))
+        self.bound(scope, next.saturating_sub(1))
     }
 
     /// See [`FeedStore::prune_changes`](agentstate_core::FeedStore::prune_changes).
@@ -592,10 +615,9 @@ impl FeedStore for KvStore {
                 "prune_changes: an env's feed is pruned with the store's trays (FeedScope::trays())",
             ));
         }
+        let through = self.ordinal(scope, through)?;
         let head = self.committer.counters().next_feed.saturating_sub(1);
-        let through = u64::try_from(through.as_u128())
-            .unwrap_or(u64::MAX)
-            .min(head);
+        let through = through.min(head);
         let prefix = scope_prefix(scope);
         let horizon = horizon_key(scope, &self.secret);
         let mut from = 1u64;

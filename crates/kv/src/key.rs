@@ -53,7 +53,7 @@ pub mod table {
     /// (scope kind, scope) → (next ordinal, keys kept).
     pub const IDEM_SCOPE: u8 = 0x52;
     /// (scope, position) → the record's key (and a run's id): the change
-    /// feed (rules F1–F8), one entry per record at its last change. A
+    /// feed (rules F1–F9), one entry per record at its last change. A
     /// scope is `FEED_TENANT` + tenant, `FEED_TRAYS`, or `FEED_ENV` + env.
     pub const FEED: u8 = 0x60;
     /// (record key) → its feed position (and a run's id, a tray's env).

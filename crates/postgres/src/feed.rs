@@ -1,4 +1,4 @@
-//! The change feed (rules F1–F8) on the server: `agentstate_changes`
+//! The change feed (rules F1–F9) on the server: `agentstate_changes`
 //! (`schema/v7.sql`), one row per record at the position `(xid, n)` of the
 //! last transaction that wrote it, kept by triggers on the record tables.
 //!
@@ -19,6 +19,13 @@
 //! listener is down (dialing, lost, redialing) waiters read every 50 ms,
 //! and a waiter reads at least every second whatever it hears, so a lost
 //! notification costs at most that.
+//!
+//! **Positions.** A row's `(xid, n)` packed in 96 bits ([`ordinal_of`]) is
+//! its ordinal; a position handed out is [`bind`] of the store's secret
+//! (`agentstate_meta`'s `cursor_secret`), the scope and the ordinal, and
+//! one given to a call is read back with [`unbind`] before any SQL runs
+//! (F9: another scope's, another store's or a forged one is `Invalid`).
+//! Only the unbound `(xid, n)` reaches SQL.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,7 +38,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use agentstate_core::error::{Result, StateError};
 use agentstate_core::feed::{
-    Change, ChangePage, Changed, FeedScope, Position, ScopeView, check_call,
+    Change, ChangePage, Changed, FeedScope, Position, ScopeView, bind, check_call, unbind,
 };
 use agentstate_core::observe;
 use agentstate_core::record::{RunKey, SessionKey};
@@ -232,18 +239,44 @@ fn page_sql(scope: &FeedScope) -> String {
     )
 }
 
-/// A position from its columns (`xid::text`, `n`).
-fn position(xid: &str, n: i64, what: &str) -> Result<Position> {
-    let hi = num_out(xid, what)?;
-    let lo = u64::try_from(n).map_err(|_| StateError::corrupt(format!("{what}: n {n}")))?;
-    Ok(Position::from_parts(hi, lo))
+/// The bits of an ordinal that hold `n`; the xid is above them.
+///
+/// A position keeps 96 bits for its ordinal (the top 32 are its scope's
+/// tag, F9), and `(xid, n)` must pack into them keeping its order. `n` is
+/// not a number within the transaction but the value of a store-wide
+/// sequence (`agentstate_changes_n`), which a busy store takes past 2^32
+/// within weeks, so the split is 48/48, not xid 64 + n 32: an `xid8` (an
+/// epoch and a 32-bit xid) passes 2^48 after 2.8e14 transactions (about
+/// 900 years at 10,000 a second), the sequence after as many feed writes.
+/// A value past its 48 bits is `Corrupt`, never wrapped.
+const N_BITS: u32 = 48;
+const N_MAX: u64 = (1 << N_BITS) - 1;
+
+/// The ordinal of `(xid, n)`: `xid << 48 | n`, ordered as the pair.
+fn pack(xid: u64, n: u64, what: &str) -> Result<u128> {
+    if xid > N_MAX || n > N_MAX {
+        return Err(StateError::corrupt(format!(
+            "{what}: position ({xid}, {n}) does not fit the 48 + 48 bits of a feed position"
+        )));
+    }
+    Ok((u128::from(xid) << N_BITS) | u128::from(n))
 }
 
-/// A position as statement parameters: the xid as text, and `n` as a
-/// bigint (no row's `n` is past i64::MAX, so a larger one reads as that).
-fn position_params(p: Position) -> (String, i64) {
-    let (hi, lo) = p.parts();
-    (hi.to_string(), i64::try_from(lo).unwrap_or(i64::MAX))
+/// An ordinal from its columns (`xid::text`, `n`).
+fn ordinal_of(xid: &str, n: i64, what: &str) -> Result<u128> {
+    let xid = num_out(xid, what)?;
+    let n = u64::try_from(n).map_err(|_| StateError::corrupt(format!("{what}: n {n}")))?;
+    pack(xid, n, what)
+}
+
+/// An ordinal as statement parameters: the xid as text, and `n` as a
+/// bigint (48 bits each, see [`N_BITS`]; an ordinal past 96 bits, which
+/// [`unbind`] never gives, reads as the largest xid).
+fn ordinal_params(o: u128) -> (String, i64) {
+    let xid = u64::try_from(o >> N_BITS).unwrap_or(u64::MAX);
+    // At most 48 bits: fits a bigint.
+    let n = (o & u128::from(N_MAX)) as i64;
+    (xid.to_string(), n)
 }
 
 /// What one change row holds: its record's current state, or a tombstone.
@@ -306,9 +339,17 @@ fn change_of(r: &Row) -> Result<Changed> {
 }
 
 impl PostgresStore {
-    /// One page of `scope` after `after` (see [`Read`]); rows whose record
-    /// does not decode are reported and passed, never failing the page.
-    async fn read_changes(&self, scope: &FeedScope, after: Position, limit: usize) -> Result<Read> {
+    /// One page of `scope` after `after`, whose ordinal is `after_n` (see
+    /// [`Read`]); rows whose record does not decode are reported and
+    /// passed, never failing the page.
+    async fn read_changes(
+        &self,
+        scope: &FeedScope,
+        after: Position,
+        after_n: u128,
+        limit: usize,
+    ) -> Result<Read> {
+        let secret = self.secret().await?;
         let sql = page_sql(scope);
         let key = match scope.view() {
             ScopeView::Tenant(tenant) => id_in(tenant).into_owned(),
@@ -316,9 +357,10 @@ impl PostgresStore {
             ScopeView::Trays(None) => String::new(),
         };
         let lim = limit as i64;
-        let mut at = after;
+        let mut at = after_n;
+        let mut next = after;
         loop {
-            let (xid, n) = position_params(at);
+            let (xid, n) = ordinal_params(at);
             let rows = txn!(self, |tx| {
                 tx.query_commit(&sql, &[&key, &xid, &n, &lim], true).await
             })?;
@@ -326,11 +368,11 @@ impl PostgresStore {
                 .first()
                 .ok_or_else(|| StateError::corrupt("changes: no answer row"))?;
             if let Some(hx) = first.col::<_, Option<&str>>("hx")? {
-                let horizon = position(hx, first.col("hn")?, "agentstate_feed_horizons")?;
-                if after < horizon {
+                let horizon = ordinal_of(hx, first.col("hn")?, "agentstate_feed_horizons")?;
+                if after_n < horizon {
                     return Err(StateError::FeedPruned {
                         scope: scope.clone(),
-                        horizon,
+                        horizon: bind(&secret, scope, horizon)?,
                     });
                 }
             }
@@ -342,8 +384,9 @@ impl PostgresStore {
                     continue;
                 };
                 read += 1;
-                let pos = position(cx, r.col("cn")?, "agentstate_changes")?;
-                at = pos;
+                at = ordinal_of(cx, r.col("cn")?, "agentstate_changes")?;
+                let pos = bind(&secret, scope, at)?;
+                next = pos;
                 match change_of(r) {
                     Ok(item) => changes.push(Change::new(pos, item)),
                     Err(e @ StateError::Corrupt { .. }) => {
@@ -358,7 +401,7 @@ impl PostgresStore {
                 continue;
             }
             return Ok(Read {
-                page: ChangePage::new(changes, at),
+                page: ChangePage::new(changes, next),
                 held,
             });
         }
@@ -371,13 +414,14 @@ impl PostgresStore {
         limit: usize,
     ) -> Result<ChangePage> {
         check_call(scope, limit, None)?;
+        let after_n = unbind(&self.secret().await?, scope, after)?;
         // Read your writes: changes committed but held back by a
         // transaction below them still open (on a busy server, usually a
         // few milliseconds) are waited for, up to `HELD_WAIT`.
         let until = tokio::time::Instant::now() + HELD_WAIT;
         let mut delay = Duration::from_millis(1);
         loop {
-            let read = self.read_changes(scope, after, limit).await?;
+            let read = self.read_changes(scope, after, after_n, limit).await?;
             if !read.held
                 || read.page.changes.len() == limit
                 || tokio::time::Instant::now() + delay > until
@@ -411,6 +455,8 @@ impl PostgresStore {
         timeout: Duration,
     ) -> Result<ChangePage> {
         check_call(scope, limit, Some(timeout))?;
+        // A foreign position is refused before any wait (F9).
+        let after_n = unbind(&self.secret().await?, scope, after)?;
         let deadline = tokio::time::Instant::now() + timeout;
         self.start_listener();
         // Subscribed before the first read: a commit after it is heard.
@@ -423,7 +469,7 @@ impl PostgresStore {
         let mut held_since: Option<tokio::time::Instant> = None;
         loop {
             let listening = state.borrow_and_update().is_some();
-            let read = self.read_changes(scope, after, limit).await?;
+            let read = self.read_changes(scope, after, after_n, limit).await?;
             let now = tokio::time::Instant::now();
             if !read.page.changes.is_empty() || now >= deadline {
                 return Ok(read.page);
@@ -485,13 +531,14 @@ impl PostgresStore {
             Ok(rows.into_iter().next())
         })?;
         let row = row.ok_or_else(|| StateError::corrupt("feed_head: no answer row"))?;
-        let head = Position::from_parts(num_out(row.col(0)?, "xmin")?, 0);
+        let head = pack(num_out(row.col(0)?, "xmin")?, 0, "xmin")?;
         // Never before the horizon (a purge may have moved it past the
         // xmin of a snapshot with an older transaction open).
-        Ok(match row.col::<_, Option<&str>>(1)? {
-            Some(hx) => head.max(position(hx, row.col(2)?, "agentstate_feed_horizons")?),
+        let head = match row.col::<_, Option<&str>>(1)? {
+            Some(hx) => head.max(ordinal_of(hx, row.col(2)?, "agentstate_feed_horizons")?),
             None => head,
-        })
+        };
+        bind(&self.secret().await?, scope, head)
     }
 
     pub(super) async fn prune_changes(&self, scope: &FeedScope, through: Position) -> Result<u64> {
@@ -502,6 +549,7 @@ impl PostgresStore {
                  not one env's feed",
             ));
         }
+        let through = unbind(&self.secret().await?, scope, through)?;
         let (feed, key) = feed_of(scope);
         // Never past the xmin: no change can land at or before the
         // horizon afterwards.
@@ -518,8 +566,8 @@ impl PostgresStore {
                 .ok_or_else(|| StateError::corrupt("prune_changes: no answer row"))?;
             Ok(row.col::<_, String>(0)?)
         })?;
-        let through = through.min(Position::from_parts(num_out(&xmin, "xmin")?, 0));
-        let (xid, n) = position_params(through);
+        let through = through.min(pack(num_out(&xmin, "xmin")?, 0, "xmin")?);
+        let (xid, n) = ordinal_params(through);
         let mut dropped = 0u64;
         // In bounded transactions; each moves the horizon with its
         // deletes (so no read sees a tombstone gone and the old horizon).
@@ -596,14 +644,20 @@ mod tests {
     }
 
     #[test]
-    fn positions_past_a_bigint_read_as_its_largest() {
+    fn ordinals_pack_xid_and_n_in_order() {
+        let o = ordinal_of("7", 3, "t").unwrap();
+        assert_eq!(o, (7 << 48) | 3);
+        assert_eq!(ordinal_params(o), ("7".to_string(), 3));
+        assert!(ordinal_of("7", (N_MAX) as i64, "t").unwrap() < ordinal_of("8", 0, "t").unwrap());
         assert_eq!(
-            position_params(Position::from_parts(7, u64::MAX)),
-            ("7".to_string(), i64::MAX)
+            ordinal_params(ordinal_of(&N_MAX.to_string(), N_MAX as i64, "t").unwrap()),
+            (N_MAX.to_string(), N_MAX as i64)
         );
-        assert_eq!(
-            position_params(Position::from_parts(7, 3)),
-            ("7".to_string(), 3)
-        );
+        // Past 48 bits: corrupt, never wrapped.
+        assert!(ordinal_of("7", 1 << 48, "t").is_err());
+        assert!(ordinal_of(&(1u64 << 48).to_string(), 0, "t").is_err());
+        assert!(ordinal_of("7", -1, "t").is_err());
+        // Past 96 bits (never unbound): the largest xid.
+        assert_eq!(ordinal_params(u128::MAX).0, u64::MAX.to_string());
     }
 }

@@ -1,4 +1,4 @@
-//! The change feed on Redis (rules F1–F8).
+//! The change feed on Redis (rules F1–F9).
 //!
 //! Each scope is a sorted set (see `lua/lib.lua`): a tenant's runs and
 //! sessions under the tenant's hash tag (`as:{t…}:fd`), the store's trays
@@ -24,6 +24,13 @@
 //! periodic re-read, or its timeout. Without a subscription (the server
 //! refused it, or the connection broke) it polls instead, and the hub
 //! dials again a little later.
+//!
+//! The counters' values are the positions' ordinals: a position handed out
+//! is [`bind`] of the store's secret, the scope and the ordinal (an env's
+//! feed's positions are bound to the env's scope), and one given to a
+//! call is read back with [`unbind`] before any script runs (F9: another
+//! scope's, another store's or a forged one is `Invalid`). Only ordinals
+//! reach the scripts.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,7 +43,7 @@ use tokio::sync::watch;
 use agentstate_core::codec::key::KeyReader;
 use agentstate_core::error::{Result, StateError};
 use agentstate_core::feed::{
-    Change, ChangePage, Changed, FeedScope, Position, ScopeView, check_call,
+    Change, ChangePage, Changed, FeedScope, Position, ScopeView, bind, check_call, unbind,
 };
 use agentstate_core::record::{RunKey, SessionKey};
 use agentstate_core::tray::Alarm;
@@ -110,23 +117,23 @@ impl Scope {
     }
 }
 
-/// A position as the scripts take it: a decimal u64 (no position of a
-/// Redis feed is past 2^53, so a larger one reads as the largest).
-fn dec(p: Position) -> String {
-    u64::try_from(p.as_u128()).unwrap_or(u64::MAX).to_string()
+/// An ordinal as the scripts take it: a decimal u64 (no ordinal of a
+/// Redis feed is past 2^53; a larger one, which only a store's own secret
+/// could bind, reads as the largest).
+fn dec(n: u128) -> String {
+    u64::try_from(n).unwrap_or(u64::MAX).to_string()
 }
 
-/// A position as the scripts answer it (a sorted set's score).
-fn position(b: &[u8]) -> Result<Position> {
+/// An ordinal as the scripts answer it (a counter, or a sorted set's
+/// score).
+fn ordinal(b: &[u8]) -> Result<u64> {
     let s = std::str::from_utf8(b)
         .map_err(|_| StateError::corrupt("redis: a feed position is not text"))?;
     if let Ok(n) = s.parse::<u64>() {
-        return Ok(Position::from_u128(n.into()));
+        return Ok(n);
     }
     match s.parse::<f64>() {
-        Ok(f) if f >= 0.0 && f.fract() == 0.0 && f < 2f64.powi(64) => {
-            Ok(Position::from_u128(f as u128))
-        }
+        Ok(f) if f >= 0.0 && f.fract() == 0.0 && f < 2f64.powi(64) => Ok(f as u64),
         _ => Err(StateError::corrupt(format!(
             "redis: feed position {s:?} is not a whole number"
         ))),
@@ -195,14 +202,21 @@ impl RedisStore {
         limit: usize,
     ) -> Result<ChangePage> {
         check_call(scope, limit, None)?;
-        self.read_changes(scope, after, limit).await
+        let after_n = unbind(&self.secret, scope, after)?;
+        self.read_changes(scope, after, after_n, limit).await
     }
 
-    /// `changes`, its arguments checked.
+    /// The position of the ordinal `n` of `scope` (F9).
+    fn bound(&self, scope: &FeedScope, n: u64) -> Result<Position> {
+        bind(&self.secret, scope, u128::from(n))
+    }
+
+    /// `changes`, its arguments checked and `after` unbound (`after_n`).
     async fn read_changes(
         &self,
         scope: &FeedScope,
         after: Position,
+        after_n: u128,
         limit: usize,
     ) -> Result<ChangePage> {
         let s = Scope::of(scope);
@@ -214,7 +228,7 @@ impl RedisStore {
             .arg(s.kind)
             .arg(&s.a)
             .arg(&s.b)
-            .arg(dec(after))
+            .arg(dec(after_n))
             .arg(limit.to_string())
             .invoke(&mut conn)
             .await?;
@@ -225,7 +239,7 @@ impl RedisStore {
                 let horizon = it.next().unwrap_or_default();
                 return Err(StateError::FeedPruned {
                     scope: scope.clone(),
-                    horizon: position(&horizon)?,
+                    horizon: self.bound(scope, ordinal(&horizon)?)?,
                 });
             }
             other => {
@@ -242,7 +256,10 @@ impl RedisStore {
         let mut changes = Vec::with_capacity(rest.len() / 4);
         for e in rest.chunks_exact(4) {
             let value = (e[2] == b"1").then_some(e[3].as_slice());
-            changes.push(Change::new(position(&e[1])?, decode(scope, &e[0], value)?));
+            changes.push(Change::new(
+                self.bound(scope, ordinal(&e[1])?)?,
+                decode(scope, &e[0], value)?,
+            ));
         }
         let next = changes.last().map_or(after, |c| c.position);
         Ok(ChangePage::new(changes, next))
@@ -256,7 +273,7 @@ impl RedisStore {
             .arg(keys::feed_counter(&s.fd))
             .query_on(&mut conn)
             .await?;
-        n.map_or(Ok(Position::START), |n| position(&n))
+        n.map_or(Ok(Position::START), |n| self.bound(scope, ordinal(&n)?))
     }
 
     pub(super) async fn prune_changes(&self, scope: &FeedScope, through: Position) -> Result<u64> {
@@ -267,6 +284,7 @@ impl RedisStore {
             )));
         }
         check_call(scope, 1, None)?;
+        let through = unbind(&self.secret, scope, through)?;
         let s = Scope::of(scope);
         let mut conn = self.conn().await?;
         self.writable(&mut conn).await?;
@@ -305,11 +323,12 @@ impl RedisStore {
         timeout: Duration,
     ) -> Result<ChangePage> {
         check_call(scope, limit, Some(timeout))?;
+        let after_n = unbind(&self.secret, scope, after)?;
         let deadline = Instant::now() + timeout;
         let channel = Scope::of(scope).channel;
         let mut listener: Option<Listener> = None;
         loop {
-            let page = self.read_changes(scope, after, limit).await?;
+            let page = self.read_changes(scope, after, after_n, limit).await?;
             if !page.changes.is_empty() || Instant::now() >= deadline {
                 return Ok(page);
             }
@@ -328,7 +347,7 @@ impl RedisStore {
                 if listener.is_some() {
                     // Subscribed: what committed before is seen by this
                     // read, what commits after publishes to us.
-                    let page = self.read_changes(scope, after, limit).await?;
+                    let page = self.read_changes(scope, after, after_n, limit).await?;
                     if !page.changes.is_empty() {
                         return Ok(page);
                     }

@@ -10,11 +10,11 @@ Every paged listing also walks as an async iterator, page after page to the
 end: ``iter_runs``, ``iter_sessions``, ``iter_trays``, ``iter_marked_trays``,
 ``iter_due_alarms``, ``iter_budgets``.
 
-The change feed (rules F1-F8): what changed since a position, each record
+The change feed (rules F1-F9): what changed since a position, each record
 once in its current state (or its tombstone), in commit order::
 
     scope = FeedScope.tenant("acme")      # or FeedScope.trays(), FeedScope.trays(env="prod")
-    at = await store.feed_head(scope)     # positions are ints; None is the start
+    at = await store.feed_head(scope)     # positions are opaque ints of their scope and store; None is the start
     page = await store.changes(scope, at, limit=100)   # ChangePage: .changes, .next
     page = await store.wait_changes(scope, page.next, timeout=30.0)
     async for change in store.watch(scope, after=page.next):   # without end

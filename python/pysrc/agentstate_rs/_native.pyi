@@ -345,6 +345,9 @@ _ChangeKind = Literal[
 class Change:
     """One record of a feed as it is now (``deleted`` False), or its
     tombstone, at the position (an int) of the last commit that wrote it.
+    A position is opaque and belongs to its scope and store: given to a call
+    on another scope or store, or made by hand, it raises StateInvalidError
+    (0 or None, the start, is valid everywhere).
     ``key`` is the record's key on every change (an alarm's is its
     InstanceKey); the record is ``run``, ``session``, ``tray`` or ``alarm``
     (None on a tombstone), also as ``record``."""
