@@ -655,6 +655,11 @@ fn cut_everything(s: &dyn Store, relay: &CutRelay, tenant: &str, backend: &str) 
                     Answer::Unavailable => t.unavailable += 1,
                     Answer::Unknown => t.unknown += 1,
                 }
+                // A write whose outcome is unknown may still be landing
+                // (the server read it whole before the cut): let it.
+                if a == Answer::Unknown {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
                 // The call right after (on a fresh connection when the
                 // cut one was cut) answers, and so do those that check
                 // the state is what the answer said.

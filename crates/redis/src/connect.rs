@@ -56,6 +56,10 @@ impl std::fmt::Debug for Auth {
     }
 }
 
+/// How long a TLS dial may go unanswered before the port is asked what
+/// it speaks (a plain Redis never answers a TLS handshake).
+const PROBE_AFTER: Duration = Duration::from_millis(300);
+
 /// One connection just opened, and the flag a call sets when it sees the
 /// connection fail in transport.
 pub(crate) struct Opened {
@@ -180,40 +184,62 @@ impl Dialer {
     /// else is `Unavailable` ([`connect_error`]). Call it on the store's
     /// runtime, as `open`.
     pub(crate) async fn open_or_explain(&self) -> Result<Opened> {
-        let e = match self.open().await {
+        let mut open = std::pin::pin!(self.open());
+        let early = match (&self.addr, self.tls) {
+            // A TLS handshake with a plain port goes unanswered until the
+            // connect timeout (a plain Redis waits for the end of a line):
+            // a dial not done in a moment asks the port what it speaks.
+            (Some((host, port)), true) => {
+                tokio::select! {
+                    r = &mut open => Some(r),
+                    _ = tokio::time::sleep(PROBE_AFTER) => {
+                        if speaks_other(host, *port, true, self.probe_within()).await {
+                            return Err(self.mismatch(None));
+                        }
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let r = match early {
+            Some(r) => r,
+            None => open.await,
+        };
+        let e = match r {
             Ok(c) => return Ok(c),
             Err(e) => e,
         };
-        let server = &self.server;
         if refusal(&e).is_none()
             && !is_server_reply(&e)
             && let Some((host, port)) = &self.addr
         {
-            let within = self.connect_timeout.min(Duration::from_secs(2));
-            match speaks(host, *port, within).await {
-                Some(true) if !self.tls => {
-                    return Err(StateError::refused(
-                        format!(
-                            "redis {server}: the server takes TLS only on this port and the url \
-                             is plain redis://: use rediss:// (with RedisOptions::tls_ca_pem for \
-                             a private CA)"
-                        ),
-                        Some(Box::new(e)),
-                    ));
-                }
-                Some(false) if self.tls => {
-                    return Err(StateError::refused(
-                        format!(
-                            "redis {server}: the server does not speak TLS on this port and the \
-                             url is rediss://: use redis://, or turn TLS on at the server"
-                        ),
-                        Some(Box::new(e)),
-                    ));
-                }
-                _ => {}
+            if speaks_other(host, *port, self.tls, self.probe_within()).await {
+                return Err(self.mismatch(Some(e)));
             }
         }
-        Err(connect_error(server, e))
+        Err(connect_error(&self.server, e))
+    }
+
+    /// How long a probe of the port may take.
+    fn probe_within(&self) -> Duration {
+        self.connect_timeout.min(Duration::from_secs(2))
+    }
+
+    /// The URL's protocol is not the port's: `Refused`, naming the fix.
+    fn mismatch(&self, e: Option<RedisError>) -> StateError {
+        let server = &self.server;
+        let why = if self.tls {
+            "the server does not speak TLS on this port and the url is rediss://: use redis:// \
+             (or turn TLS on at the server)"
+        } else {
+            "the server takes TLS only on this port and the url is plain redis://: use rediss:// \
+             (with RedisOptions::tls_ca_pem for a private CA)"
+        };
+        StateError::refused(
+            format!("redis {server}: {why}"),
+            e.map(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>),
+        )
     }
 
     /// Opens one connection: TCP (and TLS), `AUTH`, `SELECT`, all within
@@ -931,26 +957,28 @@ async fn read_some(s: &tokio::net::TcpStream) -> std::io::Result<Vec<u8>> {
     }
 }
 
-/// What the server at `host:port` speaks, asked after a dial failed
-/// without a server's answer: a TLS `ClientHello` is sent, then a line
-/// end. A TLS server answers a TLS record (`Some(true)`); a plain Redis
-/// reads the bytes as an inline command and answers an error reply
-/// (`Some(false)`); `None` when neither came within `within`.
-pub(crate) async fn speaks(host: &str, port: u16, within: Duration) -> Option<bool> {
+/// Whether the server at `host:port` speaks the other protocol than the
+/// URL's, asked after a dial failed without a server's answer (or, for
+/// TLS, went unanswered a moment). For a plain URL (`url_tls` false) a
+/// TLS `ClientHello` is sent: a TLS server answers a TLS record. For a
+/// `rediss://` URL a plain `PING` is sent: a plain Redis answers `+PONG`
+/// or an error reply (a TLS server drops the connection). `false` when
+/// neither came within `within`.
+pub(crate) async fn speaks_other(host: &str, port: u16, url_tls: bool, within: Duration) -> bool {
     let probe = async {
         let s = tokio::net::TcpStream::connect((host, port)).await.ok()?;
-        let mut hello = client_hello(host)?;
-        hello.extend_from_slice(b"\r\n");
-        write_all(&s, &hello).await.ok()?;
-        let got = read_some(&s).await.ok()?;
-        match got.as_slice() {
+        if url_tls {
+            write_all(&s, b"PING\r\n").await.ok()?;
+            let got = read_some(&s).await.ok()?;
+            Some(matches!(got.first(), Some(b'+' | b'-')))
+        } else {
+            write_all(&s, &client_hello(host)?).await.ok()?;
+            let got = read_some(&s).await.ok()?;
             // A TLS record: handshake (0x16) or alert (0x15), version 3.x.
-            [0x15 | 0x16, 3, ..] => Some(true),
-            [b'+' | b'-', ..] => Some(false),
-            _ => None,
+            Some(matches!(got.as_slice(), [0x15 | 0x16, 3, ..]))
         }
     };
-    tokio::time::timeout(within, probe).await.ok().flatten()
+    matches!(tokio::time::timeout(within, probe).await, Ok(Some(true)))
 }
 
 /// A TLS `ClientHello` for `host`, as rustls writes it (no certificate is
