@@ -440,7 +440,7 @@ impl Case for WriteTray {
 
 fn tray(i: u64) -> Tray {
     Tray {
-        marked: i % 2 == 0,
+        marked: i.is_multiple_of(2),
         doc: format!("{{\"i\":{i}}}").into_bytes(),
         env: "e".into(),
         hostname: "h".into(),

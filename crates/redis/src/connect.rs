@@ -213,10 +213,9 @@ impl Dialer {
         if refusal(&e).is_none()
             && !is_server_reply(&e)
             && let Some((host, port)) = &self.addr
+            && speaks_other(host, *port, self.tls, self.probe_within()).await
         {
-            if speaks_other(host, *port, self.tls, self.probe_within()).await {
-                return Err(self.mismatch(Some(e)));
-            }
+            return Err(self.mismatch(Some(e)));
         }
         Err(connect_error(&self.server, e))
     }
