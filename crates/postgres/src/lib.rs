@@ -1051,7 +1051,7 @@ mod tests {
     }
 
     #[test]
-    fn connect_opens_nothing_and_checks_input() {
+    fn connect_dials_unless_lazy_and_checks_input() {
         // Nothing listens on port 1: a lazy connect still succeeds, an
         // eager one is Unavailable after its connect timeout.
         assert!(

@@ -1033,6 +1033,42 @@ mod tests {
         }
     }
 
+    /// E3: what redis-rs reports for a reply cut short (its parser's
+    /// "Unexpected end of input", an EOF, a reset) is the transport's:
+    /// `Unavailable`, never `Corrupt`; a server's error reply is not.
+    #[test]
+    fn e3_a_cut_reply_is_unavailable_not_corrupt() {
+        let cut = [
+            RedisError::from(::redis::ParsingError::from(
+                "Parse error at 0\nUnexpected end of input\nexpected 3 more elements",
+            )),
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)),
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe)),
+        ];
+        for e in cut {
+            assert!(!is_server_reply(&e), "{e:?}");
+            let s = super::super::map_err(e);
+            assert!(
+                matches!(
+                    s,
+                    StateError::Persistence {
+                        reason: PersistenceReason::Unavailable,
+                        ..
+                    }
+                ),
+                "{s:?}"
+            );
+        }
+        assert!(is_server_reply(&reply("-ERR user_script:1: boom\r\n")));
+        assert!(is_server_reply(&reply("-OOM command not allowed\r\n")));
+        // A complete reply of another shape than asked for is ours to
+        // decode: Corrupt.
+        let e = decode::<i64>(::redis::Value::BulkString(b"not a number".to_vec()))
+            .expect_err("not an integer");
+        assert!(matches!(e, StateError::Corrupt { .. }), "{e:?}");
+    }
+
     #[test]
     fn refusals_keep_the_servers_words() {
         for (wire, said) in [
