@@ -38,6 +38,12 @@
 //! | `COMMIT` was sent and the connection broke (I/O, | `OutcomeUnknown` |
 //! | closed, reset), or the server went down while    |                  |
 //! | answering it (class 08, 57P): it may have landed |                  |
+//! | the same, for a call that only reads             | `Unavailable`    |
+//! | ([`Tx::reads_only`], or a read's `query_commit`) |                  |
+//! | a connection cut anywhere else (mid-row,         | `Unavailable`;   |
+//! | mid-`CommandComplete`, mid-handshake): the       | never `Corrupt`, |
+//! | driver's I/O or closed error, no SQLSTATE        | which is for     |
+//! |                                                  | stored bytes     |
 //! | the call's future is dropped before `COMMIT` was | nothing applied  |
 //! | handed to the connection: its connection is      |                  |
 //! | closed, not pooled, and the server aborts the    |                  |

@@ -326,7 +326,8 @@ impl Dialer {
 /// not full, one more is dialed in the background (the call does not wait
 /// for it). A call waits for a dial only when no connection is open. A
 /// connection is dropped from the pool after a call on it failed in
-/// transport (dropped, reset, timed out), once it lived past
+/// transport (dropped, reset, timed out, a reply cut short or garbled:
+/// anything but the server's own error reply), once it lived past
 /// `max_lifetime`, and once idle past `idle_timeout` (one idle
 /// connection is kept); a reaper task on the store's runtime does this
 /// between calls too. Every dial runs on the store's runtime, so every

@@ -392,11 +392,18 @@ pub(crate) use connect::Conn;
 ///
 /// # Errors
 ///
-/// A server's "no" is `Persistence { reason: Refused }`; no connection
-/// (unreachable, reset, the connect timeout) is `Unavailable` and nothing
-/// was sent; a write that failed in transport after it was handed to a
-/// connection (reset, closed, the io timeout) is `OutcomeUnknown`
-/// (rule I7; retryable only with an idempotency key).
+/// A server's "no" is `Persistence { reason: Refused }` (so is a
+/// `redis://` URL to a port that takes TLS only, or `rediss://` to a
+/// plain one, naming the scheme that fits); no connection (unreachable,
+/// reset, the connect timeout) is `Unavailable` and nothing was sent; a
+/// read that failed in transport (reset, closed, the io timeout, a reply
+/// cut short, which redis-rs reports as a parse error) is `Unavailable`;
+/// a write that failed in transport after it was handed to a connection
+/// is `OutcomeUnknown` (rule I7; retryable only with an idempotency key).
+/// `Corrupt` only says that stored data, or a complete reply, is not what
+/// the store wrote, never that a connection failed. A connection that
+/// failed in transport takes no further call (a half-read reply would
+/// poison the next).
 pub struct RedisStore {
     pool: connect::Pool,
     opts: RedisOptions,
@@ -448,15 +455,20 @@ impl RedisStore {
     /// store's cursor secret on the server.
     ///
     /// The first connection is opened and checked before any call can use
-    /// the store, so a server's "no" comes back at once as
+    /// the store (unless [`RedisOptions::lazy`]: then by the first call,
+    /// which answers the same errors), so a server's "no" comes back at
+    /// once as
     /// `Persistence { reason: Refused }` with the server's own words: a
     /// wrong password (`WRONGPASS`, `NOAUTH`), a user without a command
     /// the store needs (`NOPERM`), a TLS certificate that does not verify
     /// or a handshake the server refuses, a database that does not exist,
     /// a Redis Cluster node, a `maxmemory-policy` other than `noeviction`,
     /// with `require_fsync` a server that could lose acknowledged writes,
-    /// and a server whose `CONFIG GET` fails without
-    /// [`RedisOptions::durability_assumed`]. What a retry can fix
+    /// a server whose `CONFIG GET` fails without
+    /// [`RedisOptions::durability_assumed`], and a URL whose scheme is not
+    /// what the port speaks (`redis://` to a TLS-only port: "use
+    /// rediss://"; `rediss://` to a plain port: "use redis://"). What a
+    /// retry can fix
     /// (unreachable, reset, timed out, loading) is `Unavailable`. Messages
     /// name the server, never its password.
     ///
