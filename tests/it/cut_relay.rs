@@ -15,8 +15,9 @@
 //! Size: each call's request and reply are measured through the relay
 //! first; `AGENTSTATE_CUT_OFFSETS` caps how many offsets of each are cut
 //! (spread evenly over it, the first and last byte always among them;
-//! `all` cuts every one). The default, 24 per direction and call kind,
-//! keeps the file within about a minute per backend.
+//! `all` cuts every one: about 4,200 cuts on Redis and 7,600 on
+//! PostgreSQL, about 4 minutes). The default, 48 per direction and call kind
+//! (about 960 cuts per backend), keeps the file within about a minute.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -179,8 +180,8 @@ fn pump(mut from: TcpStream, mut to: TcpStream, dir: Dir, arm: Arc<Mutex<Arm>>) 
 fn offsets_max() -> Option<u64> {
     match std::env::var("AGENTSTATE_CUT_OFFSETS") {
         Ok(s) if s.trim() == "all" => None,
-        Ok(s) => Some(s.trim().parse().ok().filter(|n| *n > 0).unwrap_or(24)),
-        Err(_) => Some(24),
+        Ok(s) => Some(s.trim().parse().ok().filter(|n| *n > 0).unwrap_or(48)),
+        Err(_) => Some(48),
     }
 }
 
