@@ -8,6 +8,8 @@ mod budgets;
 mod certs;
 #[cfg(feature = "conformance")]
 mod conformance;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod cut_relay;
 mod durability;
 mod errors;
 #[cfg(any(feature = "postgres", feature = "redis"))]

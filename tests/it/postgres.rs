@@ -1757,8 +1757,12 @@ fn i7_a_lost_commit_is_outcome_unknown_and_a_keyed_retry_applies_once() {
     if let Some(p) = cfg.get_password() {
         dsn.push_str(&format!(" password={}", String::from_utf8_lossy(p)));
     }
-    let cutting = PostgresStore::connect_with(&dsn, PgOptions::new().schema(schema()).pool_size(1))
-        .expect("connect through the proxy");
+    // Lazy: the connection is dialed by the first call, as the cuts expect.
+    let cutting = PostgresStore::connect_with(
+        &dsn,
+        PgOptions::new().schema(schema()).pool_size(1).lazy(true),
+    )
+    .expect("connect through the proxy");
     let direct = store(Options::new());
     let rk = RunKey::new(unique("i7"), "r");
     direct
@@ -2104,6 +2108,128 @@ mod tls {
         )
         .expect_err("invalid");
         assert!(matches!(e, StateError::Invalid { .. }), "{e:?}");
+    }
+
+    /// E3, fail fast: `connect_with` itself dials, so a wrong password or
+    /// a user the server takes only over TLS is `Refused` from `connect`
+    /// (not from the first call), quickly, and a server that is not there
+    /// is `Unavailable` after the connect timeout. With `lazy(true)`
+    /// `connect` opens nothing, and the first call answers the same.
+    #[test]
+    fn e3_connect_dials_once_and_refuses_at_once_unless_lazy() {
+        let (s, _) = server();
+        let port = s.port;
+        let wrong = format!("postgres://pwuser:{WRONG}@127.0.0.1:{port}/postgres?sslmode=disable");
+        let refused_now = |e: &StateError, words: &str| {
+            note(e);
+            assert!(
+                matches!(
+                    e,
+                    StateError::Persistence {
+                        reason: PersistenceReason::Refused,
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            assert!(!e.is_retryable(), "{e}");
+            assert!(e.to_string().contains(words), "{e} lacks {words:?}");
+        };
+        let t = Instant::now();
+        let e = PostgresStore::connect_with(&wrong, opts()).expect_err("a wrong password");
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        refused_now(&e, "28P01");
+        // The same through connect_config.
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(port)
+            .user("pwuser")
+            .password(WRONG)
+            .dbname("postgres")
+            .ssl_mode(tokio_postgres::config::SslMode::Disable);
+        let e = PostgresStore::connect_config(config, opts()).expect_err("a wrong password");
+        refused_now(&e, "28P01");
+        // Lazy: nothing opened; the first call answers the same error.
+        let lazy = PostgresStore::connect_with(&wrong, opts().lazy(true)).expect("lazy");
+        let e = lazy.schema_version().expect_err("the first call dials");
+        refused_now(&e, "28P01");
+        // Nothing listens: Unavailable from connect, after its timeout;
+        // lazy, from the first call.
+        let dead = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+            l.local_addr().expect("addr").port()
+        };
+        let nobody = format!("postgres://agentstate@127.0.0.1:{dead}/postgres");
+        let e = PostgresStore::connect_with(
+            &nobody,
+            opts().connect_timeout(Duration::from_millis(300)),
+        )
+        .expect_err("nothing listens");
+        assert!(e.is_retryable(), "{e:?}");
+        let lazy = PostgresStore::connect_with(
+            &nobody,
+            opts()
+                .connect_timeout(Duration::from_millis(300))
+                .lazy(true),
+        )
+        .expect("lazy opens nothing");
+        assert!(
+            lazy.schema_version()
+                .expect_err("nothing listens")
+                .is_retryable()
+        );
+        // The one dial is kept: the store works on it.
+        PostgresStore::connect_with(&s.dsn("postgres"), opts())
+            .expect("connect")
+            .schema_version()
+            .expect("a call");
+    }
+
+    /// E3, protocol mismatches named: `sslmode=require` to a server
+    /// without TLS, and `sslmode=disable` for a user the server takes only
+    /// over TLS (its `pg_hba.conf` has only a `hostssl` line for it), are
+    /// `Refused` from `connect`, naming `sslmode`.
+    #[test]
+    fn e3_sslmode_mismatch_is_refused_naming_sslmode() {
+        let (s, _) = server();
+        // A server without TLS (the shared one, started without ssl).
+        let plain = crate::pg_server::PgServer::start(false);
+        let e = PostgresStore::connect_with(
+            &format!("{}?sslmode=require", plain.dsn("postgres")),
+            opts(),
+        )
+        .expect_err("TLS required of a server without it");
+        note(&e);
+        assert!(
+            matches!(
+                e,
+                StateError::Persistence {
+                    reason: PersistenceReason::Refused,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("sslmode"), "{e}");
+        let e = PostgresStore::connect_with(
+            &format!("{}?sslmode=disable", s.dsn_as("sslonly", "postgres")),
+            opts(),
+        )
+        .expect_err("a TLS-only user without TLS");
+        note(&e);
+        assert!(
+            matches!(
+                e,
+                StateError::Persistence {
+                    reason: PersistenceReason::Refused,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(!e.is_retryable(), "{e}");
+        assert!(e.to_string().contains("sslmode"), "{e}");
     }
 
     #[test]
@@ -2885,8 +3011,12 @@ fn round_trips_per_call() {
     if let Some(p) = cfg.get_password() {
         dsn.push_str(&format!(" password={}", String::from_utf8_lossy(p)));
     }
-    let s = PostgresStore::connect_with(&dsn, PgOptions::new().schema(schema()).pool_size(1))
-        .expect("connect through the proxy");
+    // Lazy: the first call dials, as the counts expect.
+    let s = PostgresStore::connect_with(
+        &dsn,
+        PgOptions::new().schema(schema()).pool_size(1).lazy(true),
+    )
+    .expect("connect through the proxy");
     let tenant = unique("rtt");
     let run = RunKey::new(tenant.clone(), "r");
     s.put_run(RunRecord::new(run.clone(), "a")).expect("create");

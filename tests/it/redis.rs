@@ -1084,6 +1084,113 @@ mod production {
             .max_lifetime(Some(Duration::ZERO));
     }
 
+    /// E3, protocol mismatches named: a plain `redis://` URL to a port
+    /// that takes TLS only, and a `rediss://` URL to a plain port, are
+    /// `Refused` at once (never a retryable `Unavailable`), naming the
+    /// scheme that fits; lazily opened, the first call answers the same.
+    #[test]
+    fn e3_plain_to_tls_and_tls_to_plain_are_refused_naming_the_scheme() {
+        let dir = temp_dir("tls-mismatch");
+        let certs = Certs::make(&dir.join("certs"), "agentstate test client");
+        let tls = Server::start_tls(&dir.join("server"), &certs, false, &[]);
+        let to_tls = format!("redis://127.0.0.1:{}/0", tls.port);
+        refused(&to_tls, RedisOptions::new(), &["use rediss://", "TLS only"]);
+        let plain = Server::start(&dir.join("plain"), &[]);
+        let ca = std::fs::read(&certs.ca).expect("ca");
+        let to_plain = format!("rediss://127.0.0.1:{}/0", plain.port);
+        refused(
+            &to_plain,
+            RedisOptions::new().tls_ca_pem(ca.clone()),
+            &["use redis://", "does not speak TLS"],
+        );
+        for (url, o, words) in [
+            (&to_tls, RedisOptions::new(), "use rediss://"),
+            (
+                &to_plain,
+                RedisOptions::new().tls_ca_pem(ca),
+                "use redis://",
+            ),
+        ] {
+            let s = RedisStore::connect_with(url, o.lazy(true)).expect("lazy opens nothing");
+            assert!(
+                s.durability().contains("not checked yet"),
+                "{}",
+                s.durability()
+            );
+            let e = s
+                .get_run(&RunKey::new("t", "r"))
+                .expect_err("the first call dials");
+            assert!(
+                matches!(
+                    e,
+                    StateError::Persistence {
+                        reason: PersistenceReason::Refused,
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            assert!(e.to_string().contains(words), "{e}");
+        }
+    }
+
+    /// E3, fail fast unless lazy: `connect_with` dials and checks before it
+    /// returns (a wrong password is `Refused` from it); with
+    /// `lazy(true)` it opens nothing and the first call answers the same
+    /// errors: `Refused` for the password, `Unavailable` where nothing
+    /// listens; the server checks run on that first call too.
+    #[test]
+    fn e3_lazy_open_answers_the_same_errors_at_the_first_call() {
+        let server = Server::start(&temp_dir("lazy"), &["--requirepass", "hunter2-requirepass"]);
+        let p = server.port;
+        let wrong = format!("redis://:wrong-pass-7731@127.0.0.1:{p}/0");
+        refused(&wrong, RedisOptions::new(), &["WRONGPASS"]);
+        let s = RedisStore::connect_with(&wrong, RedisOptions::new().lazy(true))
+            .expect("lazy opens nothing");
+        let e = s
+            .get_run(&RunKey::new("t", "r"))
+            .expect_err("the first call dials");
+        no_secret(&e);
+        assert!(
+            matches!(
+                e,
+                StateError::Persistence {
+                    reason: PersistenceReason::Refused,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("WRONGPASS"), "{e}");
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("port");
+        let s = RedisStore::connect_with(
+            &format!("redis://127.0.0.1:{dead}/0"),
+            RedisOptions::new()
+                .connect_timeout(Duration::from_millis(300))
+                .lazy(true),
+        )
+        .expect("lazy opens nothing");
+        let e = s
+            .get_run(&RunKey::new("t", "r"))
+            .expect_err("nothing listens");
+        assert!(e.is_retryable(), "{e:?}");
+        // The right password, lazily: the first call checks and works.
+        let s = RedisStore::connect_with(
+            &format!("redis://:hunter2-requirepass@127.0.0.1:{p}/0"),
+            RedisOptions::new().lazy(true),
+        )
+        .expect("lazy");
+        put_get(&s, "lazy");
+        assert!(
+            s.durability().contains("appendfsync always"),
+            "{}",
+            s.durability()
+        );
+    }
+
     /// An unreachable server stays `Unavailable` (retryable), naming host
     /// and port, never the password.
     #[test]
@@ -2256,4 +2363,49 @@ fn e3_a_server_made_unsafe_after_connect_refuses_writes() {
     set("maxmemory-policy", "noeviction");
     std::thread::sleep(Duration::from_millis(1_100));
     store.patch_run(&key, one).expect("safe again");
+
+    // A new connection is a new reading, however long the interval: the
+    // store's connections are cut, the settings changed meanwhile, and the
+    // first write on the redialed connection is refused.
+    let store = RedisStore::connect_with(
+        &url,
+        RedisOptions::new().settings_interval(Duration::from_secs(3_600)),
+    )
+    .expect("connect");
+    let before = store.patch_run(&key, one).expect("safe").version;
+    set("maxmemory-policy", "allkeys-lru");
+    assert_eq!(
+        store.patch_run(&key, one).expect("not due yet").version,
+        before + 1,
+        "the interval holds until a redial"
+    );
+    let client = redis::Client::open(url.as_str()).expect("client");
+    let mut raw = client.get_connection().expect("raw connection");
+    let _: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query(&mut raw)
+        .expect("CLIENT KILL");
+    let mut answers = Vec::new();
+    let refusal = loop {
+        match store.patch_run(&key, one) {
+            Err(
+                e @ StateError::Persistence {
+                    reason: PersistenceReason::Refused,
+                    ..
+                },
+            ) => break e,
+            // The call the cut met: Unavailable, or OutcomeUnknown if the
+            // patch was on its way.
+            other => answers.push(format!("{other:?}")),
+        }
+        assert!(
+            answers.len() < 3,
+            "never refused after a redial: {answers:?}"
+        );
+    };
+    refused(refusal, "maxmemory-policy");
+    // At most the cut call wrote; nothing after the redial did.
+    let run = store.get_run(&key).expect("read").expect("there");
+    assert!(run.version <= before + 2, "{run:?}");
+    set("maxmemory-policy", "noeviction");
 }

@@ -525,7 +525,10 @@ impl PostgresStore {
         let (binding, after) = super::tenant_cursor(&secret, Listing::Sessions, tenant, page)?;
         let limit = (page.limit + 1) as i64;
         let t = id_in(tenant);
-        let rows = txn!(self, |tx| match &after {
+        let rows =
+            txn!(self, |tx| {
+                tx.reads_only();
+                match &after {
             None =>
                 tx.query(
                     "SELECT session_id, record FROM {s}agentstate_sessions WHERE tenant = $1 \
@@ -540,7 +543,8 @@ impl PostgresStore {
                     &[&t, &limit, &id_in(a)],
                 )
                 .await,
-        })?;
+            }
+            })?;
         let mut items = Vec::with_capacity(rows.len());
         for r in &rows {
             let key = SessionKey::new(tenant, id_out(r.col(0)?)?);
@@ -578,6 +582,7 @@ impl PostgresStore {
             self.display, self.opts.schema
         );
         txn!(self, |tx| {
+            tx.reads_only();
             let mut st = StoreStats::default();
             for r in tx
                 .query(
@@ -635,6 +640,7 @@ impl PostgresStore {
         let mut after: Option<Vec<String>> = None;
         loop {
             let rows = txn!(self, |tx| {
+                tx.reads_only();
                 // With each run, its label rows (R11): (label, value, seq).
                 let sql = match after {
                     None => {
@@ -721,6 +727,7 @@ impl PostgresStore {
             }
         }
         let counts = txn!(self, |tx| {
+            tx.reads_only();
             let mut problems = Vec::new();
             // Every tenant's counter is past its largest seq.
             for r in tx.query(
@@ -844,7 +851,10 @@ impl PostgresStore {
         rep.trays = counts.1[1];
         rep.alarms = counts.1[2];
         rep.entries += rep.sessions + rep.trays + rep.alarms;
-        let (problems, entries) = txn!(self, |tx| verify_budgets(tx).await)?;
+        let (problems, entries) = txn!(self, |tx| {
+            tx.reads_only();
+            verify_budgets(tx).await
+        })?;
         rep.problems.extend(problems);
         rep.entries += entries;
         Ok(rep)
@@ -963,6 +973,7 @@ impl PostgresStore {
         };
         let want = page.limit + 1;
         let items = txn!(self, |tx| {
+            tx.reads_only();
             // One snapshot would need REPEATABLE READ; the walk's guarantee
             // is the other listings' (each record that stays is seen once).
             let mut items: Vec<(Table, Vec<String>, Entry)> = Vec::new();

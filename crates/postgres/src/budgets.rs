@@ -585,9 +585,12 @@ impl PostgresStore {
     pub(super) async fn get_budget(&self, key: &BudgetKey) -> Result<Option<BudgetStatus>> {
         check_budget_key(key)?;
         let now = self.now();
-        txn!(self, |tx| match read_budget(tx, key, false).await? {
-            Some((r, s)) => Ok(Some(status_in(tx, r, s, now).await?)),
-            None => Ok(None),
+        txn!(self, |tx| {
+            tx.reads_only();
+            match read_budget(tx, key, false).await? {
+                Some((r, s)) => Ok(Some(status_in(tx, r, s, now).await?)),
+                None => Ok(None),
+            }
         })
     }
 
@@ -605,6 +608,7 @@ impl PostgresStore {
         let t = id_in(tenant);
         let mut items =
             txn!(self, |tx| {
+                tx.reads_only();
                 let rows = match &after {
                 None => tx.query(
                     "SELECT name, record, spent FROM {s}agentstate_budgets WHERE tenant = $1 \
@@ -689,9 +693,12 @@ impl PostgresStore {
     pub(super) async fn run_spend(&self, run: &RunKey) -> Result<Option<RunSpend>> {
         check_run_key(run)?;
         let now = self.now();
-        txn!(self, |tx| match read_run(tx, run, false).await? {
-            Some(r) => Ok(Some(spend_in(tx, &r, now).await?)),
-            None => Ok(None),
+        txn!(self, |tx| {
+            tx.reads_only();
+            match read_run(tx, run, false).await? {
+                Some(r) => Ok(Some(spend_in(tx, &r, now).await?)),
+                None => Ok(None),
+            }
         })
     }
 }

@@ -38,6 +38,12 @@
 //! | `COMMIT` was sent and the connection broke (I/O, | `OutcomeUnknown` |
 //! | closed, reset), or the server went down while    |                  |
 //! | answering it (class 08, 57P): it may have landed |                  |
+//! | the same, for a call that only reads             | `Unavailable`    |
+//! | ([`Tx::reads_only`], or a read's `query_commit`) |                  |
+//! | a connection cut anywhere else (mid-row,         | `Unavailable`;   |
+//! | mid-`CommandComplete`, mid-handshake): the       | never `Corrupt`, |
+//! | driver's I/O or closed error, no SQLSTATE        | which is for     |
+//! |                                                  | stored bytes     |
 //! | the call's future is dropped before `COMMIT` was | nothing applied  |
 //! | handed to the connection: its connection is      |                  |
 //! | closed, not pooled, and the server aborts the    |                  |
@@ -297,6 +303,7 @@ impl Pooled {
             pending: vec![Pending::Begin(&store.begin)],
             began: false,
             committed: false,
+            reads_only: false,
         }
     }
 }
@@ -467,6 +474,10 @@ pub(crate) struct Tx<'a> {
     began: bool,
     /// `COMMIT` went out with the last statement ([`Tx::query_commit`]).
     committed: bool,
+    /// The call only reads ([`Tx::reads_only`]): a `COMMIT` whose answer
+    /// was lost committed nothing worth knowing, so it is `Unavailable`,
+    /// never `OutcomeUnknown`.
+    reads_only: bool,
 }
 
 /// Pins a transaction body's type: `TxResult<T>`.
@@ -541,6 +552,12 @@ impl<'a> Tx<'a> {
         main_out.expect("polled to the end").map_err(|e| (e, false))
     }
 
+    /// Marks the transaction as one that writes nothing (a read call): a
+    /// failure of its `COMMIT` is `Unavailable`, never `OutcomeUnknown`.
+    pub(crate) fn reads_only(&mut self) {
+        self.reads_only = true;
+    }
+
     /// Sends `COMMIT`, with whatever is pending (see the module's table
     /// for what each failure means).
     pub(crate) async fn commit(&mut self) -> TxResult<()> {
@@ -574,6 +591,8 @@ impl<'a> Tx<'a> {
                 *self.in_txn = false;
                 Err(Fail::Pg(e))
             }
+            // A read's: nothing it could have committed matters.
+            Err((e, _)) if self.reads_only => Err(Fail::Pg(e)),
             // No answer (or the server going down while answering), to the
             // COMMIT or to a request sent with it: the COMMIT may have
             // landed.
@@ -629,7 +648,11 @@ impl<'a> Tx<'a> {
             (Ok(_), Err(e)) => (e, false),
         };
         let (e, before) = failed;
-        if read_only || (before && e.code().is_some()) || !commit_outcome_unknown(&e) {
+        if read_only
+            || self.reads_only
+            || (before && e.code().is_some())
+            || !commit_outcome_unknown(&e)
+        {
             if e.code().is_some() {
                 *self.in_txn = false;
             }

@@ -128,6 +128,7 @@ pub struct PgOptions {
     pub(crate) ssl_root_cert: Option<PathBuf>,
     pub(crate) ssl_client_cert: Option<(PathBuf, PathBuf)>,
     pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
+    pub(crate) lazy: bool,
 }
 
 impl std::fmt::Debug for PgOptions {
@@ -147,6 +148,7 @@ impl std::fmt::Debug for PgOptions {
             .field("ssl_root_cert", &self.ssl_root_cert)
             .field("ssl_client_cert", &self.ssl_client_cert)
             .field("tls", &self.tls.as_ref().map(|_| "a rustls ClientConfig"))
+            .field("lazy", &self.lazy)
             .finish()
     }
 }
@@ -167,13 +169,14 @@ impl Default for PgOptions {
             ssl_root_cert: None,
             ssl_client_cert: None,
             tls: None,
+            lazy: false,
         }
     }
 }
 
 impl PgOptions {
     /// 8 connections, 5 s to connect, 30 s per statement, schema `public`,
-    /// the default [`Options`].
+    /// the default [`Options`], not lazy.
     pub fn new() -> Self {
         Self::default()
     }
@@ -280,6 +283,22 @@ impl PgOptions {
         self.tls = Some(Arc::new(config));
         self
     }
+    /// With `false` (the default), [`PostgresStore::connect_with`] (and
+    /// `connect`, `connect_config`) dials the server once before it
+    /// returns, and keeps the connection in the pool: a wrong password, a
+    /// `pg_hba.conf` refusal, an unknown database, a certificate that does
+    /// not verify, an `sslmode` the server cannot meet (TLS required of a
+    /// server without it, or a user the server takes only over TLS) are
+    /// `Refused` at once, with the server's words, and a server not
+    /// reached within the connect timeout is `Unavailable`: the errors the
+    /// first call would answer. With `true` it opens nothing: the first
+    /// call dials, and answers those errors; use it for a server that may
+    /// not be up yet when the store is made. Redis's store has the same
+    /// option (`RedisOptions::lazy`).
+    pub fn lazy(mut self, lazy: bool) -> Self {
+        self.lazy = lazy;
+        self
+    }
 }
 
 /// The PostgreSQL backend: every worker of a fleet connects to one server
@@ -287,12 +306,14 @@ impl PgOptions {
 /// fences are each one transaction, a walk in `seq` order never skips a
 /// record that commits late).
 ///
-/// `connect` opens no connection: a pool of [`PgOptions::pool_size`]
+/// `connect` dials one connection and keeps it (unless
+/// [`PgOptions::lazy`]); the rest of a pool of [`PgOptions::pool_size`]
 /// connections is dialed as calls need them, over TLS as the DSN's
 /// `sslmode` says (see [`PgOptions`]). A dial the server refuses (a wrong
 /// password, `pg_hba.conf`, an unknown database, a certificate that does
-/// not verify) fails the call `Persistence { reason: Refused }` with the
-/// server's words as soon as it answers.
+/// not verify) is `Persistence { reason: Refused }` with the server's
+/// words as soon as it answers: from `connect`, or (lazy, or a later
+/// dial) from the call that needed the connection.
 ///
 /// **Poolers:** through PgBouncer in session mode the store works as
 /// over a direct connection; in transaction mode turn off
@@ -409,22 +430,26 @@ fn valid_schema(s: &str) -> bool {
 
 impl PostgresStore {
     /// A store over the server `dsn` names (a `postgres://` URL or a
-    /// `key=value` string), with the default [`PgOptions`]. Opens no
-    /// connection; a bad DSN is `Invalid`.
+    /// `key=value` string), with the default [`PgOptions`]: dials the
+    /// server once, as [`connect_with`](Self::connect_with) says; a bad
+    /// DSN is `Invalid`.
     pub fn connect(dsn: &str) -> Result<PostgresStore> {
         Self::connect_with(dsn, PgOptions::default())
     }
 
-    /// A store over the server `dsn` names, with options. Opens no
-    /// connection; reads the TLS files the DSN or the options name (one
-    /// missing or unreadable is `Invalid`).
+    /// A store over the server `dsn` names, with options. Reads the TLS
+    /// files the DSN or the options name (one missing or unreadable is
+    /// `Invalid`), then dials one connection (kept in the pool) unless
+    /// [`PgOptions::lazy`].
     ///
-    /// A call that needs a connection and gets none fails `Refused` as soon
+    /// That dial, or with `lazy` the first call's, fails `Refused` as soon
     /// as the server (or TLS) says no to the configuration — a wrong
     /// password, a `pg_hba.conf` refusal, an unknown database, a user
-    /// allowed only over TLS, a certificate that does not verify — with the
-    /// server's own words; and `Unavailable` when the server is not reached
-    /// within the connect timeout (down, unreachable, restarting).
+    /// allowed only over TLS, TLS required of a server without it, a
+    /// certificate that does not verify — with the server's own words and
+    /// a hint naming the setting (`sslmode`, the password); and
+    /// `Unavailable` when the server is not reached within the connect
+    /// timeout (down, unreachable, restarting).
     pub fn connect_with(dsn: &str, opts: PgOptions) -> Result<PostgresStore> {
         let display = agentstate_core::redact_connection_string(dsn);
         let (rest, dsn_tls) =
@@ -442,13 +467,13 @@ impl PostgresStore {
     /// root and client certificates come from the options
     /// ([`PgOptions::ssl_root_cert`], [`PgOptions::ssl_client_cert`],
     /// [`PgOptions::tls`]). Like [`connect_with`](Self::connect_with), it
-    /// opens no connection. `tokio-postgres` 0.7.
+    /// dials once unless [`PgOptions::lazy`]. `tokio-postgres` 0.7.
     ///
     /// ```
     /// use agentstate::{PgOptions, PostgresStore};
     /// let mut config = tokio_postgres::Config::new();
     /// config.host("db.internal").user("agent").dbname("agents");
-    /// let store = PostgresStore::connect_config(config, PgOptions::new())?;
+    /// let store = PostgresStore::connect_config(config, PgOptions::new().lazy(true))?;
     /// # Ok::<(), agentstate::StateError>(())
     /// ```
     pub fn connect_config(
@@ -561,7 +586,7 @@ impl PostgresStore {
                 }
             });
         }
-        Ok(PostgresStore {
+        let store = PostgresStore {
             pool,
             bridge,
             begin,
@@ -573,7 +598,14 @@ impl PostgresStore {
             runs_seen: runs::Seen::default(),
             spend_seen: budgets::Seen::default(),
             feed: Arc::default(),
-        })
+        };
+        if !store.opts.lazy {
+            // One dial now, kept in the pool: the server's "no" (or its
+            // absence) comes back from here, as the first call would
+            // answer it.
+            drop(store.bridge.block_on(store.conn())?);
+        }
+        Ok(store)
     }
 
     /// Creates the schema, its tables and indexes, once: idempotent, and
@@ -660,6 +692,7 @@ impl PostgresStore {
     pub async fn schema_version_async(&self) -> Result<Option<u8>> {
         let prefix = self.prefix.clone();
         txn!(self, |tx| {
+            tx.reads_only();
             let v = schema_version_in(tx, &prefix).await?;
             Ok((v > 0).then_some(v))
         })
@@ -680,6 +713,7 @@ impl PostgresStore {
             return Ok(*s);
         }
         let hex: Option<String> = txn!(self, |tx| {
+            tx.reads_only();
             Ok(tx
                 .query(
                     "SELECT value FROM {s}agentstate_meta WHERE name = 'cursor_secret'",
@@ -1017,9 +1051,19 @@ mod tests {
     }
 
     #[test]
-    fn connect_opens_nothing_and_checks_input() {
-        // Nothing listens on port 1; connect must still succeed.
-        assert!(PostgresStore::connect("postgres://u@127.0.0.1:1/db").is_ok());
+    fn connect_dials_unless_lazy_and_checks_input() {
+        // Nothing listens on port 1: a lazy connect still succeeds, an
+        // eager one is Unavailable after its connect timeout.
+        assert!(
+            PostgresStore::connect_with("postgres://u@127.0.0.1:1/db", PgOptions::new().lazy(true))
+                .is_ok()
+        );
+        let e = PostgresStore::connect_with(
+            "postgres://u@127.0.0.1:1/db",
+            PgOptions::new().connect_timeout(Duration::from_millis(50)),
+        )
+        .expect_err("nothing listens");
+        assert!(e.is_retryable(), "{e:?}");
         assert!(matches!(
             PostgresStore::connect("postgres://u@h:notaport/db"),
             Err(StateError::Invalid { .. })

@@ -710,7 +710,10 @@ impl PostgresStore {
             None => " ORDER BY r.seq LIMIT $3",
             Some(_) => " ORDER BY l.seq LIMIT $3",
         });
-        let rows = txn!(self, |tx| tx.query(&sql, &params).await)?;
+        let rows = txn!(self, |tx| {
+            tx.reads_only();
+            tx.query(&sql, &params).await
+        })?;
         let more = rows.len() > page.limit;
         let mut items = Vec::with_capacity(page.limit);
         let mut last = 0u64;

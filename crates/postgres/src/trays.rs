@@ -698,6 +698,7 @@ impl PostgresStore {
         let mut after = after;
         let (items, end) = loop {
             let rows = txn!(self, |tx| {
+                tx.reads_only();
                 match (&env_col, &after) {
                     (None, None) => tx.query(&format!("{cols} {order}"), &[&limit]).await,
                     (Some(e), None) => {
@@ -808,6 +809,7 @@ impl PostgresStore {
         let limit = (page.limit + 1) as i64;
         let now_s = num(now);
         let rows = txn!(self, |tx| {
+            tx.reads_only();
             match &after {
             None => tx.query(
                 "SELECT ns, id, due_at::text AS due_text FROM {s}agentstate_alarms \

@@ -358,7 +358,7 @@ impl RedisStore {
         check_limit(page.limit)?;
         let binding = KeyBuf::table(Listing::Sessions as u8).str(tenant).done();
         let after = match &page.cursor {
-            Some(c) => cursor_codec::decode(&self.secret, Listing::Sessions, &binding, c)?,
+            Some(c) => cursor_codec::decode(&self.secret().await?, Listing::Sessions, &binding, c)?,
             None => Vec::new(),
         };
         let p = keys::tenant(tenant);
@@ -382,7 +382,7 @@ impl RedisStore {
         items.truncate(page.limit);
         let cursor = match (more, items.last()) {
             (true, Some((m, _))) => Some(cursor_codec::encode(
-                &self.secret,
+                &self.secret().await?,
                 Listing::Sessions,
                 &binding,
                 m,
@@ -403,7 +403,7 @@ impl RedisStore {
     async fn stats_impl(&self) -> Result<StoreStats> {
         let mut conn = self.conn().await?;
         let mut s = StoreStats::default();
-        s.backend = format!("redis {}: {}", self.server, self.persistence.describe());
+        s.backend = format!("redis {}: {}", self.server, self.durability());
         for t in self.tenants(&mut conn).await? {
             let p = keys::tenant(&t);
             let mut ts = TenantStats::default();
@@ -519,7 +519,8 @@ impl RedisStore {
         let (start_phase, start_group, start_inner) = match &page.cursor {
             None => (1, Vec::new(), None),
             Some(c) => {
-                let pos = cursor_codec::decode(&self.secret, Listing::Export, b"export", c)?;
+                let pos =
+                    cursor_codec::decode(&self.secret().await?, Listing::Export, b"export", c)?;
                 let (ph, g, i) = read_export_pos(&pos)
                     .ok_or_else(|| StateError::invalid("cursor: position outside this listing"))?;
                 (ph, g, Some(i))
@@ -682,7 +683,7 @@ impl RedisStore {
         out.truncate(page.limit);
         let cursor = match (more, out.last()) {
             (true, Some((pos, _))) => Some(cursor_codec::encode(
-                &self.secret,
+                &self.secret().await?,
                 Listing::Export,
                 b"export",
                 pos,

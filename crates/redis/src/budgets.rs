@@ -306,7 +306,7 @@ impl RedisStore {
         let after = match &page.cursor {
             None => None,
             Some(c) => Some(cursor_codec::decode(
-                &self.secret,
+                &self.secret().await?,
                 Listing::Budgets,
                 &binding,
                 c,
@@ -338,7 +338,7 @@ impl RedisStore {
         items.truncate(page.limit);
         let cursor = match (more, items.last()) {
             (true, Some((n, _))) => Some(cursor_codec::encode(
-                &self.secret,
+                &self.secret().await?,
                 Listing::Budgets,
                 &binding,
                 n,

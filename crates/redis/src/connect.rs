@@ -7,13 +7,13 @@
 //! connections ([`Pool`]) every call takes one from.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::MultiplexedConnection;
 use ::redis::{
     AsyncConnectionConfig, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo,
-    RedisError, RedisResult, ServerErrorKind,
+    RedisError, ServerErrorKind,
 };
 
 use agentstate_core::error::{Result, StateError};
@@ -56,6 +56,17 @@ impl std::fmt::Debug for Auth {
     }
 }
 
+/// How long a TLS dial may go unanswered before the port is asked what
+/// it speaks (a plain Redis never answers a TLS handshake).
+const PROBE_AFTER: Duration = Duration::from_millis(300);
+
+/// One connection just opened, and the flag a call sets when it sees the
+/// connection fail in transport.
+pub(crate) struct Opened {
+    pub(crate) conn: MultiplexedConnection,
+    broken: Arc<AtomicBool>,
+}
+
 /// Opens connections with the store's timeouts (each one a redis-rs
 /// `MultiplexedConnection`, see [`Pool`]).
 #[derive(Debug)]
@@ -69,6 +80,12 @@ pub(crate) struct Dialer {
     db: i64,
     connect_timeout: Duration,
     io_timeout: Duration,
+    /// The server's host and port (none for a Unix socket), and whether
+    /// the URL asks for TLS: what a failed dial probes.
+    addr: Option<(String, u16)>,
+    tls: bool,
+    /// Where the server is, without a password, for messages.
+    server: String,
 }
 
 impl Dialer {
@@ -79,6 +96,11 @@ impl Dialer {
             .into_connection_info()
             .map_err(|e| StateError::invalid(format!("redis url {server}: {e}")))?;
         let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        let addr = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => Some((host.clone(), *port)),
+            ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
+            _ => None,
+        };
         if tls {
             // rustls needs a process-wide crypto provider when more than
             // one is compiled in (and always for `#insecure`); ring is the
@@ -148,15 +170,86 @@ impl Dialer {
             db,
             connect_timeout: opts.connect_timeout,
             io_timeout: opts.io_timeout,
+            addr,
+            tls,
+            server: server.to_string(),
         })
+    }
+
+    /// [`open`](Self::open), its failure told as the crate's error: a
+    /// server's "no" is `Refused` ([`refusal`]); a dial that got no answer
+    /// of the server's own is probed for the other protocol (a `redis://`
+    /// URL to a port that takes TLS only, a `rediss://` URL to a plain
+    /// port), which is `Refused` naming the fix, never retryable; anything
+    /// else is `Unavailable` ([`connect_error`]). Call it on the store's
+    /// runtime, as `open`.
+    pub(crate) async fn open_or_explain(&self) -> Result<Opened> {
+        let mut open = std::pin::pin!(self.open());
+        let early = match (&self.addr, self.tls) {
+            // A TLS handshake with a plain port goes unanswered until the
+            // connect timeout (a plain Redis waits for the end of a line):
+            // a dial not done in a moment asks the port what it speaks.
+            (Some((host, port)), true) => {
+                tokio::select! {
+                    r = &mut open => Some(r),
+                    _ = tokio::time::sleep(PROBE_AFTER) => {
+                        if speaks_other(host, *port, true, self.probe_within()).await {
+                            return Err(self.mismatch(None));
+                        }
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let r = match early {
+            Some(r) => r,
+            None => open.await,
+        };
+        let e = match r {
+            Ok(c) => return Ok(c),
+            Err(e) => e,
+        };
+        if refusal(&e).is_none()
+            && !is_server_reply(&e)
+            && let Some((host, port)) = &self.addr
+            && speaks_other(host, *port, self.tls, self.probe_within()).await
+        {
+            return Err(self.mismatch(Some(e)));
+        }
+        Err(connect_error(&self.server, e))
+    }
+
+    /// How long a probe of the port may take.
+    fn probe_within(&self) -> Duration {
+        self.connect_timeout.min(Duration::from_secs(2))
+    }
+
+    /// The URL's protocol is not the port's: `Refused`, naming the fix.
+    fn mismatch(&self, e: Option<RedisError>) -> StateError {
+        let server = &self.server;
+        let why = if self.tls {
+            "the server does not speak TLS on this port and the url is rediss://: use redis:// \
+             (or turn TLS on at the server)"
+        } else {
+            "the server takes TLS only on this port and the url is plain redis://: use rediss:// \
+             (with RedisOptions::tls_ca_pem for a private CA)"
+        };
+        StateError::refused(
+            format!("redis {server}: {why}"),
+            e.map(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>),
+        )
     }
 
     /// Opens one connection: TCP (and TLS), `AUTH`, `SELECT`, all within
     /// the connect timeout. Its I/O task is spawned on the runtime this
     /// runs on: call it through `Bridge::on_runtime` (the store's).
-    pub(crate) async fn open(&self) -> std::result::Result<MultiplexedConnection, RedisError> {
+    pub(crate) async fn open(&self) -> std::result::Result<Opened, RedisError> {
         match tokio::time::timeout(self.connect_timeout, self.open_untimed()).await {
-            Ok(r) => r,
+            Ok(r) => r.map(|conn| Opened {
+                conn,
+                broken: Arc::new(AtomicBool::new(false)),
+            }),
             Err(_) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!(
@@ -233,7 +326,8 @@ impl Dialer {
 /// not full, one more is dialed in the background (the call does not wait
 /// for it). A call waits for a dial only when no connection is open. A
 /// connection is dropped from the pool after a call on it failed in
-/// transport (dropped, reset, timed out), once it lived past
+/// transport (dropped, reset, timed out, a reply cut short or garbled:
+/// anything but the server's own error reply), once it lived past
 /// `max_lifetime`, and once idle past `idle_timeout` (one idle
 /// connection is kept); a reaper task on the store's runtime does this
 /// between calls too. Every dial runs on the store's runtime, so every
@@ -262,6 +356,9 @@ struct PoolInner {
     /// Serializes the dials callers wait for (when none is open).
     dial: tokio::sync::Mutex<()>,
     next: AtomicUsize,
+    /// Connections opened so far (the store re-reads the server's
+    /// settings after each).
+    dials: AtomicU64,
     rt: tokio::runtime::Handle,
 }
 
@@ -278,13 +375,13 @@ struct Live {
 }
 
 impl Live {
-    fn new(conn: MultiplexedConnection) -> Live {
+    fn new(opened: Opened) -> Live {
         let now = Instant::now();
         Live {
-            conn,
+            conn: opened.conn,
             born: now,
             used: now,
-            broken: Arc::new(AtomicBool::new(false)),
+            broken: opened.broken,
             busy: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -331,12 +428,12 @@ impl std::fmt::Debug for Pool {
 
 impl Pool {
     /// A pool of at most `opts.pool_size` connections, holding `first`
-    /// (the connection the store checked the server on); dials and the
-    /// reaper run on `rt` (the store's runtime).
+    /// (the connection the store checked the server on; none for a lazy
+    /// open); dials and the reaper run on `rt` (the store's runtime).
     pub(crate) fn new(
         dialer: Arc<Dialer>,
         opts: &RedisOptions,
-        first: MultiplexedConnection,
+        first: Option<Opened>,
         rt: &tokio::runtime::Handle,
     ) -> Pool {
         let inner = Arc::new(PoolInner {
@@ -344,10 +441,11 @@ impl Pool {
             size: opts.pool_size.max(1) as usize,
             idle_timeout: opts.idle_timeout,
             max_lifetime: opts.max_lifetime,
-            conns: parking_lot::Mutex::new(vec![Live::new(first)]),
+            conns: parking_lot::Mutex::new(first.into_iter().map(Live::new).collect()),
             dialing: AtomicBool::new(false),
             dial: tokio::sync::Mutex::new(()),
             next: AtomicUsize::new(0),
+            dials: AtomicU64::new(0),
             rt: rt.clone(),
         });
         let every = [opts.idle_timeout, opts.max_lifetime]
@@ -369,11 +467,9 @@ impl Pool {
     }
 
     /// A connection for one call. An error means nothing of the call was
-    /// sent (no connection could be opened).
-    pub(crate) async fn get(
-        &self,
-        bridge: &agentstate_core::native::Bridge,
-    ) -> std::result::Result<Conn, RedisError> {
+    /// sent (no connection could be opened): `Refused` or `Unavailable`,
+    /// as [`Dialer::open_or_explain`] says.
+    pub(crate) async fn get(&self, bridge: &agentstate_core::native::Bridge) -> Result<Conn> {
         if let Some(c) = self.inner.pick() {
             return Ok(c);
         }
@@ -385,12 +481,19 @@ impl Pool {
         }
         let dialer = self.inner.dialer.clone();
         let conn = bridge
-            .on_runtime(async move { dialer.open().await })
+            .on_runtime(async move { dialer.open_or_explain().await })
             .await?;
         let mut live = Live::new(conn);
         let c = live.take(Instant::now());
         self.inner.conns.lock().push(live);
+        self.inner.dials.fetch_add(1, Ordering::AcqRel);
         Ok(c)
+    }
+
+    /// How many connections the pool has opened (not counting the one it
+    /// was made with): the server may have changed since the last.
+    pub(crate) fn dials(&self) -> u64 {
+        self.inner.dials.load(Ordering::Acquire)
     }
 }
 
@@ -438,6 +541,7 @@ impl PoolInner {
                     let mut conns = pool.conns.lock();
                     if conns.len() < pool.size {
                         conns.push(Live::new(conn));
+                        pool.dials.fetch_add(1, Ordering::AcqRel);
                     }
                 }
                 pool.dialing.store(false, Ordering::Release);
@@ -462,25 +566,42 @@ impl Drop for Conn {
 
 impl Conn {
     /// Notes a failure of `e`: a connection that failed in transport
-    /// (dropped, reset, timed out) takes no further call.
+    /// (dropped, reset, timed out, a reply cut short or garbled: anything
+    /// but the server's own error reply) takes no further call. A
+    /// multiplexed connection whose reply was half read is poisoned: the
+    /// next reply read on it would be the rest of this one.
     pub(crate) fn note(&self, e: &RedisError) {
-        if e.is_unrecoverable_error()
-            || e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-        {
-            self.broken.store(true, Ordering::Relaxed);
+        if e.is_unrecoverable_error() || !is_server_reply(e) {
+            self.broken.store(true, Ordering::SeqCst);
         }
     }
 
+    /// Takes the connection out of the pool (a check on it failed).
+    pub(crate) fn poison(&self) {
+        self.broken.store(true, Ordering::SeqCst);
+    }
+
+    /// True when the connection was seen failing (by a call on it):
+    /// nothing more is sent on it.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::SeqCst)
+    }
+
     /// Sends one command and answers its raw reply (a server's error
-    /// reply is `Ok(Value::ServerError)`).
-    pub(crate) async fn send(&mut self, cmd: &::redis::Cmd) -> RedisResult<::redis::Value> {
-        let r = ::redis::aio::ConnectionLike::req_packed_command(&mut self.conn, cmd).await;
-        if let Err(e) = &r {
-            self.note(e);
+    /// reply is `Ok(Value::ServerError)`). Every `Err` is the transport's
+    /// (see [`Sent`]).
+    pub(crate) async fn send(
+        &mut self,
+        cmd: &::redis::Cmd,
+    ) -> std::result::Result<::redis::Value, Sent> {
+        if self.is_broken() {
+            return Err(Sent::Not(closed()));
         }
-        r
+        let r = ::redis::aio::ConnectionLike::req_packed_command(&mut self.conn, cmd).await;
+        r.map_err(|e| {
+            self.note(&e);
+            Sent::Maybe(e)
+        })
     }
 
     /// The connection, for redis-rs' own calls (loading a script).
@@ -488,22 +609,85 @@ impl Conn {
         &mut self.conn
     }
 
-    /// Runs one command and converts its reply.
+    /// Runs one command (a read, or a write no reader sees) and converts
+    /// its reply: a transport failure is `Unavailable`, the server's
+    /// error reply as [`map_err`](super::map_err) says, and a complete
+    /// reply of another shape than expected `Corrupt`.
     pub(crate) async fn query<T: FromRedisValue>(&mut self, cmd: &::redis::Cmd) -> Result<T> {
-        let r = cmd.query_async(&mut self.conn).await;
-        r.map_err(|e| {
-            self.note(&e);
-            super::map_err(e)
-        })
+        let v = self.send(cmd).await.map_err(Sent::unavailable)?;
+        let v = v.extract_error().map_err(super::map_err)?;
+        decode(v)
     }
 
-    /// Runs a pipeline (a `MULTI` when atomic) and converts its replies.
+    /// Runs a pipeline (a `MULTI` when atomic) and converts its replies,
+    /// judged as [`query`](Self::query)'s.
     pub(crate) async fn pipe<T: FromRedisValue>(&mut self, p: &::redis::Pipeline) -> Result<T> {
-        let r = p.query_async(&mut self.conn).await;
-        r.map_err(|e| {
+        if self.is_broken() {
+            return Err(Sent::Not(closed()).unavailable());
+        }
+        // As `Value`, which every reply converts to: an error here is the
+        // transport's, or the server's error replies.
+        let r = p.query_async::<::redis::Value>(&mut self.conn).await;
+        let v = r.map_err(|e| {
             self.note(&e);
-            super::map_err(e)
-        })
+            if is_server_reply(&e) {
+                super::map_err(e)
+            } else {
+                Sent::Maybe(e).unavailable()
+            }
+        })?;
+        decode(v)
+    }
+}
+
+/// A complete reply converted to what the call expects; a reply of
+/// another shape is the stored data's (or a script's) fault: `Corrupt`.
+pub(crate) fn decode<T: FromRedisValue>(v: ::redis::Value) -> Result<T> {
+    ::redis::from_redis_value(v)
+        .map_err(|e| StateError::corrupt(format!("redis: an answer of an unexpected shape: {e}")))
+}
+
+/// True when `e` is an error reply the server sent (`-ERR …`, `-NOPERM
+/// …`, a pipeline's or a transaction's error replies): the server read
+/// the request and answered, and the connection is sound. Every other
+/// failure of a call is the transport's, whatever redis-rs calls it: I/O
+/// (reset, EOF, a broken pipe), a timeout, a reply cut short or garbled
+/// (its parser's "Unexpected end of input" is `ErrorKind::Parse`), a
+/// connection seen closed.
+pub(crate) fn is_server_reply(e: &RedisError) -> bool {
+    matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension)
+}
+
+/// The error of a connection seen closed before anything was sent on it.
+fn closed() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "the connection was seen closed before the call was sent on it",
+    ))
+}
+
+/// A transport failure of one call, and whether its request may have
+/// reached the server.
+#[derive(Debug)]
+pub(crate) enum Sent {
+    /// Nothing of the call was sent (its connection was already seen
+    /// closed).
+    Not(RedisError),
+    /// Handed to the connection: a multiplexed connection cannot tell a
+    /// request its socket never took from one the server ran.
+    Maybe(RedisError),
+}
+
+impl Sent {
+    /// The failure of a read (or of a write known not sent): `Unavailable`.
+    pub(crate) fn unavailable(self) -> StateError {
+        let e = match self {
+            Sent::Not(e) | Sent::Maybe(e) => e,
+        };
+        StateError::unavailable(
+            format!("redis: the connection failed ({}); retry", server_text(&e)),
+            Some(std::io::Error::other(e)),
+        )
     }
 }
 
@@ -538,7 +722,10 @@ pub(crate) fn refusal(e: &RedisError) -> Option<String> {
                 "the server refused the TLS handshake ({tls}): it may require a client \
                  certificate (RedisOptions::tls_client_pem) or one it trusts"
             ),
-            _ => format!("TLS failed ({tls}): is this port a TLS port?"),
+            _ => format!(
+                "TLS failed ({tls}): if the server takes plain connections on this port, \
+                 use redis://"
+            ),
         });
     }
     let code = e.code().unwrap_or("");
@@ -608,13 +795,8 @@ pub(crate) fn connect_error(server: &str, e: RedisError) -> StateError {
     if let Some(why) = refusal(&e) {
         return StateError::refused(format!("redis {server}: {why}"), Some(Box::new(e)));
     }
-    let hint = if e.is_connection_dropped() || e.kind() == ErrorKind::Parse {
-        " (if the server takes TLS only, use rediss://)"
-    } else {
-        ""
-    };
     StateError::unavailable(
-        format!("redis {server}: cannot connect: {}{hint}", server_text(&e)),
+        format!("redis {server}: cannot connect: {}", server_text(&e)),
         Some(std::io::Error::other(e)),
     )
 }
@@ -651,7 +833,7 @@ pub(crate) async fn read_persistence(
             maxmemory_policy,
             stated: None,
         },
-        Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+        Err(e) if !is_server_reply(&e) => {
             return Err(connect_error(server, e));
         }
         Err(e) => match opts.assumed {
@@ -753,14 +935,79 @@ pub(crate) async fn refuse_cluster(conn: &mut MultiplexedConnection, server: &st
             ))
         }
         Ok(_) => Ok(()),
-        Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
-            Err(connect_error(server, e))
-        }
+        Err(e) if !is_server_reply(&e) => Err(connect_error(server, e)),
         Err(e) if refusal(&e).is_some() && e.code() != Some("NOPERM") => {
             Err(connect_error(server, e))
         }
         Err(_) => Ok(()),
     }
+}
+
+/// Writes all of `buf` to `s`, within the caller's timeout.
+async fn write_all(s: &tokio::net::TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        s.writable().await?;
+        match s.try_write(buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads the first bytes `s` answers (none when it closes first).
+async fn read_some(s: &tokio::net::TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut buf = [0u8; 16];
+    loop {
+        s.readable().await?;
+        match s.try_read(&mut buf) {
+            Ok(n) => return Ok(buf[..n].to_vec()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Whether the server at `host:port` speaks the other protocol than the
+/// URL's, asked after a dial failed without a server's answer (or, for
+/// TLS, went unanswered a moment). For a plain URL (`url_tls` false) a
+/// TLS `ClientHello` is sent: a TLS server answers a TLS record. For a
+/// `rediss://` URL a plain `PING` is sent: a plain Redis answers `+PONG`
+/// or an error reply (a TLS server drops the connection). `false` when
+/// neither came within `within`.
+pub(crate) async fn speaks_other(host: &str, port: u16, url_tls: bool, within: Duration) -> bool {
+    let probe = async {
+        let s = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        if url_tls {
+            write_all(&s, b"PING\r\n").await.ok()?;
+            let got = read_some(&s).await.ok()?;
+            Some(matches!(got.first(), Some(b'+' | b'-')))
+        } else {
+            write_all(&s, &client_hello(host)?).await.ok()?;
+            let got = read_some(&s).await.ok()?;
+            // A TLS record: handshake (0x16) or alert (0x15), version 3.x.
+            Some(matches!(got.as_slice(), [0x15 | 0x16, 3, ..]))
+        }
+    };
+    matches!(tokio::time::timeout(within, probe).await, Ok(Some(true)))
+}
+
+/// A TLS `ClientHello` for `host`, as rustls writes it (no certificate is
+/// checked: the probe reads only the first bytes of the answer).
+fn client_hello(host: &str) -> Option<Vec<u8>> {
+    #[allow(deprecated)]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).ok()?;
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
+    let mut out = Vec::new();
+    conn.write_tls(&mut out).ok()?;
+    Some(out)
 }
 
 #[cfg(test)]
@@ -797,6 +1044,42 @@ mod tests {
             assert!(msg.contains("cluster mode is not supported"), "{msg}");
             assert!(msg.contains("3999 127.0.0.1:6381"), "{msg}");
         }
+    }
+
+    /// E3: what redis-rs reports for a reply cut short (its parser's
+    /// "Unexpected end of input", an EOF, a reset) is the transport's:
+    /// `Unavailable`, never `Corrupt`; a server's error reply is not.
+    #[test]
+    fn e3_a_cut_reply_is_unavailable_not_corrupt() {
+        let cut = [
+            RedisError::from(::redis::ParsingError::from(
+                "Parse error at 0\nUnexpected end of input\nexpected 3 more elements",
+            )),
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)),
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe)),
+        ];
+        for e in cut {
+            assert!(!is_server_reply(&e), "{e:?}");
+            let s = super::super::map_err(e);
+            assert!(
+                matches!(
+                    s,
+                    StateError::Persistence {
+                        reason: PersistenceReason::Unavailable,
+                        ..
+                    }
+                ),
+                "{s:?}"
+            );
+        }
+        assert!(is_server_reply(&reply("-ERR user_script:1: boom\r\n")));
+        assert!(is_server_reply(&reply("-OOM command not allowed\r\n")));
+        // A complete reply of another shape than asked for is ours to
+        // decode: Corrupt.
+        let e = decode::<i64>(::redis::Value::BulkString(b"not a number".to_vec()))
+            .expect_err("not an integer");
+        assert!(matches!(e, StateError::Corrupt { .. }), "{e:?}");
     }
 
     #[test]

@@ -202,13 +202,13 @@ impl RedisStore {
         limit: usize,
     ) -> Result<ChangePage> {
         check_call(scope, limit, None)?;
-        let after_n = unbind(&self.secret, scope, after)?;
+        let after_n = unbind(&self.secret().await?, scope, after)?;
         self.read_changes(scope, after, after_n, limit).await
     }
 
     /// The position of the ordinal `n` of `scope` (F9).
-    fn bound(&self, scope: &FeedScope, n: u64) -> Result<Position> {
-        bind(&self.secret, scope, u128::from(n))
+    async fn bound(&self, scope: &FeedScope, n: u64) -> Result<Position> {
+        bind(&self.secret().await?, scope, u128::from(n))
     }
 
     /// `changes`, its arguments checked and `after` unbound (`after_n`).
@@ -239,7 +239,7 @@ impl RedisStore {
                 let horizon = it.next().unwrap_or_default();
                 return Err(StateError::FeedPruned {
                     scope: scope.clone(),
-                    horizon: self.bound(scope, ordinal(&horizon)?)?,
+                    horizon: self.bound(scope, ordinal(&horizon)?).await?,
                 });
             }
             other => {
@@ -257,7 +257,7 @@ impl RedisStore {
         for e in rest.chunks_exact(4) {
             let value = (e[2] == b"1").then_some(e[3].as_slice());
             changes.push(Change::new(
-                self.bound(scope, ordinal(&e[1])?)?,
+                self.bound(scope, ordinal(&e[1])?).await?,
                 decode(scope, &e[0], value)?,
             ));
         }
@@ -273,7 +273,10 @@ impl RedisStore {
             .arg(keys::feed_counter(&s.fd))
             .query_on(&mut conn)
             .await?;
-        n.map_or(Ok(Position::START), |n| self.bound(scope, ordinal(&n)?))
+        match n {
+            Some(n) => self.bound(scope, ordinal(&n)?).await,
+            None => Ok(Position::START),
+        }
     }
 
     pub(super) async fn prune_changes(&self, scope: &FeedScope, through: Position) -> Result<u64> {
@@ -284,7 +287,7 @@ impl RedisStore {
             )));
         }
         check_call(scope, 1, None)?;
-        let through = unbind(&self.secret, scope, through)?;
+        let through = unbind(&self.secret().await?, scope, through)?;
         let s = Scope::of(scope);
         let mut conn = self.conn().await?;
         self.writable(&mut conn).await?;
@@ -323,7 +326,7 @@ impl RedisStore {
         timeout: Duration,
     ) -> Result<ChangePage> {
         check_call(scope, limit, Some(timeout))?;
-        let after_n = unbind(&self.secret, scope, after)?;
+        let after_n = unbind(&self.secret().await?, scope, after)?;
         let deadline = Instant::now() + timeout;
         let channel = Scope::of(scope).channel;
         let mut listener: Option<Listener> = None;

@@ -133,6 +133,7 @@ pub struct RedisOptions {
     pub(crate) tls: Option<TlsPems>,
     pub(crate) assumed: Option<Assumed>,
     pub(crate) settings_interval: Duration,
+    pub(crate) lazy: bool,
 }
 
 /// What the caller states a server guarantees when `CONFIG GET` cannot
@@ -156,6 +157,7 @@ impl Default for RedisOptions {
             tls: None,
             assumed: None,
             settings_interval: Duration::from_secs(1),
+            lazy: false,
         }
     }
 }
@@ -164,7 +166,7 @@ impl RedisOptions {
     /// Default options: 5 s to connect, 10 s per command, 16 connections
     /// closed after 10 minutes idle or 30 minutes open, `require_fsync(true)`,
     /// TLS (for `rediss://`) trusting the built-in web PKI roots, no
-    /// durability statement.
+    /// durability statement, not lazy.
     pub fn new() -> Self {
         Self::default()
     }
@@ -279,6 +281,19 @@ impl RedisOptions {
         self.settings_interval = interval;
         self
     }
+    /// With `false` (the default), [`RedisStore::connect_with`] dials the
+    /// server once and checks it before it returns: a wrong password, a
+    /// certificate that does not verify, a `redis://` URL to a TLS-only
+    /// port (or `rediss://` to a plain one), a server that may evict keys
+    /// are `Refused` at once, and a server not reached within the connect
+    /// timeout is `Unavailable`. With `true` it opens nothing: the first
+    /// call dials and checks, and answers those same errors; use it for a
+    /// server that may not be up yet when the store is made. PostgreSQL's
+    /// store has the same option (`PgOptions::lazy`).
+    pub fn lazy(mut self, lazy: bool) -> Self {
+        self.lazy = lazy;
+        self
+    }
 }
 
 /// The store's latest reading of the server's settings, for writes.
@@ -287,6 +302,10 @@ struct Settings {
     /// When they were last read (at connect, checked); `None`: read them
     /// at the next write.
     read_at: Option<std::time::Instant>,
+    /// The pool's dial count at that reading: a connection opened since
+    /// (perhaps to a server restarted with other settings) makes the
+    /// next write read them again.
+    dials: u64,
     /// Why writes are refused, while the settings are unsafe.
     refusal: Option<String>,
 }
@@ -402,16 +421,24 @@ pub(crate) use connect::Conn;
 ///
 /// # Errors
 ///
-/// A server's "no" is `Persistence { reason: Refused }`; no connection
-/// (unreachable, reset, the connect timeout) is `Unavailable` and nothing
-/// was sent; a write that failed in transport after it was handed to a
-/// connection (reset, closed, the io timeout) is `OutcomeUnknown`
-/// (rule I7; retryable only with an idempotency key).
+/// A server's "no" is `Persistence { reason: Refused }` (so is a
+/// `redis://` URL to a port that takes TLS only, or `rediss://` to a
+/// plain one, naming the scheme that fits); no connection (unreachable,
+/// reset, the connect timeout) is `Unavailable` and nothing was sent; a
+/// read that failed in transport (reset, closed, the io timeout, a reply
+/// cut short, which redis-rs reports as a parse error) is `Unavailable`;
+/// a write that failed in transport after it was handed to a connection
+/// is `OutcomeUnknown` (rule I7; retryable only with an idempotency key).
+/// `Corrupt` only says that stored data, or a complete reply, is not what
+/// the store wrote, never that a connection failed. A connection that
+/// failed in transport takes no further call (a half-read reply would
+/// poison the next).
 pub struct RedisStore {
     pool: connect::Pool,
     opts: RedisOptions,
-    secret: [u8; 16],
-    persistence: Persistence,
+    /// What the checks of the server found: at connect, or (lazy) at the
+    /// first call.
+    checked: tokio::sync::OnceCell<Checked>,
     /// Where the server is, without a password, for messages.
     server: String,
     /// Tenants this handle has put in the registry already.
@@ -428,9 +455,15 @@ impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
             .field("server", &self.server)
-            .field("persistence", &self.persistence)
+            .field("persistence", &self.checked.get().map(|c| &c.persistence))
             .finish_non_exhaustive()
     }
+}
+
+/// What the checks of a server found.
+struct Checked {
+    secret: [u8; 16],
+    persistence: Persistence,
 }
 
 /// What connecting found, before the store is put together.
@@ -438,8 +471,7 @@ struct Dialed {
     pool: connect::Pool,
     dialer: std::sync::Arc<Dialer>,
     opts: RedisOptions,
-    secret: [u8; 16],
-    persistence: Persistence,
+    checked: Option<Checked>,
     server: String,
 }
 
@@ -454,15 +486,20 @@ impl RedisStore {
     /// store's cursor secret on the server.
     ///
     /// The first connection is opened and checked before any call can use
-    /// the store, so a server's "no" comes back at once as
+    /// the store (unless [`RedisOptions::lazy`]: then by the first call,
+    /// which answers the same errors), so a server's "no" comes back at
+    /// once as
     /// `Persistence { reason: Refused }` with the server's own words: a
     /// wrong password (`WRONGPASS`, `NOAUTH`), a user without a command
     /// the store needs (`NOPERM`), a TLS certificate that does not verify
     /// or a handshake the server refuses, a database that does not exist,
     /// a Redis Cluster node, a `maxmemory-policy` other than `noeviction`,
     /// with `require_fsync` a server that could lose acknowledged writes,
-    /// and a server whose `CONFIG GET` fails without
-    /// [`RedisOptions::durability_assumed`]. What a retry can fix
+    /// a server whose `CONFIG GET` fails without
+    /// [`RedisOptions::durability_assumed`], and a URL whose scheme is not
+    /// what the port speaks (`redis://` to a TLS-only port: "use
+    /// rediss://"; `rediss://` to a plain port: "use redis://"). What a
+    /// retry can fix
     /// (unreachable, reset, timed out, loading) is `Unavailable`. Messages
     /// name the server, never its password.
     ///
@@ -498,23 +535,27 @@ impl RedisStore {
     async fn dial(url: &str, opts: RedisOptions, bridge: &Bridge) -> Result<Dialed> {
         let server = agentstate_core::redact_connection_string(url);
         let dialer = std::sync::Arc::new(Dialer::new(url, &server, &opts)?);
+        if opts.lazy {
+            let pool = connect::Pool::new(dialer.clone(), &opts, None, bridge.handle());
+            return Ok(Dialed {
+                pool,
+                dialer,
+                opts,
+                checked: None,
+                server,
+            });
+        }
         let d = dialer.clone();
         let mut first = bridge
-            .on_runtime(async move { d.open().await })
-            .await
-            .map_err(|e| connect::connect_error(&server, e))?;
-        connect::refuse_cluster(&mut first, &server).await?;
-        let persistence = connect::read_persistence(&mut first, &server, &opts).await?;
-        let secret = load_secret(&mut first)
-            .await
-            .map_err(|e| with_server(e, &server))?;
-        let pool = connect::Pool::new(dialer.clone(), &opts, first, bridge.handle());
+            .on_runtime(async move { d.open_or_explain().await })
+            .await?;
+        let checked = check(&mut first.conn, &server, &opts).await?;
+        let pool = connect::Pool::new(dialer.clone(), &opts, Some(first), bridge.handle());
         Ok(Dialed {
             pool,
             dialer,
             opts,
-            secret,
-            persistence,
+            checked: Some(checked),
             server,
         })
     }
@@ -523,13 +564,16 @@ impl RedisStore {
         RedisStore {
             pool: d.pool,
             opts: d.opts,
-            secret: d.secret,
-            persistence: d.persistence,
+            checked: match d.checked {
+                Some(c) => tokio::sync::OnceCell::new_with(Some(c)),
+                None => tokio::sync::OnceCell::new(),
+            },
             server: d.server,
             registered: Mutex::new(HashSet::new()),
             hub: feed::Hub::new(d.dialer),
             settings: Mutex::new(Settings {
                 read_at: Some(std::time::Instant::now()),
+                dials: 0,
                 refusal: None,
             }),
             bridge,
@@ -540,28 +584,60 @@ impl RedisStore {
     /// `maxmemory-policy`, and whether they were read with `CONFIG GET` at
     /// connect or stated by the caller
     /// ([`RedisOptions::durability_assumed`]).
+    ///
+    /// Opened lazily ([`RedisOptions::lazy`]) and not used yet, it says
+    /// so: nothing was read.
     pub fn durability(&self) -> String {
-        self.persistence.describe()
+        match self.checked.get() {
+            Some(c) => c.persistence.describe(),
+            None => "not checked yet: the store was opened lazily (RedisOptions::lazy) and has \
+                     made no call"
+                .to_string(),
+        }
+    }
+
+    /// What the checks of the server found; a lazily opened store checks
+    /// it on its first call (and again after a check that failed).
+    async fn checked(&self) -> Result<&Checked> {
+        self.checked
+            .get_or_try_init(|| async {
+                let mut c = self.pool.get(&self.bridge).await?;
+                let r = check(c.raw(), &self.server, &self.opts).await;
+                if r.is_err() {
+                    c.poison();
+                }
+                r
+            })
+            .await
+    }
+
+    /// The store's cursor secret (read from the server by the checks).
+    async fn secret(&self) -> Result<[u8; 16]> {
+        Ok(self.checked().await?.secret)
     }
 
     /// Refuses a write while the server's settings are unsafe, reading
     /// them again first when the last reading is older than
     /// [`RedisOptions::settings_interval`]: a server switched to an
     /// evicting policy after connect stops acknowledging writes it could
-    /// drop, and one switched back is written to again. The rules are
+    /// drop, and one switched back is written to again. A connection
+    /// dialed since the last reading (a redial after a cut, a restarted
+    /// server) makes it due at once. The rules are
     /// connect's own (`connect::read_persistence`). Settings the caller
     /// stated are not read again.
     pub(crate) async fn writable(&self, conn: &mut Conn) -> Result<()> {
-        if self.persistence.stated.is_none() {
+        if self.checked().await?.persistence.stated.is_none() {
             let due = {
                 let mut s = self.settings.lock();
-                let due = s
-                    .read_at
-                    .is_none_or(|at| at.elapsed() >= self.opts.settings_interval);
+                let dials = self.pool.dials();
+                let due = s.dials != dials
+                    || s.read_at
+                        .is_none_or(|at| at.elapsed() >= self.opts.settings_interval);
                 if due {
                     // One reader at a time; the others go by the verdict
                     // in hand.
                     s.read_at = Some(std::time::Instant::now());
+                    s.dials = dials;
                 }
                 due
             };
@@ -597,21 +673,10 @@ impl RedisStore {
 
     /// A connection for one call; an error means nothing was sent.
     async fn conn(&self) -> Result<Conn> {
-        self.pool.get(&self.bridge).await.map_err(|e| {
-            let server = &self.server;
-            match connect::refusal(&e) {
-                Some(why) => {
-                    StateError::refused(format!("redis {server}: {why}"), Some(Box::new(e)))
-                }
-                None => StateError::unavailable(
-                    format!(
-                        "redis {server}: no connection: {}",
-                        connect::server_text(&e)
-                    ),
-                    Some(std::io::Error::other(e)),
-                ),
-            }
-        })
+        if !self.checked.initialized() {
+            self.checked().await?;
+        }
+        self.pool.get(&self.bridge).await
     }
 
     fn now(&self) -> u64 {
@@ -633,6 +698,25 @@ impl RedisStore {
         self.registered.lock().insert(tenant.to_string());
         Ok(())
     }
+}
+
+/// The checks a server must pass before the store uses it (not a cluster
+/// node, no eviction, fsync when required), and the cursor secret, made
+/// on `conn`.
+async fn check(
+    conn: &mut ::redis::aio::MultiplexedConnection,
+    server: &str,
+    opts: &RedisOptions,
+) -> Result<Checked> {
+    connect::refuse_cluster(conn, server).await?;
+    let persistence = connect::read_persistence(conn, server, opts).await?;
+    let secret = load_secret(conn)
+        .await
+        .map_err(|e| with_server(e, server))?;
+    Ok(Checked {
+        secret,
+        persistence,
+    })
 }
 
 /// The store's cursor secret lives on the server, so every client of one
@@ -672,17 +756,26 @@ fn with_server(e: StateError, server: &str) -> StateError {
     }
 }
 
-/// A Redis failure as the crate's error: a server that cannot be reached,
-/// a dropped connection, a timeout, or a server refusing writes (`OOM`,
-/// `MISCONF`, `BUSY`, `LOADING`, `READONLY`, …) is `Unavailable`
-/// (retryable); a server's "no" to how it was asked (`NOPERM`,
-/// `WRONGPASS`, `NOAUTH`, a TLS failure, a cluster's `MOVED`/`ASK`) is
-/// `Refused` (not retryable); anything else (a script error, a key of the
-/// wrong type) is `Corrupt`. A write script's failure after it was sent is
+/// A Redis failure as the crate's error: a server's "no" to how it was
+/// asked (`NOPERM`, `WRONGPASS`, `NOAUTH`, a TLS failure, a cluster's
+/// `MOVED`/`ASK`) is `Refused` (not retryable); every failure of the
+/// transport, whatever redis-rs calls it (I/O, a reset, a timeout, a
+/// reply cut short or garbled, which its parser reports as a parse
+/// error: see [`connect::is_server_reply`]), and a server refusing writes
+/// (`OOM`, `MISCONF`, `BUSY`, `LOADING`, `READONLY`, …), is `Unavailable`
+/// (retryable); any other error reply of the server (a script's error, a
+/// key of the wrong type: the stored data is not what the store wrote)
+/// is `Corrupt`. A write script's transport failure after it was sent is
 /// not this function's: see `scripts::Call::invoke` (`OutcomeUnknown`).
 pub(crate) fn map_err(e: ::redis::RedisError) -> StateError {
     if let Some(why) = connect::refusal(&e) {
         return StateError::refused(format!("redis: {why}"), Some(Box::new(e)));
+    }
+    if !connect::is_server_reply(&e) {
+        return StateError::unavailable(
+            format!("redis: the connection failed ({e}); retry"),
+            Some(std::io::Error::other(e)),
+        );
     }
     const RETRYABLE: &[&str] = &[
         "OOM",

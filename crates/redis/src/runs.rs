@@ -559,13 +559,13 @@ impl RedisStore {
         }
         check_limit(page.limit)?;
         // A next page may name only the tenant: its cursor's filters (L7).
-        let walk = agentstate_core::codec::cursor::runs_query(&self.secret, q, page)?;
+        let walk = agentstate_core::codec::cursor::runs_query(&self.secret().await?, q, page)?;
         let q = &*walk;
         let binding = agentstate_core::codec::cursor::runs_binding(q);
         let mut after = match &page.cursor {
             None => String::new(),
             Some(c) => {
-                let pos = cursor_codec::decode(&self.secret, Listing::Runs, &binding, c)?;
+                let pos = cursor_codec::decode(&self.secret().await?, Listing::Runs, &binding, c)?;
                 let pos: [u8; 8] = pos
                     .try_into()
                     .map_err(|_| StateError::invalid("cursor: position outside this listing"))?;
@@ -626,7 +626,7 @@ impl RedisStore {
         items.truncate(page.limit);
         let cursor = match (more, items.last()) {
             (true, Some((seq, _))) => Some(cursor_codec::encode(
-                &self.secret,
+                &self.secret().await?,
                 Listing::Runs,
                 &binding,
                 &seq.to_be_bytes(),

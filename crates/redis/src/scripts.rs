@@ -25,7 +25,7 @@ use agentstate_core::idempotency::{IdempotencyKey, Keyed, Scope, reused};
 use agentstate_core::limits::IDEMPOTENCY_PRUNE_MAX;
 use agentstate_core::options::IdempotencyWindow;
 
-use super::connect::Conn;
+use super::connect::{Conn, Sent};
 use super::{keys, map_err};
 
 /// One script, and its keyed twin when it has one.
@@ -172,9 +172,12 @@ impl<'a> Call<'a> {
     /// - no connection (refused, unreachable, the dial timed out):
     ///   `Unavailable` or `Refused`, nothing was sent (that is the
     ///   caller's `conn()`, before this);
+    /// - the connection was seen closed before the call was sent on it:
+    ///   `Unavailable`, nothing was sent;
     /// - the call was handed to the connection, then it failed in
-    ///   transport (dropped, reset, closed, the io timeout, a garbled
-    ///   reply): the outcome is unknown (`OutcomeUnknown { keyed: false }`;
+    ///   transport (dropped, reset, closed, the io timeout, a reply cut
+    ///   short or garbled, whatever redis-rs calls it): the outcome is
+    ///   unknown (`OutcomeUnknown { keyed: false }`;
     ///   keyed calls make it retryable with `StateError::keyed`). A
     ///   multiplexed connection cannot tell a command its socket never
     ///   took from one the server ran, so any such failure is unknown;
@@ -254,8 +257,10 @@ impl<'a> Call<'a> {
     async fn send(&self, conn: &mut Conn, cmd: &::redis::Cmd) -> Result<Value> {
         match conn.send(cmd).await {
             Ok(v) => Ok(v),
-            Err(e) if self.lua.writes => Err(unknown(e, "waiting for its answer")),
-            Err(e) => Err(map_err(e)),
+            Err(Sent::Maybe(e)) if self.lua.writes => Err(unknown(e, "waiting for its answer")),
+            // A read, or a write never sent (its connection was seen
+            // closed first): whatever the transport failure, `Unavailable`.
+            Err(s) => Err(s.unavailable()),
         }
     }
 }

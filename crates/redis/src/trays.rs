@@ -233,7 +233,7 @@ impl RedisStore {
         // E6: a cursor of another listing fails before the fence can
         // advance the epoch.
         let after = match &page.cursor {
-            Some(c) => cursor_codec::decode(&self.secret, Listing::Trays, &inst, c)?,
+            Some(c) => cursor_codec::decode(&self.secret().await?, Listing::Trays, &inst, c)?,
             None => Vec::new(),
         };
         if !after.is_empty() {
@@ -260,9 +260,12 @@ impl RedisStore {
         let more = items.len() > page.limit;
         items.truncate(page.limit);
         let cursor = match (more, items.last()) {
-            (true, Some((m, _))) => {
-                Some(cursor_codec::encode(&self.secret, Listing::Trays, &inst, m))
-            }
+            (true, Some((m, _))) => Some(cursor_codec::encode(
+                &self.secret().await?,
+                Listing::Trays,
+                &inst,
+                m,
+            )),
             _ => None,
         };
         Page::new(items.into_iter().map(|(_, t)| t).collect(), cursor)
@@ -342,7 +345,8 @@ impl RedisStore {
         };
         let after = match &page.cursor {
             Some(c) => {
-                let pos = cursor_codec::decode(&self.secret, Listing::Marked, &binding, c)?;
+                let pos =
+                    cursor_codec::decode(&self.secret().await?, Listing::Marked, &binding, c)?;
                 keys::read_inst(&pos)
                     .and_then(|(_, rest)| keys::read_tray_member(rest))
                     .map_err(|_| StateError::invalid("cursor: position outside this listing"))?;
@@ -379,7 +383,7 @@ impl RedisStore {
         items.truncate(page.limit);
         let cursor = match (more, items.last()) {
             (true, Some((m, _))) => Some(cursor_codec::encode(
-                &self.secret,
+                &self.secret().await?,
                 Listing::Marked,
                 &binding,
                 m,
@@ -426,7 +430,7 @@ impl RedisStore {
         check_limit(page.limit)?;
         let mut from = b"-".to_vec();
         if let Some(c) = &page.cursor {
-            let pos = cursor_codec::decode(&self.secret, Listing::Alarms, b"alarms", c)?;
+            let pos = cursor_codec::decode(&self.secret().await?, Listing::Alarms, b"alarms", c)?;
             if pos.len() < 8 || keys::read_inst(&pos[8..]).is_err() {
                 return Err(StateError::invalid("cursor: position outside this listing"));
             }
@@ -469,7 +473,7 @@ impl RedisStore {
         items.truncate(page.limit);
         let cursor = match (more, items.last()) {
             (true, Some((m, _))) => Some(cursor_codec::encode(
-                &self.secret,
+                &self.secret().await?,
                 Listing::Alarms,
                 b"alarms",
                 m,
