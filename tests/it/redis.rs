@@ -603,6 +603,12 @@ fn a_lost_reply_is_outcome_unknown_and_a_keyed_retry_applies_once() {
     let cost = |s: &RedisStore| s.get_run(&rk).expect("get").expect("run").cost_micros;
     assert_eq!(cost(&store), 3, "the server ran the patch after all");
 
+    // The lost reply's connection was dropped: a write on the new one
+    // reads the server's settings first (issue 54), so one is made before
+    // the server is blocked again.
+    store
+        .patch_run(&rk, StateDelta::default())
+        .expect("a write on the redialed connection");
     let key = IdempotencyKey::new("lost-1").expect("key");
     let blocker = block_server(&url, 1_200);
     let e = store

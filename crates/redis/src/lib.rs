@@ -653,6 +653,9 @@ impl RedisStore {
                             self.server
                         )),
                         Err(e) if e.is_retryable() => {
+                            // A transport failure: the connection takes no
+                            // further call, and the next write reads again.
+                            conn.poison();
                             self.settings.lock().read_at = None;
                             return Err(e);
                         }
