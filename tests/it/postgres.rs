@@ -3896,6 +3896,17 @@ fn d5_verify_names_a_lost_session_row() {
     };
     s.apply_batch(&InstanceKey::new("ns", "w1"), 3, vec![put])
         .expect("tray");
+    // A session whose runs all finished may be deleted (S2): its runs
+    // name it, and that is no loss.
+    s.put_session(SessionRecord::new(SessionKey::new("t", "s2")))
+        .expect("session");
+    let mut done = RunRecord::new(RunKey::new("t", "r2"), "a");
+    done.session_id = Some("s2".into());
+    let mut done = s.put_run(done).expect("run");
+    done.state = agentstate::RunState::Completed;
+    s.put_run(done).expect("finish");
+    s.delete_session(&SessionKey::new("t", "s2"), false)
+        .expect("a session of finished runs");
     let report = s.verify().expect("verify");
     assert!(report.is_ok(), "a sound store: {:?}", report.problems);
 

@@ -2207,6 +2207,19 @@ fn d5_verify_names_every_record_the_indexes_lost() {
     store
         .apply_batch(&inst, 1, vec![tray("a"), tray("b")])
         .expect("trays");
+    // A session whose runs all finished may be deleted (S2): its runs
+    // name it, and that is no loss.
+    store
+        .put_session(SessionRecord::new(SessionKey::new("acme", "s2")))
+        .expect("session");
+    let mut done = RunRecord::new(RunKey::new("acme", "done"), "agent");
+    done.session_id = Some("s2".into());
+    let mut done = store.put_run(done).expect("run");
+    done.state = agentstate::RunState::Completed;
+    store.put_run(done).expect("finish");
+    store
+        .delete_session(&SessionKey::new("acme", "s2"), false)
+        .expect("a session of finished runs");
     let before = store.verify().expect("verify");
     assert!(before.is_ok(), "a sound store: {:?}", before.problems);
 

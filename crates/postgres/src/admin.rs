@@ -750,16 +750,22 @@ impl PostgresStore {
                     ));
                 }
             }
-            // Every run's session is there (S2 keeps a session in use).
-            // Ids as stored when they are not this store's escaped form
-            // (a foreign row, reported below): verify names, never fails.
+            // Every unfinished run's session is there (S2 keeps a session
+            // in use; one whose runs all finished may be deleted). Ids as
+            // stored when they are not this store's escaped form (a
+            // foreign row, reported below): verify names, never fails.
             let shown = |t: String| id_out(t.clone()).unwrap_or(t);
-            for r in tx.query(
-                "SELECT r.tenant, r.run_id, r.session_id FROM {s}agentstate_runs r \
-                 WHERE r.session_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {s}agentstate_sessions s \
+            for r in tx
+                .query(
+                    "SELECT r.tenant, r.run_id, r.session_id FROM {s}agentstate_runs r \
+                 WHERE r.session_id IS NOT NULL \
+                 AND r.state NOT IN ('completed', 'failed', 'cancelled') \
+                 AND NOT EXISTS (SELECT 1 FROM {s}agentstate_sessions s \
                  WHERE s.tenant = r.tenant AND s.session_id = r.session_id)",
-                &[],
-            ).await? {
+                    &[],
+                )
+                .await?
+            {
                 problems.push(format!(
                     "run {}/{}: its session {} is missing",
                     shown(r.col(0)?),

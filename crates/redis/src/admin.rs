@@ -110,6 +110,31 @@ impl RedisStore {
         cmd("HGET").arg(key).arg(field).query_on(conn).await
     }
 
+    /// True when a run the session index `index` names is unfinished
+    /// (in one of the unfinished states' indexes): its session must be
+    /// there (S2).
+    async fn any_unfinished(&self, conn: &mut Conn, p: &[u8], index: &[u8]) -> Result<bool> {
+        let ids: Vec<Vec<u8>> = ::redis::cmd("ZRANGE")
+            .arg(index)
+            .arg(0)
+            .arg(-1)
+            .query_on(conn)
+            .await?;
+        for id in &ids {
+            for st in RunState::ALL.into_iter().filter(|s| !s.is_finished()) {
+                let score: Option<f64> = ::redis::cmd("ZSCORE")
+                    .arg(keys::by_state(p, st))
+                    .arg(id)
+                    .query_on(conn)
+                    .await?;
+                if score.is_some() {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
     async fn zcard(&self, conn: &mut Conn, key: &[u8]) -> Result<u64> {
         cmd("ZCARD").arg(key).query_on(conn).await
     }
@@ -1187,13 +1212,14 @@ impl RedisStore {
                             ));
                         }
                     } else if let Some(sid) = rest.strip_prefix(b"ss:") {
-                        // A session's run index: the session is there (S2
-                        // keeps a session in use).
+                        // A session's run index: the session is there
+                        // while any of its runs is unfinished (S2 keeps it;
+                        // one whose runs all finished may be deleted).
                         let there: bool = cmd("EXISTS")
                             .arg(keys::session(&p, &text(sid)))
                             .query_on(conn)
                             .await?;
-                        if !there {
+                        if !there && self.any_unfinished(conn, &p, &k).await? {
                             problems.push(format!(
                                 "session {t}/{}: runs name it but it is missing",
                                 text(sid)
