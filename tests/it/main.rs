@@ -14,6 +14,8 @@ mod durability;
 mod errors;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod exactly_once;
+#[cfg(feature = "postgres")]
+mod failover;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod fault_proxy;
 mod feed;

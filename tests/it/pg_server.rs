@@ -230,6 +230,27 @@ impl PgServer {
     /// Starts a new server; `prepare` runs after initdb (it may write into
     /// the data directory) and returns more settings.
     pub fn start_with(fsync: bool, prepare: impl FnOnce(&PgServer) -> Vec<String>) -> PgServer {
+        let mut s = Self::unstarted(fsync);
+        let o = sh(s
+            .cmd("initdb")
+            .args(["-U", "agentstate", "-A", "trust", "-E", "UTF8"])
+            .args(["--locale=C", "-N", "-D"])
+            .arg(s.data()))
+        .expect("initdb runs");
+        assert!(
+            o.status.success(),
+            "initdb failed: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        s.settings = prepare(&s);
+        s.launch();
+        s
+    }
+
+    /// A server's directory (owned by the server's user, watched by a
+    /// watchdog), with no data directory yet and no process.
+    fn unstarted(fsync: bool) -> PgServer {
         static N: AtomicU64 = AtomicU64::new(0);
         let bindir = bindir();
         let user = server_user();
@@ -248,7 +269,7 @@ impl PgServer {
             let st = sh(Command::new("chown").arg(format!("{u}:")).arg(&root)).expect("chown");
             assert!(st.status.success(), "chown {u} {}", root.display());
         }
-        let mut s = PgServer {
+        let s = PgServer {
             port: 0,
             root,
             bindir,
@@ -258,31 +279,168 @@ impl PgServer {
             child: Mutex::new(None),
         };
         watchdog(&s.root);
-        let o = sh(s
-            .cmd("initdb")
-            .args(["-U", "agentstate", "-A", "trust", "-E", "UTF8"])
-            .args(["--locale=C", "-N", "-D"])
-            .arg(s.data()))
-        .expect("initdb runs");
-        assert!(
-            o.status.success(),
-            "initdb failed: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        s.settings = prepare(&s);
+        s
+    }
+
+    /// Runs the postmaster on a free port.
+    fn launch(&mut self) {
         for attempt in 0.. {
-            s.port = free_port();
-            if s.spawn() {
+            self.port = free_port();
+            if self.spawn() {
                 break;
             }
             assert!(
                 attempt < 5,
                 "the server did not start; see {}",
-                s.log().display()
+                self.log().display()
             );
         }
+    }
+
+    /// A primary that streams its WAL to standbys (`wal_level=replica`);
+    /// with `sync`, commits wait for the standby of that name
+    /// (`synchronous_standby_names`).
+    pub fn start_primary(sync: Option<&str>) -> PgServer {
+        Self::start_with(false, |_| {
+            let mut v = vec![
+                "wal_level=replica".to_string(),
+                "max_wal_senders=10".to_string(),
+                "wal_keep_size=512MB".to_string(),
+            ];
+            if let Some(name) = sync {
+                v.push(format!("synchronous_standby_names={name}"));
+            }
+            v
+        })
+    }
+
+    /// A hot standby of `primary` named `name` (its `application_name`),
+    /// made with `pg_basebackup` and streaming from it; promotable with
+    /// [`promote`](Self::promote). It is not itself a primary with a
+    /// synchronous standby (`synchronous_standby_names` stays empty).
+    pub fn standby_of(primary: &PgServer, name: &str) -> PgServer {
+        Self::standby_of_on(primary, name, None)
+    }
+
+    /// [`standby_of`](Self::standby_of) on `port` when given (a dead
+    /// server's, so that a URL naming it reaches the new one).
+    pub fn standby_of_on(primary: &PgServer, name: &str, port: Option<u16>) -> PgServer {
+        let mut s = Self::unstarted(false);
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user=agentstate application_name={name}",
+            primary.port
+        );
+        let o = sh(s
+            .cmd("pg_basebackup")
+            .args(["-d", &conninfo, "-X", "stream", "-c", "fast", "-R", "-D"])
+            .arg(s.data()))
+        .expect("pg_basebackup runs");
+        assert!(
+            o.status.success(),
+            "pg_basebackup failed: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        s.settings = vec![
+            "wal_level=replica".to_string(),
+            "max_wal_senders=10".to_string(),
+            "wal_keep_size=512MB".to_string(),
+            format!("primary_conninfo={conninfo}"),
+        ];
+        match port {
+            Some(p) => {
+                s.port = p;
+                assert!(
+                    s.spawn(),
+                    "the standby did not start on port {p}; see {}",
+                    s.log().display()
+                );
+            }
+            None => s.launch(),
+        }
         s
+    }
+
+    /// Makes commits wait for the standby `name` from now on
+    /// (`ALTER SYSTEM`, then a reload).
+    pub fn require_sync_standby(&self, name: &str) {
+        let mut c =
+            postgres::Client::connect(&self.dsn("postgres"), postgres::NoTls).expect("connect");
+        // Not in one batch: ALTER SYSTEM refuses a transaction block.
+        c.batch_execute(&format!(
+            "ALTER SYSTEM SET synchronous_standby_names = '{name}'"
+        ))
+        .expect("ALTER SYSTEM");
+        c.batch_execute("SELECT pg_reload_conf()").expect("reload");
+    }
+
+    /// Waits until the primary reports a standby named `name` streaming,
+    /// with `sync_state` `want` (`sync` or `async`).
+    pub fn await_standby(&self, name: &str, want: &str) {
+        let until = Instant::now() + Duration::from_secs(60);
+        let mut c = postgres::Client::connect(&self.dsn("postgres"), postgres::NoTls)
+            .expect("connect to the primary");
+        loop {
+            let state: Option<String> = c
+                .query_opt(
+                    "SELECT sync_state FROM pg_stat_replication \
+                     WHERE application_name = $1 AND state = 'streaming'",
+                    &[&name],
+                )
+                .expect("pg_stat_replication")
+                .map(|r| r.get(0));
+            if state.as_deref() == Some(want) {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "standby {name} not streaming as {want} in 60 s (now {state:?})"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `pg_ctl promote`: the standby becomes a primary (waits until it
+    /// accepts writes).
+    pub fn promote(&self) {
+        let o = sh(self
+            .cmd("pg_ctl")
+            .args(["promote", "-w", "-D"])
+            .arg(self.data()))
+        .expect("pg_ctl runs");
+        assert!(
+            o.status.success(),
+            "pg_ctl promote failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+
+    /// kill -9 of the postmaster and every process it started, at once:
+    /// the server dies as its machine would.
+    pub fn kill9(&self) {
+        let Some(mut child) = self.child.lock().expect("lock").take() else {
+            return;
+        };
+        let pid = child.id();
+        let mut pids = vec![pid.to_string()];
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for e in dir.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                    continue;
+                };
+                // pid (comm) state ppid ...: comm may hold spaces.
+                let ppid = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                    .and_then(|p| p.parse::<u32>().ok());
+                if ppid == Some(pid) {
+                    pids.push(name);
+                }
+            }
+        }
+        let _ = sh(Command::new("kill").arg("-KILL").args(&pids));
+        let _ = child.wait();
     }
 
     fn log(&self) -> PathBuf {

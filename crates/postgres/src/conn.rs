@@ -122,6 +122,72 @@ pub(crate) struct Conn {
     /// connection is closed instead of pooled (see [`Pooled`]) and fails
     /// `recycle` should it ever get back.
     in_txn: bool,
+    /// What the server said of its replication when this connection was
+    /// dialed (after a failover, each connection says it of the server it
+    /// reached).
+    pub(crate) replication: Arc<Replication>,
+}
+
+/// A server's replication settings, read on every connection it dials:
+/// whether an acknowledged commit was flushed on a synchronous standby.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Replication {
+    /// `synchronous_standby_names`: empty when no commit waits for a
+    /// standby.
+    pub(crate) standby_names: String,
+    /// The server's default `synchronous_commit` (the store's own
+    /// transactions set it `on`).
+    pub(crate) synchronous_commit: String,
+}
+
+impl Replication {
+    /// True when a commit acknowledged with `synchronous_commit = on` (the
+    /// store's setting) was flushed on a synchronous standby too.
+    pub(crate) fn synchronous(&self) -> bool {
+        !self.standby_names.trim().is_empty()
+    }
+
+    /// What an `Ok` survives on this server, in words.
+    pub(crate) fn describe(&self) -> String {
+        if self.synchronous() {
+            format!(
+                "replicated before it is acknowledged: each commit waits for a synchronous \
+                 standby (synchronous_standby_names = '{}'), so it survives losing the primary",
+                self.standby_names
+            )
+        } else {
+            format!(
+                "on this server only: synchronous_standby_names is empty (the server's \
+                 synchronous_commit is {}; the store commits with on), so a failover to a \
+                 standby may lose the last acknowledged writes",
+                self.synchronous_commit
+            )
+        }
+    }
+}
+
+/// Reads the replication settings on a connection just dialed: one
+/// simple query (one round trip), per dial.
+async fn read_replication(client: &Client) -> std::result::Result<Replication, PgError> {
+    let mut cols = Vec::new();
+    for m in client
+        .simple_query(
+            "SELECT current_setting('synchronous_standby_names'), \
+             current_setting('synchronous_commit')",
+        )
+        .await?
+    {
+        if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+            for i in 0..2 {
+                cols.push(r.get(i).unwrap_or_default().to_string());
+            }
+        }
+    }
+    let mut cols = cols.into_iter();
+    Ok(Replication {
+        standby_names: cols.next().unwrap_or_default(),
+        synchronous_commit: cols.next().unwrap_or_default(),
+    })
 }
 
 /// Holds a connection's I/O task back while a call queues a pipeline, so
@@ -192,6 +258,9 @@ pub(crate) struct Manager {
     pub(crate) bridge: Arc<Bridge>,
     pub(crate) max_lifetime: Option<Duration>,
     pub(crate) idle_timeout: Option<Duration>,
+    /// The latest dial's reading of the server's replication (for
+    /// `stats` and the log).
+    pub(crate) replication: Arc<parking_lot::Mutex<Option<Arc<Replication>>>>,
 }
 
 impl Manager {
@@ -240,6 +309,26 @@ impl deadpool::managed::Manager for Manager {
             })
             .await
             .map_err(Arc::new)?;
+        let read = read_replication(&client).await.map_err(Arc::new)?;
+        let replication = {
+            let mut last = self.replication.lock();
+            match last.as_ref() {
+                Some(r) if **r == read => r.clone(),
+                before => {
+                    // The first reading, or a server that changed (a
+                    // failover, a new setting): said once, not per dial.
+                    tracing::info!(
+                        target: "agentstate::postgres",
+                        changed = before.is_some(),
+                        "postgres: every Ok is {}",
+                        read.describe()
+                    );
+                    let r = Arc::new(read);
+                    *last = Some(r.clone());
+                    r
+                }
+            }
+        };
         let now = Instant::now();
         Ok(Conn {
             client,
@@ -248,6 +337,7 @@ impl deadpool::managed::Manager for Manager {
             born: now,
             used: now,
             in_txn: false,
+            replication,
         })
     }
 
@@ -1083,6 +1173,9 @@ impl PostgresStore {
             }
             match tokio::time::timeout(left, self.pool.get()).await {
                 Ok(Ok(obj)) => {
+                    if self.opts.require_sync_standby && !obj.replication.synchronous() {
+                        return Err(self.not_replicated(&obj.replication));
+                    }
                     let st = self.pool.status();
                     agentstate_core::observe::pool(
                         "postgres",
@@ -1120,6 +1213,23 @@ impl PostgresStore {
             ),
             None,
         ))
+    }
+
+    /// The refusal of a server that does not replicate synchronously,
+    /// under [`PgOptions::require_sync_standby`](crate::PgOptions::require_sync_standby).
+    fn not_replicated(&self, r: &Replication) -> StateError {
+        StateError::refused(
+            format!(
+                "postgres at {}: the store requires synchronous replication \
+                 (require_sync_standby), but synchronous_standby_names is empty (and \
+                 synchronous_commit is {}): an acknowledged write would live on this server \
+                 alone, and a failover could lose it; name a synchronous standby in \
+                 synchronous_standby_names, or drop require_sync_standby to accept that \
+                 (nothing was written)",
+                self.target, r.synchronous_commit
+            ),
+            None,
+        )
     }
 
     /// A dial's refusal as the crate's error: the server's own words, and

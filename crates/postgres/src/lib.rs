@@ -129,6 +129,7 @@ pub struct PgOptions {
     pub(crate) ssl_client_cert: Option<(PathBuf, PathBuf)>,
     pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
     pub(crate) lazy: bool,
+    pub(crate) require_sync_standby: bool,
 }
 
 impl std::fmt::Debug for PgOptions {
@@ -149,6 +150,7 @@ impl std::fmt::Debug for PgOptions {
             .field("ssl_client_cert", &self.ssl_client_cert)
             .field("tls", &self.tls.as_ref().map(|_| "a rustls ClientConfig"))
             .field("lazy", &self.lazy)
+            .field("require_sync_standby", &self.require_sync_standby)
             .finish()
     }
 }
@@ -170,6 +172,7 @@ impl Default for PgOptions {
             ssl_client_cert: None,
             tls: None,
             lazy: false,
+            require_sync_standby: false,
         }
     }
 }
@@ -297,6 +300,22 @@ impl PgOptions {
     /// option (`RedisOptions::lazy`).
     pub fn lazy(mut self, lazy: bool) -> Self {
         self.lazy = lazy;
+        self
+    }
+    /// With `true`, every connection must reach a server that replicates
+    /// each commit to a synchronous standby before acknowledging it
+    /// (`synchronous_standby_names` not empty; the store commits with
+    /// `synchronous_commit = on`), so that an `Ok` survives losing the
+    /// primary. The settings are read on every connection the store dials
+    /// (one query), so a failover to a server without a synchronous
+    /// standby is noticed; while they do not hold, every call is
+    /// `Refused` (not retryable), naming both settings, and nothing is
+    /// written. In a DSN: `require_sync_standby=true`. Default `false`:
+    /// the store runs on any server and says what an `Ok` survives in the
+    /// log (target `agentstate::postgres`, once per reading) and in
+    /// [`StoreStats::backend`](agentstate_core::StoreStats).
+    pub fn require_sync_standby(mut self, require: bool) -> Self {
+        self.require_sync_standby = require;
         self
     }
 }
@@ -521,6 +540,10 @@ impl PostgresStore {
                 })
             })
             .transpose()?;
+        // The DSN's `require_sync_standby=true` or the option's: either
+        // asks for it.
+        let mut opts = opts;
+        opts.require_sync_standby |= dsn_tls.require_sync_standby == Some(true);
         let tls = tls::resolve(tls::TlsSettings {
             dsn: dsn_tls,
             mode,
@@ -565,6 +588,7 @@ impl PostgresStore {
             bridge: bridge.clone(),
             max_lifetime: opts.max_lifetime,
             idle_timeout: opts.idle_timeout,
+            replication: Arc::default(),
         })
         // Dialed lazily: a store never used opened no connection. The
         // waits are the store's own (see `conn`).

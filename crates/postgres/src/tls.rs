@@ -76,6 +76,9 @@ pub(crate) struct DsnTls {
     pub(crate) root_cert: Option<String>,
     pub(crate) cert: Option<String>,
     pub(crate) key: Option<String>,
+    /// Not a TLS key, but one the driver does not read either: the
+    /// store's `require_sync_standby` (see `PgOptions`).
+    pub(crate) require_sync_standby: Option<bool>,
 }
 
 impl DsnTls {
@@ -92,6 +95,17 @@ impl DsnTls {
             "sslrootcert" => self.root_cert = Some(value.to_string()),
             "sslcert" => self.cert = Some(value.to_string()),
             "sslkey" => self.key = Some(value.to_string()),
+            "require_sync_standby" => {
+                self.require_sync_standby = Some(match value {
+                    "true" | "on" | "1" | "yes" => true,
+                    "false" | "off" | "0" | "no" => false,
+                    _ => {
+                        return Err(format!(
+                            "require_sync_standby={value:?}: must be true or false"
+                        ));
+                    }
+                });
+            }
             _ => return Ok(false),
         }
         Ok(true)
