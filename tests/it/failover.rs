@@ -256,7 +256,9 @@ fn consume(store: &dyn Store, stop: &AtomicBool, seen: &Seen) -> View {
     let mut at = Position::START;
     let mut drained_after_stop = false;
     loop {
-        let page = match answered(seen, "changes", false, || store.changes(&scope, at, 200)) {
+        let page = match answered(seen, "changes", false, || {
+            store.wait_changes(&scope, at, 200, Duration::from_millis(200))
+        }) {
             Ok(p) => p,
             Err(e) => {
                 // A position the new primary does not know (changes lost
@@ -298,7 +300,6 @@ fn consume(store: &dyn Store, stop: &AtomicBool, seen: &Seen) -> View {
                 // wrote last is in it.
                 drained_after_stop = true;
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
@@ -318,6 +319,8 @@ struct Outcome {
     view_mismatch: Vec<String>,
     repeats: Vec<String>,
     consumer_errors: Vec<String>,
+    /// Connections LISTENing on the promoted server at the end.
+    listening: i64,
 }
 
 /// The load through `a,b` (a the primary), `kills` times: kill -9 the
@@ -430,6 +433,18 @@ fn load_across_failovers(sync: bool, kills: u32) -> Outcome {
     )
     .expect("connect to the promoted server");
     let now: &dyn Store = &now;
+    // The fleet's listener dialed the promoted server and LISTENs there
+    // (its connection's last statement).
+    let mut raw = postgres::Client::connect(&standby.dsn("postgres"), postgres::NoTls)
+        .expect("connect to the promoted server");
+    let listening: i64 = raw
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'",
+            &[],
+        )
+        .expect("pg_stat_activity")
+        .get(0);
+    drop(fleet);
     let acked = acked.into_inner().expect("lock");
     let mut lost: Vec<String> = acked
         .lost_holds
@@ -538,6 +553,7 @@ fn load_across_failovers(sync: bool, kills: u32) -> Outcome {
         view_mismatch,
         repeats: view.repeats,
         consumer_errors: view.errors,
+        listening,
     }
 }
 
@@ -575,6 +591,10 @@ fn i7_postgres_failover_to_a_sync_standby_keeps_every_ok_and_applies_each_keyed_
         o.consumer_errors.is_empty(),
         "the consumer failed: {:?}",
         o.consumer_errors
+    );
+    assert_eq!(
+        o.listening, 1,
+        "the feed's listener LISTENs on the promoted server"
     );
     assert!(
         o.refused_reserves > 0,

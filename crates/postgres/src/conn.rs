@@ -1166,6 +1166,7 @@ impl PostgresStore {
     pub(crate) async fn conn(&self) -> Result<Pooled> {
         let until = tokio::time::Instant::now() + self.opts.connect_timeout;
         let mut last: Option<Arc<PgError>> = None;
+        let mut dials = 0u32;
         loop {
             let left = until.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
@@ -1189,7 +1190,11 @@ impl PostgresStore {
                         return Err(self.refused(e));
                     }
                     last = Some(e);
-                    // Dialed again until the timeout (a server starting up).
+                    // Dialed again until the timeout (a server starting
+                    // up, a standby being promoted): each seen in tracing
+                    // and metrics as a `dial` retry.
+                    dials += 1;
+                    agentstate_core::observe::retry("postgres", "dial", dials);
                     let left = until.saturating_duration_since(tokio::time::Instant::now());
                     tokio::time::sleep(left.min(Duration::from_millis(25))).await;
                 }
