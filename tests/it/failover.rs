@@ -291,15 +291,13 @@ fn consume(store: &dyn Store, stop: &AtomicBool, seen: &Seen) -> View {
             }
         }
         at = page.next;
-        if empty {
-            if stop.load(Ordering::Acquire) {
-                if drained_after_stop {
-                    return view;
-                }
-                // One more pass after the writers stopped: what they
-                // wrote last is in it.
-                drained_after_stop = true;
+        if empty && stop.load(Ordering::Acquire) {
+            if drained_after_stop {
+                return view;
             }
+            // One more pass after the writers stopped: what they wrote
+            // last is in it.
+            drained_after_stop = true;
         }
     }
 }
