@@ -688,3 +688,65 @@ fn e3_postgres_require_sync_standby_refuses_a_server_without_one() {
         "a bad value is Invalid"
     );
 }
+
+/// E3 across a switchover: a server that turns read-only under a pooled
+/// connection (here `default_transaction_read_only`, as a demoted primary
+/// or a standby answers) refuses the write with nothing written; the store
+/// drops that connection and redials, and with both hosts in the URL
+/// (`target_session_attrs=read-write`) the same call lands on the one that
+/// takes writes. With one host the call is `Unavailable`, naming the fix.
+#[test]
+fn e3_postgres_a_server_turned_read_only_is_left_for_the_one_that_takes_writes() {
+    let (a, b) = (PgServer::start(false), PgServer::start(false));
+    for s in [&a, &b] {
+        let pg = PostgresStore::connect_with(&s.dsn("postgres"), opts()).expect("connect");
+        pg.setup().expect("setup");
+    }
+    let pg = PostgresStore::connect_with(&fleet_url(&a, &b), opts()).expect("connect");
+    let store: &dyn Store = &pg;
+    let single = PostgresStore::connect_with(&a.dsn("postgres"), opts()).expect("connect");
+    let single: &dyn Store = &single;
+    store
+        .put_run(RunRecord::new(RunKey::new("t", "on-a"), "x"))
+        .expect("a write on a");
+    single
+        .put_run(RunRecord::new(RunKey::new("t", "single"), "x"))
+        .expect("a write on a");
+
+    let mut raw = postgres::Client::connect(&a.dsn("postgres"), postgres::NoTls).expect("raw");
+    raw.batch_execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        .expect("ALTER SYSTEM");
+    raw.batch_execute("SELECT pg_reload_conf()")
+        .expect("reload");
+    std::thread::sleep(Duration::from_millis(300));
+
+    let moved = store
+        .put_run(RunRecord::new(RunKey::new("t", "on-b"), "x"))
+        .expect("the write finds the server that takes writes");
+    assert_eq!(moved.version, 1);
+    let on_b = PostgresStore::connect_with(&b.dsn("postgres"), opts()).expect("connect");
+    let on_b: &dyn Store = &on_b;
+    assert!(
+        on_b.get_run(&RunKey::new("t", "on-b"))
+            .expect("read")
+            .is_some()
+    );
+
+    let e = single
+        .patch_run(&RunKey::new("t", "single"), cost(1))
+        .expect_err("a read-only server, and no other");
+    assert!(e.is_retryable() && !e.is_outcome_unknown(), "{e:?}");
+    assert!(
+        e.to_string().contains("target_session_attrs=read-write"),
+        "{e}"
+    );
+    assert_eq!(
+        single
+            .get_run(&RunKey::new("t", "single"))
+            .expect("reads go on")
+            .expect("there")
+            .cost_micros,
+        0,
+        "nothing written"
+    );
+}

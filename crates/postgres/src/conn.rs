@@ -28,6 +28,9 @@
 //! | a type mismatch, a missing privilege) or a value | same statement   |
 //! | it refuses (class 22); not an undefined table,   | fails the same   |
 //! | column or function, which `setup()` brings       | way)             |
+//! | a write refused by a read-only server (25006: a  | tried again on a |
+//! | standby, a demoted primary): nothing written,    | new dial, else   |
+//! | the connection closed, not pooled                | `Unavailable`    |
 //! | a rule refuses (`Conflict`, …): rolled back      | the refusal      |
 //! | the connection is seen closed before `COMMIT`    | `Unavailable`    |
 //! | a write sent with `COMMIT` fails with a server   | `Unavailable`    |
@@ -126,6 +129,11 @@ pub(crate) struct Conn {
     /// dialed (after a failover, each connection says it of the server it
     /// reached).
     pub(crate) replication: Arc<Replication>,
+    /// The server refused a write as read-only (a standby, or a primary
+    /// demoted or made read-only since the dial): the connection is
+    /// closed, not pooled, so the next dial finds the server that takes
+    /// writes (with `target_session_attrs=read-write`).
+    read_only: bool,
 }
 
 /// A server's replication settings, read on every connection it dials:
@@ -266,7 +274,7 @@ pub(crate) struct Manager {
 impl Manager {
     /// Closed, or left inside a transaction by a dropped future.
     fn broken(conn: &Conn) -> bool {
-        conn.in_txn || conn.client.is_closed()
+        conn.in_txn || conn.read_only || conn.client.is_closed()
     }
 
     /// True when `conn`, given back by a call, must be closed instead of
@@ -338,6 +346,7 @@ impl deadpool::managed::Manager for Manager {
             used: now,
             in_txn: false,
             replication,
+            read_only: false,
         })
     }
 
@@ -378,6 +387,17 @@ impl Drop for Pooled {
 }
 
 impl Pooled {
+    /// Looks at a try's outcome before the connection goes back: one a
+    /// read-only server refused a write on is not pooled again.
+    pub(crate) fn after<T>(&mut self, out: &TxResult<T>) {
+        if let Err(Fail::Pg(e)) = out
+            && e.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION)
+            && let Some(conn) = self.obj.as_mut()
+        {
+            conn.read_only = true;
+        }
+    }
+
     /// A transaction on this connection: `BEGIN` (with the store's
     /// settings) goes out with its first statement.
     #[allow(clippy::expect_used, reason = "lent until dropped")]
@@ -968,6 +988,10 @@ fn verdict(e: &PgError, began: bool) -> Verdict {
             Verdict::Again("creation race")
         }
         Some(c) if *c == SqlState::ADMIN_SHUTDOWN && !began => Verdict::Redial,
+        // A read-only server refused a write statement: the transaction
+        // aborted with nothing written, and its connection is not pooled
+        // again (`Pooled::after`): another dial may reach the primary.
+        Some(c) if *c == SqlState::READ_ONLY_SQL_TRANSACTION => Verdict::Redial,
         Some(_) => Verdict::Fail,
         None if !began => Verdict::Redial,
         None => Verdict::Fail,
@@ -1028,6 +1052,11 @@ pub(crate) fn unavailable(e: &PgError) -> StateError {
                 db.message()
             )
         }
+        Some(db) if *db.code() == SqlState::READ_ONLY_SQL_TRANSACTION => format!(
+            "postgres: {} (the server is read-only: a standby, or a primary demoted since; \
+             name every host with target_session_attrs=read-write so a dial finds the primary)",
+            db.message()
+        ),
         Some(db) if *db.code() == SqlState::QUERY_CANCELED => {
             format!("postgres: {} (the statement timeout)", db.message())
         }
@@ -1148,6 +1177,7 @@ macro_rules! txn {
             }))
             .await;
             let began = tx.finish(out.is_ok()).await;
+            conn.after(&out);
             drop(conn);
             match attempts.judge(out, began).await {
                 ::std::ops::ControlFlow::Break(r) => break r,
