@@ -25,11 +25,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use agentstate::{
-    BudgetKey, BudgetRecord, Caps, Changed, FeedScope, Hold, IdempotencyKey, InstanceKey,
-    PgOptions, Position, PostgresStore, Result, RunKey, RunRecord, StateDelta, StateError,
-    StateQuery, Store, Tray,
+    BudgetKey, BudgetRecord, Caps, Changed, FeedScope, Hold, IdempotencyKey, InstanceKey, Position,
+    Result, RunKey, RunRecord, StateDelta, StateError, StateQuery, Store, Tray,
 };
+#[cfg(feature = "postgres")]
+use agentstate::{PgOptions, PostgresStore};
 
+#[cfg(feature = "postgres")]
 use crate::pg_server::PgServer;
 
 const WRITERS: u64 = 8;
@@ -43,6 +45,7 @@ fn ops() -> u64 {
         .unwrap_or(30)
 }
 
+#[cfg(feature = "postgres")]
 fn failovers() -> u32 {
     std::env::var("AGENTSTATE_FAILOVERS")
         .ok()
@@ -53,6 +56,7 @@ fn failovers() -> u32 {
 
 /// Both servers, primary first: libpq's multi-host form; the driver
 /// takes the one that accepts writes.
+#[cfg(feature = "postgres")]
 fn fleet_url(a: &PgServer, b: &PgServer) -> String {
     format!(
         "postgres://agentstate@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
@@ -60,6 +64,7 @@ fn fleet_url(a: &PgServer, b: &PgServer) -> String {
     )
 }
 
+#[cfg(feature = "postgres")]
 fn opts() -> PgOptions {
     PgOptions::new()
         .pool_size(12)
@@ -73,10 +78,9 @@ struct Seen {
     unavailable: AtomicU64,
     /// Milliseconds from the kill to the first `Ok` after it, once.
     first_ok_after_kill: AtomicU64,
+    /// The moment the primary died, while a failover is measured.
+    killed_at: Mutex<Option<Instant>>,
 }
-
-/// The moment the primary died, when it has.
-static KILLED_AT: Mutex<Option<Instant>> = Mutex::new(None);
 
 /// Calls `op` until it answers (an `Ok` or a refusal that is the call's
 /// own answer); a failure that says a retry is safe is retried, for up to
@@ -102,7 +106,7 @@ fn answered<T>(
             }
             other => {
                 if other.is_ok()
-                    && let Some(at) = *KILLED_AT.lock().expect("lock")
+                    && let Some(at) = *seen.killed_at.lock().expect("lock")
                 {
                     let ms = at.elapsed().as_millis() as u64;
                     let _ = seen.first_ok_after_kill.compare_exchange(
@@ -302,66 +306,54 @@ fn consume(store: &dyn Store, stop: &AtomicBool, seen: &Seen) -> View {
     }
 }
 
-/// What a failover run found.
-struct Outcome {
-    acked_writes: u64,
-    lost: Vec<String>,
-    double_applied: Vec<String>,
-    unknown: u64,
-    unavailable: u64,
-    /// Per failover: from the kill to the promoted server accepting
-    /// writes (`pg_ctl promote -w`), and to a writer's first `Ok` on it.
-    promote_ms: Vec<u128>,
-    first_write_ms: Vec<u64>,
-    refused_reserves: u64,
-    view_mismatch: Vec<String>,
-    repeats: Vec<String>,
-    consumer_errors: Vec<String>,
-    /// Connections LISTENing on the promoted server at the end.
-    listening: i64,
-}
-
-/// The load through `a,b` (a the primary), `kills` times: kill -9 the
-/// primary mid-load, promote its standby, and (for a next kill) make a new
-/// standby of the promoted server.
-fn load_across_failovers(sync: bool, kills: u32) -> Outcome {
-    let name = "s1";
-    let mut primary = PgServer::start_primary(sync.then_some(name));
-    let mut standby = PgServer::standby_of(&primary, name);
-    primary.await_standby(name, if sync { "sync" } else { "async" });
-    let url = fleet_url(&primary, &standby);
-    let pg = PostgresStore::connect_with(&url, opts()).expect("connect");
-    pg.setup().expect("setup");
-    let setup: &dyn Store = &pg;
-    setup
+/// Creates the shared budget and each writer's two runs.
+fn prepare(store: &dyn Store) {
+    store
         .put_budget(BudgetRecord::new(
             BudgetKey::new(TENANT, "shared"),
             Caps::new().cost_micros(cap()),
         ))
         .expect("the budget");
     for t in 0..WRITERS {
-        setup
+        store
             .put_run(
                 RunRecord::new(RunKey::new(TENANT, format!("spend-{t}")), "spender")
                     .with_budget("shared"),
             )
             .expect("a spend run");
-        setup
+        store
             .put_run(RunRecord::new(
                 RunKey::new(TENANT, format!("patch-{t}")),
                 "patcher",
             ))
             .expect("a patched run");
     }
-    drop(pg);
+}
 
+/// What the load saw while its server failed over.
+struct Loaded {
+    acked: Acked,
+    view: View,
+    seen: Seen,
+    /// Per failover: from the kill to the new primary taking writes (as
+    /// `fail_over` reports it), and to a writer's first `Ok` after it.
+    promote_ms: Vec<u128>,
+    first_write_ms: Vec<u64>,
+}
+
+/// The writers and a feed consumer through `store`; `kills` times, once a
+/// share of the rounds is written, `kill(k)` kills the primary and
+/// `promote(k)` brings the new one up (what it returns is noted after).
+fn load(
+    store: &dyn Store,
+    kills: u32,
+    mut kill: impl FnMut(u32),
+    mut promote: impl FnMut(u32),
+) -> Loaded {
     let seen = Seen::default();
     let acked = Mutex::new(Acked::default());
     let stop = AtomicBool::new(false);
     let (mut promote_ms, mut first_write_ms) = (Vec::new(), Vec::new());
-    let mut servers_left = Vec::new();
-    let fleet = PostgresStore::connect_with(&url, opts()).expect("connect the fleet");
-    let store: &dyn Store = &fleet;
     /// Stops the consumer however the scope ends (a failed assertion
     /// in it must not leave the consumer polling forever).
     struct StopOnDrop<'a>(&'a AtomicBool);
@@ -390,10 +382,10 @@ fn load_across_failovers(sync: bool, kills: u32) -> Outcome {
                 std::thread::sleep(Duration::from_millis(5));
             }
             seen.first_ok_after_kill.store(0, Ordering::Release);
-            primary.kill9();
+            kill(k);
             let t0 = Instant::now();
-            *KILLED_AT.lock().expect("lock") = Some(t0);
-            standby.promote();
+            *seen.killed_at.lock().expect("lock") = Some(t0);
+            promote(k);
             promote_ms.push(t0.elapsed().as_millis());
             while seen.first_ok_after_kill.load(Ordering::Acquire) == 0
                 && writers.iter().any(|w| !w.is_finished())
@@ -401,17 +393,7 @@ fn load_across_failovers(sync: bool, kills: u32) -> Outcome {
                 std::thread::sleep(Duration::from_millis(2));
             }
             first_write_ms.push(seen.first_ok_after_kill.load(Ordering::Acquire));
-            *KILLED_AT.lock().expect("lock") = None;
-            if k + 1 < kills {
-                // The promoted server is the primary now; a new standby of
-                // it takes the dead primary's port, so the URL names both
-                // again, roles swapped.
-                let next = PgServer::standby_of_on(&standby, name, Some(primary.port));
-                standby.require_sync_standby(name);
-                standby.await_standby(name, "sync");
-                let promoted = std::mem::replace(&mut standby, next);
-                servers_left.push(std::mem::replace(&mut primary, promoted));
-            }
+            *seen.killed_at.lock().expect("lock") = None;
         }
         for w in writers {
             w.join().expect("a writer");
@@ -419,31 +401,28 @@ fn load_across_failovers(sync: bool, kills: u32) -> Outcome {
         stop.store(true, Ordering::Release);
         consumer.join().expect("the consumer")
     });
-    assert!(
-        kills <= 1 || sync,
-        "only the synchronous test kills more than once"
-    );
+    Loaded {
+        acked: acked.into_inner().expect("lock"),
+        view,
+        seen,
+        promote_ms,
+        first_write_ms,
+    }
+}
 
-    // Checked on the server that is the primary now.
-    let now = PostgresStore::connect_with(
-        &format!("postgres://agentstate@127.0.0.1:{}/postgres", standby.port),
-        opts(),
-    )
-    .expect("connect to the promoted server");
-    let now: &dyn Store = &now;
-    // The fleet's listener dialed the promoted server and LISTENs there
-    // (its connection's last statement).
-    let mut raw = postgres::Client::connect(&standby.dsn("postgres"), postgres::NoTls)
-        .expect("connect to the promoted server");
-    let listening: i64 = raw
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'",
-            &[],
-        )
-        .expect("pg_stat_activity")
-        .get(0);
-    drop(fleet);
-    let acked = acked.into_inner().expect("lock");
+/// What the store holds after the failover, against what was acknowledged
+/// and what the consumer was shown.
+struct Audit {
+    lost: Vec<String>,
+    double_applied: Vec<String>,
+    view_mismatch: Vec<String>,
+    /// The budget's spend over the settles acknowledged (equal when
+    /// nothing was lost).
+    spent: u64,
+    settled: u64,
+}
+
+fn audit(now: &dyn Store, acked: &Acked, view: &View) -> Audit {
     let mut lost: Vec<String> = acked
         .lost_holds
         .iter()
@@ -508,12 +487,6 @@ fn load_across_failovers(sync: bool, kills: u32) -> Outcome {
         budget.held.cost_micros,
         cap()
     );
-    if sync {
-        assert_eq!(
-            budget.spent.cost_micros, settled_total,
-            "the budget's spend is the sum of the settles acknowledged"
-        );
-    }
     // The consumer's view against the store, record for record.
     let mut view_mismatch = Vec::new();
     let stored: BTreeMap<String, RunRecord> = now
@@ -537,97 +510,180 @@ fn load_across_failovers(sync: bool, kills: u32) -> Outcome {
             view_mismatch.push(format!("{id}: shown, not in the store"));
         }
     }
-    let acked_writes = acked.writes;
-    drop(servers_left);
-    Outcome {
-        acked_writes,
+    Audit {
         lost,
         double_applied: double,
-        unknown: seen.unknown.load(Ordering::Relaxed),
-        unavailable: seen.unavailable.load(Ordering::Relaxed),
-        promote_ms,
-        first_write_ms,
-        refused_reserves: acked.refused,
         view_mismatch,
-        repeats: view.repeats,
-        consumer_errors: view.errors,
+        spent: budget.spent.cost_micros,
+        settled: settled_total,
+    }
+}
+
+/// What a PostgreSQL failover run found.
+#[cfg(feature = "postgres")]
+struct Outcome {
+    loaded: Loaded,
+    audit: Audit,
+    /// Connections LISTENing on the promoted server at the end.
+    listening: i64,
+}
+
+/// The load through `a,b` (a the primary), `kills` times: kill -9 the
+/// primary mid-load, promote its standby, and (for a next kill) make a new
+/// standby of the promoted server on the dead one's port.
+#[cfg(feature = "postgres")]
+fn load_across_failovers(sync: bool, kills: u32) -> Outcome {
+    assert!(
+        kills <= 1 || sync,
+        "only the synchronous test kills more than once"
+    );
+    let name = "s1";
+    let primary = PgServer::start_primary(sync.then_some(name));
+    let standby = PgServer::standby_of(&primary, name);
+    primary.await_standby(name, if sync { "sync" } else { "async" });
+    let url = fleet_url(&primary, &standby);
+    let pg = PostgresStore::connect_with(&url, opts()).expect("connect");
+    pg.setup().expect("setup");
+    prepare(&pg);
+    drop(pg);
+
+    let fleet = PostgresStore::connect_with(&url, opts()).expect("connect the fleet");
+    let servers = Mutex::new((primary, standby, Vec::new()));
+    let loaded = load(
+        &fleet,
+        kills,
+        |_| servers.lock().expect("lock").0.kill9(),
+        |k| {
+            let mut g = servers.lock().expect("lock");
+            let (primary, standby, left) = &mut *g;
+            standby.promote();
+            if k + 1 < kills {
+                // The promoted server is the primary now; a new standby of
+                // it takes the dead primary's port, so the URL names both
+                // again, roles swapped.
+                let next = PgServer::standby_of_on(standby, name, Some(primary.port));
+                standby.require_sync_standby(name);
+                standby.await_standby(name, "sync");
+                let promoted = std::mem::replace(standby, next);
+                left.push(std::mem::replace(primary, promoted));
+            }
+        },
+    );
+    let (_, standby, _left) = servers.into_inner().expect("lock");
+
+    // Checked on the server that is the primary now.
+    let now = PostgresStore::connect_with(
+        &format!("postgres://agentstate@127.0.0.1:{}/postgres", standby.port),
+        opts(),
+    )
+    .expect("connect to the promoted server");
+    // The fleet's listener dialed the promoted server and LISTENs there
+    // (its connection's last statement).
+    let mut raw = postgres::Client::connect(&standby.dsn("postgres"), postgres::NoTls)
+        .expect("connect to the promoted server");
+    let listening: i64 = raw
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'",
+            &[],
+        )
+        .expect("pg_stat_activity")
+        .get(0);
+    drop(fleet);
+    let audit = audit(&now, &loaded.acked, &loaded.view);
+    Outcome {
+        loaded,
+        audit,
         listening,
     }
 }
 
+/// One line of figures for BENCHMARKS.md.
+fn report(what: &str, kills: u32, l: &Loaded, a: &Audit) {
+    eprintln!(
+        "failover ({what}): {} acknowledged writes across {kills} failover(s), {} lost, {} \
+         double-applied; {} outcome-unknown and {} unavailable answers retried; {} reserves \
+         refused by the cap; kill to the new primary taking writes {:?} ms, to the first Ok \
+         on it {:?} ms; the consumer started over {} times, differs from the store on {} \
+         runs; lost: {:?}",
+        l.acked.writes,
+        a.lost.len(),
+        a.double_applied.len(),
+        l.seen.unknown.load(Ordering::Relaxed),
+        l.seen.unavailable.load(Ordering::Relaxed),
+        l.acked.refused,
+        l.promote_ms,
+        l.first_write_ms,
+        l.view.errors.len(),
+        a.view_mismatch.len(),
+        a.lost
+    );
+}
+
+/// What a failover that keeps every `Ok` must show.
+fn assert_nothing_lost(l: &Loaded, a: &Audit) {
+    assert!(a.lost.is_empty(), "acknowledged writes lost: {:?}", a.lost);
+    assert!(
+        a.double_applied.is_empty(),
+        "applied twice: {:?}",
+        a.double_applied
+    );
+    assert_eq!(
+        a.spent, a.settled,
+        "the budget's spend is the sum of the settles acknowledged"
+    );
+    assert!(
+        l.acked.refused > 0,
+        "the cap never refused a reserve: it tested nothing"
+    );
+    assert!(
+        l.seen.unknown.load(Ordering::Relaxed) + l.seen.unavailable.load(Ordering::Relaxed) > 0,
+        "no call met the failover: the kill came after the load"
+    );
+}
+
+#[cfg(feature = "postgres")]
 #[test]
 fn i7_postgres_failover_to_a_sync_standby_keeps_every_ok_and_applies_each_keyed_retry_once() {
     let kills = failovers();
     let o = load_across_failovers(true, kills);
-    eprintln!(
-        "failover (postgres, synchronous standby): {} acknowledged writes across {kills} \
-         failover(s), {} lost, {} double-applied; {} outcome-unknown and {} unavailable \
-         answers retried; {} reserves refused by the cap; kill to promoted {:?} ms, kill to \
-         the first Ok on the new primary {:?} ms",
-        o.acked_writes,
-        o.lost.len(),
-        o.double_applied.len(),
-        o.unknown,
-        o.unavailable,
-        o.refused_reserves,
-        o.promote_ms,
-        o.first_write_ms
-    );
-    assert!(o.lost.is_empty(), "acknowledged writes lost: {:?}", o.lost);
+    report("postgres, synchronous standby", kills, &o.loaded, &o.audit);
+    assert_nothing_lost(&o.loaded, &o.audit);
     assert!(
-        o.double_applied.is_empty(),
-        "applied twice: {:?}",
-        o.double_applied
-    );
-    assert!(
-        o.view_mismatch.is_empty(),
+        o.audit.view_mismatch.is_empty(),
         "the consumer's view differs: {:?}",
-        o.view_mismatch
+        o.audit.view_mismatch
     );
-    assert!(o.repeats.is_empty(), "changes shown twice: {:?}", o.repeats);
     assert!(
-        o.consumer_errors.is_empty(),
+        o.loaded.view.repeats.is_empty(),
+        "changes shown twice: {:?}",
+        o.loaded.view.repeats
+    );
+    assert!(
+        o.loaded.view.errors.is_empty(),
         "the consumer failed: {:?}",
-        o.consumer_errors
+        o.loaded.view.errors
     );
     assert_eq!(
         o.listening, 1,
         "the feed's listener LISTENs on the promoted server"
     );
-    assert!(
-        o.refused_reserves > 0,
-        "the cap never refused a reserve: it tested nothing"
-    );
-    assert!(
-        o.unknown + o.unavailable > 0,
-        "no call met the failover: the kill came after the load"
-    );
 }
 
+#[cfg(feature = "postgres")]
 #[test]
 fn i7_postgres_failover_to_an_async_standby_measures_what_an_ok_loses() {
     let o = load_across_failovers(false, 1);
-    eprintln!(
-        "failover (postgres, asynchronous standby): {} acknowledged writes, {} lost, {} \
-         double-applied; kill to the first Ok on the new primary {:?} ms; the consumer \
-         started over {} times and differs from the store on {} runs; lost: {:?}",
-        o.acked_writes,
-        o.lost.len(),
-        o.double_applied.len(),
-        o.first_write_ms,
-        o.consumer_errors.len(),
-        o.view_mismatch.len(),
-        o.lost
-    );
+    report("postgres, asynchronous standby", 1, &o.loaded, &o.audit);
     // Whatever was lost, nothing was applied twice by the keyed retries
-    // that reached the new primary, and the cap held.
+    // that reached the new primary, and the cap held (`audit`).
     assert!(
-        o.double_applied.is_empty(),
+        o.audit.double_applied.is_empty(),
         "applied twice: {:?}",
-        o.double_applied
+        o.audit.double_applied
     );
 }
 
+#[cfg(feature = "postgres")]
 #[test]
 fn e3_postgres_require_sync_standby_refuses_a_server_without_one() {
     let primary = PgServer::start_primary(Some("s1"));
@@ -695,6 +751,7 @@ fn e3_postgres_require_sync_standby_refuses_a_server_without_one() {
 /// drops that connection and redials, and with both hosts in the URL
 /// (`target_session_attrs=read-write`) the same call lands on the one that
 /// takes writes. With one host the call is `Unavailable`, naming the fix.
+#[cfg(feature = "postgres")]
 #[test]
 fn e3_postgres_a_server_turned_read_only_is_left_for_the_one_that_takes_writes() {
     let (a, b) = (PgServer::start(false), PgServer::start(false));
@@ -749,4 +806,255 @@ fn e3_postgres_a_server_turned_read_only_is_left_for_the_one_that_takes_writes()
         0,
         "nothing written"
     );
+}
+
+/// A `redis-server --sentinel` watching one master (quorum 1, the master
+/// deemed down after 500 ms), in its own dir, under a watchdog that kills
+/// it when this process is gone; killed when dropped.
+#[cfg(feature = "redis")]
+struct SentinelProc {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: Option<std::process::Child>,
+}
+
+#[cfg(feature = "redis")]
+impl SentinelProc {
+    fn start(dir: &std::path::Path, master: &str, master_port: u16) -> SentinelProc {
+        use std::process::{Command, Stdio};
+        std::fs::create_dir_all(dir).expect("the sentinel's dir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                 sentinel monitor {master} 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds {master} 500\n\
+                 sentinel failover-timeout {master} 2000\n\
+                 sentinel parallel-syncs {master} 1\n",
+                dir = dir.display()
+            ),
+        )
+        .expect("write sentinel.conf");
+        let script = format!(
+            "redis-server '{}' --sentinel >'{}' 2>&1 & r=$!; echo $r > '{}'; \
+             while kill -0 {} 2>/dev/null && kill -0 $r 2>/dev/null; do sleep 0.5; done; \
+             kill -9 $r 2>/dev/null; wait $r",
+            conf.display(),
+            dir.join("sentinel.log").display(),
+            dir.join("sentinel.pid").display(),
+            std::process::id()
+        );
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server --sentinel");
+        let s = SentinelProc {
+            port,
+            dir: dir.to_path_buf(),
+            child: Some(child),
+        };
+        let until = Instant::now() + Duration::from_secs(30);
+        while s.master_port(master).is_none() {
+            assert!(Instant::now() < until, "the sentinel did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The master's port as the sentinel says it now.
+    fn master_port(&self, master: &str) -> Option<u16> {
+        let out = self.cli(&["SENTINEL", "get-master-addr-by-name", master]);
+        out.lines().nth(1)?.trim().parse().ok()
+    }
+
+    /// Waits until the sentinel knows `n` replicas of `master`.
+    fn await_replicas(&self, master: &str, n: usize) {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = self.cli(&["SENTINEL", "master", master]);
+            let mut lines = out.lines();
+            let mut seen = None;
+            while let Some(l) = lines.next() {
+                if l.trim() == "num-slaves" {
+                    seen = lines.next().and_then(|v| v.trim().parse::<usize>().ok());
+                }
+            }
+            if seen.is_some_and(|s| s >= n) {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "the sentinel knows {seen:?} replicas of {master}, not {n}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until the sentinel names `port` as the master.
+    fn await_master(&self, master: &str, port: u16) {
+        let until = Instant::now() + Duration::from_secs(30);
+        while self.master_port(master) != Some(port) {
+            assert!(
+                Instant::now() < until,
+                "the sentinel did not fail over to port {port}; its log: {}",
+                std::fs::read_to_string(self.dir.join("sentinel.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Drop for SentinelProc {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.dir.join("sentinel.pid")) {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", pid.trim()])
+                .status();
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The load through a `redis+sentinel://` URL: a master, a replica and a
+/// sentinel; the master killed with SIGKILL mid-load, the sentinel
+/// promoting the replica, the old master back as a replica of the new one.
+/// With `wait`, every write waits for one replica (`wait_replicas`).
+#[cfg(feature = "redis")]
+fn load_across_a_sentinel_failover(wait: bool) -> (Loaded, Audit) {
+    use crate::redis_server::{Server, temp_dir};
+    use agentstate::{RedisOptions, RedisStore};
+    let dir = temp_dir(if wait { "sentinel-wait" } else { "sentinel" });
+    let master = Server::start(&dir.join("m"), &[]);
+    let replica = Server::start_replica(&dir.join("r"), master.port);
+    let sentinel = SentinelProc::start(&dir.join("s"), "m", master.port);
+    sentinel.await_replicas("m", 1);
+    let url = format!("redis+sentinel://127.0.0.1:{}/m/0", sentinel.port);
+    let opts = RedisOptions::new()
+        .pool_size(8)
+        .connect_timeout(Duration::from_secs(2))
+        .io_timeout(Duration::from_secs(2));
+    let opts = if wait {
+        opts.wait_replicas(1, Duration::from_secs(1))
+    } else {
+        opts
+    };
+    let store = RedisStore::connect_with(&url, opts).expect("connect through the sentinel");
+    prepare(&store);
+    let master = Mutex::new(master);
+    let loaded = load(
+        &store,
+        1,
+        |_| master.lock().expect("lock").kill9(),
+        |_| {
+            sentinel.await_master("m", replica.port);
+            master
+                .lock()
+                .expect("lock")
+                .restart_as_replica_of(replica.port);
+        },
+    );
+    let now = RedisStore::connect(&replica.url(0)).expect("connect to the promoted replica");
+    let audit = audit(&now, &loaded.acked, &loaded.view);
+    drop(store);
+    (loaded, audit)
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn i7_redis_sentinel_failover_with_wait_replicas_keeps_every_ok() {
+    let (l, a) = load_across_a_sentinel_failover(true);
+    report("redis sentinel, wait_replicas(1)", 1, &l, &a);
+    assert_nothing_lost(&l, &a);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn i7_redis_sentinel_failover_without_wait_measures_what_an_ok_loses() {
+    let (l, a) = load_across_a_sentinel_failover(false);
+    report("redis sentinel, no wait", 1, &l, &a);
+    assert!(
+        a.double_applied.is_empty(),
+        "applied twice: {:?}",
+        a.double_applied
+    );
+}
+
+/// E3 for Sentinel: what cannot work is refused at connect, naming why;
+/// what may work later is `Unavailable`.
+#[cfg(feature = "redis")]
+#[test]
+fn e3_redis_sentinel_refuses_an_unknown_master_and_too_few_replicas() {
+    use crate::redis_server::{Server, temp_dir};
+    use agentstate::{PersistenceReason, RedisOptions, RedisStore};
+    let dir = temp_dir("sentinel-refusals");
+    let master = Server::start(&dir.join("m"), &[]);
+    let _replica = Server::start_replica(&dir.join("r"), master.port);
+    let sentinel = SentinelProc::start(&dir.join("s"), "m", master.port);
+    sentinel.await_replicas("m", 1);
+    let refused = |e: StateError, says: &str| {
+        assert!(
+            matches!(
+                &e,
+                StateError::Persistence {
+                    reason: PersistenceReason::Refused,
+                    ..
+                }
+            ) && !e.is_retryable(),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains(says), "says {says}: {e}");
+    };
+    let opts = || RedisOptions::new().connect_timeout(Duration::from_secs(2));
+    let url = |name: &str| format!("redis+sentinel://127.0.0.1:{}/{name}/0", sentinel.port);
+
+    let ok = RedisStore::connect_with(&url("m"), opts().wait_replicas(1, Duration::from_secs(1)))
+        .expect("a master with one replica");
+    let ok: &dyn Store = &ok;
+    ok.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
+        .expect("a write one replica confirmed");
+
+    refused(
+        RedisStore::connect_with(&url("nosuch"), opts()).expect_err("no such master"),
+        "master name",
+    );
+    refused(
+        RedisStore::connect_with(&url("m"), opts().wait_replicas(2, Duration::from_secs(1)))
+            .expect_err("one replica, two asked for"),
+        "connected_slaves:1",
+    );
+    // No sentinel reached: it may come up; retryable.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let e = RedisStore::connect_with(
+        &format!("redis+sentinel://127.0.0.1:{free}/m/0"),
+        opts().connect_timeout(Duration::from_millis(300)),
+    )
+    .expect_err("no sentinel");
+    assert!(e.is_retryable(), "{e:?}");
+    let e = RedisStore::connect(&format!("redis+sentinel://127.0.0.1:{}", sentinel.port))
+        .expect_err("no master name");
+    assert!(matches!(e, StateError::Invalid { .. }), "{e:?}");
 }

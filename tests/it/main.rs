@@ -14,7 +14,7 @@ mod durability;
 mod errors;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod exactly_once;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "redis"))]
 mod failover;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod fault_proxy;

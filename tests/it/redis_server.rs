@@ -167,10 +167,40 @@ impl Server {
         self.wait_ready();
     }
 
+    /// A replica of the server on `master_port` (`--replicaof`), ready
+    /// once its link to the master is up.
+    pub fn start_replica(dir: &Path, master_port: u16) -> Server {
+        let port = master_port.to_string();
+        Self::start(dir, &["--replicaof", "127.0.0.1", &port])
+    }
+
+    /// `INFO replication` of this server, as text.
+    pub fn replication(&self) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "INFO", "replication"])
+            .output()
+            .unwrap_or_else(|e| panic!("redis-cli: {e}; install it: {INSTALL}"));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Waits until the server answers: a store connects, or the server
-    /// refuses it (a test's misconfigured server, a password it wants).
+    /// refuses it (a test's misconfigured server, a password it wants);
+    /// a replica, until its link to its master is up (a store does not
+    /// connect to a replica: it writes).
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
+        if self.extra.iter().any(|a| a == "--replicaof") {
+            while !self.replication().contains("master_link_status:up") {
+                assert!(
+                    Instant::now() < deadline,
+                    "the replica on port {} did not sync: {}",
+                    self.port,
+                    self.replication()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            return;
+        }
         loop {
             match RedisStore::connect_with(
                 &self.url(0),
@@ -210,6 +240,20 @@ impl Server {
         if let Some(mut c) = self.child.take() {
             let _ = c.wait();
         }
+    }
+
+    /// Starts the server (killed) again on the same dir and port, as a
+    /// replica of the server on `master_port`, as Sentinel would make a
+    /// master it failed over from.
+    pub fn restart_as_replica_of(&mut self, master_port: u16) {
+        assert!(self.child.is_none(), "restart after kill9");
+        self.extra.retain(|a| a != "--replicaof");
+        self.extra.extend([
+            "--replicaof".to_string(),
+            "127.0.0.1".to_string(),
+            master_port.to_string(),
+        ]);
+        self.spawn();
     }
 
     /// Starts the server again on the same dir and port.

@@ -18,6 +18,7 @@ use ::redis::{
 
 use agentstate_core::error::{Result, StateError};
 
+use super::sentinel::{self, Sentinels};
 use super::{Persistence, RedisOptions};
 
 /// The certificates a `rediss://` connection uses besides the URL: a CA to
@@ -86,17 +87,66 @@ pub(crate) struct Dialer {
     tls: bool,
     /// Where the server is, without a password, for messages.
     server: String,
+    /// For a `redis+sentinel://` URL: the sentinels each dial asks where
+    /// the master is, and the connection settings (`plain` for the
+    /// store's connections, `full` for the subscriber's) its address is
+    /// put into, with the TLS options to build its client.
+    sentinel: Option<SentinelDial>,
+}
+
+/// What a dial through Sentinel needs besides the sentinels.
+#[derive(Debug)]
+struct SentinelDial {
+    sentinels: Sentinels,
+    plain: ::redis::ConnectionInfo,
+    full: ::redis::ConnectionInfo,
+    pems: Option<TlsPems>,
+    /// `#insecure` on a `rediss+sentinel://` URL (tests only).
+    insecure: bool,
+}
+
+/// A redis-rs client for `info`, trusting the TLS options' CA and showing
+/// their client certificate (for TLS addresses).
+fn build_client(
+    info: ::redis::ConnectionInfo,
+    pems: Option<&TlsPems>,
+    server: &str,
+) -> Result<::redis::Client> {
+    match pems {
+        Some(pems) => {
+            let certs = ::redis::TlsCertificates {
+                client_tls: pems
+                    .client
+                    .as_ref()
+                    .map(|(cert, key)| ::redis::ClientTlsConfig {
+                        client_cert: cert.clone(),
+                        client_key: key.clone(),
+                    }),
+                root_cert: pems.ca.clone(),
+            };
+            ::redis::Client::build_with_tls(info, certs)
+                .map_err(|e| StateError::invalid(format!("redis {server}: TLS certificates: {e}")))
+        }
+        None => ::redis::Client::open(info)
+            .map_err(|e| StateError::invalid(format!("redis url {server}: {e}"))),
+    }
 }
 
 impl Dialer {
     /// Reads `url` and the TLS options into a dialer; `server` is the URL
     /// without its password, for messages.
     pub(crate) fn new(url: &str, server: &str, opts: &RedisOptions) -> Result<Dialer> {
+        let sentinel_url = sentinel::parse(url, server).transpose()?;
+        let url = sentinel_url.as_ref().map_or(url, |s| s.template.as_str());
         let info = url
             .into_connection_info()
             .map_err(|e| StateError::invalid(format!("redis url {server}: {e}")))?;
         let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        let insecure = matches!(info.addr(), ConnectionAddr::TcpTls { insecure: true, .. });
+        // What a failed dial probes (not through Sentinel: the master's
+        // address changes).
         let addr = match info.addr() {
+            _ if sentinel_url.is_some() => None,
             ConnectionAddr::Tcp(host, port) => Some((host.clone(), *port)),
             ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
             _ => None,
@@ -142,24 +192,16 @@ impl Dialer {
                  tls_client_pem) but the url is not rediss://"
             )));
         }
-        let build = |info: ::redis::ConnectionInfo| match &opts.tls {
-            Some(pems) => {
-                let certs = ::redis::TlsCertificates {
-                    client_tls: pems
-                        .client
-                        .as_ref()
-                        .map(|(cert, key)| ::redis::ClientTlsConfig {
-                            client_cert: cert.clone(),
-                            client_key: key.clone(),
-                        }),
-                    root_cert: pems.ca.clone(),
-                };
-                ::redis::Client::build_with_tls(info, certs).map_err(|e| {
-                    StateError::invalid(format!("redis {server}: TLS certificates: {e}"))
-                })
-            }
-            None => ::redis::Client::open(info)
-                .map_err(|e| StateError::invalid(format!("redis url {server}: {e}"))),
+        let build = |info: ::redis::ConnectionInfo| build_client(info, opts.tls.as_ref(), server);
+        let sentinel = match &sentinel_url {
+            None => None,
+            Some(u) => Some(SentinelDial {
+                sentinels: Sentinels::new(u, build)?,
+                plain: info.clone(),
+                full: full.clone(),
+                pems: opts.tls.clone(),
+                insecure,
+            }),
         };
         let client = build(info)?;
         let pubsub = build(full)?;
@@ -173,7 +215,23 @@ impl Dialer {
             addr,
             tls,
             server: server.to_string(),
+            sentinel,
         })
+    }
+
+    /// A client for the master the sentinels name now, with `info`'s
+    /// settings (`plain` or `full`).
+    async fn master_client(
+        &self,
+        s: &SentinelDial,
+        info: &::redis::ConnectionInfo,
+    ) -> std::result::Result<::redis::Client, RedisError> {
+        let addr = s
+            .sentinels
+            .master_addr(self.connect_timeout, s.insecure)
+            .await?;
+        build_client(info.clone().set_addr(addr), s.pems.as_ref(), &self.server)
+            .map_err(|e| RedisError::from(std::io::Error::other(e.to_string())))
     }
 
     /// [`open`](Self::open), its failure told as the crate's error: a
@@ -266,7 +324,18 @@ impl Dialer {
     pub(crate) async fn open_pubsub(
         &self,
     ) -> std::result::Result<::redis::aio::PubSub, RedisError> {
-        match tokio::time::timeout(self.connect_timeout, self.pubsub.get_async_pubsub()).await {
+        let dial = async {
+            match &self.sentinel {
+                None => self.pubsub.get_async_pubsub().await,
+                Some(s) => {
+                    self.master_client(s, &s.full)
+                        .await?
+                        .get_async_pubsub()
+                        .await
+                }
+            }
+        };
+        match tokio::time::timeout(self.connect_timeout, dial).await {
             Ok(r) => r,
             Err(_) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -284,8 +353,15 @@ impl Dialer {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.io_timeout));
-        let mut c = self
-            .client
+        let resolved;
+        let client = match &self.sentinel {
+            None => &self.client,
+            Some(s) => {
+                resolved = self.master_client(s, &s.plain).await?;
+                &resolved
+            }
+        };
+        let mut c = client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
         if let Some(a) = &self.auth {
@@ -314,6 +390,9 @@ impl Dialer {
                 .arg(self.db)
                 .query_async::<()>(&mut c)
                 .await?;
+        }
+        if let Some(s) = &self.sentinel {
+            sentinel::check_master(&mut c, s.sentinels.master()).await?;
         }
         Ok(c)
     }
@@ -359,6 +438,9 @@ struct PoolInner {
     /// Connections opened so far (the store re-reads the server's
     /// settings after each).
     dials: AtomicU64,
+    /// `WAIT` after each write (`RedisOptions::wait_replicas`), in
+    /// replicas and milliseconds.
+    wait: Option<(u32, u64)>,
     rt: tokio::runtime::Handle,
 }
 
@@ -407,13 +489,14 @@ impl Live {
         None
     }
 
-    fn take(&mut self, now: Instant) -> Conn {
+    fn take(&mut self, now: Instant, wait: Option<(u32, u64)>) -> Conn {
         self.used = now;
         self.busy.fetch_add(1, Ordering::Relaxed);
         Conn {
             conn: self.conn.clone(),
             broken: self.broken.clone(),
             busy: self.busy.clone(),
+            wait,
         }
     }
 }
@@ -446,6 +529,9 @@ impl Pool {
             dial: tokio::sync::Mutex::new(()),
             next: AtomicUsize::new(0),
             dials: AtomicU64::new(0),
+            wait: opts
+                .wait_replicas
+                .map(|(n, t)| (n, u64::try_from(t.as_millis()).unwrap_or(u64::MAX))),
             rt: rt.clone(),
         });
         let every = [opts.idle_timeout, opts.max_lifetime]
@@ -484,7 +570,7 @@ impl Pool {
             .on_runtime(async move { dialer.open_or_explain().await })
             .await?;
         let mut live = Live::new(conn);
-        let c = live.take(Instant::now());
+        let c = live.take(Instant::now(), self.inner.wait);
         self.inner.conns.lock().push(live);
         self.inner.dials.fetch_add(1, Ordering::AcqRel);
         Ok(c)
@@ -533,7 +619,7 @@ impl PoolInner {
             .map(|k| (start + k) % n)
             .min_by_key(|&i| conns[i].busy.load(Ordering::Relaxed))?;
         let busy = conns[best].busy.load(Ordering::Relaxed) > 0;
-        let c = conns[best].take(now);
+        let c = conns[best].take(now, self.wait);
         if busy && n < self.size && !self.dialing.swap(true, Ordering::AcqRel) {
             let pool = self.clone();
             self.rt.spawn(async move {
@@ -556,6 +642,8 @@ pub(crate) struct Conn {
     conn: MultiplexedConnection,
     broken: Arc<AtomicBool>,
     busy: Arc<AtomicUsize>,
+    /// `WAIT` after each write script: replicas, milliseconds.
+    wait: Option<(u32, u64)>,
 }
 
 impl Drop for Conn {
@@ -574,6 +662,12 @@ impl Conn {
         if e.is_unrecoverable_error() || !is_server_reply(e) {
             self.broken.store(true, Ordering::SeqCst);
         }
+    }
+
+    /// `WAIT` after each write script (`RedisOptions::wait_replicas`):
+    /// replicas, milliseconds.
+    pub(crate) fn wait(&self) -> Option<(u32, u64)> {
+        self.wait
     }
 
     /// Takes the connection out of the pool (a check on it failed).
@@ -615,8 +709,20 @@ impl Conn {
     /// reply of another shape than expected `Corrupt`.
     pub(crate) async fn query<T: FromRedisValue>(&mut self, cmd: &::redis::Cmd) -> Result<T> {
         let v = self.send(cmd).await.map_err(Sent::unavailable)?;
-        let v = v.extract_error().map_err(super::map_err)?;
+        let v = v.extract_error().map_err(|e| {
+            self.readonly(&e);
+            super::map_err(e)
+        })?;
         decode(v)
+    }
+
+    /// A `READONLY` answer: the server is a replica now (a master demoted
+    /// by a failover); the connection takes no further call, so the next
+    /// dial finds the master.
+    pub(crate) fn readonly(&self, e: &RedisError) {
+        if e.code() == Some("READONLY") {
+            self.poison();
+        }
     }
 
     /// Runs a pipeline (a `MULTI` when atomic) and converts its replies,
@@ -731,6 +837,11 @@ pub(crate) fn refusal(e: &RedisError) -> Option<String> {
     let code = e.code().unwrap_or("");
     let kind = e.kind();
     let said = server_text(e);
+    if kind == ErrorKind::InvalidClientConfig {
+        return Some(format!(
+            "{said}: check the master name in the redis+sentinel:// url"
+        ));
+    }
     if kind == ErrorKind::AuthenticationFailed || code == "WRONGPASS" || code == "NOAUTH" {
         return Some(format!(
             "authentication failed ({said}): check the user and password in the url"
@@ -918,6 +1029,41 @@ pub(crate) async fn read_persistence(
 /// Refuses a Redis Cluster node (`INFO cluster` says `cluster_enabled:1`).
 /// A server that hides `INFO` passes; a `MOVED` reply later is refused
 /// the same way (see [`refusal`]).
+/// With `RedisOptions::wait_replicas(want, …)`: the server must be a
+/// master with at least `want` replicas connected, else `Refused`.
+pub(crate) async fn refuse_too_few_replicas(
+    conn: &mut MultiplexedConnection,
+    server: &str,
+    want: u32,
+) -> Result<()> {
+    let info: String = ::redis::cmd("INFO")
+        .arg("replication")
+        .query_async(conn)
+        .await
+        .map_err(|e| connect_error(server, e))?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+            .map(str::to_string)
+    };
+    let role = field("role").unwrap_or_default();
+    let replicas: u32 = field("connected_slaves")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    if role != "master" || replicas < want {
+        return Err(StateError::refused(
+            format!(
+                "redis {server}: wait_replicas asks {want} replica(s) to confirm every write, \
+                 but the server is a {role} with connected_slaves:{replicas}: an acknowledged \
+                 write could not wait for them; add replicas, or lower or drop wait_replicas"
+            ),
+            None,
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) async fn refuse_cluster(conn: &mut MultiplexedConnection, server: &str) -> Result<()> {
     match ::redis::cmd("INFO")
         .arg("cluster")

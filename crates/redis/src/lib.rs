@@ -83,6 +83,7 @@ mod feed;
 mod keys;
 mod runs;
 mod scripts;
+mod sentinel;
 mod trays;
 
 // The store's calls: its `AsyncCore` (each call an inherent `async fn` of
@@ -134,6 +135,8 @@ pub struct RedisOptions {
     pub(crate) assumed: Option<Assumed>,
     pub(crate) settings_interval: Duration,
     pub(crate) lazy: bool,
+    /// `WAIT` after every write: this many replicas, within this long.
+    pub(crate) wait_replicas: Option<(u32, Duration)>,
 }
 
 /// What the caller states a server guarantees when `CONFIG GET` cannot
@@ -158,6 +161,7 @@ impl Default for RedisOptions {
             assumed: None,
             settings_interval: Duration::from_secs(1),
             lazy: false,
+            wait_replicas: None,
         }
     }
 }
@@ -292,6 +296,22 @@ impl RedisOptions {
     /// store has the same option (`PgOptions::lazy`).
     pub fn lazy(mut self, lazy: bool) -> Self {
         self.lazy = lazy;
+        self
+    }
+    /// Makes every write wait, after its script ran on the master, until
+    /// `replicas` replicas have it (`WAIT replicas timeout`), so that an
+    /// `Ok` survives losing the master to a failover (Sentinel promotes a
+    /// replica that has it). A write the replicas did not all confirm
+    /// within `timeout` answers `OutcomeUnknown` (it is on the master and
+    /// may or may not survive a failover): retry it with its idempotency
+    /// key, which answers the first outcome and waits again. At connect
+    /// the master must have at least `replicas` replicas connected
+    /// (`INFO replication`'s `connected_slaves`), else `Refused`, naming
+    /// both. One more round trip per write, which waits for the replica.
+    /// `replicas` 0 turns it off (the default).
+    pub fn wait_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait_replicas =
+            (replicas > 0).then_some((replicas, timeout.max(Duration::from_millis(1))));
         self
     }
 }
@@ -713,6 +733,9 @@ async fn check(
 ) -> Result<Checked> {
     connect::refuse_cluster(conn, server).await?;
     let persistence = connect::read_persistence(conn, server, opts).await?;
+    if let Some((want, _)) = opts.wait_replicas {
+        connect::refuse_too_few_replicas(conn, server, want).await?;
+    }
     let secret = load_secret(conn)
         .await
         .map_err(|e| with_server(e, server))?;

@@ -212,12 +212,47 @@ impl<'a> Call<'a> {
                 {
                     return Err(reused(&i.key));
                 }
-                return Err(map_err(e.into()));
+                let e: ::redis::RedisError = e.into();
+                conn.readonly(&e);
+                return Err(map_err(e));
             }
             v => v,
         };
+        if self.lua.writes
+            && let Some((want, ms)) = conn.wait()
+        {
+            self.replicated(conn, want, ms).await?;
+        }
         ::redis::from_redis_value(value)
             .map_err(|e| StateError::corrupt(format!("redis: script answer: {e}")))
+    }
+
+    /// `WAIT want ms` after a write ran on the master
+    /// (`RedisOptions::wait_replicas`): fewer replicas confirming it in
+    /// time, or the connection failing while waiting, leaves the write on
+    /// the master and its survival of a failover unknown.
+    async fn replicated(&self, conn: &mut Conn, want: u32, ms: u64) -> Result<()> {
+        let mut cmd = ::redis::cmd("WAIT");
+        cmd.arg(want).arg(ms);
+        match conn.send(&cmd).await {
+            Ok(Value::Int(n)) if n >= i64::from(want) => Ok(()),
+            Ok(Value::Int(n)) => Err(StateError::outcome_unknown(
+                format!(
+                    "redis: the write ran on the master, but {n} of the {want} replica(s) \
+                     wait_replicas asks for confirmed it within {ms} ms: it may not survive a \
+                     failover; read the state before deciding again (or retry with the same \
+                     idempotency key)"
+                ),
+                None,
+            )),
+            Ok(other) => Err(StateError::outcome_unknown(
+                format!("redis: the write ran, and WAIT answered {other:?}"),
+                None,
+            )),
+            Err(Sent::Maybe(e)) | Err(Sent::Not(e)) => {
+                Err(unknown(e, "waiting for its replicas (WAIT)"))
+            }
+        }
     }
 
     /// The script to run and its `EVALSHA` command.
