@@ -275,14 +275,17 @@ fn seconds(py: Python<'_>, t: f64, what: &str) -> PyResult<Duration> {
 
 /// The Redis store: every write one Lua script on the server. `connect`
 /// checks the server keeps what it acknowledged (`noeviction`, and with
-/// `require_fsync` `appendfsync always`).
+/// `require_fsync` `appendfsync always`). `url` may be
+/// `redis+sentinel://…` (a master found through Sentinel); with
+/// `wait_replicas` every write waits for that many replicas (`WAIT`, up
+/// to `wait_timeout` seconds).
 #[pyclass(extends = StateStore, frozen, module = "agentstate_rs")]
 pub struct RedisStateStore;
 
 #[pymethods]
 impl RedisStateStore {
     #[new]
-    #[pyo3(signature = (url, *, pool_size=16, clock=None, record_bytes_max=None, require_fsync=true, connect_timeout=None, env="*".to_string(), hostname="*".to_string()))]
+    #[pyo3(signature = (url, *, pool_size=16, clock=None, record_bytes_max=None, require_fsync=true, connect_timeout=None, env="*".to_string(), hostname="*".to_string(), wait_replicas=0, wait_timeout=1.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -294,6 +297,8 @@ impl RedisStateStore {
         connect_timeout: Option<f64>,
         env: String,
         hostname: String,
+        wait_replicas: u32,
+        wait_timeout: f64,
     ) -> PyResult<PyClassInitializer<Self>> {
         let stamp = Stamp::new(py, env, hostname)?;
         let mut opts = a::RedisOptions::new()
@@ -302,6 +307,9 @@ impl RedisStateStore {
             .require_fsync(require_fsync);
         if let Some(t) = connect_timeout {
             opts = opts.connect_timeout(seconds(py, t, "connect_timeout")?);
+        }
+        if wait_replicas > 0 {
+            opts = opts.wait_replicas(wait_replicas, seconds(py, wait_timeout, "wait_timeout")?);
         }
         let label = format!(
             "RedisStateStore(url={:?}, pool_size={pool_size})",

@@ -106,6 +106,13 @@ def test_repr_never_shows_a_password(pg_dsn: str, redis_url: str) -> None:
     assert A.redact_connection_string("redis://u:pw@h:1/0") == "redis://u:***@h:1/0"
 
 
+def test_redis_wait_replicas_refuses_a_master_without_replicas(redis_url: str) -> None:
+    with pytest.raises(A.StatePersistenceError) as e:
+        RedisStateStore(redis_url, wait_replicas=1, wait_timeout=0.5)
+    assert "connected_slaves:0" in str(e.value)
+    RedisStateStore(redis_url, wait_replicas=0)
+
+
 def test_clocks_manual_and_callable(tmp_path) -> None:
     clock = ManualClock(5_000)
     store = MemoryStateStore(clock=clock).sync()

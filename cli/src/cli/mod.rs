@@ -52,6 +52,12 @@ pub struct Cli {
     #[arg(long, global = true, value_delimiter = ',', value_name = "GUARANTEE")]
     redis_assume: Vec<Guarantee>,
 
+    /// Redis: every write waits until N replicas have it (`WAIT`, up to
+    /// 1 s; fewer is an unknown outcome), so it survives a Sentinel
+    /// failover; a master with fewer replicas connected is refused.
+    #[arg(long, global = true, value_name = "N")]
+    redis_wait_replicas: Option<u32>,
+
     /// Redis over TLS (`rediss://`): a CA certificate (PEM file) to trust
     /// instead of the web PKI roots. (PostgreSQL takes `sslrootcert=…` in
     /// its URL.)
@@ -479,6 +485,7 @@ impl Cli {
                     self.redis_assume.contains(&Guarantee::AppendfsyncAlways),
                 )
             }),
+            redis_wait_replicas: self.redis_wait_replicas,
             tls_ca: self
                 .tls_ca
                 .as_ref()

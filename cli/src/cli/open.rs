@@ -108,6 +108,8 @@ pub struct Connect {
     /// Redis: what the service guarantees where `CONFIG GET` is disabled
     /// (noeviction, appendfsync always).
     pub redis_assume: Option<(bool, bool)>,
+    /// Redis: every write waits for this many replicas (`WAIT`, 1 s).
+    pub redis_wait_replicas: Option<u32>,
     /// Redis over TLS: a CA (PEM) to trust instead of the web PKI roots.
     pub tls_ca: Option<Vec<u8>>,
     /// Redis over TLS: a client certificate and its key (PEM).
@@ -163,7 +165,10 @@ pub fn open(spec: &DbSpec, conn: &Connect, how: Open) -> Result<Box<dyn Store>, 
         }
         #[cfg(feature = "redis")]
         DbSpec::Url { scheme, url }
-            if matches!(scheme.as_str(), "redis" | "rediss" | "redis+unix") =>
+            if matches!(
+                scheme.as_str(),
+                "redis" | "rediss" | "redis+unix" | "redis+sentinel" | "rediss+sentinel"
+            ) =>
         {
             // Every command works on a server store, new or not: a server
             // database needs no creating. `require_fsync` stays on: the CLI
@@ -172,6 +177,9 @@ pub fn open(spec: &DbSpec, conn: &Connect, how: Open) -> Result<Box<dyn Store>, 
             let mut ro = agentstate::RedisOptions::new().options(opts);
             if let Some((noeviction, fsync)) = conn.redis_assume {
                 ro = ro.durability_assumed(noeviction, fsync);
+            }
+            if let Some(n) = conn.redis_wait_replicas {
+                ro = ro.wait_replicas(n, std::time::Duration::from_secs(1));
             }
             if let Some(ca) = &conn.tls_ca {
                 ro = ro.tls_ca_pem(ca.clone());
@@ -207,7 +215,7 @@ pub fn open(spec: &DbSpec, conn: &Connect, how: Open) -> Result<Box<dyn Store>, 
             // Server backends add their arm here, behind their feature.
             let feature = match scheme.as_str() {
                 "postgres" | "postgresql" => "postgres",
-                "redis" | "rediss" | "redis+unix" => "redis",
+                "redis" | "rediss" | "redis+unix" | "redis+sentinel" | "rediss+sentinel" => "redis",
                 other => {
                     return Err(CliError::usage(format!(
                         "--db {}: unknown scheme {other}:// (give a directory for the file store, or a postgres:// or redis:// URL)",

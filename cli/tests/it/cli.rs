@@ -1658,6 +1658,23 @@ fn cli_redis_without_config_needs_redis_assume() {
     }
 }
 
+/// `--redis-wait-replicas N`: a server with fewer replicas connected is
+/// refused (exit 2) naming `connected_slaves`; with a replica, writes wait
+/// for it and succeed.
+#[test]
+fn cli_redis_wait_replicas_needs_the_replicas() {
+    use crate::redis_server::{Server, temp_dir};
+    let dir = temp_dir("cli-wait");
+    let master = Server::start(&dir.join("m"), &[]);
+    let url = master.url(0);
+    let r = cli(&["stats", "--db", &url, "--redis-wait-replicas", "1"]);
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("connected_slaves:0"), "{}", r.stderr);
+    let _replica = Server::start_replica(&dir.join("r"), master.port);
+    let r = cli(&["stats", "--db", &url, "--redis-wait-replicas", "1"]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+}
+
 /// `watch`: a tenant's feed from the start (each record once, in position
 /// order), from the head (nothing), the sweeper on the trays feed (marked
 /// trays named, due alarms named and acked), and its usage errors.

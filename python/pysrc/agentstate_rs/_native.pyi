@@ -524,6 +524,8 @@ class RedisStateStore(StateStore):
         connect_timeout: Optional[float] = None,
         env: str = "*",
         hostname: str = "*",
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
     ) -> None: ...
 
 @final
