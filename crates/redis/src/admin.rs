@@ -428,7 +428,16 @@ impl RedisStore {
     async fn stats_impl(&self) -> Result<StoreStats> {
         let mut conn = self.conn().await?;
         let mut s = StoreStats::default();
-        s.backend = format!("redis {}: {}", self.server, self.durability());
+        let replicas = match self.opts.wait_replicas {
+            Some((n, t)) => format!(
+                "; each write waits for {n} replica(s) (WAIT, up to {t:?}), so an Ok survives \
+                 losing the master"
+            ),
+            None => "; replication (if any) is asynchronous: a failover may lose the last \
+                     acknowledged writes (RedisOptions::wait_replicas)"
+                .to_string(),
+        };
+        s.backend = format!("redis {}: {}{replicas}", self.server, self.durability());
         for t in self.tenants(&mut conn).await? {
             let p = keys::tenant(&t);
             let mut ts = TenantStats::default();

@@ -570,6 +570,15 @@ impl RedisStore {
             .on_runtime(async move { d.open_or_explain().await })
             .await?;
         let checked = check(&mut first.conn, &server, &opts).await?;
+        tracing::info!(
+            target: "agentstate::redis",
+            "redis {server}: {}; {}",
+            checked.persistence.describe(),
+            match opts.wait_replicas {
+                Some((n, _)) => format!("each write waits for {n} replica(s)"),
+                None => "replication (if any) is asynchronous".to_string(),
+            }
+        );
         let pool = connect::Pool::new(dialer.clone(), &opts, Some(first), bridge.handle());
         Ok(Dialed {
             pool,
