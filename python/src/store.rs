@@ -220,7 +220,7 @@ pub struct PostgresStateStore;
 #[pymethods]
 impl PostgresStateStore {
     #[new]
-    #[pyo3(signature = (dsn, *, pool_size=8, schema="public".to_string(), clock=None, record_bytes_max=None, connect_timeout=None, statement_timeout=None, env="*".to_string(), hostname="*".to_string()))]
+    #[pyo3(signature = (dsn, *, pool_size=8, schema="public".to_string(), clock=None, record_bytes_max=None, connect_timeout=None, statement_timeout=None, env="*".to_string(), hostname="*".to_string(), lazy=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -233,12 +233,14 @@ impl PostgresStateStore {
         statement_timeout: Option<f64>,
         env: String,
         hostname: String,
+        lazy: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let stamp = Stamp::new(py, env, hostname)?;
         let mut pg = a::PgOptions::new()
             .options(options(clock, record_bytes_max)?)
             .pool_size(pool_size)
-            .schema(schema.clone());
+            .schema(schema.clone())
+            .lazy(lazy);
         if let Some(t) = connect_timeout {
             pg = pg.connect_timeout(seconds(py, t, "connect_timeout")?);
         }
@@ -285,7 +287,7 @@ pub struct RedisStateStore;
 #[pymethods]
 impl RedisStateStore {
     #[new]
-    #[pyo3(signature = (url, *, pool_size=16, clock=None, record_bytes_max=None, require_fsync=true, connect_timeout=None, env="*".to_string(), hostname="*".to_string(), wait_replicas=0, wait_timeout=1.0))]
+    #[pyo3(signature = (url, *, pool_size=16, clock=None, record_bytes_max=None, require_fsync=true, connect_timeout=None, env="*".to_string(), hostname="*".to_string(), wait_replicas=0, wait_timeout=1.0, lazy=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -299,12 +301,14 @@ impl RedisStateStore {
         hostname: String,
         wait_replicas: u32,
         wait_timeout: f64,
+        lazy: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let stamp = Stamp::new(py, env, hostname)?;
         let mut opts = a::RedisOptions::new()
             .options(options(clock, record_bytes_max)?)
             .pool_size(pool_size)
-            .require_fsync(require_fsync);
+            .require_fsync(require_fsync)
+            .lazy(lazy);
         if let Some(t) = connect_timeout {
             opts = opts.connect_timeout(seconds(py, t, "connect_timeout")?);
         }

@@ -509,6 +509,7 @@ class PostgresStateStore(StateStore):
         statement_timeout: Optional[float] = None,
         env: str = "*",
         hostname: str = "*",
+        lazy: bool = False,
     ) -> None: ...
 
 @final
@@ -526,6 +527,7 @@ class RedisStateStore(StateStore):
         hostname: str = "*",
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
+        lazy: bool = False,
     ) -> None: ...
 
 @final
