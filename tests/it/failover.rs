@@ -94,6 +94,7 @@ fn answered<T>(
 ) -> Result<T> {
     let until = Instant::now() + Duration::from_secs(60);
     loop {
+        let started = Instant::now();
         match op() {
             Err(e) if e.is_retryable() || (idempotent && e.is_outcome_unknown()) => {
                 if e.is_outcome_unknown() {
@@ -105,8 +106,11 @@ fn answered<T>(
                 std::thread::sleep(Duration::from_millis(10));
             }
             other => {
+                // The first Ok of a call made after the kill (not a reply
+                // the dying server had already sent).
                 if other.is_ok()
                     && let Some(at) = *seen.killed_at.lock().expect("lock")
+                    && started >= at
                 {
                     let ms = at.elapsed().as_millis() as u64;
                     let _ = seen.first_ok_after_kill.compare_exchange(
@@ -342,13 +346,16 @@ struct Loaded {
 }
 
 /// The writers and a feed consumer through `store`; `kills` times, once a
-/// share of the rounds is written, `kill(k)` kills the primary and
-/// `promote(k)` brings the new one up (what it returns is noted after).
+/// share of the rounds is written, `kill(k)` kills the primary,
+/// `promote(k)` brings the new one up (timed), and once a writer's call
+/// made after the kill answered `Ok` (timed), `then(k)` readies the next
+/// failover (a new standby).
 fn load(
     store: &dyn Store,
     kills: u32,
     mut kill: impl FnMut(u32),
     mut promote: impl FnMut(u32),
+    mut then: impl FnMut(u32),
 ) -> Loaded {
     let seen = Seen::default();
     let acked = Mutex::new(Acked::default());
@@ -394,6 +401,7 @@ fn load(
             }
             first_write_ms.push(seen.first_ok_after_kill.load(Ordering::Acquire));
             *seen.killed_at.lock().expect("lock") = None;
+            then(k);
         }
         for w in writers {
             w.join().expect("a writer");
@@ -553,10 +561,10 @@ fn load_across_failovers(sync: bool, kills: u32) -> Outcome {
         &fleet,
         kills,
         |_| servers.lock().expect("lock").0.kill9(),
+        |_| servers.lock().expect("lock").1.promote(),
         |k| {
             let mut g = servers.lock().expect("lock");
             let (primary, standby, left) = &mut *g;
-            standby.promote();
             if k + 1 < kills {
                 // The promoted server is the primary now; a new standby of
                 // it takes the dead primary's port, so the URL names both
@@ -945,7 +953,7 @@ fn load_across_a_sentinel_failover(wait: bool) -> (Loaded, Audit) {
     use crate::redis_server::{Server, temp_dir};
     use agentstate::{RedisOptions, RedisStore};
     let dir = temp_dir(if wait { "sentinel-wait" } else { "sentinel" });
-    let master = Server::start(&dir.join("m"), &[]);
+    let master = Server::start(&dir.join("m"), &["--repl-diskless-sync-delay", "0"]);
     let replica = Server::start_replica(&dir.join("r"), master.port);
     let sentinel = SentinelProc::start(&dir.join("s"), "m", master.port);
     sentinel.await_replicas("m", 1);
@@ -968,11 +976,16 @@ fn load_across_a_sentinel_failover(wait: bool) -> (Loaded, Audit) {
         |_| master.lock().expect("lock").kill9(),
         |_| {
             sentinel.await_master("m", replica.port);
-            master
-                .lock()
-                .expect("lock")
-                .restart_as_replica_of(replica.port);
+            // Without wait_replicas the writers go on now; with it they
+            // wait for a replica: the old master, back as one.
+            if wait {
+                master
+                    .lock()
+                    .expect("lock")
+                    .restart_as_replica_of(replica.port);
+            }
         },
+        |_| {},
     );
     let now = RedisStore::connect(&replica.url(0)).expect("connect to the promoted replica");
     let audit = audit(&now, &loaded.acked, &loaded.view);

@@ -171,7 +171,18 @@ impl Server {
     /// once its link to the master is up.
     pub fn start_replica(dir: &Path, master_port: u16) -> Server {
         let port = master_port.to_string();
-        Self::start(dir, &["--replicaof", "127.0.0.1", &port])
+        Self::start(
+            dir,
+            &[
+                "--replicaof",
+                "127.0.0.1",
+                &port,
+                // Promoted, it syncs a new replica at once (not after the
+                // default 5 s wait for more replicas to join).
+                "--repl-diskless-sync-delay",
+                "0",
+            ],
+        )
     }
 
     /// `INFO replication` of this server, as text.
@@ -247,7 +258,9 @@ impl Server {
     /// master it failed over from.
     pub fn restart_as_replica_of(&mut self, master_port: u16) {
         assert!(self.child.is_none(), "restart after kill9");
-        self.extra.retain(|a| a != "--replicaof");
+        if let Some(i) = self.extra.iter().position(|a| a == "--replicaof") {
+            self.extra.drain(i..(i + 3).min(self.extra.len()));
+        }
         self.extra.extend([
             "--replicaof".to_string(),
             "127.0.0.1".to_string(),
