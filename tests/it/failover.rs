@@ -753,6 +753,54 @@ fn e3_postgres_require_sync_standby_refuses_a_server_without_one() {
     );
 }
 
+/// The same load on a cluster run the way operators run one: Patroni
+/// over etcd, `synchronous_mode` on. The leader node is killed with
+/// SIGKILL (Patroni, postmaster and backends); Patroni promotes the
+/// synchronous standby once the leader's key expires, and the writers,
+/// through both hosts in one URL, carry on: nothing acknowledged lost.
+#[cfg(feature = "postgres")]
+#[test]
+fn i7_postgres_failover_under_patroni_keeps_every_ok() {
+    let cluster = crate::pg_server::Patroni::start();
+    let url = format!(
+        "postgres://agentstate@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+        cluster.ports[0], cluster.ports[1]
+    );
+    let pg = PostgresStore::connect_with(&url, opts()).expect("connect");
+    pg.setup().expect("setup");
+    prepare(&pg);
+    let backend = agentstate::StoreAdmin::stats(&pg).expect("stats").backend;
+    assert!(
+        backend.contains("replicated before it is acknowledged"),
+        "Patroni's synchronous_mode is seen: {backend}"
+    );
+    drop(pg);
+    let fleet = PostgresStore::connect_with(&url, opts()).expect("connect the fleet");
+    let loaded = load(
+        &fleet,
+        1,
+        |_| cluster.kill9_node(0),
+        |_| cluster.await_role(1, false, Duration::from_secs(60)),
+        |_| {},
+    );
+    let now = PostgresStore::connect_with(&cluster.dsn(1, "postgres"), opts())
+        .expect("connect to the promoted node");
+    let audit = audit(&now, &loaded.acked, &loaded.view);
+    drop(fleet);
+    report(
+        "postgres under patroni, synchronous_mode",
+        1,
+        &loaded,
+        &audit,
+    );
+    assert_nothing_lost(&loaded, &audit);
+    assert!(
+        audit.view_mismatch.is_empty(),
+        "the consumer's view differs: {:?}",
+        audit.view_mismatch
+    );
+}
+
 /// E3 across a switchover: a server that turns read-only under a pooled
 /// connection (here `default_transaction_read_only`, as a demoted primary
 /// or a standby answers) refuses the write with nothing written; the store

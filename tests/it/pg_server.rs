@@ -756,3 +756,300 @@ fn watch_child(pid: u32, root: &Path) {
         .spawn()
         .expect("the watchdog starts (setsid, sh)");
 }
+
+/// Runs `program` as the servers' unprivileged user (when the tests run
+/// as root), as `PgServer::cmd` does.
+fn as_server_user(user: &Option<String>, program: &Path) -> Command {
+    match user {
+        None => Command::new(program),
+        Some(u) => {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={u}"))
+                .arg(format!("--regid={}", group_of(u)))
+                .arg("--init-groups")
+                .arg("--")
+                .arg(program);
+            c
+        }
+    }
+}
+
+/// The pids of `pid`'s children.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            // pid (comm) state ppid ...: comm may hold spaces.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(pid)
+                && let Ok(child) = e.file_name().to_string_lossy().parse()
+            {
+                out.push(child);
+            }
+        }
+    }
+    out
+}
+
+/// SIGKILL to `pids`, at once.
+fn kill9_all(pids: &[u32]) {
+    if pids.is_empty() {
+        return;
+    }
+    let _ = sh(Command::new("kill")
+        .arg("-KILL")
+        .args(pids.iter().map(u32::to_string)));
+}
+
+/// A binary on PATH, or a panic naming the package that has it.
+fn required(bin: &str, package: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(bin))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{bin} is not installed; the failover tests need it: apt-get install -y {package}"
+            )
+        })
+}
+
+/// Two PostgreSQL nodes run by Patroni over a one-node etcd, on loopback,
+/// as operators run a highly available PostgreSQL: Patroni bootstraps the
+/// first, clones the second from it, keeps one the leader (with
+/// `synchronous_mode`, the other its synchronous standby) and promotes
+/// the standby when the leader's key expires (`ttl` 5 s). Everything is
+/// killed when dropped, or by a watchdog when this process exits.
+pub struct Patroni {
+    root: PathBuf,
+    /// The two nodes' PostgreSQL ports.
+    pub ports: [u16; 2],
+    user: Option<String>,
+    /// etcd, then the two Patroni processes.
+    procs: Mutex<Vec<Child>>,
+}
+
+impl Patroni {
+    pub fn start() -> Patroni {
+        let patroni = required("patroni", "patroni");
+        let etcd = required("etcd", "etcd-server");
+        let bindir = bindir();
+        let user = server_user();
+        let root = std::env::temp_dir().join(format!(
+            "agentstate-patroni-{}-{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() & 0xffff_ffff)
+                .unwrap_or(0)
+        ));
+        std::fs::create_dir_all(&root).expect("the cluster's dir");
+        let [client, peer, api1, api2, pg1, pg2] = std::array::from_fn(|_| free_port());
+        for n in 1..=2 {
+            let (api, pg) = if n == 1 { (api1, pg1) } else { (api2, pg2) };
+            std::fs::write(
+                root.join(format!("n{n}.yml")),
+                format!(
+                    "scope: fleet\nname: n{n}\n\
+                     restapi:\n  listen: 127.0.0.1:{api}\n  connect_address: 127.0.0.1:{api}\n\
+                     etcd3:\n  hosts: 127.0.0.1:{client}\n\
+                     bootstrap:\n  dcs:\n    ttl: 5\n    loop_wait: 1\n    retry_timeout: 2\n\
+                     \x20   maximum_lag_on_failover: 1048576\n    synchronous_mode: true\n\
+                     \x20   postgresql:\n      use_pg_rewind: false\n      parameters:\n\
+                     \x20       wal_level: replica\n        max_wal_senders: 10\n        fsync: 'off'\n\
+                     \x20 initdb:\n    - encoding: UTF8\n    - locale: C\n\
+                     \x20 pg_hba:\n    - local all all trust\n    - host all all 127.0.0.1/32 trust\n\
+                     \x20   - host replication all 127.0.0.1/32 trust\n\
+                     postgresql:\n  listen: 127.0.0.1:{pg}\n  connect_address: 127.0.0.1:{pg}\n\
+                     \x20 data_dir: {root}/d{n}\n  bin_dir: {bindir}\n  pgpass: {root}/pgpass{n}\n\
+                     \x20 authentication:\n    superuser:\n      username: agentstate\n      password: x\n\
+                     \x20   replication:\n      username: agentstate\n      password: x\n\
+                     \x20 parameters:\n    unix_socket_directories: {root}\n    max_connections: 100\n",
+                    root = root.display(),
+                    bindir = bindir.display(),
+                ),
+            )
+            .expect("write the Patroni config");
+        }
+        if let Some(u) = &user {
+            let st = sh(Command::new("chown")
+                .arg("-R")
+                .arg(format!("{u}:"))
+                .arg(&root))
+            .expect("chown");
+            assert!(st.status.success(), "chown {u} {}", root.display());
+        }
+        let log = |name: &str| std::fs::File::create(root.join(name)).expect("a log file");
+        let spawn = |mut c: Command, name: &str| -> Child {
+            let l = log(name);
+            c.stdin(Stdio::null())
+                .stdout(l.try_clone().expect("log"))
+                .stderr(l)
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {name}: {e}"))
+        };
+        let mut e = as_server_user(&user, &etcd);
+        e.args(["--name", "e1", "--data-dir"])
+            .arg(root.join("etcd"))
+            .arg("--listen-client-urls")
+            .arg(format!("http://127.0.0.1:{client}"))
+            .arg("--advertise-client-urls")
+            .arg(format!("http://127.0.0.1:{client}"))
+            .arg("--listen-peer-urls")
+            .arg(format!("http://127.0.0.1:{peer}"))
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://127.0.0.1:{peer}"))
+            .arg("--initial-cluster")
+            .arg(format!("e1=http://127.0.0.1:{peer}"));
+        let mut procs = vec![spawn(e, "etcd.log")];
+        let node = |n: u32| {
+            let mut c = as_server_user(&user, &patroni);
+            c.arg(root.join(format!("n{n}.yml")));
+            c
+        };
+        procs.push(spawn(node(1), "n1.log"));
+        let p = Patroni {
+            root: root.clone(),
+            ports: [pg1, pg2],
+            user: user.clone(),
+            procs: Mutex::new(procs),
+        };
+        p.watchdog();
+        // The first node bootstraps and leads before the second clones it.
+        p.await_role(0, false, Duration::from_secs(90));
+        let second = spawn(node(2), "n2.log");
+        p.procs.lock().expect("lock").push(second);
+        p.watchdog();
+        p.await_role(1, true, Duration::from_secs(90));
+        p.await_sync_standby(0);
+        p
+    }
+
+    /// Writes the pids a watchdog kills when this process is gone (and the
+    /// postmasters it finds), then removes the directory.
+    fn watchdog(&self) {
+        let pids: Vec<String> = self
+            .procs
+            .lock()
+            .expect("lock")
+            .iter()
+            .map(|c| c.id().to_string())
+            .collect();
+        let pidfile = self.root.join("pids");
+        std::fs::write(&pidfile, pids.join(" ")).expect("write the pids");
+        if pids.len() > 2 {
+            return; // one watchdog, started with the first pids
+        }
+        let script = format!(
+            "while kill -0 {me} 2>/dev/null; do sleep 1; done; \
+             kill -9 $(cat '{pids}') 2>/dev/null; \
+             for d in '{root}/d1' '{root}/d2'; do \
+               if [ -f \"$d/postmaster.pid\" ]; then kill -QUIT \"$(head -n 1 \"$d/postmaster.pid\")\" 2>/dev/null; fi; \
+             done; sleep 2; rm -rf '{root}'",
+            me = std::process::id(),
+            pids = pidfile.display(),
+            root = self.root.display()
+        );
+        let _ = Command::new("setsid")
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+    }
+
+    /// The URL of database `db` on node `i` alone.
+    pub fn dsn(&self, i: usize, db: &str) -> String {
+        format!("postgres://agentstate@127.0.0.1:{}/{db}", self.ports[i])
+    }
+
+    /// Whether node `i` answers and is in recovery (a standby).
+    fn in_recovery(&self, i: usize) -> Option<bool> {
+        let mut c = postgres::Client::connect(&self.dsn(i, "postgres"), postgres::NoTls).ok()?;
+        c.query_one("SELECT pg_is_in_recovery()", &[])
+            .ok()
+            .map(|r| r.get(0))
+    }
+
+    /// Waits until node `i` answers as a standby (`recovery`) or a primary.
+    pub fn await_role(&self, i: usize, recovery: bool, within: Duration) {
+        let until = Instant::now() + within;
+        while self.in_recovery(i) != Some(recovery) {
+            assert!(
+                Instant::now() < until,
+                "node {} is not {} after {within:?}; see {}",
+                i + 1,
+                if recovery { "a standby" } else { "the primary" },
+                self.root.display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until the leader `i` has a synchronous standby streaming.
+    fn await_sync_standby(&self, i: usize) {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let sync = postgres::Client::connect(&self.dsn(i, "postgres"), postgres::NoTls)
+                .ok()
+                .and_then(|mut c| {
+                    c.query_one(
+                        "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+                        &[],
+                    )
+                    .ok()
+                })
+                .map(|r| r.get::<_, i64>(0));
+            if sync == Some(1) {
+                return;
+            }
+            assert!(Instant::now() < until, "no synchronous standby after 60 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// kill -9 of node `i`: its Patroni, its postmaster and every backend,
+    /// at once, as its machine dying would.
+    pub fn kill9_node(&self, i: usize) {
+        let mut procs = self.procs.lock().expect("lock");
+        let patroni = procs[i + 1].id();
+        let mut pids = vec![patroni];
+        if let Ok(pid) =
+            std::fs::read_to_string(self.root.join(format!("d{}/postmaster.pid", i + 1)))
+            && let Some(pm) = pid
+                .lines()
+                .next()
+                .and_then(|l| l.trim().parse::<u32>().ok())
+        {
+            pids.push(pm);
+            pids.extend(children_of(pm));
+        }
+        kill9_all(&pids);
+        let _ = procs[i + 1].wait();
+    }
+}
+
+impl Drop for Patroni {
+    fn drop(&mut self) {
+        let mut procs = self.procs.lock().expect("lock");
+        let pids: Vec<u32> = procs.iter().map(Child::id).collect();
+        kill9_all(&pids);
+        for c in procs.iter_mut() {
+            let _ = c.wait();
+        }
+        for d in ["d1", "d2"] {
+            let _ = sh(as_server_user(&self.user, &bindir().join("pg_ctl"))
+                .args(["stop", "-m", "immediate", "-w", "-D"])
+                .arg(self.root.join(d)));
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
