@@ -751,6 +751,22 @@ fn e3_postgres_require_sync_standby_refuses_a_server_without_one() {
         .is_err_and(|e| matches!(e, StateError::Invalid { .. })),
         "a bad value is Invalid"
     );
+
+    // A store that requires it, opened before a standby is back: refused,
+    // then, once one is back and synchronous, the next call dials again
+    // and writes (the refused connection was not kept).
+    let waiting = PostgresStore::connect_with(&url, opts().lazy(true)).expect("a lazy store");
+    let w: &dyn Store = &waiting;
+    let e = w
+        .put_run(RunRecord::new(RunKey::new("t", "r3"), "a"))
+        .expect_err("still no synchronous standby");
+    assert!(e.to_string().contains("synchronous_standby_names"), "{e}");
+    let again = PgServer::standby_of(&standby, "s2");
+    standby.require_sync_standby("s2");
+    standby.await_standby("s2", "sync");
+    w.put_run(RunRecord::new(RunKey::new("t", "r3"), "a"))
+        .expect("a synchronous standby is back");
+    drop(again);
 }
 
 /// The same load on a cluster run the way operators run one: Patroni

@@ -129,11 +129,13 @@ pub(crate) struct Conn {
     /// dialed (after a failover, each connection says it of the server it
     /// reached).
     pub(crate) replication: Arc<Replication>,
-    /// The server refused a write as read-only (a standby, or a primary
-    /// demoted or made read-only since the dial): the connection is
-    /// closed, not pooled, so the next dial finds the server that takes
-    /// writes (with `target_session_attrs=read-write`).
-    read_only: bool,
+    /// Closed when given back, not pooled: the server refused a write as
+    /// read-only (a standby, or a primary demoted or made read-only since
+    /// the dial), so the next dial finds the server that takes writes
+    /// (with `target_session_attrs=read-write`); or it was dialed to a
+    /// server without the synchronous standby `require_sync_standby`
+    /// asks for, so the next dial reads the settings again.
+    retire: bool,
 }
 
 /// A server's replication settings, read on every connection it dials:
@@ -274,7 +276,7 @@ pub(crate) struct Manager {
 impl Manager {
     /// Closed, or left inside a transaction by a dropped future.
     fn broken(conn: &Conn) -> bool {
-        conn.in_txn || conn.read_only || conn.client.is_closed()
+        conn.in_txn || conn.retire || conn.client.is_closed()
     }
 
     /// True when `conn`, given back by a call, must be closed instead of
@@ -346,7 +348,7 @@ impl deadpool::managed::Manager for Manager {
             used: now,
             in_txn: false,
             replication,
-            read_only: false,
+            retire: false,
         })
     }
 
@@ -394,7 +396,7 @@ impl Pooled {
             && e.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION)
             && let Some(conn) = self.obj.as_mut()
         {
-            conn.read_only = true;
+            conn.retire = true;
         }
     }
 
@@ -1203,8 +1205,11 @@ impl PostgresStore {
                 break;
             }
             match tokio::time::timeout(left, self.pool.get()).await {
-                Ok(Ok(obj)) => {
+                Ok(Ok(mut obj)) => {
                     if self.opts.require_sync_standby && !obj.replication.synchronous() {
+                        // Not pooled again: the next call dials and reads
+                        // the settings anew (a standby may be back).
+                        obj.retire = true;
                         return Err(self.not_replicated(&obj.replication));
                     }
                     let st = self.pool.status();
