@@ -1,18 +1,18 @@
 //! The one list of the store's calls, and what is generated from it.
 //!
 //! Every call a backend answers (the four data traits, and
-//! `list_sessions`) is written once, in [`for_each_call!`]: its trait, its
+//! `list_sessions`) is written once, in `for_each_call!`: its trait, its
 //! name, its arguments, what it answers and the tenant its span names. The
 //! layers that used to repeat each signature are generated from that list:
 //!
 //! - `native::AsyncCore` (the async calls a server backend implements) and
 //!   `native::DynCore` (the same as a trait object, for `AsyncStore`);
-//! - [`impl_async_core!`]: a server backend's `AsyncCore`, each call its
+//! - `impl_async_core!`: a server backend's `AsyncCore`, each call its
 //!   inherent `async fn` of the same name inside a span and metrics
 //!   (`observe`);
 //! - `sync_over_async!`: a server backend's synchronous traits, each call
 //!   the async one driven on the calling thread;
-//! - [`forward_sync!`]: an embedded handle's synchronous traits, each call
+//! - `forward_sync!`: an embedded handle's synchronous traits, each call
 //!   its inner store's inside a span and metrics.
 //!
 //! So adding a call touches its trait, this list, each backend's
@@ -191,7 +191,7 @@ macro_rules! forward_sync {
 
 /// The four synchronous data traits (`StateStore`, `FeedStore`,
 /// `TrayStore`, `BudgetStore`) of a type, from the list of calls; each
-/// call's body by `$mode`: `forward` (an embedded handle, [`forward_sync!`])
+/// call's body by `$mode`: `forward` (an embedded handle, `forward_sync!`)
 /// or `bridge` (a server backend, `impl_async_core!`).
 #[doc(hidden)]
 #[macro_export]

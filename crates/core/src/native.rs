@@ -7,7 +7,7 @@
 //!   own task, through the object-safe [`DynCore`] (one boxed future per
 //!   call; no thread hop, no `spawn_blocking`);
 //! - the synchronous traits ([`StateStore`](crate::StateStore) and the
-//!   rest) are [`sync_over_async!`] impls that drive the same future to
+//!   rest) are `sync_over_async!` impls that drive the same future to
 //!   completion on the calling thread with [`Bridge::block_on`].
 //!
 //! The [`Bridge`] is a small runtime of the store's own (one worker
