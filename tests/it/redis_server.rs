@@ -169,9 +169,12 @@ impl Server {
 
     /// A replica of the server on `master_port` (`--replicaof`), ready
     /// once its link to the master is up.
+    /// Ready once the master streams to it: after a diskless sync the
+    /// master holds writes back until the replica's first `REPLCONF ACK`
+    /// (up to a second), and a master lost before that loses them all.
     pub fn start_replica(dir: &Path, master_port: u16) -> Server {
         let port = master_port.to_string();
-        Self::start(
+        let s = Self::start(
             dir,
             &[
                 "--replicaof",
@@ -182,7 +185,34 @@ impl Server {
                 "--repl-diskless-sync-delay",
                 "0",
             ],
-        )
+        );
+        // A write, then `WAIT 1` on the same connection: 1 once the replica
+        // acknowledged it, which means the stream has started. (The probe
+        // key is in database 9, no store's, and expires.)
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut cli = Command::new("redis-cli")
+                .args(["-p", &port])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("redis-cli: {e}; install it: {INSTALL}"));
+            if let Some(mut stdin) = cli.stdin.take() {
+                use std::io::Write;
+                let _ = stdin.write_all(b"SELECT 9\nSET replication-probe 1 PX 2000\nWAIT 1 300\n");
+            }
+            let out = cli.wait_with_output().expect("redis-cli");
+            let text = String::from_utf8_lossy(&out.stdout);
+            if text.lines().last().map(str::trim) == Some("1") {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the master on port {port} does not stream to its replica on port {}",
+                s.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// `INFO replication` of this server, as text.
