@@ -919,10 +919,7 @@ impl SentinelProc {
     fn start(dir: &std::path::Path, master: &str, master_port: u16) -> SentinelProc {
         use std::process::{Command, Stdio};
         std::fs::create_dir_all(dir).expect("the sentinel's dir");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
+        let port = crate::redis_server::free_port();
         let conf = dir.join("sentinel.conf");
         std::fs::write(
             &conf,
@@ -1145,10 +1142,7 @@ fn e3_redis_sentinel_refuses_an_unknown_master_and_too_few_replicas() {
         "connected_slaves:1",
     );
     // No sentinel reached: it may come up; retryable.
-    let free = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
+    let free = crate::redis_server::free_port();
     let e = RedisStore::connect_with(
         &format!("redis+sentinel://127.0.0.1:{free}/m/0"),
         opts().connect_timeout(Duration::from_millis(300)),

@@ -422,24 +422,9 @@ impl PgServer {
             return;
         };
         let pid = child.id();
-        let mut pids = vec![pid.to_string()];
-        if let Ok(dir) = std::fs::read_dir("/proc") {
-            for e in dir.flatten() {
-                let name = e.file_name().to_string_lossy().to_string();
-                let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-                    continue;
-                };
-                // pid (comm) state ppid ...: comm may hold spaces.
-                let ppid = stat
-                    .rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                    .and_then(|p| p.parse::<u32>().ok());
-                if ppid == Some(pid) {
-                    pids.push(name);
-                }
-            }
-        }
-        let _ = sh(Command::new("kill").arg("-KILL").args(&pids));
+        let mut pids = vec![pid];
+        pids.extend(children_of(pid));
+        kill9_all(&pids);
         let _ = child.wait();
     }
 
