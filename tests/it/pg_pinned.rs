@@ -267,7 +267,7 @@ fn pinned_first_then_setup_shares_its_rows() {
     let s = PostgresStore::connect(&dsn).expect("connect");
     s.setup().expect("setup after pinned");
     s.setup().expect("setup again");
-    assert_eq!(s.schema_version().expect("version"), Some(9));
+    assert_eq!(s.schema_version().expect("version"), Some(10));
     assert_pinned_shape(&mut c);
     let w = InstanceKey::new("py", "w1");
     assert_eq!(s.epoch(&w).expect("epoch"), 5, "pinned's epoch");
@@ -891,7 +891,7 @@ fn setup_races_pinned_setup() {
         pinned_setup(&mut c);
         assert_pinned_shape(&mut c);
         let s = PostgresStore::connect(&dsn).expect("connect");
-        assert_eq!(s.schema_version().expect("version"), Some(9));
+        assert_eq!(s.schema_version().expect("version"), Some(10));
     }
 }
 
@@ -963,7 +963,7 @@ fn setup_upgrades_a_schema_8_database() {
             });
         }
     });
-    assert_eq!(s.schema_version().expect("version"), Some(9));
+    assert_eq!(s.schema_version().expect("version"), Some(10));
     assert_pinned_shape(&mut c);
     let w = InstanceKey::new("old", "w");
     assert_eq!(s.epoch(&w).expect("epoch"), 7);

@@ -146,13 +146,13 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
     );
     s.setup().expect("setup");
     s.setup().expect("setup again");
-    assert_eq!(s.schema_version().expect("version"), Some(9));
+    assert_eq!(s.schema_version().expect("version"), Some(10));
     s.put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
         .expect("put");
-    // A newer release wrote version 10: refused, and nothing is changed.
+    // A newer release wrote version 11: refused, and nothing is changed.
     let mut c = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
     c.execute(
-        "UPDATE public.agentstate_meta SET value = '10' WHERE name = 'schema_version'",
+        "UPDATE public.agentstate_meta SET value = '11' WHERE name = 'schema_version'",
         &[],
     )
     .expect("bump");
@@ -164,8 +164,8 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
         matches!(
             e,
             StateError::UnsupportedFormat {
-                found: 10,
-                supported: 9
+                found: 11,
+                supported: 10
             }
         ),
         "{e:?}"
@@ -177,7 +177,7 @@ fn setup_is_idempotent_and_refuses_a_newer_schema_untouched() {
         )
         .expect("read")
         .get(0);
-    assert_eq!(v, "10", "the newer schema is not touched");
+    assert_eq!(v, "11", "the newer schema is not touched");
     assert!(s.get_run(&RunKey::new("t", "r")).expect("get").is_some());
 }
 
@@ -211,7 +211,7 @@ fn setup_upgrades_a_version_1_database() {
             });
         }
     });
-    assert_eq!(s.schema_version().expect("version"), Some(9));
+    assert_eq!(s.schema_version().expect("version"), Some(10));
     assert_eq!(s.get_run(&old.key).expect("get"), Some(old.clone()));
     use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold};
     s.put_budget(BudgetRecord::new(
@@ -469,7 +469,7 @@ fn setup_upgrades_the_golden_schema_2_database() {
             .expect("connect");
     assert_eq!(s.schema_version().expect("version"), Some(2));
     s.setup().expect("upgrade");
-    assert_eq!(s.schema_version().expect("version"), Some(9));
+    assert_eq!(s.schema_version().expect("version"), Some(10));
     let r1 = s
         .get_run(&RunKey::new("acme", "r1"))
         .expect("get")
@@ -708,7 +708,7 @@ fn setup_from_8_processes_at_once() {
             assert_eq!(child_lines(c, &format!("setup child {i}")), ["ok"]);
         }
         let s = PostgresStore::connect(&dsn).expect("connect");
-        assert_eq!(s.schema_version().expect("version"), Some(9));
+        assert_eq!(s.schema_version().expect("version"), Some(10));
         let r = s
             .put_run(RunRecord::new(RunKey::new("t", "r"), "a"))
             .expect("put after setup");
@@ -2597,7 +2597,10 @@ mod native {
             },
         )
         .expect("sync patch");
-        assert_eq!(sync.schema_version_async().await.expect("version"), Some(9));
+        assert_eq!(
+            sync.schema_version_async().await.expect("version"),
+            Some(10)
+        );
         assert!(
             sync.list_sessions(&key.tenant, &PageRequest::new(10))
                 .is_ok()
@@ -3517,6 +3520,109 @@ fn wait_changes_is_woken_by_a_commit_in_another_process() {
     );
 }
 
+/// F5 for every writer, schema 10: a plain-SQL write (pinned's, a
+/// script's) notifies from its own transaction, so a waiter wakes at once
+/// (well before its one-second safety read); a transaction that says it
+/// is the store's (`agentstate.feed_notify = 'after_commit'`) notifies
+/// nothing itself, and records the notification for after its commit
+/// (what the store sends after every COMMIT), and a rollback takes the
+/// record back.
+#[test]
+fn plain_sql_writers_wake_waiters_and_the_stores_commits_notify_after() {
+    use agentstate::{FeedScope, FeedStore};
+    use postgres::fallible_iterator::FallibleIterator;
+    let s = store(Options::new());
+    // An env of its own: only this test's trays are in its feed.
+    let env = unique("sqlwake");
+    let scope = FeedScope::trays_in(&env);
+    let trays = format!("\"{}\".pinned_tray_index", schema());
+    // pinned's `set_tray`, as plain SQL.
+    let upsert = format!(
+        "INSERT INTO {trays} (ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
+         VALUES ('w', $1, 'q', 'a', true, $2::text::jsonb, $1, '*') \
+         ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET doc = EXCLUDED.doc, \
+         env = EXCLUDED.env"
+    );
+    let mut at = s.feed_head(&scope).expect("head");
+    let mut ms = Vec::new();
+    for i in 0..5 {
+        let (env2, upsert2, dsn) = (env.clone(), upsert.clone(), shared_dsn().to_string());
+        let writer = std::thread::spawn(move || {
+            let mut c = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
+            std::thread::sleep(Duration::from_millis(200));
+            let t = Instant::now();
+            c.execute(&upsert2, &[&env2, &format!("{{\"n\": {i}}}")])
+                .expect("pinned's upsert");
+            t
+        });
+        let page = s
+            .wait_changes(&scope, at, 10, Duration::from_secs(10))
+            .expect("wait");
+        let woke = Instant::now();
+        let sent = writer.join().expect("writer");
+        assert_eq!(page.changes.len(), 1, "round {i}: {page:?}");
+        ms.push(woke.duration_since(sent).as_secs_f64() * 1000.0);
+        at = page.next;
+    }
+    ms.sort_by(f64::total_cmp);
+    assert!(
+        ms[2] < 250.0,
+        "plain SQL writes woke the waiter after (ms) {ms:?}: not notified"
+    );
+
+    // The store's way: nothing notified inside; recorded, once per scope.
+    let mut c = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("raw");
+    let mut l = postgres::Client::connect(shared_dsn(), postgres::NoTls).expect("listener");
+    let mut channel = format!("agentstate_feed {}", schema());
+    channel.truncate(63);
+    l.batch_execute(&format!("LISTEN \"{channel}\""))
+        .expect("listen");
+    let touched = |c: &mut postgres::Client| -> String {
+        c.query_one(
+            "SELECT coalesce(current_setting('agentstate.feed_touched', true), '')",
+            &[],
+        )
+        .expect("setting")
+        .get(0)
+    };
+    for end in ["ROLLBACK", "COMMIT"] {
+        c.batch_execute("BEGIN; SET LOCAL agentstate.feed_notify = 'after_commit'")
+            .expect("begin");
+        c.execute(&upsert, &[&env, &"{\"n\": 10}"]).expect("upsert");
+        c.execute(&upsert, &[&env, &"{\"n\": 11}"]).expect("again");
+        c.batch_execute(end).expect("end");
+    }
+    let recorded: serde_json::Value = serde_json::from_str(&touched(&mut c)).expect("json");
+    assert_eq!(
+        recorded,
+        serde_json::json!([[channel, "trays"]]),
+        "one notification per scope, recorded; the rollback's taken back"
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        l.notifications().iter().count().expect("read"),
+        0,
+        "the store's transaction notified nothing itself"
+    );
+    // What the store sends after its COMMIT.
+    c.batch_execute(
+        "SELECT pg_notify(n ->> 0, n ->> 1), set_config('agentstate.feed_touched', '', false) \
+         FROM jsonb_array_elements(coalesce(nullif(\
+         current_setting('agentstate.feed_touched', true), ''), '[]')::jsonb) AS n",
+    )
+    .expect("notify");
+    assert_eq!(touched(&mut c), "", "sent once");
+    let mut n = l.notifications();
+    let heard = n
+        .timeout_iter(Duration::from_secs(5))
+        .next()
+        .expect("listen")
+        .map(|n| (n.channel().to_string(), n.payload().to_string()));
+    assert_eq!(heard, Some((channel.clone(), "trays".to_string())));
+    let page = s.changes(&scope, at, 10).expect("changes");
+    assert_eq!(page.changes.len(), 1, "the committed write: {page:?}");
+}
+
 /// A database a schema-6 build wrote is upgraded by `setup()`: the feed
 /// then holds every record it had, once, in its current state (trays by
 /// env too), and the writes after the upgrade follow them.
@@ -3550,7 +3656,7 @@ fn setup_backfills_the_feed_of_a_schema_6_database() {
     let s = PostgresStore::connect(&dsn).expect("connect");
     assert_eq!(s.schema_version().expect("version"), Some(6));
     s.setup().expect("upgrade");
-    assert_eq!(s.schema_version().expect("version"), Some(9));
+    assert_eq!(s.schema_version().expect("version"), Some(10));
     let kinds = |scope: &FeedScope, after: Position| -> (Vec<String>, Position) {
         let page = s.changes(scope, after, 100).expect("changes");
         let k = page
@@ -3847,7 +3953,7 @@ fn setup_upgrades_a_schema_7_database_with_live_holds() {
         .expect_err("schema 7 has no amount columns");
     assert!(e.to_string().contains("setup()"), "{e}");
     s.setup().expect("upgrade");
-    assert_eq!(s.schema_version().expect("version"), Some(9));
+    assert_eq!(s.schema_version().expect("version"), Some(10));
     assert!(
         matches!(
             s.reserve(&run, Hold::new("new", 60_000).cost_micros(31)),

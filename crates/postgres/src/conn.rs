@@ -136,7 +136,20 @@ pub(crate) struct Conn {
     /// server without the synchronous standby `require_sync_standby`
     /// asks for, so the next dial reads the settings again.
     retire: bool,
+    /// [`NOTIFY_SQL`] prepared at the dial (with the statement cache on).
+    notify: Option<Statement>,
 }
+
+/// Sent after every write's `COMMIT`, in the same round trip: the feed's
+/// notifications the transaction recorded instead of sending them itself
+/// (`schema/v10.sql`), in a transaction of their own that writes no WAL
+/// and so commits without a flush. Built-in functions only, so it runs on
+/// a database at any schema version (before schema 10 nothing is
+/// recorded: it answers no rows).
+pub(crate) const NOTIFY_SQL: &str = "SELECT pg_notify(n ->> 0, n ->> 1), \
+     set_config('agentstate.feed_touched', '', false) \
+     FROM jsonb_array_elements(coalesce(nullif(\
+     current_setting('agentstate.feed_touched', true), ''), '[]')::jsonb) AS n";
 
 /// A server's replication settings, read on every connection it dials:
 /// whether an acknowledged commit was flushed on a synchronous standby.
@@ -271,6 +284,9 @@ pub(crate) struct Manager {
     /// The latest dial's reading of the server's replication (for
     /// `stats` and the log).
     pub(crate) replication: Arc<parking_lot::Mutex<Option<Arc<Replication>>>>,
+    /// Statements are kept per connection (not behind a transaction-mode
+    /// pooler).
+    pub(crate) statement_cache: bool,
 }
 
 impl Manager {
@@ -319,7 +335,15 @@ impl deadpool::managed::Manager for Manager {
             })
             .await
             .map_err(Arc::new)?;
-        let read = read_replication(&client).await.map_err(Arc::new)?;
+        // Pipelined: one round trip.
+        let (read, notify) = if self.statement_cache {
+            let (read, notify) =
+                ordered(read_replication(&client), client.prepare(NOTIFY_SQL)).await;
+            (read, Some(notify.map_err(Arc::new)?))
+        } else {
+            (read_replication(&client).await, None)
+        };
+        let read = read.map_err(Arc::new)?;
         let replication = {
             let mut last = self.replication.lock();
             match last.as_ref() {
@@ -349,6 +373,7 @@ impl deadpool::managed::Manager for Manager {
             in_txn: false,
             replication,
             retire: false,
+            notify,
         })
     }
 
@@ -413,6 +438,7 @@ impl Pooled {
             prefix: &store.prefix,
             cache: store.opts.statement_cache,
             pending: vec![Pending::Begin(&store.begin)],
+            notify: conn.notify.as_ref(),
             began: false,
             committed: false,
             reads_only: false,
@@ -582,6 +608,8 @@ pub(crate) struct Tx<'a> {
     cache: bool,
     /// Not sent yet, in order.
     pending: Vec<Pending<'a>>,
+    /// [`NOTIFY_SQL`] prepared on this connection.
+    notify: Option<&'a Statement>,
     /// `BEGIN` answered.
     began: bool,
     /// `COMMIT` went out with the last statement ([`Tx::query_commit`]).
@@ -664,6 +692,18 @@ impl<'a> Tx<'a> {
         main_out.expect("polled to the end").map_err(|e| (e, false))
     }
 
+    /// The feed's notifications after this transaction's `COMMIT`
+    /// ([`NOTIFY_SQL`]); `None` for a read.
+    fn notify_after(&self, client: &'a Client) -> Option<PgFut<'a>> {
+        if self.reads_only {
+            return None;
+        }
+        Some(match self.notify {
+            Some(s) => Box::pin(async move { client.execute(s, &[]).await.map(|_| ()) }),
+            None => Box::pin(client.batch_execute(NOTIFY_SQL)),
+        })
+    }
+
     /// Marks the transaction as one that writes nothing (a read call): a
     /// failure of its `COMMIT` is `Unavailable`, never `OutcomeUnknown`.
     pub(crate) fn reads_only(&mut self) {
@@ -690,7 +730,8 @@ impl<'a> Tx<'a> {
             )));
         }
         let client = self.client;
-        match self.send_all(client.batch_execute("COMMIT")).await {
+        let commit = then_notify(client.batch_execute("COMMIT"), self.notify_after(client));
+        match self.send_all(commit).await {
             Ok(()) => {
                 *self.in_txn = false;
                 Ok(())
@@ -740,10 +781,9 @@ impl<'a> Tx<'a> {
                 Fail::Closed
             });
         }
-        let both = Box::pin(ordered(
-            client.query(&s, params),
-            client.batch_execute("COMMIT"),
-        ));
+        let notify = (!(read_only || self.reads_only)).then(|| self.notify_after(client));
+        let commit = then_notify(client.batch_execute("COMMIT"), notify.flatten());
+        let both = Box::pin(ordered(client.query(&s, params), commit));
         let out = self.send_all(async { Ok::<_, PgError>(both.await) }).await;
         let (rows, commit) = match out {
             Ok(v) => v,
@@ -920,6 +960,29 @@ impl<'a> Tx<'a> {
         let client = self.client;
         self.pipelined(client.batch_execute(sql)).await
     }
+}
+
+/// `commit`, and `notify` queued right behind it (polled once after it,
+/// so it goes out in the same round trip): answers `commit`'s outcome as
+/// soon as it is known, without waiting for `notify`'s, which is dropped
+/// (the connection reads and discards its answer). A notification lost
+/// that way costs a waiter at most its periodic read (`feed.rs`).
+async fn then_notify<'f>(
+    commit: impl Future<Output = std::result::Result<(), PgError>>,
+    notify: Option<PgFut<'f>>,
+) -> std::result::Result<(), PgError> {
+    let mut commit = std::pin::pin!(commit);
+    let mut notify = notify;
+    std::future::poll_fn(|cx| {
+        let out = commit.as_mut().poll(cx);
+        if let Some(n) = notify.as_mut()
+            && n.as_mut().poll(cx).is_ready()
+        {
+            notify = None;
+        }
+        out
+    })
+    .await
 }
 
 /// Two requests polled in order on every poll (so the first is queued

@@ -73,6 +73,7 @@ const SCHEMA: &[&str] = &[
     include_str!("schema/v7.sql"),
     include_str!("schema/v8.sql"),
     include_str!("schema/v9.sql"),
+    include_str!("schema/v10.sql"),
 ];
 /// The seeds' two tray tables as pinned creates them, run before
 /// `SCHEMA[0]` on a database this store never set up (see the file).
@@ -565,9 +566,12 @@ impl PostgresStore {
         // dies inside it. Set with `SET LOCAL` in the `BEGIN` batch (no
         // extra round trip), not as startup `options`, which PgBouncer
         // refuses (or, told to ignore them, drops).
+        // The feed's triggers record their notifications for after the
+        // commit rather than sending them (`schema/v10.sql`).
         let begin = format!(
             "BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL statement_timeout = {ms}; \
-             SET LOCAL idle_in_transaction_session_timeout = {}",
+             SET LOCAL idle_in_transaction_session_timeout = {}; \
+             SET LOCAL agentstate.feed_notify = 'after_commit'",
             ms.saturating_mul(2)
         );
         if config.get_application_name().is_none() {
@@ -589,6 +593,7 @@ impl PostgresStore {
             max_lifetime: opts.max_lifetime,
             idle_timeout: opts.idle_timeout,
             replication: Arc::default(),
+            statement_cache: opts.statement_cache,
         })
         // Dialed lazily: a store never used opened no connection. The
         // waits are the store's own (see `conn`).
