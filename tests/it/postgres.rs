@@ -3523,7 +3523,7 @@ fn wait_changes_is_woken_by_a_commit_in_another_process() {
 /// F5 for every writer, schema 10: a plain-SQL write (pinned's, a
 /// script's) notifies from its own transaction, so a waiter wakes at once
 /// (well before its one-second safety read); a transaction that says it
-/// is the store's (`agentstate.feed_notify = 'after_commit'`) notifies
+/// is the store's (`agentstate.notify = 'after_commit'`) notifies
 /// nothing itself, and records the notification for after its commit
 /// (what the store sends after every COMMIT), and a rollback takes the
 /// record back.
@@ -3586,7 +3586,7 @@ fn plain_sql_writers_wake_waiters_and_the_stores_commits_notify_after() {
         .get(0)
     };
     for end in ["ROLLBACK", "COMMIT"] {
-        c.batch_execute("BEGIN; SET LOCAL agentstate.feed_notify = 'after_commit'")
+        c.batch_execute("BEGIN; SET LOCAL agentstate.notify = 'after_commit'")
             .expect("begin");
         c.execute(&upsert, &[&env, &"{\"n\": 10}"]).expect("upsert");
         c.execute(&upsert, &[&env, &"{\"n\": 11}"]).expect("again");

@@ -15,8 +15,9 @@ use agentstate_core::record::{Millis, RunKey, RunState, SessionKey, SessionRecor
 use agentstate_core::rules::{at_cap, check_id, check_limit, checked_entry, held};
 use agentstate_core::tray::{InstanceKey, Tray, TrayKey};
 
-use super::budgets::{budget_of, decode_budget, decode_hold, insert_budget, insert_hold};
+use super::budgets::{budget_cols, budget_of, decode_budget, decode_hold, insert_budget, insert_hold};
 use super::conn::{Tx, TxResult, txn};
+use super::fields::{run_cols, session_cols};
 use super::runs::{decode_run, decode_run_at, decode_session, read_run, seq_col, write_run};
 use super::trays::{in_tray, put_tray};
 use super::{Col, PostgresStore, epoch_in, epoch_out, id_in, id_out, id_read, num, num_out};
@@ -59,7 +60,12 @@ impl Table {
             Table::Runs => ("tenant, run_id, record, seq", 2, "agentstate_runs", ""),
             Table::Holds => ("tenant, run_id, hold_id, record", 3, "agentstate_holds", ""),
             Table::Sessions => ("tenant, session_id, record", 2, "agentstate_sessions", ""),
-            Table::Budgets => ("tenant, name, record, spent", 2, "agentstate_budgets", ""),
+            Table::Budgets => (
+                concat!("tenant, name, ", budget_cols!()),
+                2,
+                "agentstate_budgets",
+                "",
+            ),
             // An epoch row at 0 reads like no row (T2); it is not a record.
             Table::Epochs => ("ns, id, epoch", 2, "pinned_epoch", "epoch > 0"),
             // The alarm rows (A4) are the alarms' own, exported as alarms.
@@ -129,7 +135,7 @@ fn entry_of(t: Table, r: &tokio_postgres::Row) -> Result<(Vec<String>, Entry)> {
         }
         Table::Budgets => {
             let key = BudgetKey::new(s(0)?, s(1)?);
-            let (budget, spent) = decode_budget(r.col(2)?, r.col(3)?, &key)?;
+            let (budget, spent) = decode_budget(r.col(2)?, r.col(3)?, r.col(4)?, &key)?;
             (vec![key.tenant, key.name], Entry::Budget { budget, spent })
         }
         Table::Sessions => {
@@ -269,8 +275,7 @@ impl PostgresStore {
                             return Err(taken().into());
                         }
                         tx.execute(
-                            "INSERT INTO {s}agentstate_sessions (tenant, session_id, record, fields) \
-                             VALUES ($1, $2, $3, $4::text::jsonb)",
+                            super::runs::SESSION_INSERT,
                             &[
                                 &id_in(&s.key.tenant),
                                 &id_in(&s.key.session_id),
@@ -364,13 +369,13 @@ async fn budget_stats(tx: &mut Tx<'_>, st: &mut StoreStats, now: Millis) -> TxRe
     let mut budgets: HashMap<BudgetKey, (Caps, Spend, Vec<HoldRecord>)> = HashMap::new();
     for r in tx
         .query(
-            "SELECT tenant, name, record, spent FROM {s}agentstate_budgets",
+            concat!("SELECT tenant, name, ", budget_cols!(), " FROM {s}agentstate_budgets"),
             &[],
         )
         .await?
     {
         let key = BudgetKey::new(id_out(r.col(0)?)?, id_out(r.col(1)?)?);
-        let (rec, spent) = decode_budget(r.col(2)?, r.col(3)?, &key)?;
+        let (rec, spent) = decode_budget(r.col(2)?, r.col(3)?, r.col(4)?, &key)?;
         st.tenants.entry(key.tenant.clone()).or_default().budgets += 1;
         budgets.insert(key, (rec.caps, spent, Vec::new()));
     }
@@ -428,14 +433,14 @@ async fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
     let mut entries = 0u64;
     for r in tx
         .query(
-            "SELECT tenant, name, record, spent FROM {s}agentstate_budgets",
+            concat!("SELECT tenant, name, ", budget_cols!(), " FROM {s}agentstate_budgets"),
             &[],
         )
         .await?
     {
         entries += 1;
         let key = BudgetKey::new(id_out(r.col(0)?)?, id_out(r.col(1)?)?);
-        if let Err(e) = decode_budget(r.col(2)?, r.col(3)?, &key) {
+        if let Err(e) = decode_budget(r.col(2)?, r.col(3)?, r.col(4)?, &key) {
             problems.push(format!("budget {}/{}: {e}", key.tenant, key.name));
         }
     }
@@ -648,18 +653,26 @@ impl PostgresStore {
                 tx.reads_only();
                 // With each run, its label rows (R11): (label, value, seq).
                 let sql = match after {
-                    None => {
+                    None => concat!(
                         "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text, fields::text, \
                              ARRAY(SELECT jsonb_build_array(l.label, l.value, l.seq)::text FROM {s}agentstate_run_labels l \
-                                   WHERE l.tenant = r.tenant AND l.run_id = r.run_id ORDER BY l.label) \
-                             FROM {s}agentstate_runs r ORDER BY tenant, run_id LIMIT 1000"
-                    }
-                    Some(_) => {
+                                   WHERE l.tenant = r.tenant AND l.run_id = r.run_id ORDER BY l.label), (",
+                        run_cols!(names),
+                        ") IS NOT DISTINCT FROM (",
+                        run_cols!(values),
+                        ") FROM {s}agentstate_runs r CROSS JOIN LATERAL (SELECT r.fields AS f) j \
+                             ORDER BY tenant, run_id LIMIT 1000"
+                    ),
+                    Some(_) => concat!(
                         "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text, fields::text, \
                              ARRAY(SELECT jsonb_build_array(l.label, l.value, l.seq)::text FROM {s}agentstate_run_labels l \
-                                   WHERE l.tenant = r.tenant AND l.run_id = r.run_id ORDER BY l.label) \
-                                FROM {s}agentstate_runs r WHERE (tenant, run_id) > ($1, $2) ORDER BY tenant, run_id LIMIT 1000"
-                    }
+                                   WHERE l.tenant = r.tenant AND l.run_id = r.run_id ORDER BY l.label), (",
+                        run_cols!(names),
+                        ") IS NOT DISTINCT FROM (",
+                        run_cols!(values),
+                        ") FROM {s}agentstate_runs r CROSS JOIN LATERAL (SELECT r.fields AS f) j \
+                             WHERE (tenant, run_id) > ($1, $2) ORDER BY tenant, run_id LIMIT 1000"
+                    ),
                 };
                 match &after {
                     None => tx.query(sql, &[]).await,
@@ -701,6 +714,10 @@ impl PostgresStore {
                 }
                 if !fields_agree(r.col(8)?, super::fields::run(&run)) {
                     bad.push("fields");
+                }
+                // Written beside `fields`, not generated (schema 10).
+                if !r.col::<_, bool>(10)? {
+                    bad.push("columns derived from fields");
                 }
                 // The label index holds exactly the run's labels, at its seq.
                 let rows: Vec<serde_json::Value> = r
@@ -820,7 +837,13 @@ impl PostgresStore {
             }
             let mut n = [0u64; 3];
             for (i, sql) in [
-                "SELECT record, tenant, session_id, fields::text FROM {s}agentstate_sessions",
+                concat!(
+                    "SELECT record, tenant, session_id, fields::text, (",
+                    session_cols!(names),
+                    ") IS NOT DISTINCT FROM (",
+                    session_cols!(values),
+                    ") FROM {s}agentstate_sessions s CROSS JOIN LATERAL (SELECT s.fields AS f) j"
+                ),
                 "SELECT count(*) FROM {s}pinned_tray_index \
                  WHERE NOT (tray_ns = 'pinned' AND tray_id = 'alarm')",
                 "SELECT count(*) FROM {s}agentstate_alarms",
@@ -839,6 +862,10 @@ impl PostgresStore {
                                     key.tenant, key.session_id
                                 ))
                             }
+                            Ok(_) if !r.col::<_, bool>(4)? => problems.push(format!(
+                                "session {}/{}: its columns disagree with its fields",
+                                key.tenant, key.session_id
+                            )),
                             Ok(_) => n[0] += 1,
                             Err(e) => problems
                                 .push(format!("session {}/{}: {e}", key.tenant, key.session_id)),

@@ -48,7 +48,7 @@ use agentstate_core::limits::HOLDS_PER_RUN_MAX;
 use agentstate_core::page::{Page, PageRequest};
 use agentstate_core::record::{Millis, RunKey, RunRecord, StateDelta};
 use agentstate_core::rules::{
-    BudgetSide, budget_spent, check_budget_key, check_hold, check_id, check_limit, check_new_hold,
+    BudgetSide, check_budget_key, check_hold, check_id, check_limit, check_new_hold,
     check_reserve, check_run_key, check_size, expired, held, new_hold, next_budget, overshoot,
     patched_run,
 };
@@ -140,18 +140,63 @@ pub(crate) fn budget_of(run: &RunRecord) -> Option<BudgetKey> {
         .map(|n| BudgetKey::new(run.key.tenant.clone(), n.clone()))
 }
 
-/// Decodes a budget row's record and spent columns, checking the key.
-pub(crate) fn decode_budget(
-    record: &[u8],
-    spent: &[u8],
-    key: &BudgetKey,
-) -> Result<(BudgetRecord, Spend)> {
+/// The columns a budget's reads select after its `record`: `spent` and
+/// [`CHARGED`].
+macro_rules! budget_cols {
+    () => {
+        "record, spent, ARRAY[charged_cost_micros, charged_tokens, charged_iterations]::text[]"
+    };
+}
+pub(crate) use budget_cols;
+
+/// Decodes a budget row's record and `spent` columns, checking the key:
+/// the spent as of the row's last whole write (schema 10: see
+/// [`decode_budget`]).
+fn decode_budget_base(record: &[u8], spent: &[u8], key: &BudgetKey) -> Result<(BudgetRecord, Spend)> {
     let r: BudgetRecord = value::decode(record, "budget")?;
     if &r.key != key {
         return Err(StateError::corrupt("budget stored under another key"));
     }
     Ok((r, value::decode(spent, "budget spent")?))
 }
+
+/// Decodes a budget row read with [`budget_cols!`]: its record, and its
+/// spent, the encoded `spent` plus the amounts settles and patches booked
+/// since (`charged_*`, schema 10), saturating as a spend always does.
+pub(crate) fn decode_budget(
+    record: &[u8],
+    spent: &[u8],
+    charged: Vec<String>,
+    key: &BudgetKey,
+) -> Result<(BudgetRecord, Spend)> {
+    let (r, base) = decode_budget_base(record, spent, key)?;
+    let [cost, tokens, iterations]: [String; 3] = charged
+        .try_into()
+        .map_err(|_| StateError::corrupt("budget charged amounts: not three"))?;
+    // numeric(20, 0) holds more than a u64: a sum past it saturates.
+    let amount = |t: String| -> Result<u64> {
+        let n: u128 = t.parse().map_err(|_| {
+            StateError::corrupt(format!("budget charged amount: {t:?} is not a count"))
+        })?;
+        Ok(u64::try_from(n).unwrap_or(u64::MAX))
+    };
+    Ok((
+        r,
+        Spend {
+            cost_micros: base.cost_micros.saturating_add(amount(cost)?),
+            tokens: base.tokens.saturating_add(amount(tokens)?),
+            iterations: base.iterations.saturating_add(amount(iterations)?),
+        },
+    ))
+}
+
+/// Books `delta` into a budget's `charged_*` (schema 10), under its row's
+/// lock; `$1`, `$2` the key, `$3` the amounts ([`amounts`]).
+const CHARGE: &str = "UPDATE {s}agentstate_budgets \
+     SET charged_cost_micros = charged_cost_micros + ($3::text[]::numeric[])[1], \
+     charged_tokens = charged_tokens + ($3::text[]::numeric[])[2], \
+     charged_iterations = charged_iterations + ($3::text[]::numeric[])[3] \
+     WHERE tenant = $1 AND name = $2 RETURNING 1";
 
 /// Decodes a hold row's record, checking its id.
 pub(crate) fn decode_hold(bytes: &[u8], hold_id: &str) -> Result<HoldRecord> {
@@ -168,16 +213,20 @@ async fn read_budget(
     lock: bool,
 ) -> TxResult<Option<(BudgetRecord, Spend)>> {
     let sql = if lock {
-        "SELECT record, spent FROM {s}agentstate_budgets WHERE tenant = $1 AND name = $2 FOR UPDATE"
+        LOCK_BUDGET
     } else {
-        "SELECT record, spent FROM {s}agentstate_budgets WHERE tenant = $1 AND name = $2"
+        concat!(
+            "SELECT ",
+            budget_cols!(),
+            " FROM {s}agentstate_budgets WHERE tenant = $1 AND name = $2"
+        )
     };
     let rows = tx
         .query(sql, &[&id_in(&key.tenant), &id_in(&key.name)])
         .await?;
     Ok(rows
         .first()
-        .map(|r| decode_budget(r.col(0)?, r.col(1)?, key))
+        .map(|r| decode_budget(r.col(0)?, r.col(1)?, r.col(2)?, key))
         .transpose()?)
 }
 
@@ -200,8 +249,11 @@ fn hold_rows(rows: &[Row]) -> Result<Vec<(HoldAt, HoldRecord)>> {
         .collect()
 }
 
-const LOCK_BUDGET: &str =
-    "SELECT record, spent FROM {s}agentstate_budgets WHERE tenant = $1 AND name = $2 FOR UPDATE";
+const LOCK_BUDGET: &str = concat!(
+    "SELECT ",
+    budget_cols!(),
+    " FROM {s}agentstate_budgets WHERE tenant = $1 AND name = $2 FOR UPDATE"
+);
 const RUN_HOLDS: &str = "SELECT run_id, hold_id, record FROM {s}agentstate_holds \
      WHERE tenant = $1 AND run_id = $2 ORDER BY hold_id";
 const BUDGET_HOLDS: &str = "SELECT run_id, hold_id, record FROM {s}agentstate_holds \
@@ -258,7 +310,7 @@ fn budget_in(rows: &[Row], key: &BudgetKey) -> Result<(Option<BudgetRead>, Optio
     };
     let (record, spent): (&[u8], &[u8]) = (r.col(0)?, r.col(1)?);
     Ok((
-        Some(decode_budget(record, spent, key)?),
+        Some(decode_budget(record, spent, r.col(2)?, key)?),
         Some((record.into(), spent.into())),
     ))
 }
@@ -409,18 +461,29 @@ pub(crate) async fn after_patch(
     now: Millis,
 ) -> TxResult<()> {
     if let Some(b) = budget_of(run) {
-        let Some((_, spent)) = lock_budget(tx, &b).await? else {
-            return Err(StateError::NotFound(RecordKey::Budget(b)).into());
-        };
-        let spent = budget_spent(spent, delta);
-        tx.defer(
-            "UPDATE {s}agentstate_budgets SET spent = $3 WHERE tenant = $1 AND name = $2",
-            params![own(&b.tenant), own(&b.name), value::encode(&spent)],
-        )
-        .await?;
+        charge(tx, &b, delta).await?;
     }
     let holds = holds_around(tx, run).await?;
     purge_expired(tx, &run.key.tenant, &holds, now).await
+}
+
+/// Books `delta` into budget `b` ([`CHARGE`]); `NotFound` when there is
+/// no such budget.
+async fn charge(tx: &mut Tx<'_>, b: &BudgetKey, delta: &StateDelta) -> TxResult<()> {
+    let rows = tx
+        .query(
+            CHARGE,
+            &[
+                &id_in(&b.tenant),
+                &id_in(&b.name),
+                &amounts(Spend::of_delta(delta)),
+            ],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Err(StateError::NotFound(RecordKey::Budget(b.clone())).into());
+    }
+    Ok(())
 }
 
 /// Writes a hold of `run` (whose budget column follows the run's budget).
@@ -561,7 +624,9 @@ impl PostgresStore {
                 "INSERT INTO {s}agentstate_budgets (tenant, name, record, spent) \
                  VALUES ($1, $2, $3, $4)"
             } else {
-                "UPDATE {s}agentstate_budgets SET record = $3, spent = $4 \
+                // The whole row: `spent` takes in what was charged.
+                "UPDATE {s}agentstate_budgets SET record = $3, spent = $4, \
+                 charged_cost_micros = 0, charged_tokens = 0, charged_iterations = 0 \
                  WHERE tenant = $1 AND name = $2"
             };
             wrote = Some((
@@ -611,20 +676,20 @@ impl PostgresStore {
                 tx.reads_only();
                 let rows = match &after {
                 None => tx.query(
-                    "SELECT name, record, spent FROM {s}agentstate_budgets WHERE tenant = $1 \
-                     ORDER BY name LIMIT $2",
+                    concat!("SELECT name, ", budget_cols!(), " FROM {s}agentstate_budgets WHERE tenant = $1 \
+                     ORDER BY name LIMIT $2"),
                     &[&t, &limit],
                 ).await?,
                 Some(a) => tx.query(
-                    "SELECT name, record, spent FROM {s}agentstate_budgets WHERE tenant = $1 \
-                     AND name > $3 ORDER BY name LIMIT $2",
+                    concat!("SELECT name, ", budget_cols!(), " FROM {s}agentstate_budgets WHERE tenant = $1 \
+                     AND name > $3 ORDER BY name LIMIT $2"),
                     &[&t, &limit, &id_in(a)],
                 ).await?,
             };
                 let mut items = Vec::with_capacity(rows.len());
                 for r in &rows {
                     let key = BudgetKey::new(tenant, id_out(r.col(0)?)?);
-                    let (rec, spent) = decode_budget(r.col(1)?, r.col(2)?, &key)?;
+                    let (rec, spent) = decode_budget(r.col(1)?, r.col(2)?, r.col(3)?, &key)?;
                     items.push(status_in(tx, rec, spent, now).await?);
                 }
                 Ok(items)
@@ -863,7 +928,7 @@ impl PostgresStore {
             return Some(None);
         };
         let (record_bytes, spent_bytes) = self.spend_seen.budget(&key)?;
-        let (record, spent) = decode_budget(&record_bytes, &spent_bytes, &key).ok()?;
+        let (record, spent) = decode_budget_base(&record_bytes, &spent_bytes, &key).ok()?;
         Some(Some(SeenBudget {
             key,
             record_bytes,
@@ -908,9 +973,6 @@ impl PostgresStore {
         if !h.is_live(now) {
             return Ok(None);
         }
-        let Some(b) = self.seen_budget(&old) else {
-            return Ok(None);
-        };
         let Ok(new) = patched_run(&old, spent, now) else {
             return Ok(None);
         };
@@ -918,31 +980,29 @@ impl PostgresStore {
         if check_size("run record", bytes.len(), self.max()).is_err() {
             return Ok(None);
         }
-        let new_spent = b
-            .as_ref()
-            .map(|b| value::encode(&budget_spent(b.spent, spent)));
+        // The spend is added to the budget's row on the server (schema
+        // 10): nothing of the budget is guessed.
+        let bname = budget_of(&old).map(|b| own(&b.name));
+        let charge = amounts(Spend::of_delta(spent));
         let (t, rid, hid) = (id_in(&run.tenant), id_in(&run.run_id), id_in(hold_id));
-        let (bname, brec, bspent) = SeenBudget::params(b.as_ref());
         let (at, updated, cols) = (num(now), num(new.updated_at), fields::run_text(&new));
         let (seen_bytes, hold_seen): (&[u8], &[u8]) = (&seen, &hold_bytes);
         let done = self
             .guessed(
-                "SELECT {s}agentstate_settle($1, $2, $3, $4, $5, $6, $7, $8, \
-                     $9::text::numeric, $10, $11, $12::text::numeric, $13)",
+                "SELECT {s}agentstate_settle_charged($1, $2, $3, $4, $5, $6, \
+                     $7::text::numeric, $8, $9, $10::text::numeric, $11::text[]::numeric[])",
                 &[
                     &t,
                     &rid,
                     &seen_bytes,
                     &bname,
-                    &brec,
-                    &bspent,
                     &hid,
                     &hold_seen,
                     &at,
                     &bytes,
                     &cols,
                     &updated,
-                    &new_spent,
+                    &charge,
                 ],
             )
             .await?;
@@ -952,9 +1012,6 @@ impl PostgresStore {
         }
         self.runs_seen.put(run, bytes.into(), seq);
         self.spend_seen.forget_hold(run, hold_id);
-        if let (Some(b), Some(s)) = (b, new_spent) {
-            self.spend_seen.put_budget(&b.key, b.record_bytes, s.into());
-        }
         Ok(Some(Settled::new(new, overshoot(&h, spent))))
     }
 
@@ -990,23 +1047,23 @@ impl PostgresStore {
             // B3, B5, B6 as `after_patch`, on what was read: the holds
             // read before the settled one's delete count it, but it was
             // live, so it is not purged twice.
-            let mut total_bytes = None;
             if let Some(b) = budget_of(&new) {
-                let Some(Some((_, was))) = a.budget else {
+                let Some(Some(_)) = a.budget else {
                     return Err(StateError::NotFound(RecordKey::Budget(b)).into());
                 };
-                let total = value::encode(&budget_spent(was, &spent));
+                // Booked into `charged_*` (schema 10): the row, locked
+                // above, keeps the bytes read, which stay true.
                 tx.defer(
-                    "UPDATE {s}agentstate_budgets SET spent = $3 WHERE tenant = $1 AND name = $2",
-                    params![own(&b.tenant), own(&b.name), total.clone()],
+                    CHARGE,
+                    params![
+                        own(&b.tenant),
+                        own(&b.name),
+                        amounts(Spend::of_delta(&spent))
+                    ],
                 )
                 .await?;
-                total_bytes = Some(total);
             }
-            read = a
-                .budget_row
-                .zip(total_bytes)
-                .map(|((record, _), total)| (record, Arc::<[u8]>::from(total)));
+            read = a.budget_row;
             purge_expired(tx, &run.tenant, &a.holds, now).await?;
             Ok(Settled::new(new, overshoot(&h, &spent)))
         });

@@ -136,7 +136,9 @@ pub(crate) struct Conn {
     /// server without the synchronous standby `require_sync_standby`
     /// asks for, so the next dial reads the settings again.
     retire: bool,
-    /// [`NOTIFY_SQL`] prepared at the dial (with the statement cache on).
+    /// [`NOTIFY_SQL`] prepared at the dial; `None` with the statement
+    /// cache off (behind a transaction-mode pooler, where nothing is
+    /// pipelined past a COMMIT).
     notify: Option<Statement>,
 }
 
@@ -693,15 +695,15 @@ impl<'a> Tx<'a> {
     }
 
     /// The feed's notifications after this transaction's `COMMIT`
-    /// ([`NOTIFY_SQL`]); `None` for a read.
+    /// ([`NOTIFY_SQL`]); `None` for a read, and behind a transaction-mode
+    /// pooler (no statement cache, no [`NOTIFY_SQL`] prepared), where the
+    /// triggers notify inside the transaction.
     fn notify_after(&self, client: &'a Client) -> Option<PgFut<'a>> {
         if self.reads_only {
             return None;
         }
-        Some(match self.notify {
-            Some(s) => Box::pin(async move { client.execute(s, &[]).await.map(|_| ()) }),
-            None => Box::pin(client.batch_execute(NOTIFY_SQL)),
-        })
+        let s = self.notify?;
+        Some(Box::pin(async move { client.execute(s, &[]).await.map(|_| ()) }))
     }
 
     /// Marks the transaction as one that writes nothing (a read call): a

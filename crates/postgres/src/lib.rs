@@ -566,13 +566,21 @@ impl PostgresStore {
         // dies inside it. Set with `SET LOCAL` in the `BEGIN` batch (no
         // extra round trip), not as startup `options`, which PgBouncer
         // refuses (or, told to ignore them, drops).
-        // The feed's triggers record their notifications for after the
-        // commit rather than sending them (`schema/v10.sql`).
+        // The store writes the columns derived from `fields` itself, and
+        // (unless behind a transaction-mode pooler, which could hand a
+        // second transaction pipelined after the COMMIT to another
+        // client) the feed's triggers record their notifications for
+        // after the commit rather than sending them (`schema/v10.sql`).
         let begin = format!(
             "BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL statement_timeout = {ms}; \
              SET LOCAL idle_in_transaction_session_timeout = {}; \
-             SET LOCAL agentstate.feed_notify = 'after_commit'",
-            ms.saturating_mul(2)
+             SET LOCAL agentstate.writer = 'store'{}",
+            ms.saturating_mul(2),
+            if opts.statement_cache {
+                "; SET LOCAL agentstate.notify = 'after_commit'"
+            } else {
+                ""
+            }
         );
         if config.get_application_name().is_none() {
             config.application_name("agentstate");

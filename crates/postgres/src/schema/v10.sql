@@ -1,5 +1,7 @@
--- agentstate PostgreSQL schema, version 10: the feed's notifications leave
--- the writers' commits (issue 53).
+-- agentstate PostgreSQL schema, version 10: a write costs the server less
+-- (issue 53): the feed's notifications leave the writers' commits, and the
+-- columns derived from `fields` are written by the statement that writes
+-- `fields` instead of being generated.
 --
 -- Applied by `PostgresStore::setup()` after v9.sql, in the same
 -- transaction under the same advisory lock; a database at versions 1-9 is
@@ -11,8 +13,10 @@
 -- run update ran at half the rate it has without the notify). So the
 -- feed's triggers notify in the writing transaction only for writers
 -- that do not say otherwise: plain SQL, pinned, an older build. The
--- store's own transactions say otherwise (`SET LOCAL
--- agentstate.feed_notify = 'after_commit'` with their BEGIN): the trigger
+-- store's own transactions say otherwise (`SET LOCAL agentstate.notify =
+-- 'after_commit'` with their BEGIN; not behind a transaction-mode pooler,
+-- which could hand the second transaction's answer to another client):
+-- the trigger
 -- then only records the notification in the session's setting
 -- `agentstate.feed_touched` (a JSON array of [channel, payload] pairs,
 -- each once), which a rollback takes back with the rest of the
@@ -45,7 +49,7 @@ BEGIN
     note := jsonb_build_array(jsonb_build_array(
         left('agentstate_feed ' || p_schema, 63),
         CASE WHEN p_feed = 1 THEN 't ' || p_scope ELSE 'trays' END));
-    IF current_setting('agentstate.feed_notify', true) IS DISTINCT FROM 'after_commit' THEN
+    IF current_setting('agentstate.notify', true) IS DISTINCT FROM 'after_commit' THEN
         PERFORM pg_notify(note->0->>0, note->0->>1);
         RETURN;
     END IF;
@@ -57,3 +61,288 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Derived columns. PostgreSQL 15 rebuilds a generated column's expression
+-- from its stored text on every statement that writes the row (14 on a
+-- run: a third of a run update's server time). They become plain columns
+-- holding the same values; the store's statements write them from the
+-- same `fields` value, in the same statement (`fields.rs`), and for every
+-- other writer (plain SQL, a build from before this version during a
+-- rolling upgrade) the trigger below derives them, so they can never
+-- disagree with `fields`.
+ALTER TABLE {s}agentstate_runs
+    ALTER COLUMN version DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN messages_read DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN input_tokens DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN output_tokens DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN cost_micros DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN iterations DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN pending_tool_calls DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN approval DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN created_at DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN cost_micros_max DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN tokens_max DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN iterations_max DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN budget DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN labels DROP EXPRESSION IF EXISTS;
+ALTER TABLE {s}agentstate_sessions
+    ALTER COLUMN version DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN metadata DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN created_at DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN updated_at DROP EXPRESSION IF EXISTS,
+    ALTER COLUMN labels DROP EXPRESSION IF EXISTS;
+
+-- For writers other than the store (see above): `fields` cleared when
+-- `record` changes without it (v6.sql), then the columns derived from
+-- `fields` (all NULL while it is).
+CREATE OR REPLACE FUNCTION {s}agentstate_run_fields_follow_record() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.record IS DISTINCT FROM OLD.record
+       AND NEW.fields IS NOT DISTINCT FROM OLD.fields THEN
+        NEW.fields := NULL;
+    END IF;
+    IF NEW.fields IS NULL THEN
+        UPDATE {s}agentstate_meta SET value = 'false'
+        WHERE name = 'fields_filled' AND value <> 'false';
+    END IF;
+    NEW.version := (NEW.fields ->> 'version')::numeric(20, 0);
+    NEW.messages_read := (NEW.fields ->> 'messages_read')::numeric(20, 0);
+    NEW.input_tokens := (NEW.fields ->> 'input_tokens')::numeric(20, 0);
+    NEW.output_tokens := (NEW.fields ->> 'output_tokens')::numeric(20, 0);
+    NEW.cost_micros := (NEW.fields ->> 'cost_micros')::numeric(20, 0);
+    NEW.iterations := (NEW.fields ->> 'iterations')::numeric(20, 0);
+    NEW.pending_tool_calls := NEW.fields -> 'pending_tool_calls';
+    NEW.approval := NEW.fields -> 'approval';
+    NEW.created_at := (NEW.fields ->> 'created_at')::numeric(20, 0);
+    NEW.cost_micros_max := (NEW.fields ->> 'cost_micros_max')::numeric(20, 0);
+    NEW.tokens_max := (NEW.fields ->> 'tokens_max')::numeric(20, 0);
+    NEW.iterations_max := (NEW.fields ->> 'iterations_max')::numeric(20, 0);
+    NEW.budget := NEW.fields ->> 'budget';
+    NEW.labels := NEW.fields -> 'labels';
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION {s}agentstate_session_fields_follow_record() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.record IS DISTINCT FROM OLD.record
+       AND NEW.fields IS NOT DISTINCT FROM OLD.fields THEN
+        NEW.fields := NULL;
+    END IF;
+    IF NEW.fields IS NULL THEN
+        UPDATE {s}agentstate_meta SET value = 'false'
+        WHERE name = 'fields_filled' AND value <> 'false';
+    END IF;
+    NEW.version := (NEW.fields ->> 'version')::numeric(20, 0);
+    NEW.metadata := NEW.fields -> 'metadata';
+    NEW.created_at := (NEW.fields ->> 'created_at')::numeric(20, 0);
+    NEW.updated_at := (NEW.fields ->> 'updated_at')::numeric(20, 0);
+    NEW.labels := NEW.fields -> 'labels';
+    RETURN NEW;
+END
+$$;
+
+-- Not called for the store's own writes (the trigger's WHEN, evaluated
+-- without entering plpgsql).
+DROP TRIGGER IF EXISTS agentstate_fields_follow_record ON {s}agentstate_runs;
+CREATE TRIGGER agentstate_fields_follow_record
+    BEFORE INSERT OR UPDATE ON {s}agentstate_runs
+    FOR EACH ROW
+    WHEN (current_setting('agentstate.writer', true) IS DISTINCT FROM 'store')
+    EXECUTE FUNCTION {s}agentstate_run_fields_follow_record();
+DROP TRIGGER IF EXISTS agentstate_fields_follow_record ON {s}agentstate_sessions;
+CREATE TRIGGER agentstate_fields_follow_record
+    BEFORE INSERT OR UPDATE ON {s}agentstate_sessions
+    FOR EACH ROW
+    WHEN (current_setting('agentstate.writer', true) IS DISTINCT FROM 'store')
+    EXECUTE FUNCTION {s}agentstate_session_fields_follow_record();
+DROP FUNCTION IF EXISTS {s}agentstate_fields_follow_record();
+
+-- rule B3: settle (v8.sql's, writing the run's derived columns, a copy of
+-- `run_cols!` in fields.rs): the run becomes p_new_record (its `fields`, `updated_at`), the
+-- hold (still live and still p_hold_record) goes, and the budget's spent
+-- becomes p_new_spent.
+CREATE OR REPLACE FUNCTION {s}agentstate_settle(
+    p_tenant text, p_run text, p_run_record bytea,
+    p_budget text, p_budget_record bytea, p_budget_spent bytea,
+    p_hold text, p_hold_record bytea, p_now numeric,
+    p_new_record bytea, p_fields text, p_updated numeric, p_new_spent bytea
+) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT {s}agentstate_lock_seen(p_tenant, p_run, p_run_record,
+                                   p_budget, p_budget_record, p_budget_spent) THEN
+        RETURN false;
+    END IF;
+    DELETE FROM {s}agentstate_holds
+     WHERE tenant = p_tenant AND run_id = p_run AND hold_id = p_hold
+       AND record = p_hold_record AND expires_at > p_now;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE {s}agentstate_runs
+       SET updated_at = p_updated, record = p_new_record, fields = f,
+           (version, messages_read, input_tokens, output_tokens, cost_micros, iterations,
+            pending_tool_calls, approval, created_at, cost_micros_max, tokens_max,
+            iterations_max, budget, labels)
+         = ((f ->> 'version')::numeric(20, 0), (f ->> 'messages_read')::numeric(20, 0),
+            (f ->> 'input_tokens')::numeric(20, 0), (f ->> 'output_tokens')::numeric(20, 0),
+            (f ->> 'cost_micros')::numeric(20, 0), (f ->> 'iterations')::numeric(20, 0),
+            f -> 'pending_tool_calls', f -> 'approval', (f ->> 'created_at')::numeric(20, 0),
+            (f ->> 'cost_micros_max')::numeric(20, 0), (f ->> 'tokens_max')::numeric(20, 0),
+            (f ->> 'iterations_max')::numeric(20, 0), f ->> 'budget', f -> 'labels')
+      FROM (SELECT p_fields::jsonb AS f) j
+     WHERE tenant = p_tenant AND run_id = p_run;
+    IF p_budget IS NOT NULL THEN
+        UPDATE {s}agentstate_budgets SET spent = p_new_spent
+         WHERE tenant = p_tenant AND name = p_budget;
+    END IF;
+    PERFORM {s}agentstate_purge_expired(p_tenant, p_run, p_budget, p_now);
+    RETURN true;
+END
+$$;
+
+-- Spend settled into a budget is added to columns of the budget's row
+-- (`charged_*`) instead of rewriting its encoded `spent`: the store
+-- decided a new `spent` in Rust from the bytes it had seen, so every
+-- caller drawing on one budget invalidated the others' view of it, and
+-- they fell back to the locked path, holding the budget's row across
+-- round trips (at 8 workers on one budget, a twentieth of the calls per
+-- second of a budget each). A budget's spent is now `spent` (as of the
+-- last write of the whole row: `put_budget`, import) plus `charged_*`,
+-- which only ever grow by the amounts a settle or a patch books, under
+-- the row's lock; `spent` itself no longer moves, so what a store saw of
+-- it stays true and its one-round-trip reserve is not declined. The caps
+-- are checked against the sum (exact: numeric does not wrap).
+ALTER TABLE {s}agentstate_budgets
+    ADD COLUMN IF NOT EXISTS charged_cost_micros numeric(20, 0) NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS charged_tokens numeric(20, 0) NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS charged_iterations numeric(20, 0) NOT NULL DEFAULT 0;
+
+-- rule B2: reserve (v8.sql's, same arguments; an older build calling it
+-- during a rolling upgrade gets the same exact answer): the budget's
+-- `p_budget_spent_amounts` are its `spent` bytes' (unchanged since the
+-- store read them: checked), and its `charged_*` are added here, read
+-- after the row's lock.
+CREATE OR REPLACE FUNCTION {s}agentstate_reserve(
+    p_tenant text, p_run text, p_run_record bytea,
+    p_budget text, p_budget_record bytea, p_budget_spent bytea,
+    p_hold text, p_hold_record bytea, p_expires numeric, p_now numeric,
+    p_asked numeric[], p_run_spent numeric[], p_run_max numeric[],
+    p_budget_spent_amounts numeric[], p_budget_max numeric[],
+    p_holds_max bigint
+) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    h record;
+    spent numeric[];
+BEGIN
+    IF NOT {s}agentstate_lock_seen(p_tenant, p_run, p_run_record,
+                                   p_budget, p_budget_record, p_budget_spent) THEN
+        RETURN false;
+    END IF;
+    SELECT * INTO h FROM {s}agentstate_live_holds(p_tenant, p_run, NULL, p_hold, p_now);
+    IF h.unknown OR h.dup OR h.n >= p_holds_max
+       OR NOT {s}agentstate_fits(p_run_spent, h.held, p_asked, p_run_max) THEN
+        RETURN false;
+    END IF;
+    IF p_budget IS NOT NULL THEN
+        SELECT ARRAY[p_budget_spent_amounts[1] + charged_cost_micros,
+                     p_budget_spent_amounts[2] + charged_tokens,
+                     p_budget_spent_amounts[3] + charged_iterations]
+          INTO spent
+          FROM {s}agentstate_budgets WHERE tenant = p_tenant AND name = p_budget;
+        SELECT * INTO h FROM {s}agentstate_live_holds(p_tenant, NULL, p_budget, NULL, p_now);
+        IF h.unknown
+           OR NOT {s}agentstate_fits(spent, h.held, p_asked, p_budget_max) THEN
+            RETURN false;
+        END IF;
+    END IF;
+    PERFORM {s}agentstate_purge_expired(p_tenant, p_run, p_budget, p_now);
+    PERFORM set_config('agentstate.reserving', 'on', true);
+    INSERT INTO {s}agentstate_holds
+        (tenant, run_id, hold_id, budget, expires_at, record, cost_micros, tokens, iterations)
+    VALUES (p_tenant, p_run, p_hold, p_budget, p_expires, p_hold_record,
+            p_asked[1], p_asked[2], p_asked[3]);
+    PERFORM set_config('agentstate.reserving', '', true);
+    RETURN true;
+END
+$$;
+
+-- rule B3: settle, booking the spend into the budget's `charged_*`: the
+-- run (still p_run_record) becomes p_new_record, the hold (still live and
+-- still p_hold_record) goes, and the budget's charged amounts grow by
+-- p_charge. Checks first (the run's and the hold's rows locked, the
+-- budget's row locked by its update), writes after, so a false wrote
+-- nothing. The store's one-round-trip settle since schema 10 (the one
+-- above stays for older builds).
+CREATE OR REPLACE FUNCTION {s}agentstate_settle_charged(
+    p_tenant text, p_run text, p_run_record bytea, p_budget text,
+    p_hold text, p_hold_record bytea, p_now numeric,
+    p_new_record bytea, p_fields text, p_updated numeric, p_charge numeric[]
+) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT {s}agentstate_lock_seen(p_tenant, p_run, p_run_record, NULL, NULL, NULL) THEN
+        RETURN false;
+    END IF;
+    PERFORM 1 FROM {s}agentstate_holds
+     WHERE tenant = p_tenant AND run_id = p_run AND hold_id = p_hold
+       AND record = p_hold_record AND expires_at > p_now
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF p_budget IS NOT NULL THEN
+        UPDATE {s}agentstate_budgets
+           SET charged_cost_micros = charged_cost_micros + p_charge[1],
+               charged_tokens = charged_tokens + p_charge[2],
+               charged_iterations = charged_iterations + p_charge[3]
+         WHERE tenant = p_tenant AND name = p_budget;
+        IF NOT FOUND THEN
+            RETURN false;
+        END IF;
+    END IF;
+    DELETE FROM {s}agentstate_holds
+     WHERE tenant = p_tenant AND run_id = p_run AND hold_id = p_hold;
+    UPDATE {s}agentstate_runs
+       SET updated_at = p_updated, record = p_new_record, fields = f,
+           (version, messages_read, input_tokens, output_tokens, cost_micros, iterations,
+            pending_tool_calls, approval, created_at, cost_micros_max, tokens_max,
+            iterations_max, budget, labels)
+         = ((f ->> 'version')::numeric(20, 0), (f ->> 'messages_read')::numeric(20, 0),
+            (f ->> 'input_tokens')::numeric(20, 0), (f ->> 'output_tokens')::numeric(20, 0),
+            (f ->> 'cost_micros')::numeric(20, 0), (f ->> 'iterations')::numeric(20, 0),
+            f -> 'pending_tool_calls', f -> 'approval', (f ->> 'created_at')::numeric(20, 0),
+            (f ->> 'cost_micros_max')::numeric(20, 0), (f ->> 'tokens_max')::numeric(20, 0),
+            (f ->> 'iterations_max')::numeric(20, 0), f ->> 'budget', f -> 'labels')
+      FROM (SELECT p_fields::jsonb AS f) j
+     WHERE tenant = p_tenant AND run_id = p_run;
+    PERFORM {s}agentstate_purge_expired(p_tenant, p_run, p_budget, p_now);
+    RETURN true;
+END
+$$;
+
+-- A hold on a budget with spend in `charged_*`, written by anything but
+-- the store or `agentstate_reserve` (which count it): an older build's
+-- locked reserve decides from `spent` alone and could grant past the cap,
+-- so it is refused until that build is upgraded.
+CREATE OR REPLACE FUNCTION {s}agentstate_hold_counts_charged() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {s}agentstate_budgets
+                WHERE tenant = NEW.tenant AND name = NEW.budget
+                  AND (charged_cost_micros, charged_tokens, charged_iterations) <> (0, 0, 0)) THEN
+        RAISE EXCEPTION 'agentstate: budget % has spend booked by agentstate schema 10, which this writer does not count; upgrade it', NEW.budget
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    RETURN NEW;
+END
+$$;
+DROP TRIGGER IF EXISTS agentstate_hold_counts_charged ON {s}agentstate_holds;
+CREATE TRIGGER agentstate_hold_counts_charged
+    BEFORE INSERT ON {s}agentstate_holds
+    FOR EACH ROW
+    WHEN (NEW.budget IS NOT NULL
+          AND current_setting('agentstate.writer', true) IS DISTINCT FROM 'store'
+          AND current_setting('agentstate.reserving', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION {s}agentstate_hold_counts_charged();
