@@ -4030,3 +4030,269 @@ fn d5_verify_names_a_lost_session_row() {
     c.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .expect("drop");
 }
+
+/// Schema 10: a shared budget's spend is booked into its row's
+/// `charged_*`, never by rewriting its encoded `spent`, so what each store
+/// saw of the budget stays true and its one-round-trip reserve is not
+/// declined. Four stores (each its own pool and view) draw on one budget
+/// from four threads: the caps hold exactly (every reserve that would
+/// pass the cap is refused, the spent equals the sum of what was
+/// settled), `spent` is the bytes the budget was created with, and the
+/// store reads spent + charged everywhere (status, listing, export).
+/// An older build's `agentstate_reserve` call counts the charged spend;
+/// a hold written around it (an older build's locked path, plain SQL) is
+/// refused while charged spend exists.
+#[test]
+fn a_shared_budget_books_spend_into_charged_columns() {
+    use agentstate::{BudgetKey, BudgetRecord, BudgetStore, Caps, Hold, PageRequest, StoreAdmin};
+    const THREADS: u64 = 4;
+    let rounds = rounds(25);
+    // A database of its own: verify and export read all of it.
+    let dsn = fresh_db("charged");
+    let s = PostgresStore::connect(&dsn).expect("connect");
+    s.setup().expect("setup");
+    let tenant = unique("charged");
+    let bk = BudgetKey::new(tenant.clone(), "shared");
+    // Room for exactly 3/4 of what the threads ask to settle.
+    let cap = THREADS * rounds * 10 * 3 / 4;
+    s.put_budget(BudgetRecord::new(bk.clone(), Caps::new().cost_micros(cap)))
+        .expect("budget");
+    let mut raw = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
+    let spent_bytes = |raw: &mut postgres::Client| -> Vec<u8> {
+        raw.query_one(
+            "SELECT spent FROM public.agentstate_budgets WHERE tenant = $1 AND name = 'shared'",
+            &[&tenant],
+        )
+        .expect("spent")
+        .get(0)
+    };
+    let before = spent_bytes(&mut raw);
+    let settled = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|w| {
+            let (dsn, tenant, settled, refused) = (
+                dsn.clone(),
+                tenant.clone(),
+                settled.clone(),
+                refused.clone(),
+            );
+            std::thread::spawn(move || {
+                let s = PostgresStore::connect(&dsn).expect("connect");
+                let run = RunKey::new(&tenant, format!("r{w}"));
+                s.put_run(RunRecord::new(run.clone(), "x").with_budget("shared"))
+                    .expect("run");
+                for i in 0..rounds {
+                    let id = format!("h{i}");
+                    match s.reserve(&run, Hold::new(&id, 60_000).cost_micros(10)) {
+                        Ok(_) => {
+                            s.settle(
+                                &run,
+                                &id,
+                                StateDelta {
+                                    cost_micros: 10,
+                                    ..StateDelta::default()
+                                },
+                            )
+                            .expect("settle");
+                            settled.fetch_add(10, Ordering::SeqCst);
+                        }
+                        Err(StateError::BudgetExceeded { .. }) => {
+                            refused.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(e) => panic!("reserve: {e:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("thread");
+    }
+    let settled = settled.load(Ordering::SeqCst);
+    assert_eq!(settled, cap, "every reserve that fit was granted, no more");
+    assert_eq!(refused.load(Ordering::SeqCst), THREADS * rounds / 4);
+    let status = s.get_budget(&bk).expect("get").expect("budget");
+    assert_eq!(status.spent.cost_micros, cap, "spent + charged");
+    assert_eq!(status.held.cost_micros, 0);
+    let listed = s
+        .list_budgets(&tenant, &PageRequest::new(10))
+        .expect("list");
+    assert_eq!(listed.items()[0].spent.cost_micros, cap);
+    assert_eq!(spent_bytes(&mut raw), before, "spent never rewritten");
+    let charged: String = raw
+        .query_one(
+            "SELECT charged_cost_micros::text FROM public.agentstate_budgets \
+             WHERE tenant = $1 AND name = 'shared'",
+            &[&tenant],
+        )
+        .expect("charged")
+        .get(0);
+    assert_eq!(charged, cap.to_string());
+    let exported = s
+        .export_page(&PageRequest::new(1000))
+        .expect("export")
+        .items()
+        .iter()
+        .filter_map(|e| match e {
+            agentstate::Entry::Budget { spent, .. } => Some(spent.cost_micros),
+            _ => None,
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(exported, vec![cap]);
+    assert!(s.verify().expect("verify").problems.is_empty());
+
+    // An older build: its one-statement reserve counts what is charged.
+    let run = RunKey::new(&tenant, "old");
+    s.put_run(RunRecord::new(run.clone(), "x").with_budget("shared"))
+        .expect("run");
+    let mut raised = status.record.clone();
+    raised.caps = Caps::new().cost_micros(cap + 5);
+    s.put_budget(raised).expect("raise the cap");
+    // put_budget wrote the whole row: spent took the charged spend in.
+    assert_ne!(spent_bytes(&mut raw), before);
+    s.settle(
+        &run,
+        &s.reserve(&run, Hold::new("a", 60_000).cost_micros(1))
+            .expect("reserve")
+            .id,
+        StateDelta {
+            cost_micros: 1,
+            ..StateDelta::default()
+        },
+    )
+    .expect("settle");
+    let (record, spent): (Vec<u8>, Vec<u8>) = {
+        let r = raw
+            .query_one(
+                "SELECT record, spent FROM public.agentstate_budgets \
+                 WHERE tenant = $1 AND name = 'shared'",
+                &[&tenant],
+            )
+            .expect("row");
+        (r.get(0), r.get(1))
+    };
+    let run_record: Vec<u8> = raw
+        .query_one(
+            "SELECT record FROM public.agentstate_runs WHERE tenant = $1 AND run_id = 'old'",
+            &[&tenant],
+        )
+        .expect("run row")
+        .get(0);
+    // 4 left under the cap by spent alone (as an older build read it),
+    // 4 - 1 charged = 3 in truth: asking 4 must be declined.
+    let old_reserve = |raw: &mut postgres::Client, asked: u64| -> bool {
+        raw.query_one(
+            "SELECT public.agentstate_reserve($1, 'old', $2, 'shared', $3, $4, 'x', '\\x00', \
+             9e15, 0, ARRAY[$5::text::numeric, 0, 0], ARRAY[0, 0, 0]::numeric[], \
+             ARRAY[NULL, NULL, NULL]::numeric[], ARRAY[$6::text::numeric, 0, 0], \
+             ARRAY[$7::text::numeric, NULL, NULL], 100)",
+            &[
+                &tenant,
+                &run_record,
+                &record,
+                &spent,
+                &asked.to_string(),
+                &cap.to_string(),
+                &(cap + 5).to_string(),
+            ],
+        )
+        .expect("agentstate_reserve")
+        .get(0)
+    };
+    assert!(!old_reserve(&mut raw, 5), "1 charged leaves 4, not 5");
+    assert!(old_reserve(&mut raw, 4), "4 fit");
+    // A hold written around the function while spend is charged.
+    let e = raw
+        .execute(
+            "INSERT INTO public.agentstate_holds \
+             (tenant, run_id, hold_id, budget, expires_at, record, cost_micros, tokens, iterations) \
+             VALUES ($1, 'old', 'plain', 'shared', 9e15, '\\x00', 1, 0, 0)",
+            &[&tenant],
+        )
+        .expect_err("refused");
+    let msg = e.as_db_error().map(|d| d.message().to_string());
+    assert!(
+        msg.as_deref().is_some_and(|m| m.contains("upgrade")),
+        "{e:?}"
+    );
+}
+
+/// Schema 10: a run's and a session's derived columns are plain columns
+/// the store writes with `fields`; a writer that only sets `fields` (plain
+/// SQL, a build from before schema 10) gets them derived by the trigger,
+/// and `verify` names a row whose columns were changed by hand.
+#[test]
+fn derived_columns_follow_fields_for_every_writer() {
+    use agentstate::{SessionKey, SessionRecord, StoreAdmin};
+    let dsn = fresh_db("derived");
+    let s = PostgresStore::connect(&dsn).expect("connect");
+    s.setup().expect("setup");
+    let run = s
+        .put_run(RunRecord::new(RunKey::new("t", "r"), "a").with_label("k", "v"))
+        .expect("run");
+    s.patch_run(
+        &run.key,
+        StateDelta {
+            cost_micros: 7,
+            ..StateDelta::default()
+        },
+    )
+    .expect("patch");
+    s.put_session(SessionRecord::new(SessionKey::new("t", "s")))
+        .expect("session");
+    let mut raw = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
+    let cols = |raw: &mut postgres::Client| -> (String, String, String) {
+        let r = raw
+            .query_one(
+                "SELECT cost_micros::text, version::text, labels::text \
+                 FROM public.agentstate_runs WHERE tenant = 't' AND run_id = 'r'",
+                &[],
+            )
+            .expect("cols");
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!(
+        cols(&mut raw),
+        ("7".into(), "2".into(), "{\"k\": \"v\"}".into())
+    );
+    let generated: i64 = raw
+        .query_one(
+            "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'public' \
+             AND table_name IN ('agentstate_runs', 'agentstate_sessions') \
+             AND is_generated <> 'NEVER'",
+            &[],
+        )
+        .expect("generated")
+        .get(0);
+    assert_eq!(generated, 0, "no generated column is left");
+    assert!(s.verify().expect("verify").problems.is_empty());
+    // Plain SQL writes fields only: the trigger derives the columns.
+    raw.batch_execute(
+        "UPDATE public.agentstate_runs SET fields = jsonb_set(fields, '{cost_micros}', '9') \
+         WHERE tenant = 't' AND run_id = 'r'",
+    )
+    .expect("plain update");
+    assert_eq!(cols(&mut raw).0, "9");
+    // A column changed by hand is named by verify (run and session).
+    raw.batch_execute(
+        "BEGIN; SET LOCAL agentstate.writer = 'store'; \
+         UPDATE public.agentstate_runs SET version = 40 WHERE tenant = 't' AND run_id = 'r'; \
+         UPDATE public.agentstate_sessions SET metadata = '{\"x\": \"y\"}' \
+         WHERE tenant = 't' AND session_id = 's'; COMMIT",
+    )
+    .expect("tamper");
+    let problems = s.verify().expect("verify").problems;
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("t/r") && p.contains("columns derived from fields")),
+        "{problems:?}"
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("t/s") && p.contains("columns disagree with its fields")),
+        "{problems:?}"
+    );
+}

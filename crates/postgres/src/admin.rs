@@ -15,7 +15,9 @@ use agentstate_core::record::{Millis, RunKey, RunState, SessionKey, SessionRecor
 use agentstate_core::rules::{at_cap, check_id, check_limit, checked_entry, held};
 use agentstate_core::tray::{InstanceKey, Tray, TrayKey};
 
-use super::budgets::{budget_cols, budget_of, decode_budget, decode_hold, insert_budget, insert_hold};
+use super::budgets::{
+    budget_cols, budget_of, decode_budget, decode_hold, insert_budget, insert_hold,
+};
 use super::conn::{Tx, TxResult, txn};
 use super::fields::{run_cols, session_cols};
 use super::runs::{decode_run, decode_run_at, decode_session, read_run, seq_col, write_run};
@@ -282,7 +284,8 @@ impl PostgresStore {
                                 &value::encode_session(s),
                                 &super::fields::session_text(s),
                             ],
-                        ).await?;
+                        )
+                        .await?;
                     }
                     Entry::Epoch { instance, epoch } => {
                         let e = epoch_in(*epoch)?;
@@ -369,7 +372,11 @@ async fn budget_stats(tx: &mut Tx<'_>, st: &mut StoreStats, now: Millis) -> TxRe
     let mut budgets: HashMap<BudgetKey, (Caps, Spend, Vec<HoldRecord>)> = HashMap::new();
     for r in tx
         .query(
-            concat!("SELECT tenant, name, ", budget_cols!(), " FROM {s}agentstate_budgets"),
+            concat!(
+                "SELECT tenant, name, ",
+                budget_cols!(),
+                " FROM {s}agentstate_budgets"
+            ),
             &[],
         )
         .await?
@@ -433,7 +440,11 @@ async fn verify_budgets(tx: &mut Tx<'_>) -> TxResult<(Vec<String>, u64)> {
     let mut entries = 0u64;
     for r in tx
         .query(
-            concat!("SELECT tenant, name, ", budget_cols!(), " FROM {s}agentstate_budgets"),
+            concat!(
+                "SELECT tenant, name, ",
+                budget_cols!(),
+                " FROM {s}agentstate_budgets"
+            ),
             &[],
         )
         .await?

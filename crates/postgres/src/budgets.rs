@@ -48,9 +48,8 @@ use agentstate_core::limits::HOLDS_PER_RUN_MAX;
 use agentstate_core::page::{Page, PageRequest};
 use agentstate_core::record::{Millis, RunKey, RunRecord, StateDelta};
 use agentstate_core::rules::{
-    BudgetSide, check_budget_key, check_hold, check_id, check_limit, check_new_hold,
-    check_reserve, check_run_key, check_size, expired, held, new_hold, next_budget, overshoot,
-    patched_run,
+    BudgetSide, check_budget_key, check_hold, check_id, check_limit, check_new_hold, check_reserve,
+    check_run_key, check_size, expired, held, new_hold, next_budget, overshoot, patched_run,
 };
 
 use super::conn::{Tx, TxResult, params, txn};
@@ -152,7 +151,11 @@ pub(crate) use budget_cols;
 /// Decodes a budget row's record and `spent` columns, checking the key:
 /// the spent as of the row's last whole write (schema 10: see
 /// [`decode_budget`]).
-fn decode_budget_base(record: &[u8], spent: &[u8], key: &BudgetKey) -> Result<(BudgetRecord, Spend)> {
+fn decode_budget_base(
+    record: &[u8],
+    spent: &[u8],
+    key: &BudgetKey,
+) -> Result<(BudgetRecord, Spend)> {
     let r: BudgetRecord = value::decode(record, "budget")?;
     if &r.key != key {
         return Err(StateError::corrupt("budget stored under another key"));
@@ -671,29 +674,42 @@ impl PostgresStore {
         let (binding, after) = super::tenant_cursor(&secret, Listing::Budgets, tenant, page)?;
         let limit = (page.limit + 1) as i64;
         let t = id_in(tenant);
-        let mut items =
-            txn!(self, |tx| {
-                tx.reads_only();
-                let rows = match &after {
-                None => tx.query(
-                    concat!("SELECT name, ", budget_cols!(), " FROM {s}agentstate_budgets WHERE tenant = $1 \
-                     ORDER BY name LIMIT $2"),
-                    &[&t, &limit],
-                ).await?,
-                Some(a) => tx.query(
-                    concat!("SELECT name, ", budget_cols!(), " FROM {s}agentstate_budgets WHERE tenant = $1 \
-                     AND name > $3 ORDER BY name LIMIT $2"),
-                    &[&t, &limit, &id_in(a)],
-                ).await?,
-            };
-                let mut items = Vec::with_capacity(rows.len());
-                for r in &rows {
-                    let key = BudgetKey::new(tenant, id_out(r.col(0)?)?);
-                    let (rec, spent) = decode_budget(r.col(1)?, r.col(2)?, r.col(3)?, &key)?;
-                    items.push(status_in(tx, rec, spent, now).await?);
+        let mut items = txn!(self, |tx| {
+            tx.reads_only();
+            let rows = match &after {
+                None => {
+                    tx.query(
+                        concat!(
+                            "SELECT name, ",
+                            budget_cols!(),
+                            " FROM {s}agentstate_budgets WHERE tenant = $1 \
+                     ORDER BY name LIMIT $2"
+                        ),
+                        &[&t, &limit],
+                    )
+                    .await?
                 }
-                Ok(items)
-            })?;
+                Some(a) => {
+                    tx.query(
+                        concat!(
+                            "SELECT name, ",
+                            budget_cols!(),
+                            " FROM {s}agentstate_budgets WHERE tenant = $1 \
+                     AND name > $3 ORDER BY name LIMIT $2"
+                        ),
+                        &[&t, &limit, &id_in(a)],
+                    )
+                    .await?
+                }
+            };
+            let mut items = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let key = BudgetKey::new(tenant, id_out(r.col(0)?)?);
+                let (rec, spent) = decode_budget(r.col(1)?, r.col(2)?, r.col(3)?, &key)?;
+                items.push(status_in(tx, rec, spent, now).await?);
+            }
+            Ok(items)
+        })?;
         let more = items.len() > page.limit;
         items.truncate(page.limit);
         let cursor = match (more, items.last()) {

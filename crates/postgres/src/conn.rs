@@ -703,7 +703,9 @@ impl<'a> Tx<'a> {
             return None;
         }
         let s = self.notify?;
-        Some(Box::pin(async move { client.execute(s, &[]).await.map(|_| ()) }))
+        Some(Box::pin(
+            async move { client.execute(s, &[]).await.map(|_| ()) },
+        ))
     }
 
     /// Marks the transaction as one that writes nothing (a read call): a

@@ -37,9 +37,9 @@ use agentstate_core::budget::BudgetKey;
 
 use super::budgets::{after_patch, lock_budget};
 use super::conn::{Tx, TxResult, params, txn};
+use super::fields::{run_cols, session_cols};
 use super::idempotency::txn_keyed;
 use super::recent::{Recent, Shared};
-use super::fields::{run_cols, session_cols};
 use super::{Col, PostgresStore, fields, id_in, id_out, num, own};
 
 /// Most runs a store remembers the bytes of.
