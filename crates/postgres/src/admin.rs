@@ -19,7 +19,6 @@ use super::budgets::{
     budget_cols, budget_of, decode_budget, decode_hold, insert_budget, insert_hold,
 };
 use super::conn::{Tx, TxResult, txn};
-use super::fields::{run_cols, session_cols};
 use super::runs::{decode_run, decode_run_at, decode_session, read_run, seq_col, write_run};
 use super::trays::{in_tray, put_tray};
 use super::{Col, PostgresStore, epoch_in, epoch_out, id_in, id_out, id_read, num, num_out};
@@ -277,15 +276,15 @@ impl PostgresStore {
                             return Err(taken().into());
                         }
                         tx.execute(
-                            super::runs::SESSION_INSERT,
+                            "INSERT INTO {s}agentstate_sessions (tenant, session_id, record, fields) \
+                             VALUES ($1, $2, $3, $4::text::jsonb)",
                             &[
                                 &id_in(&s.key.tenant),
                                 &id_in(&s.key.session_id),
                                 &value::encode_session(s),
                                 &super::fields::session_text(s),
                             ],
-                        )
-                        .await?;
+                        ).await?;
                     }
                     Entry::Epoch { instance, epoch } => {
                         let e = epoch_in(*epoch)?;
@@ -664,26 +663,18 @@ impl PostgresStore {
                 tx.reads_only();
                 // With each run, its label rows (R11): (label, value, seq).
                 let sql = match after {
-                    None => concat!(
+                    None => {
                         "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text, fields::text, \
                              ARRAY(SELECT jsonb_build_array(l.label, l.value, l.seq)::text FROM {s}agentstate_run_labels l \
-                                   WHERE l.tenant = r.tenant AND l.run_id = r.run_id ORDER BY l.label), (",
-                        run_cols!(names),
-                        ") IS NOT DISTINCT FROM (",
-                        run_cols!(values),
-                        ") FROM {s}agentstate_runs r CROSS JOIN LATERAL (SELECT r.fields AS f) j \
-                             ORDER BY tenant, run_id LIMIT 1000"
-                    ),
-                    Some(_) => concat!(
+                                   WHERE l.tenant = r.tenant AND l.run_id = r.run_id ORDER BY l.label) \
+                             FROM {s}agentstate_runs r ORDER BY tenant, run_id LIMIT 1000"
+                    }
+                    Some(_) => {
                         "SELECT tenant, run_id, record, seq, state, session_id, agent_name, updated_at::text, fields::text, \
                              ARRAY(SELECT jsonb_build_array(l.label, l.value, l.seq)::text FROM {s}agentstate_run_labels l \
-                                   WHERE l.tenant = r.tenant AND l.run_id = r.run_id ORDER BY l.label), (",
-                        run_cols!(names),
-                        ") IS NOT DISTINCT FROM (",
-                        run_cols!(values),
-                        ") FROM {s}agentstate_runs r CROSS JOIN LATERAL (SELECT r.fields AS f) j \
-                             WHERE (tenant, run_id) > ($1, $2) ORDER BY tenant, run_id LIMIT 1000"
-                    ),
+                                   WHERE l.tenant = r.tenant AND l.run_id = r.run_id ORDER BY l.label) \
+                                FROM {s}agentstate_runs r WHERE (tenant, run_id) > ($1, $2) ORDER BY tenant, run_id LIMIT 1000"
+                    }
                 };
                 match &after {
                     None => tx.query(sql, &[]).await,
@@ -725,10 +716,6 @@ impl PostgresStore {
                 }
                 if !fields_agree(r.col(8)?, super::fields::run(&run)) {
                     bad.push("fields");
-                }
-                // Written beside `fields`, not generated (schema 10).
-                if !r.col::<_, bool>(10)? {
-                    bad.push("columns derived from fields");
                 }
                 // The label index holds exactly the run's labels, at its seq.
                 let rows: Vec<serde_json::Value> = r
@@ -848,13 +835,7 @@ impl PostgresStore {
             }
             let mut n = [0u64; 3];
             for (i, sql) in [
-                concat!(
-                    "SELECT record, tenant, session_id, fields::text, (",
-                    session_cols!(names),
-                    ") IS NOT DISTINCT FROM (",
-                    session_cols!(values),
-                    ") FROM {s}agentstate_sessions s CROSS JOIN LATERAL (SELECT s.fields AS f) j"
-                ),
+                "SELECT record, tenant, session_id, fields::text FROM {s}agentstate_sessions",
                 "SELECT count(*) FROM {s}pinned_tray_index \
                  WHERE NOT (tray_ns = 'pinned' AND tray_id = 'alarm')",
                 "SELECT count(*) FROM {s}agentstate_alarms",
@@ -873,10 +854,6 @@ impl PostgresStore {
                                     key.tenant, key.session_id
                                 ))
                             }
-                            Ok(_) if !r.col::<_, bool>(4)? => problems.push(format!(
-                                "session {}/{}: its columns disagree with its fields",
-                                key.tenant, key.session_id
-                            )),
                             Ok(_) => n[0] += 1,
                             Err(e) => problems
                                 .push(format!("session {}/{}: {e}", key.tenant, key.session_id)),

@@ -1,8 +1,6 @@
 //! The `fields` column of runs and sessions (schema v6): the record as
-//! JSON, and a column per field for SQL readers, derived from it by the
-//! statement that writes it ([`run_cols!`], [`session_cols!`]; generated
-//! by PostgreSQL before schema 10, and by a trigger for other writers
-//! since). The store never reads it back except in `verify`, which checks
+//! JSON, from which PostgreSQL generates a column per field for SQL
+//! readers. The store never reads it back except in `verify`, which checks
 //! it against the record (the record, with its checksum, is what the store
 //! reads).
 //!
@@ -20,41 +18,6 @@ use super::runs::{decode_run, decode_session};
 use super::{Col, PostgresStore, id_out, own as text};
 use agentstate_core::error::Result;
 use agentstate_core::record::{RunKey, RunRecord, SessionKey, SessionRecord};
-
-/// The columns derived from a run's `fields`, and their values from `f`
-/// (the `fields` value, bound once by the statement as `f`): spliced into
-/// every statement that writes a run's `fields`. Their server copy, for
-/// other writers, is `agentstate_run_fields_follow_record` (v10.sql).
-macro_rules! run_cols {
-    (names) => {
-        "version, messages_read, input_tokens, output_tokens, cost_micros, iterations, \
-         pending_tool_calls, approval, created_at, cost_micros_max, tokens_max, \
-         iterations_max, budget, labels"
-    };
-    (values) => {
-        "(f ->> 'version')::numeric(20, 0), (f ->> 'messages_read')::numeric(20, 0), \
-         (f ->> 'input_tokens')::numeric(20, 0), (f ->> 'output_tokens')::numeric(20, 0), \
-         (f ->> 'cost_micros')::numeric(20, 0), (f ->> 'iterations')::numeric(20, 0), \
-         f -> 'pending_tool_calls', f -> 'approval', (f ->> 'created_at')::numeric(20, 0), \
-         (f ->> 'cost_micros_max')::numeric(20, 0), (f ->> 'tokens_max')::numeric(20, 0), \
-         (f ->> 'iterations_max')::numeric(20, 0), f ->> 'budget', f -> 'labels'"
-    };
-}
-pub(crate) use run_cols;
-
-/// [`run_cols!`] for a session; the server copy is
-/// `agentstate_session_fields_follow_record` (v10.sql).
-macro_rules! session_cols {
-    (names) => {
-        "version, metadata, created_at, updated_at, labels"
-    };
-    (values) => {
-        "(f ->> 'version')::numeric(20, 0), f -> 'metadata', \
-         (f ->> 'created_at')::numeric(20, 0), (f ->> 'updated_at')::numeric(20, 0), \
-         f -> 'labels'"
-    };
-}
-pub(crate) use session_cols;
 
 /// A run's `fields`.
 pub(crate) fn run(r: &RunRecord) -> Value {
@@ -177,14 +140,9 @@ impl PostgresStore {
                  WHERE fields IS NULL AND (tenant, {id}) > ($1, $2) \
                  ORDER BY tenant, {id} LIMIT {FILL_BATCH} FOR UPDATE"
             );
-            let (cols, values) = match table {
-                Table::Runs => (run_cols!(names), run_cols!(values)),
-                Table::Sessions => (session_cols!(names), session_cols!(values)),
-            };
             let update = format!(
-                "UPDATE {{s}}{name} AS t SET fields = u.f, ({cols}) = ({values}) \
-                 FROM (SELECT tenant, id, f::jsonb AS f \
-                       FROM unnest($1::text[], $2::text[], $3::text[]) AS x(tenant, id, f)) AS u \
+                "UPDATE {{s}}{name} AS t SET fields = u.f::jsonb \
+                 FROM unnest($1::text[], $2::text[], $3::text[]) AS u(tenant, id, f) \
                  WHERE t.tenant = u.tenant AND t.{id} = u.id AND t.fields IS NULL"
             );
             let mut after = (String::new(), String::new());

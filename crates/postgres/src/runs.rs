@@ -37,21 +37,11 @@ use agentstate_core::budget::BudgetKey;
 
 use super::budgets::{after_patch, lock_budget};
 use super::conn::{Tx, TxResult, params, txn};
-use super::fields::{run_cols, session_cols};
 use super::idempotency::txn_keyed;
 use super::recent::{Recent, Shared};
 use super::{Col, PostgresStore, fields, id_in, id_out, num, own};
 
 /// Most runs a store remembers the bytes of.
-/// A session's insert, with its `fields` and the columns derived from them.
-pub(crate) const SESSION_INSERT: &str = concat!(
-    "INSERT INTO {s}agentstate_sessions (tenant, session_id, record, fields, ",
-    session_cols!(names),
-    ") SELECT $1, $2, $3, f, ",
-    session_cols!(values),
-    " FROM (SELECT $4::text::jsonb AS f) j"
-);
-
 const SEEN_MAX: usize = 8192;
 
 /// The last stored bytes of each run a store read or wrote (a hint, see
@@ -214,14 +204,9 @@ pub(crate) async fn write_run(
     if created {
         let session = new.session_id.as_deref().map(|s| id_in(s).into_owned());
         tx.defer(
-            concat!(
-                "INSERT INTO {s}agentstate_runs \
-                 (tenant, run_id, seq, state, session_id, agent_name, updated_at, record, fields, ",
-                run_cols!(names),
-                ") SELECT $1, $2, $3, $4, $5, $6, $7::text::numeric, $8, f, ",
-                run_cols!(values),
-                " FROM (SELECT $9::text::jsonb AS f) j"
-            ),
+            "INSERT INTO {s}agentstate_runs \
+             (tenant, run_id, seq, state, session_id, agent_name, updated_at, record, fields) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7::text::numeric, $8, $9::text::jsonb)",
             params![
                 own(&k.tenant),
                 own(&k.run_id),
@@ -237,14 +222,9 @@ pub(crate) async fn write_run(
         .await?;
     } else {
         tx.defer(
-            concat!(
-                "UPDATE {s}agentstate_runs SET state = $3, agent_name = $4, \
-                 updated_at = $5::text::numeric, record = $6, fields = f, (",
-                run_cols!(names),
-                ") = (",
-                run_cols!(values),
-                ") FROM (SELECT $7::text::jsonb AS f) j WHERE tenant = $1 AND run_id = $2"
-            ),
+            "UPDATE {s}agentstate_runs SET state = $3, agent_name = $4, \
+             updated_at = $5::text::numeric, record = $6, fields = $7::text::jsonb \
+             WHERE tenant = $1 AND run_id = $2",
             params![
                 own(&k.tenant),
                 own(&k.run_id),
@@ -435,24 +415,19 @@ impl PostgresStore {
         let seq: Option<i64> = txn!(self, |tx| {
             let rows = tx
                 .query_commit(
-                    concat!(
                     "WITH e AS (SELECT 1 FROM {s}agentstate_runs WHERE tenant = $1 AND run_id = $2), \
                      c AS (INSERT INTO {s}agentstate_counters AS c (tenant, next_seq) \
                            SELECT $1, 2 WHERE NOT EXISTS (SELECT 1 FROM e) \
                            ON CONFLICT (tenant) DO UPDATE SET next_seq = c.next_seq + 1 \
                            RETURNING next_seq - 1 AS seq), \
                      r AS (INSERT INTO {s}agentstate_runs \
-                           (tenant, run_id, seq, state, session_id, agent_name, updated_at, record, fields, ",
-                    run_cols!(names),
-                    ") SELECT $1, $2, c.seq, $3, NULL, $4, $5::text::numeric, $6, f, ",
-                    run_cols!(values),
-                    " FROM c, (SELECT $7::text::jsonb AS f) j \
-                           ON CONFLICT (tenant, run_id) DO NOTHING RETURNING seq), \
+                           (tenant, run_id, seq, state, session_id, agent_name, updated_at, record, fields) \
+                           SELECT $1, $2, c.seq, $3, NULL, $4, $5::text::numeric, $6, $7::text::jsonb \
+                           FROM c ON CONFLICT (tenant, run_id) DO NOTHING RETURNING seq), \
                      l AS (INSERT INTO {s}agentstate_run_labels (tenant, label, value, seq, run_id) \
                            SELECT $1, u.l, u.v, r.seq, $2 \
                            FROM r, unnest($8::text[], $9::text[]) AS u(l, v)) \
-                     SELECT (SELECT seq FROM r)"
-                    ),
+                     SELECT (SELECT seq FROM r)",
                     &[
                         &tenant, &run_id, &state, &agent, &updated, &bytes, &cols, &names,
                         &values,
@@ -606,15 +581,9 @@ impl PostgresStore {
         let swapped = txn!(self, |tx| {
             let rows = tx
                 .query_commit(
-                    concat!(
-                        "UPDATE {s}agentstate_runs SET state = $3, agent_name = $4, \
-                         updated_at = $5::text::numeric, record = $6, fields = f, (",
-                        run_cols!(names),
-                        ") = (",
-                        run_cols!(values),
-                        ") FROM (SELECT $8::text::jsonb AS f) j \
-                         WHERE tenant = $1 AND run_id = $2 AND record = $7 RETURNING 1"
-                    ),
+                    "UPDATE {s}agentstate_runs SET state = $3, agent_name = $4, \
+                     updated_at = $5::text::numeric, record = $6, fields = $8::text::jsonb \
+                     WHERE tenant = $1 AND run_id = $2 AND record = $7 RETURNING 1",
                     &[
                         &tenant, &run_id, &state, &agent, &updated, &bytes, &was, &cols,
                     ],
@@ -768,15 +737,11 @@ impl PostgresStore {
             // A create racing another create fails its insert on the key
             // and is tried again, when it sees the winner (S1).
             let sql = if stored.is_none() {
-                SESSION_INSERT
+                "INSERT INTO {s}agentstate_sessions (tenant, session_id, record, fields) \
+                 VALUES ($1, $2, $3, $4::text::jsonb)"
             } else {
-                concat!(
-                    "UPDATE {s}agentstate_sessions SET record = $3, fields = f, (",
-                    session_cols!(names),
-                    ") = (",
-                    session_cols!(values),
-                    ") FROM (SELECT $4::text::jsonb AS f) j WHERE tenant = $1 AND session_id = $2"
-                )
+                "UPDATE {s}agentstate_sessions SET record = $3, fields = $4::text::jsonb \
+                 WHERE tenant = $1 AND session_id = $2"
             };
             let cols = fields::session_text(&new);
             tx.execute(

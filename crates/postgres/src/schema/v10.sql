@@ -1,7 +1,7 @@
 -- agentstate PostgreSQL schema, version 10: a write costs the server less
--- (issue 53): the feed's notifications leave the writers' commits, and the
--- columns derived from `fields` are written by the statement that writes
--- `fields` instead of being generated.
+-- (issue 53): the feed's notifications leave the writers' commits, the
+-- store's writes skip the `fields` trigger, and a budget's spend is booked
+-- without rewriting its encoded `spent`.
 --
 -- Applied by `PostgresStore::setup()` after v9.sql, in the same
 -- transaction under the same advisory lock; a database at versions 1-9 is
@@ -27,9 +27,9 @@
 -- committed, as before. Should it be lost (the connection cut between the
 -- two), a waiter still reads at least once a second (see `feed.rs`).
 
--- Moves a record's row to this transaction's position, and notifies (or,
--- in the store's own transactions, records the notification for after
--- the commit).
+-- rules: F1, F5. Moves a record's row to this transaction's position
+-- (F1), and notifies (F5; in the store's own transactions, records the
+-- notification for after the commit).
 CREATE OR REPLACE FUNCTION {s}agentstate_feed_put(
     p_kind smallint, p_k1 text, p_k2 text, p_k3 text, p_k4 text,
     p_feed smallint, p_scope text, p_env text, p_deleted boolean, p_schema text
@@ -62,146 +62,23 @@ BEGIN
 END
 $$;
 
--- Derived columns. PostgreSQL 15 rebuilds a generated column's expression
--- from its stored text on every statement that writes the row (14 on a
--- run: a third of a run update's server time). They become plain columns
--- holding the same values; the store's statements write them from the
--- same `fields` value, in the same statement (`fields.rs`), and for every
--- other writer (plain SQL, a build from before this version during a
--- rolling upgrade) the trigger below derives them, so they can never
--- disagree with `fields`.
-ALTER TABLE {s}agentstate_runs
-    ALTER COLUMN version DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN messages_read DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN input_tokens DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN output_tokens DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN cost_micros DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN iterations DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN pending_tool_calls DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN approval DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN created_at DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN cost_micros_max DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN tokens_max DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN iterations_max DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN budget DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN labels DROP EXPRESSION IF EXISTS;
-ALTER TABLE {s}agentstate_sessions
-    ALTER COLUMN version DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN metadata DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN created_at DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN updated_at DROP EXPRESSION IF EXISTS,
-    ALTER COLUMN labels DROP EXPRESSION IF EXISTS;
-
--- For writers other than the store (see above): `fields` cleared when
--- `record` changes without it (v6.sql), then the columns derived from
--- `fields` (all NULL while it is).
-CREATE OR REPLACE FUNCTION {s}agentstate_run_fields_follow_record() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'UPDATE' AND NEW.record IS DISTINCT FROM OLD.record
-       AND NEW.fields IS NOT DISTINCT FROM OLD.fields THEN
-        NEW.fields := NULL;
-    END IF;
-    IF NEW.fields IS NULL THEN
-        UPDATE {s}agentstate_meta SET value = 'false'
-        WHERE name = 'fields_filled' AND value <> 'false';
-    END IF;
-    NEW.version := (NEW.fields ->> 'version')::numeric(20, 0);
-    NEW.messages_read := (NEW.fields ->> 'messages_read')::numeric(20, 0);
-    NEW.input_tokens := (NEW.fields ->> 'input_tokens')::numeric(20, 0);
-    NEW.output_tokens := (NEW.fields ->> 'output_tokens')::numeric(20, 0);
-    NEW.cost_micros := (NEW.fields ->> 'cost_micros')::numeric(20, 0);
-    NEW.iterations := (NEW.fields ->> 'iterations')::numeric(20, 0);
-    NEW.pending_tool_calls := NEW.fields -> 'pending_tool_calls';
-    NEW.approval := NEW.fields -> 'approval';
-    NEW.created_at := (NEW.fields ->> 'created_at')::numeric(20, 0);
-    NEW.cost_micros_max := (NEW.fields ->> 'cost_micros_max')::numeric(20, 0);
-    NEW.tokens_max := (NEW.fields ->> 'tokens_max')::numeric(20, 0);
-    NEW.iterations_max := (NEW.fields ->> 'iterations_max')::numeric(20, 0);
-    NEW.budget := NEW.fields ->> 'budget';
-    NEW.labels := NEW.fields -> 'labels';
-    RETURN NEW;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION {s}agentstate_session_fields_follow_record() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'UPDATE' AND NEW.record IS DISTINCT FROM OLD.record
-       AND NEW.fields IS NOT DISTINCT FROM OLD.fields THEN
-        NEW.fields := NULL;
-    END IF;
-    IF NEW.fields IS NULL THEN
-        UPDATE {s}agentstate_meta SET value = 'false'
-        WHERE name = 'fields_filled' AND value <> 'false';
-    END IF;
-    NEW.version := (NEW.fields ->> 'version')::numeric(20, 0);
-    NEW.metadata := NEW.fields -> 'metadata';
-    NEW.created_at := (NEW.fields ->> 'created_at')::numeric(20, 0);
-    NEW.updated_at := (NEW.fields ->> 'updated_at')::numeric(20, 0);
-    NEW.labels := NEW.fields -> 'labels';
-    RETURN NEW;
-END
-$$;
-
--- Not called for the store's own writes (the trigger's WHEN, evaluated
--- without entering plpgsql).
+-- v6.sql's trigger clears `fields` when a writer rewrites `record`
+-- without it (a build from before schema 6). The store's own writes
+-- always write both: the trigger's WHEN skips them without entering
+-- plpgsql (a tenth of a run update's server time).
 DROP TRIGGER IF EXISTS agentstate_fields_follow_record ON {s}agentstate_runs;
 CREATE TRIGGER agentstate_fields_follow_record
     BEFORE INSERT OR UPDATE ON {s}agentstate_runs
     FOR EACH ROW
     WHEN (current_setting('agentstate.writer', true) IS DISTINCT FROM 'store')
-    EXECUTE FUNCTION {s}agentstate_run_fields_follow_record();
+    EXECUTE FUNCTION {s}agentstate_fields_follow_record();
 DROP TRIGGER IF EXISTS agentstate_fields_follow_record ON {s}agentstate_sessions;
 CREATE TRIGGER agentstate_fields_follow_record
     BEFORE INSERT OR UPDATE ON {s}agentstate_sessions
     FOR EACH ROW
     WHEN (current_setting('agentstate.writer', true) IS DISTINCT FROM 'store')
-    EXECUTE FUNCTION {s}agentstate_session_fields_follow_record();
-DROP FUNCTION IF EXISTS {s}agentstate_fields_follow_record();
+    EXECUTE FUNCTION {s}agentstate_fields_follow_record();
 
--- rule B3: settle (v8.sql's, writing the run's derived columns, a copy of
--- `run_cols!` in fields.rs): the run becomes p_new_record (its `fields`, `updated_at`), the
--- hold (still live and still p_hold_record) goes, and the budget's spent
--- becomes p_new_spent.
-CREATE OR REPLACE FUNCTION {s}agentstate_settle(
-    p_tenant text, p_run text, p_run_record bytea,
-    p_budget text, p_budget_record bytea, p_budget_spent bytea,
-    p_hold text, p_hold_record bytea, p_now numeric,
-    p_new_record bytea, p_fields text, p_updated numeric, p_new_spent bytea
-) RETURNS boolean LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT {s}agentstate_lock_seen(p_tenant, p_run, p_run_record,
-                                   p_budget, p_budget_record, p_budget_spent) THEN
-        RETURN false;
-    END IF;
-    DELETE FROM {s}agentstate_holds
-     WHERE tenant = p_tenant AND run_id = p_run AND hold_id = p_hold
-       AND record = p_hold_record AND expires_at > p_now;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    UPDATE {s}agentstate_runs
-       SET updated_at = p_updated, record = p_new_record, fields = f,
-           (version, messages_read, input_tokens, output_tokens, cost_micros, iterations,
-            pending_tool_calls, approval, created_at, cost_micros_max, tokens_max,
-            iterations_max, budget, labels)
-         = ((f ->> 'version')::numeric(20, 0), (f ->> 'messages_read')::numeric(20, 0),
-            (f ->> 'input_tokens')::numeric(20, 0), (f ->> 'output_tokens')::numeric(20, 0),
-            (f ->> 'cost_micros')::numeric(20, 0), (f ->> 'iterations')::numeric(20, 0),
-            f -> 'pending_tool_calls', f -> 'approval', (f ->> 'created_at')::numeric(20, 0),
-            (f ->> 'cost_micros_max')::numeric(20, 0), (f ->> 'tokens_max')::numeric(20, 0),
-            (f ->> 'iterations_max')::numeric(20, 0), f ->> 'budget', f -> 'labels')
-      FROM (SELECT p_fields::jsonb AS f) j
-     WHERE tenant = p_tenant AND run_id = p_run;
-    IF p_budget IS NOT NULL THEN
-        UPDATE {s}agentstate_budgets SET spent = p_new_spent
-         WHERE tenant = p_tenant AND name = p_budget;
-    END IF;
-    PERFORM {s}agentstate_purge_expired(p_tenant, p_run, p_budget, p_now);
-    RETURN true;
-END
-$$;
 
 -- Spend settled into a budget is added to columns of the budget's row
 -- (`charged_*`) instead of rewriting its encoded `spent`: the store
@@ -274,8 +151,8 @@ $$;
 -- still p_hold_record) goes, and the budget's charged amounts grow by
 -- p_charge. Checks first (the run's and the hold's rows locked, the
 -- budget's row locked by its update), writes after, so a false wrote
--- nothing. The store's one-round-trip settle since schema 10 (the one
--- above stays for older builds).
+-- nothing. The store's one-round-trip settle since schema 10 (v8.sql's
+-- `agentstate_settle` stays for older builds).
 CREATE OR REPLACE FUNCTION {s}agentstate_settle_charged(
     p_tenant text, p_run text, p_run_record bytea, p_budget text,
     p_hold text, p_hold_record bytea, p_now numeric,
@@ -305,17 +182,7 @@ BEGIN
     DELETE FROM {s}agentstate_holds
      WHERE tenant = p_tenant AND run_id = p_run AND hold_id = p_hold;
     UPDATE {s}agentstate_runs
-       SET updated_at = p_updated, record = p_new_record, fields = f,
-           (version, messages_read, input_tokens, output_tokens, cost_micros, iterations,
-            pending_tool_calls, approval, created_at, cost_micros_max, tokens_max,
-            iterations_max, budget, labels)
-         = ((f ->> 'version')::numeric(20, 0), (f ->> 'messages_read')::numeric(20, 0),
-            (f ->> 'input_tokens')::numeric(20, 0), (f ->> 'output_tokens')::numeric(20, 0),
-            (f ->> 'cost_micros')::numeric(20, 0), (f ->> 'iterations')::numeric(20, 0),
-            f -> 'pending_tool_calls', f -> 'approval', (f ->> 'created_at')::numeric(20, 0),
-            (f ->> 'cost_micros_max')::numeric(20, 0), (f ->> 'tokens_max')::numeric(20, 0),
-            (f ->> 'iterations_max')::numeric(20, 0), f ->> 'budget', f -> 'labels')
-      FROM (SELECT p_fields::jsonb AS f) j
+       SET updated_at = p_updated, record = p_new_record, fields = p_fields::jsonb
      WHERE tenant = p_tenant AND run_id = p_run;
     PERFORM {s}agentstate_purge_expired(p_tenant, p_run, p_budget, p_now);
     RETURN true;
