@@ -143,15 +143,15 @@ pub(crate) struct Conn {
 }
 
 /// Sent after every write's `COMMIT`, in the same round trip: the feed's
-/// notifications the transaction recorded instead of sending them itself
-/// (`schema/v10.sql`), in a transaction of their own that writes no WAL
-/// and so commits without a flush. Built-in functions only, so it runs on
-/// a database at any schema version (before schema 10 nothing is
-/// recorded: it answers no rows).
-pub(crate) const NOTIFY_SQL: &str = "SELECT pg_notify(n ->> 0, n ->> 1), \
+/// notification the transaction recorded instead of sending it itself
+/// (`schema/v10.sql`: the one scope written, or `*`), on the store's
+/// channel (`$1`), in a transaction of its own that writes no WAL and so
+/// commits without a flush. Built-in functions only, so it runs on a
+/// database at any schema version (before schema 10 nothing is recorded:
+/// it answers no rows).
+pub(crate) const NOTIFY_SQL: &str = "SELECT pg_notify($1, t), \
      set_config('agentstate.feed_touched', '', false) \
-     FROM jsonb_array_elements(coalesce(nullif(\
-     current_setting('agentstate.feed_touched', true), ''), '[]')::jsonb) AS n";
+     FROM (SELECT current_setting('agentstate.feed_touched', true) AS t) s WHERE t <> ''";
 
 /// A server's replication settings, read on every connection it dials:
 /// whether an acknowledged commit was flushed on a synchronous standby.
@@ -441,6 +441,7 @@ impl Pooled {
             cache: store.opts.statement_cache,
             pending: vec![Pending::Begin(&store.begin)],
             notify: conn.notify.as_ref(),
+            channel: &store.channel,
             began: false,
             committed: false,
             reads_only: false,
@@ -612,6 +613,8 @@ pub(crate) struct Tx<'a> {
     pending: Vec<Pending<'a>>,
     /// [`NOTIFY_SQL`] prepared on this connection.
     notify: Option<&'a Statement>,
+    /// The store's feed channel (`feed.rs`).
+    channel: &'a str,
     /// `BEGIN` answered.
     began: bool,
     /// `COMMIT` went out with the last statement ([`Tx::query_commit`]).
@@ -702,10 +705,10 @@ impl<'a> Tx<'a> {
         if self.reads_only {
             return None;
         }
-        let s = self.notify?;
-        Some(Box::pin(
-            async move { client.execute(s, &[]).await.map(|_| ()) },
-        ))
+        let (s, channel) = (self.notify?, self.channel);
+        Some(Box::pin(async move {
+            client.execute(s, &[&channel]).await.map(|_| ())
+        }))
     }
 
     /// Marks the transaction as one that writes nothing (a read call): a

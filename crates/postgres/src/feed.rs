@@ -64,7 +64,8 @@ const BATCH: i64 = 1000;
 /// The listener of one store and its waiters.
 #[derive(Debug)]
 pub(crate) struct Hub {
-    /// Each notification's payload: `t <tenant>` (as stored) or `trays`.
+    /// Each notification's payload: `t <tenant>` (as stored), `trays`,
+    /// or `*` (a commit that wrote more than one scope: every waiter reads).
     notes: broadcast::Sender<Arc<str>>,
     /// `Some(generation)` while a `LISTEN` is in force: every commit after
     /// the generation began is notified.
@@ -84,7 +85,7 @@ impl Default for Hub {
 
 /// The channel the triggers notify (`schema/v7.sql`: cut to 63 bytes, as
 /// the server cuts an identifier; schema names are ASCII).
-fn channel(schema: &str) -> String {
+pub(crate) fn channel(schema: &str) -> String {
     let mut c = format!("agentstate_feed {schema}");
     c.truncate(63);
     c
@@ -495,7 +496,9 @@ impl PostgresStore {
             loop {
                 tokio::select! {
                     note = notes.recv() => match note {
-                        Ok(p) if *p == *want => break,
+                        // `*`: a commit of the store's that wrote more
+                        // than one scope (`schema/v10.sql`).
+                        Ok(p) if *p == *want || &*p == "*" => break,
                         Ok(_) => {}
                         Err(broadcast::error::RecvError::Lagged(_)) => break,
                         Err(broadcast::error::RecvError::Closed) => {

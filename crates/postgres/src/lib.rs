@@ -387,6 +387,8 @@ pub struct PostgresStore {
     opts: PgOptions,
     /// `"schema".`, prefixed to every table name.
     prefix: String,
+    /// The feed's notification channel (`feed.rs`).
+    channel: String,
     /// The cursor secret, read from the database on first use.
     secret: OnceLock<[u8; 16]>,
     /// The DSN without its password, for messages.
@@ -629,6 +631,7 @@ impl PostgresStore {
             begin,
             target,
             prefix: format!("\"{}\".", opts.schema),
+            channel: feed::channel(&opts.schema),
             opts,
             secret: OnceLock::new(),
             display,

@@ -16,13 +16,14 @@
 -- store's own transactions say otherwise (`SET LOCAL agentstate.notify =
 -- 'after_commit'` with their BEGIN; not behind a transaction-mode pooler,
 -- which could hand the second transaction's answer to another client):
--- the trigger
--- then only records the notification in the session's setting
--- `agentstate.feed_touched` (a JSON array of [channel, payload] pairs,
--- each once), which a rollback takes back with the rest of the
--- transaction, and the store sends them right after its COMMIT, in the
--- same round trip (`NOTIFY_SQL` in `conn.rs`, which empties the setting). That second transaction writes no
--- WAL, so it commits without a flush and holds the lock for microseconds.
+-- the trigger then only records the notification in the session's
+-- setting `agentstate.feed_touched` (the payload of the one scope the
+-- transaction wrote, or '*' for more than one, which wakes every waiter
+-- to read), which a rollback takes back with the rest of the
+-- transaction, and the store sends it on its schema's channel right after
+-- its COMMIT, in the same round trip (`NOTIFY_SQL` in `conn.rs`, which
+-- empties the setting). That second transaction writes no WAL, so it
+-- commits without a flush and holds the lock for microseconds.
 -- Its notifications are delivered after the writes they announce are
 -- committed, as before. Should it be lost (the connection cut between the
 -- two), a waiter still reads at least once a second (see `feed.rs`).
@@ -36,7 +37,7 @@ CREATE OR REPLACE FUNCTION {s}agentstate_feed_put(
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    note jsonb;
+    note text := CASE WHEN p_feed = 1 THEN 't ' || p_scope ELSE 'trays' END;
     touched text;
 BEGIN
     INSERT INTO {s}agentstate_changes AS c
@@ -46,18 +47,16 @@ BEGIN
     ON CONFLICT (kind, k1, k2, k3, k4) DO UPDATE SET
         feed = EXCLUDED.feed, scope = EXCLUDED.scope, env = EXCLUDED.env,
         xid = EXCLUDED.xid, n = EXCLUDED.n, deleted = EXCLUDED.deleted;
-    note := jsonb_build_array(jsonb_build_array(
-        left('agentstate_feed ' || p_schema, 63),
-        CASE WHEN p_feed = 1 THEN 't ' || p_scope ELSE 'trays' END));
     IF current_setting('agentstate.notify', true) IS DISTINCT FROM 'after_commit' THEN
-        PERFORM pg_notify(note->0->>0, note->0->>1);
+        PERFORM pg_notify(left('agentstate_feed ' || p_schema, 63), note);
         RETURN;
     END IF;
+    -- The scope written ('*': more than one; no scope's note is '*').
     touched := current_setting('agentstate.feed_touched', true);
     IF touched IS NULL OR touched = '' THEN
-        PERFORM set_config('agentstate.feed_touched', note::text, false);
-    ELSIF NOT touched::jsonb @> note THEN
-        PERFORM set_config('agentstate.feed_touched', (touched::jsonb || note)::text, false);
+        PERFORM set_config('agentstate.feed_touched', note, false);
+    ELSIF touched <> note AND touched <> '*' THEN
+        PERFORM set_config('agentstate.feed_touched', '*', false);
     END IF;
 END
 $$;
