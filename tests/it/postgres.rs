@@ -3620,6 +3620,50 @@ fn plain_sql_writers_wake_waiters_and_the_stores_commits_notify_after() {
     assert_eq!(heard, Some((channel.clone(), "trays".to_string())));
     let page = s.changes(&scope, at, 10).expect("changes");
     assert_eq!(page.changes.len(), 1, "the committed write: {page:?}");
+
+    // Two scopes in one transaction record `*`, which wakes a waiter of
+    // any scope (here a tenant's: a run's entry with no run, read as its
+    // tombstone).
+    let tenant = unique("star");
+    let tscope = FeedScope::tenant(&tenant);
+    let tat = s.feed_head(&tscope).expect("head");
+    let waiter = {
+        let (s, tscope) = (store(Options::new()), tscope.clone());
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let page = s
+                .wait_changes(&tscope, tat, 10, Duration::from_secs(10))
+                .expect("wait");
+            (page.changes.len(), t.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    c.batch_execute("BEGIN; SET LOCAL agentstate.notify = 'after_commit'")
+        .expect("begin");
+    c.execute(&upsert, &[&env, &"{\"n\": 12}"]).expect("tray");
+    c.execute(
+        &format!(
+            "SELECT \"{0}\".agentstate_feed_put(1::smallint, $1, 'r', '', '', 1::smallint, $1, \
+             NULL, true, '{0}')",
+            schema()
+        ),
+        &[&tenant],
+    )
+    .expect("a tenant's entry");
+    c.batch_execute("COMMIT").expect("commit");
+    assert_eq!(touched(&mut c), "*", "more than one scope");
+    c.execute(
+        "SELECT pg_notify($1, t), set_config('agentstate.feed_touched', '', false) \
+         FROM (SELECT current_setting('agentstate.feed_touched', true) AS t) s WHERE t <> ''",
+        &[&channel],
+    )
+    .expect("notify");
+    let (n, took) = waiter.join().expect("waiter");
+    assert_eq!(n, 1, "the tenant's change");
+    assert!(
+        took < Duration::from_millis(800),
+        "woken by `*`, not by the one-second read: {took:?}"
+    );
 }
 
 /// A database a schema-6 build wrote is upgraded by `setup()`: the feed
