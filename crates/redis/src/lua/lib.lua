@@ -10,6 +10,12 @@ local TWO32 = 4294967296
 -- A decimal string as limbs; nil when it is not a u64.
 local function limbs(s)
   if type(s) ~= 'string' or #s == 0 or #s > 20 then return nil end
+  -- Up to 15 digits (below 2^53, exact in a double), read at once.
+  if #s <= 15 and not string.find(s, '%D') then
+    local n = tonumber(s)
+    local hi = math.floor(n / TWO32)
+    return hi, n - hi * TWO32
+  end
   local hi, lo = 0, 0
   for i = 1, #s do
     local d = string.byte(s, i) - 48
@@ -77,13 +83,21 @@ end
 
 -- CRC-32 (IEEE, the one crc32fast computes) of head .. s, given the CRC of
 -- head: the client checksums the (large) head, the script only the tail.
+-- A nibble at a time from a 16-entry table (the reflected polynomial
+-- 0xEDB88320 applied 4 times to each nibble): a quarter of the bit-by-bit
+-- loop's work, which was a third of a patch's time on the server.
+local CRC_NIBBLE = {
+  0x00000000, 0x1DB71064, 0x3B6E20C8, 0x26D930AC,
+  0x76DC4190, 0x6B6B51F4, 0x4DB26158, 0x5005713C,
+  0xEDB88320, 0xF00F9344, 0xD6D6A3E8, 0xCB61B38C,
+  0x9B64C2B0, 0x86D3D2D4, 0xA00AE278, 0xBDBDF21C,
+}
 local function crc32(crc, s)
   local r = bit.bnot(crc)
   for i = 1, #s do
     r = bit.bxor(r, string.byte(s, i))
-    for _ = 1, 8 do
-      r = bit.bxor(bit.rshift(r, 1), bit.band(0xEDB88320, -bit.band(r, 1)))
-    end
+    r = bit.bxor(bit.rshift(r, 4), CRC_NIBBLE[bit.band(r, 15) + 1])
+    r = bit.bxor(bit.rshift(r, 4), CRC_NIBBLE[bit.band(r, 15) + 1])
   end
   r = bit.bnot(r)
   if r < 0 then r = r + TWO32 end
