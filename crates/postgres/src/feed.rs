@@ -8,7 +8,9 @@
 //! still open. A long-open transaction anywhere on the server holds the
 //! feed back (not the writes) until it ends.
 //!
-//! **Waking.** The triggers `pg_notify` at commit; one connection per
+//! **Waking.** The triggers `pg_notify` at commit (for the store's own
+//! transactions, the notification is recorded and sent right after the
+//! COMMIT, outside the commit's lock: `schema/v10.sql`); one connection per
 //! store (dialed on first `wait_changes`, on the store's runtime, with the
 //! pool's configuration and TLS) `LISTEN`s and fans the notifications out
 //! to the waiters ([`Hub`]). `changes` waits up to 2 s for commits
