@@ -1087,8 +1087,10 @@ impl PostgresStore {
             self.runs_seen.put_run(&s.record);
             self.spend_seen.forget_hold(run, hold_id);
             if let Some(b) = budget_of(&s.record) {
+                // The row as read: its `spent` bytes stay true (the
+                // spend went to `charged_*`).
                 match read {
-                    Some((record, total)) => self.spend_seen.put_budget(&b, record, total),
+                    Some((record, spent)) => self.spend_seen.put_budget(&b, record, spent),
                     None => self.spend_seen.forget_budget(&b),
                 }
             }
