@@ -4260,3 +4260,81 @@ fn a_shared_budget_books_spend_into_charged_columns() {
         "{e:?}"
     );
 }
+
+/// Every transaction of the store runs with its settings, whatever the
+/// server's defaults: `synchronous_commit = on` (the durability promise),
+/// its statement timeout, twice that for idling in a transaction, and
+/// the `agentstate.writer` the triggers look at (each transaction sets
+/// them with `SET LOCAL`; the server's defaults are left alone), with the
+/// statement cache on and off (behind a transaction-mode pooler). Seen
+/// from inside the store's transactions by a trigger.
+#[test]
+fn the_stores_transactions_run_with_its_settings_on_a_server_that_defaults_otherwise() {
+    let dsn = fresh_db("settings");
+    let mut c = postgres::Client::connect(&dsn, postgres::NoTls).expect("raw");
+    let db: String = c
+        .query_one("SELECT current_database()", &[])
+        .expect("db")
+        .get(0);
+    c.batch_execute(&format!(
+        "ALTER DATABASE {db} SET synchronous_commit = off; \
+         ALTER DATABASE {db} SET statement_timeout = '1h'; \
+         ALTER DATABASE {db} SET idle_in_transaction_session_timeout = 0"
+    ))
+    .expect("defaults");
+    for cache in [true, false] {
+        let schema = if cache { "with_cache" } else { "without_cache" };
+        let s = PostgresStore::connect_with(
+            &dsn,
+            PgOptions::new()
+                .schema(schema)
+                .statement_timeout(Duration::from_millis(4500))
+                .statement_cache(cache),
+        )
+        .expect("connect");
+        s.setup().expect("setup");
+        c.batch_execute(&format!(
+            "CREATE TABLE {schema}.seen (sync text, timeout text, idle text, writer text); \
+             CREATE FUNCTION {schema}.see() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               INSERT INTO {schema}.seen VALUES (current_setting('synchronous_commit'), \
+                 current_setting('statement_timeout'), \
+                 current_setting('idle_in_transaction_session_timeout'), \
+                 current_setting('agentstate.writer', true)); RETURN NULL; END $$; \
+             CREATE TRIGGER see AFTER INSERT OR UPDATE ON {schema}.agentstate_runs \
+               FOR EACH ROW EXECUTE FUNCTION {schema}.see()"
+        ))
+        .expect("the trigger");
+        // Several calls, so a pooled connection serves more than one.
+        let key = RunKey::new("t", "r");
+        s.put_run(RunRecord::new(key.clone(), "a")).expect("create");
+        for _ in 0..3 {
+            s.patch_run(&key, StateDelta::default()).expect("patch");
+        }
+        let seen: Vec<(String, String, String, Option<String>)> = c
+            .query(&format!("SELECT * FROM {schema}.seen"), &[])
+            .expect("seen")
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect();
+        assert_eq!(seen.len(), 4, "{seen:?}");
+        for row in &seen {
+            assert_eq!(
+                row,
+                &(
+                    "on".to_string(),
+                    "4500ms".to_string(),
+                    "9s".to_string(),
+                    Some("store".to_string())
+                ),
+                "statement cache {cache}: the store's transaction ran with {row:?}"
+            );
+        }
+        // A connection of its own keeps the database's defaults.
+        let plain: String = postgres::Client::connect(&dsn, postgres::NoTls)
+            .expect("plain")
+            .query_one("SELECT current_setting('synchronous_commit')", &[])
+            .expect("plain")
+            .get(0);
+        assert_eq!(plain, "off");
+    }
+}
