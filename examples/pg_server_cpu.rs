@@ -18,6 +18,11 @@
 //! ```text
 //! PROBE round=0 calls=… us_per_call=… server_cpu_us_per_call=…
 //! ```
+//!
+//! With `AGENTSTATE_PROBE_SQL=FILE`, the file's SQL runs on the probe's
+//! schema right after `setup()` (`{s}` is the schema with its dot, as in
+//! `crates/postgres/src/schema/`): a variant of a trigger or function,
+//! measured against the shipped one by the same binary.
 
 #![allow(clippy::print_stdout)]
 
@@ -85,6 +90,13 @@ fn main() {
     let store =
         PostgresStore::connect_with(dsn, PgOptions::new().schema(&schema)).expect("connect");
     store.setup().expect("setup");
+    if let Ok(file) = std::env::var("AGENTSTATE_PROBE_SQL") {
+        let sql = std::fs::read_to_string(&file).expect("AGENTSTATE_PROBE_SQL: a readable file");
+        let mut c = postgres::Client::connect(dsn, postgres::NoTls).expect("raw");
+        c.batch_execute(&sql.replace("{s}", &format!("{schema}.")))
+            .expect("AGENTSTATE_PROBE_SQL: its SQL");
+        println!("PROBE variant={file}");
+    }
     let keys: Vec<RunKey> = (0..1000)
         .map(|i| RunKey::new("t", format!("r{i:04}")))
         .collect();
