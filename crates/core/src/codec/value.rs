@@ -399,7 +399,7 @@ pub fn decode_run(bytes: &[u8]) -> Result<RunRecord> {
 pub fn run_id_of(bytes: &[u8]) -> Result<String> {
     let b = bytes.get(1..).unwrap_or_default();
     let mut r = RunReader { b };
-    r.string()
+    r.str()
         .and_then(|_tenant| r.string())
         .map_err(|why| StateError::corrupt(format!("run: undecodable ({why})")))
 }
@@ -459,15 +459,18 @@ impl<'a> RunReader<'a> {
     }
 
     fn string(&mut self) -> std::result::Result<String, Undecodable> {
+        self.str().map(str::to_owned)
+    }
+
+    /// A string, borrowed from the bytes (checked as [`string`](Self::string)'s).
+    fn str(&mut self) -> std::result::Result<&'a str, Undecodable> {
         let n = self.len()?;
         if n > self.b.len() {
             return Err("unexpected end");
         }
         let (s, rest) = self.b.split_at(n);
         self.b = rest;
-        std::str::from_utf8(s)
-            .map(str::to_owned)
-            .map_err(|_| "bad utf-8")
+        std::str::from_utf8(s).map_err(|_| "bad utf-8")
     }
 
     fn option<T>(
