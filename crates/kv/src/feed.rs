@@ -213,7 +213,8 @@ pub(crate) fn note(
     overlay.for_each(|k, v| {
         if is_record_key(k) {
             match v.map(|v| identity(k, v)).transpose() {
-                Ok(id) => records.push((k.to_vec(), id)),
+                // Kept as its `FEED_AT` key: the record's key after a byte.
+                Ok(id) => records.push((at_key(k), id)),
                 Err(e) => bad = Some(e),
             }
         } else if k.first() == Some(&table::FEED_HORIZON) && v.is_some_and(|v| v.is_empty()) {
@@ -231,12 +232,12 @@ pub(crate) fn note(
         *next += 1;
     }
     records.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    for (key, id) in records {
-        let Some(scope) = record_scope(&key)? else {
+    for (at, id) in records {
+        let key = &at[1..];
+        let Some(scope) = record_scope(key)? else {
             continue;
         };
-        let created = key[0] == table::RUN && position_of(&key)? >= new_runs_from;
-        let at = at_key(&key);
+        let created = key[0] == table::RUN && position_of(key)? >= new_runs_from;
         let old: Option<At> = match overlay.get(&at) {
             _ if created => None,
             Some(v) => v.clone(),
@@ -249,7 +250,7 @@ pub(crate) fn note(
             // never had an entry because it was made and deleted in this
             // group: nothing to read, no tombstone.
             let Some((run_id, env)) = id else { continue };
-            write(overlay, &scope, at, run_id, env, next);
+            write(overlay, scope, at, run_id, env, next);
             continue;
         };
         overlay.insert(entry_key(&scope, old.position), None);
@@ -257,7 +258,7 @@ pub(crate) fn note(
             overlay.insert(entry_key(&env_prefix(&old.env), old.position), None);
         }
         let (run_id, env) = id.unwrap_or((old.run_id, old.env));
-        write(overlay, &scope, at, run_id, env, next);
+        write(overlay, scope, at, run_id, env, next);
     }
     Ok(())
 }
@@ -274,9 +275,10 @@ fn identity(key: &[u8], v: &[u8]) -> Result<(String, String)> {
     }
 }
 
+/// `scope` (the scope's key prefix) becomes the new entry's key.
 fn write(
     overlay: &mut Overlay,
-    scope: &[u8],
+    mut scope: Vec<u8>,
     at: Vec<u8>,
     run_id: String,
     env: String,
@@ -292,7 +294,8 @@ fn write(
     if !env.is_empty() {
         overlay.insert(entry_key(&env_prefix(&env), position), Some(entry.clone()));
     }
-    overlay.insert(entry_key(scope, position), Some(entry));
+    scope.extend_from_slice(&position.to_be_bytes());
+    overlay.insert(scope, Some(entry));
     overlay.insert(
         at,
         Some(value::encode(&At {
