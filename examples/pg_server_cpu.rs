@@ -90,9 +90,9 @@ fn main() {
     let store =
         PostgresStore::connect_with(dsn, PgOptions::new().schema(&schema)).expect("connect");
     store.setup().expect("setup");
+    let mut c = postgres::Client::connect(dsn, postgres::NoTls).expect("raw");
     if let Ok(file) = std::env::var("AGENTSTATE_PROBE_SQL") {
         let sql = std::fs::read_to_string(&file).expect("AGENTSTATE_PROBE_SQL: a readable file");
-        let mut c = postgres::Client::connect(dsn, postgres::NoTls).expect("raw");
         c.batch_execute(&sql.replace("{s}", &format!("{schema}.")))
             .expect("AGENTSTATE_PROBE_SQL: its SQL");
         println!("PROBE variant={file}");
@@ -123,7 +123,6 @@ fn main() {
         );
     }
     drop(store);
-    let mut c = postgres::Client::connect(dsn, postgres::NoTls).expect("raw");
     c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .expect("drop the probe's schema");
 }
