@@ -8,6 +8,7 @@
 //! ```text
 //! cargo bench --all-features --bench network
 //! cargo bench --all-features --bench network -- --quick
+//! cargo bench --all-features --bench network -- --quick --only redis
 //! AGENTSTATE_BENCH_DELAY_US=250 cargo bench --all-features --bench network
 //! ```
 //!
@@ -403,6 +404,20 @@ fn section(
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    // `--only postgres` or `--only redis`: that backend's section alone.
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .map(|i| args.get(i + 1).map_or("", String::as_str));
+    if let Some(o) = only
+        && o != "postgres"
+        && o != "redis"
+    {
+        eprintln!("--only takes postgres or redis, not {o:?}");
+        std::process::exit(2);
+    }
+    let runs = |backend: &str| only.is_none_or(|o| o == backend);
     let n = if quick { 60 } else { 300 };
     let delay_us: u64 = std::env::var("AGENTSTATE_BENCH_DELAY_US")
         .ok()
@@ -414,12 +429,28 @@ fn main() {
         "# agentstate network ({n} calls per worker per figure; {delay_us} us each way through a loopback proxy)"
     );
     let mut lines = Vec::new();
+    let round = std::sync::atomic::AtomicU64::new(0);
+    if runs("postgres") {
+        postgres_section(&mut lines, delay, n, &tag, &round);
+    }
+    if runs("redis") {
+        redis_section(&mut lines, delay, n, &tag, &round);
+    }
+    print(&lines);
+}
 
-    // PostgreSQL, fsync on, synchronous_commit on.
+/// PostgreSQL, fsync on, synchronous_commit on.
+fn postgres_section(
+    lines: &mut Vec<Line>,
+    delay: Duration,
+    n: usize,
+    tag: &str,
+    round: &std::sync::atomic::AtomicU64,
+) {
     let pg = pg_server::PgServer::start(true);
     let pg_proxy = DelayProxy::start(pg.port, delay);
     let dsn = format!("postgres://agentstate@127.0.0.1:{}/postgres", pg_proxy.port);
-    let store = PostgresStore::connect_with(&dsn, PgOptions::new().schema(&tag).pool_size(16))
+    let store = PostgresStore::connect_with(&dsn, PgOptions::new().schema(tag).pool_size(16))
         .expect("connect");
     store.setup().expect("setup");
     let floor_rt = tokio::runtime::Builder::new_multi_thread()
@@ -455,7 +486,6 @@ fn main() {
         })
         .collect();
     let body = vec![7u8; 300];
-    let round = std::sync::atomic::AtomicU64::new(0);
     let pg_floor = |workers: usize, n: usize| {
         let r = round.fetch_add(1, Ordering::Relaxed);
         floor(
@@ -476,10 +506,19 @@ fn main() {
         &pg_proxy,
         &pg_floor,
         n,
-        &tag,
+        tag,
     ));
+}
 
-    // Redis: the shared test server's settings.
+/// Redis: the shared test server's settings.
+fn redis_section(
+    lines: &mut Vec<Line>,
+    delay: Duration,
+    n: usize,
+    tag: &str,
+    round: &std::sync::atomic::AtomicU64,
+) {
+    let body = vec![7u8; 300];
     let dir = redis_server::temp_dir("network-bench");
     let redis = redis_server::Server::start(&dir, &[]);
     let redis_proxy = DelayProxy::start(redis.port, delay);
@@ -512,7 +551,6 @@ fn main() {
         &redis_proxy,
         &redis_floor,
         n,
-        &tag,
+        tag,
     ));
-    print(&lines);
 }
