@@ -76,8 +76,14 @@ impl Bridge {
     /// task yields to its scheduler, which it cannot do while this thread
     /// waits here (a spin on a multi-thread runtime, a hang on a
     /// current-thread one).
+    ///
+    /// While `fut` runs, [`on_blocking_caller`] is true on this thread:
+    /// nothing else runs on it until `fut` is done, so a backend may do
+    /// its I/O on this thread with a blocking socket (no hop to the
+    /// runtime's thread and back).
     pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
         let _entered = self.handle().enter();
+        let _blocking = BlockingCaller::enter();
         block_on(tokio::task::unconstrained(fut))
     }
 
@@ -104,6 +110,38 @@ impl Drop for Bridge {
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
         }
+    }
+}
+
+thread_local! {
+    /// Whether this thread is in [`Bridge::block_on`].
+    static BLOCKING_CALLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// True while this thread drives a synchronous call through
+/// [`Bridge::block_on`]: the thread waits for that call alone, so a
+/// backend may read and write a socket of its own on it, blocking,
+/// rather than hand the call to its runtime's thread and be woken with
+/// the answer (two thread hops a command). False on a runtime's threads
+/// and in `AsyncStore`'s calls, which must never block.
+pub fn on_blocking_caller() -> bool {
+    BLOCKING_CALLER.with(std::cell::Cell::get)
+}
+
+/// Sets [`on_blocking_caller`] for its life, then puts back what was
+/// there (a `block_on` inside another).
+struct BlockingCaller(bool);
+
+impl BlockingCaller {
+    fn enter() -> BlockingCaller {
+        BlockingCaller(BLOCKING_CALLER.with(|b| b.replace(true)))
+    }
+}
+
+impl Drop for BlockingCaller {
+    fn drop(&mut self) {
+        let was = self.0;
+        BLOCKING_CALLER.with(|b| b.set(was));
     }
 }
 
