@@ -2428,3 +2428,150 @@ fn e3_a_server_made_unsafe_after_connect_refuses_writes() {
     assert!(run.version <= before + 2, "{run:?}");
     set("maxmemory-policy", "noeviction");
 }
+
+/// The store's connections to `url`'s server, counted by the server
+/// (`CLIENT LIST TYPE normal`, less the one asking).
+fn store_connections(url: &str) -> usize {
+    let client = redis::Client::open(url).expect("client");
+    let mut raw = client.get_connection().expect("raw connection");
+    let me: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query(&mut raw)
+        .expect("CLIENT ID");
+    let list: String = redis::cmd("CLIENT")
+        .arg(&["LIST", "TYPE", "normal"])
+        .query(&mut raw)
+        .expect("CLIENT LIST");
+    list.lines()
+        .filter(|l| !l.starts_with(&format!("id={me} ")))
+        .count()
+}
+
+/// A synchronous caller's calls run on a blocking connection of its own
+/// (its thread writes and reads the socket: no hop to the store's
+/// runtime), one kept between calls; an async caller's on the
+/// multiplexed ones. At most `pool_size` of each are open, however many
+/// threads call at once, and a call that finds every blocking one taken
+/// goes to a multiplexed one.
+#[test]
+fn a_synchronous_caller_has_a_blocking_connection_of_its_own() {
+    let server = Server::start(&temp_dir("own-conn"), &[]);
+    let url = server.url(0);
+    let rk = RunKey::new("own", "r");
+    let store = RedisStore::connect_with(&url, RedisOptions::new().pool_size(2)).expect("connect");
+    assert_eq!(
+        store_connections(&url),
+        1,
+        "the connection open checked the server on"
+    );
+    store
+        .put_run(RunRecord::new(rk.clone(), "agent"))
+        .expect("create");
+    assert_eq!(store_connections(&url), 2, "the caller's own beside it");
+    for _ in 0..20 {
+        store.patch_run(&rk, StateDelta::default()).expect("patch");
+        store.get_run(&rk).expect("get").expect("run");
+    }
+    assert_eq!(
+        store_connections(&url),
+        2,
+        "kept between calls, not redialed"
+    );
+
+    let threads = 6;
+    let each = 40;
+    std::thread::scope(|sc| {
+        for _ in 0..threads {
+            sc.spawn(|| {
+                for _ in 0..each {
+                    store
+                        .patch_run(
+                            &rk,
+                            StateDelta {
+                                iterations: 1,
+                                ..Default::default()
+                            },
+                        )
+                        .expect("patch under contention");
+                }
+            });
+        }
+    });
+    let run = store.get_run(&rk).expect("get").expect("run");
+    assert_eq!(run.iterations, (threads * each) as u64, "every patch once");
+    let open = store_connections(&url);
+    assert!(
+        (3..=4).contains(&open),
+        "2 blocking and 1 or 2 multiplexed connections, not one a thread: {open}"
+    );
+    drop(store);
+
+    // Through AsyncStore the same calls take the multiplexed connection.
+    #[cfg(feature = "async")]
+    {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let store = RedisStore::connect_async(&url, RedisOptions::new().pool_size(2))
+                .await
+                .expect("connect_async");
+            let a = agentstate::AsyncStore::new(store);
+            for _ in 0..20 {
+                a.patch_run(&rk, StateDelta::default())
+                    .await
+                    .expect("patch");
+            }
+            // The sync store's are gone once dropped; the async one's is
+            // the only one.
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while store_connections(&url) != 1 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "one connection for async calls"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+    }
+}
+
+/// A server at `maxclients` takes a new connection and then refuses it:
+/// a synchronous call whose blocking connection cannot be had runs on the
+/// multiplexed one instead, and succeeds.
+#[test]
+fn a_refused_blocking_dial_leaves_the_call_to_the_multiplexed_connection() {
+    let server = Server::start(&temp_dir("maxclients"), &[]);
+    let url = server.url(0);
+    let store = RedisStore::connect(&url).expect("connect");
+    assert_eq!(
+        store_connections(&url),
+        1,
+        "the store's multiplexed connection"
+    );
+    // The server full: the store's connection and this one.
+    let client = redis::Client::open(url.as_str()).expect("client");
+    let mut raw = client.get_connection().expect("raw connection");
+    let () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxclients", "2"])
+        .query(&mut raw)
+        .expect("CONFIG SET maxclients");
+    let rk = RunKey::new("full", "r");
+    store
+        .put_run(RunRecord::new(rk.clone(), "agent"))
+        .expect("create on the multiplexed connection");
+    for n in 1..=20u64 {
+        let run = store
+            .patch_run(
+                &rk,
+                StateDelta {
+                    iterations: 1,
+                    ..Default::default()
+                },
+            )
+            .expect("patch");
+        assert_eq!(run.iterations, n);
+    }
+    drop(raw);
+}

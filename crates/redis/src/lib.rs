@@ -14,7 +14,10 @@
 //! `NOSCRIPT` (`scripts.rs`). `AsyncStore` awaits those futures in the
 //! caller's task; the synchronous traits are `sync_over_async!` impls that
 //! drive them on the calling thread (`Bridge::block_on`), and
-//! `StoreAdmin` does the same over its own async walks (`admin.rs`).
+//! `StoreAdmin` does the same over its own async walks (`admin.rs`). A
+//! synchronous call runs on a blocking connection of the pool's own
+//! (`connect::Link::Own`), read and written by the calling thread: the
+//! same code, without the multiplexed connection's two thread hops.
 //!
 //! # Keys and hash tags
 //!
@@ -198,11 +201,16 @@ impl RedisOptions {
         self.io_timeout = t.max(Duration::from_millis(1));
         self
     }
-    /// At most this many connections (at least 1). Each is a redis-rs
-    /// multiplexed connection that carries any number of calls at once; a
-    /// call takes the one with the fewest calls in flight, and one more is
-    /// opened (in the background) only while every open one is busy. A
-    /// store used by one caller at a time keeps one connection.
+    /// At most this many connections of each kind (at least 1). Async
+    /// calls (`AsyncStore`) run on redis-rs multiplexed connections, each
+    /// carrying any number of calls at once: a call takes the one with
+    /// the fewest calls in flight, and one more is opened (in the
+    /// background) only while every open one is busy. Synchronous calls
+    /// run on blocking connections, one call at a time each, kept between
+    /// calls (so `n` threads calling at once keep up to `n`); when all
+    /// `pool_size` are taken a call runs on a multiplexed one. A store
+    /// used by one synchronous caller at a time keeps two connections
+    /// (the multiplexed one it checked the server on, and the caller's).
     pub fn pool_size(mut self, n: u32) -> Self {
         self.pool_size = n.max(1);
         self
@@ -736,7 +744,7 @@ impl RedisStore {
 /// node, no eviction, fsync when required), and the cursor secret, made
 /// on `conn`.
 async fn check(
-    conn: &mut ::redis::aio::MultiplexedConnection,
+    conn: &mut (impl ::redis::aio::ConnectionLike + Send),
     server: &str,
     opts: &RedisOptions,
 ) -> Result<Checked> {
@@ -756,7 +764,7 @@ async fn check(
 
 /// The store's cursor secret lives on the server, so every client of one
 /// store accepts the others' cursors; the first client to connect makes it.
-async fn load_secret(conn: &mut ::redis::aio::MultiplexedConnection) -> Result<[u8; 16]> {
+async fn load_secret(conn: &mut (impl ::redis::aio::ConnectionLike + Send)) -> Result<[u8; 16]> {
     let fresh = agentstate_core::codec::cursor::new_secret();
     ::redis::cmd("SET")
         .arg(keys::SECRET)

@@ -1,7 +1,6 @@
 //! The Lua scripts, one `.lua` file each beside this one, each behind the
 //! shared helpers of `lua/lib.lua`, and the one place they are called
-//! ([`Call::invoke`], async, over one of the store's multiplexed
-//! connections): by SHA (`EVALSHA`), loading a script
+//! ([`Call::invoke`], async, over one of the store's connections): by SHA (`EVALSHA`), loading a script
 //! (`Script::load_async`) when the server answers `NOSCRIPT` (after a
 //! restart or `SCRIPT FLUSH`).
 //!
@@ -180,7 +179,9 @@ impl<'a> Call<'a> {
     ///   unknown (`OutcomeUnknown { keyed: false }`;
     ///   keyed calls make it retryable with `StateError::keyed`). A
     ///   multiplexed connection cannot tell a command its socket never
-    ///   took from one the server ran, so any such failure is unknown;
+    ///   took from one the server ran (nor a blocking one a write cut
+    ///   short from one the server read whole), so any such failure is
+    ///   unknown;
     /// - an error reply of the server (`OOM`, `MISCONF`, `BUSY`, `LOADING`,
     ///   `READONLY`, a script error raised before any write): as
     ///   [`map_err`] says (`Unavailable`, or `Corrupt`): the script did

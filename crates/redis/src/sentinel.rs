@@ -290,7 +290,7 @@ impl Sentinels {
 /// master). Not a master is a transport-like failure: the next dial asks
 /// again.
 pub(crate) async fn check_master(
-    conn: &mut ::redis::aio::MultiplexedConnection,
+    conn: &mut (impl ::redis::aio::ConnectionLike + Send),
     master: &str,
 ) -> std::result::Result<(), RedisError> {
     let role: Vec<::redis::Value> = ::redis::cmd("ROLE").query_async(conn).await?;
