@@ -2575,3 +2575,69 @@ fn a_refused_blocking_dial_leaves_the_call_to_the_multiplexed_connection() {
     }
     drop(raw);
 }
+
+/// A server that closes idle connections (its `timeout`, as managed
+/// Redis services set one): a write after the store sat idle past it is
+/// not failed for it. Its first command (the settings' re-reading, due
+/// after a second) meets the closed connection before anything of the
+/// write was sent, and goes again on a fresh one, synchronous and async.
+#[test]
+fn a_write_after_the_server_closed_the_idle_connections_succeeds() {
+    let server = Server::start(&temp_dir("idle-close"), &["--timeout", "1"]);
+    let url = server.url(0);
+    let rk = RunKey::new("idle", "r");
+    let store = RedisStore::connect(&url).expect("connect");
+    store
+        .put_run(RunRecord::new(rk.clone(), "agent"))
+        .expect("create");
+    let closed = || {
+        // The server closes an idle client within a second or two of its
+        // timeout; wait until it did.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while store_connections(&url) > 0 {
+            assert!(std::time::Instant::now() < deadline, "the server kept them");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    for n in 1..=3u64 {
+        closed();
+        let run = store
+            .patch_run(
+                &rk,
+                StateDelta {
+                    iterations: 1,
+                    ..Default::default()
+                },
+            )
+            .expect("a write after the idle connections were closed");
+        assert_eq!(run.iterations, n);
+    }
+    drop(store);
+    #[cfg(feature = "async")]
+    {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let store = RedisStore::connect_async(&url, RedisOptions::new())
+                .await
+                .expect("connect_async");
+            let a = agentstate::AsyncStore::new(store);
+            for n in 4..=5u64 {
+                closed();
+                let run = a
+                    .patch_run(
+                        &rk,
+                        StateDelta {
+                            iterations: 1,
+                            ..Default::default()
+                        },
+                    )
+                    .await
+                    .expect("an async write after the idle connections were closed");
+                assert_eq!(run.iterations, n);
+            }
+        });
+    }
+}

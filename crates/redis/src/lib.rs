@@ -679,26 +679,49 @@ impl RedisStore {
                 due
             };
             if due {
-                let refusal =
-                    match connect::read_persistence(conn.raw(), &self.server, &self.opts).await {
-                        Ok(p) if p.stated.is_none() => None,
-                        // CONFIG GET now fails where it worked at connect:
-                        // nothing was read, so nothing is assumed either.
-                        Ok(_) => Some(format!(
-                            "redis {}: CONFIG GET no longer answers, so the store cannot see \
-                             whether the server may evict keys",
-                            self.server
-                        )),
-                        Err(e) if e.is_retryable() => {
-                            // A transport failure: the connection takes no
-                            // further call, and the next write reads again.
-                            conn.poison();
+                let mut read =
+                    connect::read_persistence(conn.raw(), &self.server, &self.opts).await;
+                if read.as_ref().is_err_and(StateError::is_retryable) {
+                    // The connection failed in transport before anything
+                    // of the write went on it: most often one the server
+                    // closed while it sat idle (its `timeout`). The read
+                    // goes again on another connection, and the write
+                    // follows it there.
+                    conn.poison();
+                    match self.pool.get(&self.bridge).await {
+                        Ok(fresh) => {
+                            *conn = fresh;
+                            read = connect::read_persistence(conn.raw(), &self.server, &self.opts)
+                                .await;
+                        }
+                        Err(e) => {
+                            // No connection: nothing was read, and the
+                            // next write reads again.
                             self.settings.lock().read_at = None;
                             return Err(e);
                         }
-                        Err(StateError::Persistence { detail, .. }) => Some(detail),
-                        Err(e) => Some(e.to_string()),
-                    };
+                    }
+                }
+                let refusal = match read {
+                    Ok(p) if p.stated.is_none() => None,
+                    // CONFIG GET now fails where it worked at connect:
+                    // nothing was read, so nothing is assumed either.
+                    Ok(_) => Some(format!(
+                        "redis {}: CONFIG GET no longer answers, so the store cannot see \
+                             whether the server may evict keys",
+                        self.server
+                    )),
+                    Err(e) if e.is_retryable() => {
+                        // The fresh connection failed in transport too:
+                        // it takes no further call, and the next write
+                        // reads again.
+                        conn.poison();
+                        self.settings.lock().read_at = None;
+                        return Err(e);
+                    }
+                    Err(StateError::Persistence { detail, .. }) => Some(detail),
+                    Err(e) => Some(e.to_string()),
+                };
                 self.settings.lock().refusal = refusal;
             }
         }
