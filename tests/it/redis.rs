@@ -2429,6 +2429,23 @@ fn e3_a_server_made_unsafe_after_connect_refuses_writes() {
     set("maxmemory-policy", "noeviction");
 }
 
+/// A current-thread runtime of the test's own.
+#[cfg(feature = "async")]
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// A patch that counts one iteration.
+fn one_iteration() -> StateDelta {
+    StateDelta {
+        iterations: 1,
+        ..Default::default()
+    }
+}
+
 /// The store's connections to `url`'s server, counted by the server
 /// (`CLIENT LIST TYPE normal`, less the one asking).
 fn store_connections(url: &str) -> usize {
@@ -2485,13 +2502,7 @@ fn a_synchronous_caller_has_a_blocking_connection_of_its_own() {
             sc.spawn(|| {
                 for _ in 0..each {
                     store
-                        .patch_run(
-                            &rk,
-                            StateDelta {
-                                iterations: 1,
-                                ..Default::default()
-                            },
-                        )
+                        .patch_run(&rk, one_iteration())
                         .expect("patch under contention");
                 }
             });
@@ -2509,11 +2520,7 @@ fn a_synchronous_caller_has_a_blocking_connection_of_its_own() {
     // Through AsyncStore the same calls take the multiplexed connection.
     #[cfg(feature = "async")]
     {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
+        current_thread().block_on(async {
             let store = RedisStore::connect_async(&url, RedisOptions::new().pool_size(2))
                 .await
                 .expect("connect_async");
@@ -2562,15 +2569,7 @@ fn a_refused_blocking_dial_leaves_the_call_to_the_multiplexed_connection() {
         .put_run(RunRecord::new(rk.clone(), "agent"))
         .expect("create on the multiplexed connection");
     for n in 1..=20u64 {
-        let run = store
-            .patch_run(
-                &rk,
-                StateDelta {
-                    iterations: 1,
-                    ..Default::default()
-                },
-            )
-            .expect("patch");
+        let run = store.patch_run(&rk, one_iteration()).expect("patch");
         assert_eq!(run.iterations, n);
     }
     drop(raw);
@@ -2602,24 +2601,14 @@ fn a_write_after_the_server_closed_the_idle_connections_succeeds() {
     for n in 1..=3u64 {
         closed();
         let run = store
-            .patch_run(
-                &rk,
-                StateDelta {
-                    iterations: 1,
-                    ..Default::default()
-                },
-            )
+            .patch_run(&rk, one_iteration())
             .expect("a write after the idle connections were closed");
         assert_eq!(run.iterations, n);
     }
     drop(store);
     #[cfg(feature = "async")]
     {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
+        current_thread().block_on(async {
             let store = RedisStore::connect_async(&url, RedisOptions::new())
                 .await
                 .expect("connect_async");
@@ -2627,13 +2616,7 @@ fn a_write_after_the_server_closed_the_idle_connections_succeeds() {
             for n in 4..=5u64 {
                 closed();
                 let run = a
-                    .patch_run(
-                        &rk,
-                        StateDelta {
-                            iterations: 1,
-                            ..Default::default()
-                        },
-                    )
+                    .patch_run(&rk, one_iteration())
                     .await
                     .expect("an async write after the idle connections were closed");
                 assert_eq!(run.iterations, n);

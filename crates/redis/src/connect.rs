@@ -415,18 +415,22 @@ impl Dialer {
         self.io_timeout
     }
 
+    /// The client the store's connections are dialed with: the URL's, or
+    /// through Sentinel one for the master the sentinels name now.
+    async fn store_client(
+        &self,
+    ) -> std::result::Result<std::borrow::Cow<'_, ::redis::Client>, RedisError> {
+        Ok(match &self.sentinel {
+            None => std::borrow::Cow::Borrowed(&self.client),
+            Some(s) => std::borrow::Cow::Owned(self.master_client(s, &s.plain).await?),
+        })
+    }
+
     async fn open_untimed(&self) -> std::result::Result<MultiplexedConnection, RedisError> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.io_timeout));
-        let resolved;
-        let client = match &self.sentinel {
-            None => &self.client,
-            Some(s) => {
-                resolved = self.master_client(s, &s.plain).await?;
-                &resolved
-            }
-        };
+        let client = self.store_client().await?;
         let mut c = client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
@@ -443,14 +447,7 @@ impl Dialer {
     pub(crate) async fn open_own(
         &self,
     ) -> std::result::Result<Box<::redis::Connection>, RedisError> {
-        let resolved;
-        let client = match &self.sentinel {
-            None => &self.client,
-            Some(s) => {
-                resolved = self.master_client(s, &s.plain).await?;
-                &resolved
-            }
-        };
+        let client = self.store_client().await?;
         let c = client.get_connection_with_timeout(self.connect_timeout)?;
         c.set_read_timeout(Some(self.io_timeout))?;
         c.set_write_timeout(Some(self.io_timeout))?;
