@@ -514,7 +514,7 @@ impl Dialer {
 /// between calls too. Every dial runs on the store's runtime, so every
 /// connection's I/O task lives there, never on a caller's runtime.
 ///
-/// A synchronous caller (the `StateStore` traits, Python) takes a blocking
+/// A synchronous caller (the `StateStore` traits, the CLI) takes a blocking
 /// connection of its own instead when it can ([`Link::Own`]): its thread
 /// writes the command and reads the answer itself, sparing the two thread
 /// hops of a multiplexed connection (45–55 µs of a ~170 µs call on
