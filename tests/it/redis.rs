@@ -2624,3 +2624,39 @@ fn a_write_after_the_server_closed_the_idle_connections_succeeds() {
         });
     }
 }
+
+/// E3 on a blocking connection: a read whose answer did not come within
+/// the io timeout is `Unavailable`, and its late answer is never taken
+/// for a later call's (the store drops the connection; redis-rs would
+/// also skip the late answer on it). The calls after it get their own
+/// answers.
+#[test]
+fn e3_a_timed_out_blocking_connection_is_not_used_again() {
+    let server = Server::start(&temp_dir("own-timeout"), &[]);
+    let url = server.url(0);
+    let store = RedisStore::connect_with(
+        &url,
+        RedisOptions::new()
+            .io_timeout(Duration::from_millis(200))
+            .pool_size(1),
+    )
+    .expect("connect");
+    let keys: Vec<RunKey> = (0..4)
+        .map(|i| RunKey::new("late", format!("r{i}")))
+        .collect();
+    for k in &keys {
+        store
+            .put_run(RunRecord::new(k.clone(), "agent"))
+            .expect("create");
+    }
+    let blocker = block_server(&url, 1_200);
+    let e = store.get_run(&keys[0]).expect_err("no answer in time");
+    assert!(e.is_retryable(), "a read that timed out: {e:?}");
+    blocker.join().expect("blocker");
+    for _ in 0..3 {
+        for k in &keys[1..] {
+            let run = store.get_run(k).expect("get").expect("the run");
+            assert_eq!(&run.key, k, "each call reads its own answer");
+        }
+    }
+}
