@@ -744,11 +744,17 @@ impl PoolInner {
     fn prune(&self, now: Instant) -> usize {
         let stale: Vec<Idle> = {
             let mut own = self.own.lock();
-            let (stale, kept) = std::mem::take(&mut *own)
-                .into_iter()
-                .partition(|i| i.stale(self, now).is_some());
-            *own = kept;
-            stale
+            if own.iter().any(|i| i.stale(self, now).is_some()) {
+                let (stale, kept) = std::mem::take(&mut *own)
+                    .into_iter()
+                    .partition(|i| i.stale(self, now).is_some());
+                *own = kept;
+                stale
+            } else {
+                // The common case, on every multiplexed call: nothing to
+                // drop, nothing allocated.
+                Vec::new()
+            }
         };
         // Closed outside the lock.
         self.own_open.fetch_sub(stale.len(), Ordering::AcqRel);
