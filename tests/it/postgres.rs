@@ -2667,12 +2667,17 @@ mod native {
             // Dropped after 0 to ~600 turns of the scheduler (tokio's
             // timers tick in milliseconds, longer than a call here):
             // before the checkout, mid-pipeline, after the COMMIT was
-            // sent, or not at all.
+            // sent, or not at all. Every tenth round is never dropped: on
+            // a slow disk 600 turns can pass before any commit's flush
+            // does, and a finished call must be seen too.
             let turns = (round * 7919) % 600;
             let done = tokio::select! {
                 biased;
                 r = store.put_run(next) => Some(r),
                 _ = async {
+                    if round % 10 == 0 {
+                        std::future::pending::<()>().await;
+                    }
                     for _ in 0..turns {
                         tokio::task::yield_now().await;
                     }
