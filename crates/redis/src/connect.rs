@@ -134,8 +134,9 @@ impl ::redis::aio::ConnectionLike for Link {
     }
 }
 
-/// Opens connections with the store's timeouts (each one a redis-rs
-/// `MultiplexedConnection`, see [`Pool`]).
+/// Opens connections with the store's timeouts: redis-rs
+/// `MultiplexedConnection`s, and blocking ones for synchronous callers
+/// (see [`Pool`]).
 #[derive(Debug)]
 pub(crate) struct Dialer {
     client: ::redis::Client,
@@ -575,19 +576,9 @@ struct Idle {
 }
 
 impl Idle {
-    /// Why it must take no further call, if so.
-    fn stale(&self, p: &PoolInner, now: Instant) -> Option<&'static str> {
-        if p.max_lifetime
-            .is_some_and(|t| now.duration_since(self.born) >= t)
-        {
-            return Some("max_lifetime");
-        }
-        if p.idle_timeout
-            .is_some_and(|t| now.duration_since(self.used) >= t)
-        {
-            return Some("idle_timeout");
-        }
-        None
+    /// Whether it must take no further call.
+    fn stale(&self, p: &PoolInner, now: Instant) -> bool {
+        p.outlived(self.born, now) || p.idled(self.used, now)
     }
 }
 
@@ -621,16 +612,10 @@ impl Live {
         if self.broken.load(Ordering::Relaxed) {
             return Some("redial");
         }
-        if p.max_lifetime
-            .is_some_and(|t| now.duration_since(self.born) >= t)
-        {
+        if p.outlived(self.born, now) {
             return Some("max_lifetime");
         }
-        if !keep_idle
-            && self.busy.load(Ordering::Relaxed) == 0
-            && p.idle_timeout
-                .is_some_and(|t| now.duration_since(self.used) >= t)
-        {
+        if !keep_idle && self.busy.load(Ordering::Relaxed) == 0 && p.idled(self.used, now) {
             return Some("idle_timeout");
         }
         None
@@ -739,15 +724,28 @@ impl Pool {
 }
 
 impl PoolInner {
+    /// Whether a connection opened at `born` outlived `max_lifetime`.
+    fn outlived(&self, born: Instant, now: Instant) -> bool {
+        self.max_lifetime
+            .is_some_and(|t| now.duration_since(born) >= t)
+    }
+
+    /// Whether a connection last taken at `used` sat idle past
+    /// `idle_timeout`.
+    fn idled(&self, used: Instant, now: Instant) -> bool {
+        self.idle_timeout
+            .is_some_and(|t| now.duration_since(used) >= t)
+    }
+
     /// Drops the connections that must take no further call (keeping one
     /// idle one).
     fn prune(&self, now: Instant) -> usize {
         let stale: Vec<Idle> = {
             let mut own = self.own.lock();
-            if own.iter().any(|i| i.stale(self, now).is_some()) {
+            if own.iter().any(|i| i.stale(self, now)) {
                 let (stale, kept) = std::mem::take(&mut *own)
                     .into_iter()
-                    .partition(|i| i.stale(self, now).is_some());
+                    .partition(|i| i.stale(self, now));
                 *own = kept;
                 stale
             } else {
@@ -784,7 +782,7 @@ impl PoolInner {
         loop {
             let idle = self.own.lock().pop();
             let Some(idle) = idle else { break };
-            if idle.stale(self, now).is_some() {
+            if idle.stale(self, now) {
                 self.own_open.fetch_sub(1, Ordering::AcqRel);
                 continue;
             }

@@ -708,7 +708,7 @@ impl RedisStore {
                     // nothing was read, so nothing is assumed either.
                     Ok(_) => Some(format!(
                         "redis {}: CONFIG GET no longer answers, so the store cannot see \
-                             whether the server may evict keys",
+                         whether the server may evict keys",
                         self.server
                     )),
                     Err(e) if e.is_retryable() => {

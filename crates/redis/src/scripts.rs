@@ -1,8 +1,8 @@
 //! The Lua scripts, one `.lua` file each beside this one, each behind the
 //! shared helpers of `lua/lib.lua`, and the one place they are called
-//! ([`Call::invoke`], async, over one of the store's connections): by SHA (`EVALSHA`), loading a script
-//! (`Script::load_async`) when the server answers `NOSCRIPT` (after a
-//! restart or `SCRIPT FLUSH`).
+//! ([`Call::invoke`], async, over one of the store's connections): by
+//! SHA (`EVALSHA`), loading a script (`Script::load_async`) when the
+//! server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
 //!
 //! Every write script starts with the `#!lua` shebang: Redis then checks
 //! for `OOM` and `MISCONF` before the script runs, and refuses it whole,
